@@ -1,0 +1,190 @@
+"""Server end of the measurement channel: collects JSON lines from every rank of a run.
+
+One thread with a selector; messages land in a queue stamped with the controller's monotonic
+clock (ranks on other hosts have other clocks). A connection whose first line is not a hello with
+the run's token is dropped and counted, never read further.
+"""
+
+from __future__ import annotations
+
+import hmac
+import queue
+import secrets
+import selectors
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+from probes import protocol
+
+HELLO_TIMEOUT_S = 5.0
+
+
+@dataclass
+class _Conn:
+    sock: socket.socket
+    opened_t: float
+    buf: bytes = b""
+    hello: dict | None = None
+    conn_id: int = 0
+
+
+@dataclass(frozen=True)
+class Received:
+    """One message from an authenticated rank."""
+
+    t: float  # controller monotonic time of receipt
+    conn_id: int
+    hello: dict = field(hash=False)
+    msg: dict = field(hash=False)
+
+
+class Collector:
+    """Accepts ranks, checks their token, and queues their messages."""
+
+    def __init__(self, *, host: str = "127.0.0.1", token: str | None = None):
+        self.token = token or secrets.token_hex(16)
+        self.host = host
+        self.inbox: queue.Queue[Received] = queue.Queue()
+        self.rejected = 0
+        self._sel = selectors.DefaultSelector()
+        self._server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._server.bind((host, 0))
+        self._server.listen(64)
+        self._server.setblocking(False)
+        self._sel.register(self._server, selectors.EVENT_READ)
+        self._conns: dict[int, _Conn] = {}
+        self._next_id = 1
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="autotune-collector", daemon=True)
+        self._thread.start()
+
+    @property
+    def addr(self) -> str:
+        host, port = self._server.getsockname()[:2]
+        return f"{host}:{port}"
+
+    def env(self) -> dict[str, str]:
+        """What a rank needs to reach us."""
+        return {protocol.ENV_ADDR: self.addr, protocol.ENV_TOKEN: self.token}
+
+    def drain(self) -> list[Received]:
+        out = []
+        while True:
+            try:
+                out.append(self.inbox.get_nowait())
+            except queue.Empty:
+                return out
+
+    def stop_ranks(self, reason: str = "probe over") -> int:
+        """Ask every connected rank to leave at its next batch boundary; returns how many."""
+        data = protocol.encode(protocol.STOP, reason=reason)
+        sent = 0
+        with self._lock:
+            for conn in self._conns.values():
+                if conn.hello is None:
+                    continue
+                try:
+                    conn.sock.sendall(data)
+                    sent += 1
+                except OSError:
+                    pass
+        return sent
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(timeout=2)
+        with self._lock:
+            for conn in self._conns.values():
+                conn.sock.close()
+            self._conns.clear()
+        self._server.close()
+        self._sel.close()
+
+    # -- loop --------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._closed.is_set():
+            try:
+                events = self._sel.select(timeout=0.1)
+            except OSError:
+                return
+            for key, _ in events:
+                if key.fileobj is self._server:
+                    self._accept()
+                else:
+                    self._read(key.fileobj)
+            self._expire_silent()
+
+    def _accept(self) -> None:
+        try:
+            sock, _ = self._server.accept()
+        except OSError:
+            return
+        sock.setblocking(False)
+        with self._lock:
+            conn = _Conn(sock=sock, opened_t=time.monotonic(), conn_id=self._next_id)
+            self._next_id += 1
+            self._conns[sock.fileno()] = conn
+        self._sel.register(sock, selectors.EVENT_READ)
+
+    def _drop(self, conn: _Conn) -> None:
+        with self._lock:
+            self._conns.pop(conn.sock.fileno(), None)
+        try:
+            self._sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
+
+    def _read(self, sock: socket.socket) -> None:
+        conn = self._conns.get(sock.fileno())
+        if conn is None:
+            return
+        try:
+            chunk = sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._drop(conn)
+            return
+        conn.buf += chunk
+        if len(conn.buf) > 4 * protocol.MAX_LINE_BYTES and b"\n" not in conn.buf:
+            self._reject(conn)
+            return
+        now = time.monotonic()
+        while b"\n" in conn.buf:
+            line, conn.buf = conn.buf.split(b"\n", 1)
+            try:
+                msg = protocol.decode(line)
+            except ValueError:
+                if conn.hello is None:
+                    self._reject(conn)
+                    return
+                continue
+            if conn.hello is None:
+                if not self._authentic(msg):
+                    self._reject(conn)
+                    return
+                conn.hello = {k: v for k, v in msg.items() if k != "token"}
+            self.inbox.put(Received(t=now, conn_id=conn.conn_id, hello=conn.hello,
+                                    msg={k: v for k, v in msg.items() if k != "token"}))
+
+    def _authentic(self, msg: dict) -> bool:
+        token = msg.get("token")
+        return (msg.get("type") == protocol.HELLO and isinstance(token, str)
+                and hmac.compare_digest(token.encode(), self.token.encode()))
+
+    def _reject(self, conn: _Conn) -> None:
+        self.rejected += 1
+        self._drop(conn)
+
+    def _expire_silent(self) -> None:
+        now = time.monotonic()
+        for conn in list(self._conns.values()):
+            if conn.hello is None and now - conn.opened_t > HELLO_TIMEOUT_S:
+                self._reject(conn)

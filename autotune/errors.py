@@ -1,0 +1,23 @@
+"""The error tree. A message names what failed, the value, where the log is, and what to do."""
+
+from __future__ import annotations
+
+
+class AutotuneError(Exception):
+    """Base of every error autotune raises on purpose."""
+
+    exit_code = 1
+
+
+class UsageError(AutotuneError):
+    """Bad command-line input: one line, exit code 2, no traceback."""
+
+    exit_code = 2
+
+
+class RecipeError(UsageError):
+    """A recipe file that cannot be used (corrupt, missing field, unknown schema)."""
+
+
+class LaunchError(AutotuneError):
+    """A training process could not be started or supervised."""

@@ -1,0 +1,75 @@
+"""Trial outcomes and the pure rules that decide them from what a probe observed."""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Outcome(str, Enum):
+    OK = "ok"
+    OOM = "oom"
+    CRASHED = "crashed"
+    HUNG = "hung"
+    NO_SIGNAL = "no-signal"
+    EXITED_EARLY = "exited-early"
+    PRUNED = "pruned"
+    FOREIGN_LOAD = "foreign-load"  # measured, but under load that is not ours: not comparable
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything the classification needs, gathered by the trial loop."""
+
+    exit_code: int | None  # of the first rank that failed, or of rank 0; None: still ran
+    stopped_by_us: bool  # we asked it to stop (probe over, or pruned)
+    error_kind: str | None = None  # "oom" | "exception" from the meter
+    error_text: str = ""  # "Type: message"
+    batches: int = 0
+    steps: int = 0
+    has_estimate: bool = False
+    hung_s: float | None = None  # seconds without progress when declared hung
+    ran_s: float = 0.0
+    last_log_line: str = ""
+    needs_batch_size: bool = False  # it stepped, but no DataLoader says how many samples a step is
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def classify(obs: Observed) -> tuple[Outcome, str]:
+    """(outcome, one-line reason). The reason is empty only for a plain OK."""
+    where = f" (last log line: {obs.last_log_line})" if obs.last_log_line else ""
+    if obs.error_kind == "oom":
+        return Outcome.OOM, f"out of memory: {obs.error_text}"
+    if obs.exit_code == -signal.SIGKILL and not obs.stopped_by_us:
+        return Outcome.OOM, "killed by SIGKILL from outside, most likely the kernel OOM killer"
+    if obs.error_text:
+        return Outcome.CRASHED, obs.error_text
+    if obs.exit_code is not None and obs.exit_code != 0 and not obs.stopped_by_us:
+        how = (f"killed by {_signal_name(obs.exit_code)}" if obs.exit_code < 0
+               else f"exited with code {obs.exit_code}")
+        return Outcome.CRASHED, how + where
+    if obs.hung_s is not None:
+        after = f"after {obs.batches} batches" if obs.batches else "before its first batch"
+        return Outcome.HUNG, f"no progress for {obs.hung_s:.0f} s {after}"
+    if obs.has_estimate:
+        return Outcome.OK, ""
+    if obs.batches == 0 and obs.steps == 0:
+        if obs.exit_code == 0 and not obs.stopped_by_us:
+            return Outcome.NO_SIGNAL, "exited 0 without a single DataLoader batch or optimizer step"
+        return Outcome.NO_SIGNAL, (f"ran {obs.ran_s:.0f} s without a DataLoader batch or "
+                                   f"optimizer step")
+    if obs.batches == 0 and obs.needs_batch_size:
+        return Outcome.NO_SIGNAL, (f"{obs.steps} optimizer steps but no DataLoader: put "
+                                   f"{{batch_size}} in the script's args or pass --metric REGEX")
+    if obs.exit_code == 0 and not obs.stopped_by_us:
+        return Outcome.EXITED_EARLY, (f"the script ended on its own after {obs.batches} batches, "
+                                      f"before a steady-state estimate; make it run longer")
+    return Outcome.NO_SIGNAL, (f"only {obs.batches} batches in {obs.ran_s:.0f} s: too few to "
+                               f"measure; allow more --seconds")

@@ -1,0 +1,209 @@
+"""The one place that starts processes, and the one that makes sure none outlives its run.
+
+Every launch gets its own session (so its process group can be signalled whole) and an
+``AUTOTUNE_TRIAL`` marker in its environment, which every descendant inherits. The controller
+makes itself a child subreaper (Linux ``prctl``), so a descendant orphaned by a crash is
+re-parented to us, not to init, and can still be found and reaped. Shutdown is TERM, grace,
+KILL, then a sweep for anything still carrying the marker.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from autotune.errors import LaunchError
+from probes import protocol
+
+_PR_SET_CHILD_SUBREAPER = 36
+_subreaper = False
+
+
+def become_subreaper() -> bool:
+    """Ask Linux to re-parent orphaned descendants to this process. Idempotent."""
+    global _subreaper
+    if _subreaper:
+        return True
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        _subreaper = libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        _subreaper = False
+    return _subreaper
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What to start: the child learns everything from argv and env, nothing else."""
+
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    cwd: str
+    marker: str  # value of AUTOTUNE_TRIAL for this launch
+    stdout_path: Path
+    stderr_path: Path
+    pipe_output: bool = False  # stream stdout+stderr through on_output as well as to the log
+    label: str = "rank 0"
+
+
+@dataclass
+class Launched:
+    """A started process and how to reach its tree."""
+
+    spec: LaunchSpec
+    popen: subprocess.Popen
+    pgid: int
+    known: dict[int, float] = field(default_factory=dict)  # pid -> create_time of descendants
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def tree(self) -> list[psutil.Process]:
+        """Live processes of this launch: the root and every descendant seen so far."""
+        procs = []
+        try:
+            root = psutil.Process(self.pid)
+            procs.append(root)
+            procs.extend(root.children(recursive=True))
+        except psutil.Error:
+            pass
+        for proc in procs:
+            try:
+                self.known.setdefault(proc.pid, proc.create_time())
+            except psutil.Error:
+                pass
+        return procs
+
+
+def start(spec: LaunchSpec, *, on_output=None) -> Launched:
+    """Start one process in a new session. Never goes through a shell."""
+    become_subreaper()
+    env = dict(spec.env)
+    env[protocol.ENV_TRIAL] = spec.marker
+    spec.stdout_path.parent.mkdir(parents=True, exist_ok=True)
+    out = open(spec.stdout_path, "ab")
+    err = out if spec.stdout_path == spec.stderr_path else open(spec.stderr_path, "ab")
+    try:
+        popen = subprocess.Popen(
+            list(spec.argv), cwd=spec.cwd, env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE if spec.pipe_output else out,
+            stderr=subprocess.STDOUT if spec.pipe_output else err,
+            start_new_session=True, close_fds=True)
+    except OSError as exc:
+        raise LaunchError(f"cannot start {spec.argv[0]!r}: {exc.strerror or exc}; "
+                          f"check that it exists and is executable") from exc
+    finally:
+        if not spec.pipe_output:
+            out.close()
+            if err is not out:
+                err.close()
+    launched = Launched(spec=spec, popen=popen, pgid=popen.pid)
+    if spec.pipe_output:
+        t = threading.Thread(target=_pump, args=(popen, out, err, on_output), daemon=True,
+                             name=f"autotune-pump-{popen.pid}")
+        t.start()
+        launched._threads.append(t)
+    launched.tree()
+    return launched
+
+
+def _pump(popen, out, err, on_output) -> None:
+    try:
+        for line in iter(popen.stdout.readline, b""):
+            out.write(line)
+            out.flush()
+            if on_output is not None:
+                on_output(line.decode(errors="replace"))
+    finally:
+        out.close()
+        if err is not out:
+            err.close()
+
+
+def signal_group(launched: Launched, sig: int) -> None:
+    try:
+        os.killpg(launched.pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop(launched: Launched, *, grace_s: float = 5.0) -> int | None:
+    """TERM the group, wait up to ``grace_s``, KILL it, then sweep every straggler.
+
+    Returns the root's exit code (negative signal number when killed).
+    """
+    launched.tree()
+    if launched.poll() is None:
+        signal_group(launched, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while launched.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    signal_group(launched, signal.SIGKILL)
+    try:
+        launched.popen.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+    sweep(launched)
+    for t in launched._threads:
+        t.join(timeout=5)
+    return launched.popen.returncode
+
+
+def sweep(launched: Launched) -> list[int]:
+    """Kill and reap anything of this launch still alive; returns the pids it had to kill.
+
+    Looks at three things: descendants seen while it ran (matched on create time, so a reused
+    pid is never hit), our own children (orphans re-parented to us), and every process of ours
+    whose environment carries this launch's marker (a grandchild that escaped with setsid).
+    """
+    victims: dict[int, psutil.Process] = {}
+    for pid, created in list(launched.known.items()):
+        try:
+            proc = psutil.Process(pid)
+            if abs(proc.create_time() - created) < 1e-3:
+                victims[pid] = proc
+        except psutil.Error:
+            pass
+    victims.update({p.pid: p for p in marked(launched.spec.marker)})
+    victims.pop(os.getpid(), None)
+    killed = []
+    for proc in victims.values():
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                killed.append(proc.pid)
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(list(victims.values()), timeout=5)  # reaps those that are our children
+    return killed
+
+
+def marked(marker: str) -> list[psutil.Process]:
+    """Processes of this user whose environment has ``AUTOTUNE_TRIAL=marker``."""
+    found = []
+    me = os.getuid()
+    for proc in psutil.process_iter(["uids"]):
+        try:
+            if proc.info["uids"] is None or proc.info["uids"].real != me:
+                continue
+            if proc.pid == os.getpid():
+                continue
+            if proc.environ().get(protocol.ENV_TRIAL) == marker:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+

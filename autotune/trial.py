@@ -1,0 +1,373 @@
+"""Run one configuration of a script as a short probe and measure it.
+
+`run_trial(spec)` starts the ranks, listens to their meters, ends the probe once the 95% interval
+of samples/s is tight or the time is up, stops the script cleanly (then TERM, then KILL, then a
+sweep for stragglers) and returns a frozen `TrialResult`. No process of the trial outlives it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autotune import launch, proc, steady
+from autotune.collector import Collector
+from autotune.load import FOREIGN_CORES_LIMIT, ForeignLoad
+from autotune.outcome import Observed, Outcome, classify
+from probes import protocol
+
+POLL_S = 0.2
+ESTIMATE_EVERY_S = 1.0
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """One configuration to probe. Times in seconds."""
+
+    command: tuple[str, ...]  # the user's command: script and its args (placeholders allowed)
+    knobs: Mapping[str, float] = field(default_factory=dict)
+    cwd: str = "."
+    log_dir: Path = Path(".")
+    name: str = "trial"
+    mode: str = "full"
+    instances: int = 1
+    max_s: float = 60.0  # whole probe, start-up included
+    min_measure_s: float = 5.0
+    target_rel: float = 0.05
+    hang_s: float = 30.0  # no progress this long after the first batch: hung
+    startup_s: float = 120.0  # no batch and no CPU use this long from the start: hung
+    grace_s: float = 5.0
+    samples_per_step: int | None = None  # when the script has no DataLoader
+    env: Mapping[str, str] | None = None  # base environment (default: ours)
+    tick_s: float = protocol.DEFAULT_TICK_S
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """What one probe measured, and how it ended."""
+
+    outcome: Outcome
+    reason: str
+    samples_per_s: float
+    ci_half: float
+    source: str  # "dataloader" | "steps" | "none"
+    steps_per_s: float
+    measured_s: float
+    warmup_s: float
+    paused_s: float
+    duration_s: float
+    peak_rss_bytes: int
+    cuda_peak_bytes: int
+    foreign_cores: float
+    exit_code: int | None
+    log_path: str
+    log_tail: str
+    seen: dict  # what the script asked for: {"batch_size": .., "workers": .., ...}
+    notes: tuple[str, ...] = ()
+    knobs: Mapping[str, float] = field(default_factory=dict)
+    mode: str = "full"
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == Outcome.OK
+
+    @property
+    def foreign_flagged(self) -> bool:
+        return self.foreign_cores > FOREIGN_CORES_LIMIT
+
+    def to_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["outcome"] = self.outcome.value
+        d["notes"] = list(self.notes)
+        d["knobs"] = dict(self.knobs)
+        d["foreign_flagged"] = self.foreign_flagged
+        return d
+
+
+@dataclass
+class _Rank:
+    """What one connection has told us so far."""
+
+    hello: dict
+    offset: float | None = None  # controller clock minus rank clock
+    tick: dict = field(default_factory=dict)
+    batch_points: list = field(default_factory=list)  # (t, cumulative samples)
+    step_points: list = field(default_factory=list)  # (t, cumulative steps)
+    error: dict | None = None
+    bye: dict | None = None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _last_line(tail: str) -> str:
+    for line in reversed(tail.splitlines()):
+        if line.strip():
+            return line.strip()[:300]
+    return ""
+
+
+class _Probe:
+    """The state of one running trial; `run_trial` drives it."""
+
+    def __init__(self, spec: TrialSpec, on_progress):
+        self.spec = spec
+        self.on_progress = on_progress
+        self.ranks: dict[int, _Rank] = {}
+        self.seen: dict = {}
+        self.notes: list[str] = []
+        self.launched: list[proc.Launched] = []
+        self.t_begin = time.monotonic()
+        self.t_start = self.t_begin  # start of the current start-up allowance
+        self.last_progress_t = self.t_start
+        self.last_progress = (0, 0)
+        self.estimate: steady.Estimate | None = None
+        self.source = "none"
+        self.hung_s: float | None = None
+        self.stopped_by_us = False
+        self.pruned = False
+        self.cpu_seen = 0.0
+
+    # -- messages ---------------------------------------------------------------------------
+    def absorb(self, received) -> None:
+        for r in received:
+            rank = self.ranks.setdefault(r.conn_id, _Rank(hello=r.hello))
+            msg = r.msg
+            kind = msg["type"]
+            if kind == protocol.TICK:
+                self._tick(rank, r.t, msg)
+            elif kind == protocol.SEEN:
+                self._seen(msg)
+            elif kind == protocol.ERROR:
+                rank.error = rank.error or msg
+            elif kind == protocol.BYE:
+                rank.bye = msg
+
+    def _tick(self, rank: _Rank, t_recv: float, msg: dict) -> None:
+        offset = t_recv - float(msg.get("t", t_recv))
+        rank.offset = offset if rank.offset is None else min(rank.offset, offset)
+        prev = rank.tick
+        rank.tick = msg
+        if msg.get("samples", 0) > prev.get("samples", 0):
+            rank.batch_points.append((msg["last_batch_t"] + rank.offset, msg["samples"]))
+        steps = max(msg.get("steps", 0), msg.get("backwards", 0) if not msg.get("steps") else 0)
+        prev_steps = max(prev.get("steps", 0),
+                         prev.get("backwards", 0) if not prev.get("steps") else 0)
+        if steps > prev_steps:
+            rank.step_points.append((msg["last_step_t"] + rank.offset, steps))
+
+    def _seen(self, msg: dict) -> None:
+        what = msg.get("what")
+        requested = msg.get("requested") or {}
+        if what == "dataloader" and msg.get("tag") == 0:
+            self.seen.setdefault("batch_size", requested.get("batch_size"))
+            self.seen.setdefault("workers", requested.get("workers"))
+        elif what == "ddp":
+            self.seen.setdefault("ddp", True)
+            self.seen.setdefault("bucket_mb", requested.get("bucket_mb"))
+        elif what == "distributed":
+            self.seen.setdefault("backend", requested.get("backend"))
+        elif what == "threads":
+            self.seen.setdefault("threads", requested)
+        if msg.get("note") and msg["note"] not in self.notes:
+            self.notes.append(msg["note"])
+
+    # -- totals ------------------------------------------------------------------------------
+    def totals(self) -> tuple[int, int]:
+        batches = sum(r.tick.get("batches", 0) for r in self.ranks.values())
+        steps = sum(max(r.tick.get("steps", 0), r.tick.get("backwards", 0))
+                    for r in self.ranks.values())
+        return batches, steps
+
+    def series(self) -> tuple[list[tuple[float, float]], int, str]:
+        """Samples summed over ranks as one cumulative series, its batch count, its source."""
+        batches, steps = self.totals()
+        if batches:
+            per_rank = [r.batch_points for r in self.ranks.values() if r.batch_points]
+            return _sum_series(per_rank), batches, "dataloader"
+        if steps and self.spec.samples_per_step:
+            k = self.spec.samples_per_step
+            per_rank = [[(t, n * k) for t, n in r.step_points]
+                        for r in self.ranks.values() if r.step_points]
+            return _sum_series(per_rank), steps, "steps"
+        return [], 0, "none"
+
+    def update_estimate(self) -> None:
+        points, count, source = self.series()
+        self.source = source
+        self.estimate = steady.estimate(points, batches=count) if points else None
+
+
+def _sum_series(per_rank: list[list[tuple[float, float]]]) -> list[tuple[float, float]]:
+    """Sum cumulative series of several ranks at the union of their times."""
+    if len(per_rank) == 1:
+        return list(per_rank[0])
+    start = max(pts[0][0] for pts in per_rank)  # all ranks running
+    end = min(pts[-1][0] for pts in per_rank)
+    times = sorted({t for pts in per_rank for t, _ in pts if start <= t <= end})
+    return [(t, sum(steady._interp(pts, t) for pts in per_rank)) for t in times]
+
+
+def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool] | None = None,
+              on_start: Callable[[list[proc.Launched]], None] | None = None) -> TrialResult:
+    """Probe one configuration. ``on_progress(estimate)`` returning True prunes the trial."""
+    log_dir = Path(spec.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    probe = _Probe(spec, on_progress)
+    collector = Collector()
+    load = ForeignLoad()
+    marker = f"{spec.name}-{uuid.uuid4().hex[:12]}"
+    args = launch.substitute(spec.command[1:], spec.knobs)
+    argv = launch.rank_argv([spec.command[0], *args])
+    skip = launch.placeholders(spec.command[1:])
+    port = _free_port()
+    base_env = dict(os.environ if spec.env is None else spec.env)
+    base_env[protocol.ENV_TICK_S] = str(spec.tick_s)
+    log_path = log_dir / f"{spec.name}.log"
+    try:
+        for rank in range(spec.instances):
+            env = launch.rank_env(base_env, knobs=spec.knobs, skip=skip, rank=rank,
+                                  world_size=spec.instances, local_rank=rank,
+                                  local_world_size=spec.instances, master_addr="127.0.0.1",
+                                  master_port=port, mode=spec.mode, channel=collector.env())
+            path = log_path if rank == 0 else log_dir / f"{spec.name}.rank{rank}.log"
+            probe.launched.append(proc.start(proc.LaunchSpec(
+                argv=tuple(argv), env=env, cwd=spec.cwd, marker=f"{marker}-r{rank}",
+                stdout_path=path, stderr_path=path, label=f"rank {rank}")))
+        if on_start is not None:
+            on_start(probe.launched)
+        _loop(probe, collector, load)
+    finally:
+        if any(lp.poll() is None for lp in probe.launched):
+            probe.stopped_by_us = True
+            collector.stop_ranks()
+            deadline = time.monotonic() + spec.grace_s
+            while time.monotonic() < deadline and any(lp.poll() is None for lp in probe.launched):
+                time.sleep(0.05)
+                probe.absorb(collector.drain())
+        exit_codes = [proc.stop(lp, grace_s=spec.grace_s) for lp in probe.launched]
+        time.sleep(0.05)
+        probe.absorb(collector.drain())
+        collector.close()
+    return _result(probe, exit_codes, load, log_path)
+
+
+def _loop(probe: _Probe, collector: Collector, load: ForeignLoad) -> None:
+    spec = probe.spec
+    next_estimate = time.monotonic() + ESTIMATE_EVERY_S
+    while True:
+        time.sleep(POLL_S)
+        now = time.monotonic()
+        probe.absorb(collector.drain())
+        tree = [p for lp in probe.launched for p in lp.tree()]
+        load.sample(tree)
+        codes = [lp.poll() for lp in probe.launched]
+        if any(c is not None and c != 0 for c in codes) or all(c is not None for c in codes):
+            return  # a rank failed (the rest will be stopped) or all ended on their own
+        batches, steps = probe.totals()
+        if (batches, steps) != probe.last_progress:
+            probe.last_progress = (batches, steps)
+            probe.last_progress_t = now
+        elif batches or steps:
+            if now - probe.last_progress_t > spec.hang_s:
+                probe.hung_s = now - probe.last_progress_t
+                return
+        elif now - probe.t_start > spec.startup_s:
+            cpu = _tree_cpu_s(tree)
+            if cpu - probe.cpu_seen < 0.05 * spec.startup_s:
+                probe.hung_s = now - probe.t_start
+                return
+            probe.cpu_seen = cpu
+            probe.t_start = now  # busy, just slow: give it another start-up period
+        if now >= next_estimate:
+            next_estimate = now + ESTIMATE_EVERY_S
+            probe.update_estimate()
+            est = probe.estimate
+            if est is not None:
+                if est.tight(spec.target_rel, spec.min_measure_s):
+                    return
+                if probe.on_progress is not None and probe.on_progress(est):
+                    probe.pruned = True
+                    return
+        if now - probe.t_begin > spec.max_s:
+            return
+
+
+def _tree_cpu_s(tree) -> float:
+    total = 0.0
+    for p in tree:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except Exception:  # noqa: BLE001 - a process that just ended
+            pass
+    return total
+
+
+def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
+            log_path: Path) -> TrialResult:
+    probe.update_estimate()
+    est = probe.estimate
+    batches, steps = probe.totals()
+    error = next((r.error for r in probe.ranks.values() if r.error), None)
+    stopped_clean = all(r.bye and r.bye.get("stopped") for r in probe.ranks.values()) and probe.ranks
+    failing = next((c for c in exit_codes if c not in (0, None)), None)
+    if probe.stopped_by_us and failing is not None and (stopped_clean or failing < 0) \
+            and error is None:
+        failing = None  # our own TERM/KILL, not the script's failure
+    exit_code = failing if failing is not None else (exit_codes[0] if exit_codes else None)
+    tail = _tail(log_path)
+    ran_s = time.monotonic() - probe.t_begin
+    has_estimate = est is not None and est.windows >= 3 and est.samples_per_s > 0
+    outcome, reason = classify(Observed(
+        exit_code=exit_code, stopped_by_us=probe.stopped_by_us,
+        error_kind=error.get("kind") if error else None,
+        error_text=f"{error.get('type')}: {error.get('message')}" if error else "",
+        batches=batches, steps=steps, has_estimate=has_estimate, hung_s=probe.hung_s,
+        ran_s=ran_s, last_log_line=_last_line(tail),
+        needs_batch_size=not probe.spec.samples_per_step))
+    if probe.pruned and outcome == Outcome.OK:
+        outcome, reason = Outcome.PRUNED, "its interval could not reach the best so far"
+    foreign = load.cores()
+    if outcome == Outcome.OK and foreign > FOREIGN_CORES_LIMIT:
+        outcome = Outcome.FOREIGN_LOAD
+        reason = (f"{foreign:.2f} cores of CPU load from other programs during the probe; "
+                  f"not comparable, re-run when the machine is quiet")
+    step_rate = 0.0
+    step_points = [pts for r in probe.ranks.values() for pts in [r.step_points] if pts]
+    if step_points:
+        series = _sum_series(step_points)
+        step_est = steady.estimate(series, batches=steps)
+        step_rate = step_est.samples_per_s if step_est else 0.0
+    ticks = [r.tick for r in probe.ranks.values()]
+    return TrialResult(
+        outcome=outcome, reason=reason,
+        samples_per_s=est.samples_per_s if has_estimate else 0.0,
+        ci_half=est.ci_half if has_estimate else 0.0,
+        source=probe.source, steps_per_s=step_rate,
+        measured_s=est.measured_s if est else 0.0, warmup_s=est.warmup_s if est else 0.0,
+        paused_s=est.paused_s if est else 0.0, duration_s=ran_s,
+        peak_rss_bytes=sum(t.get("rss_peak_bytes", 0) for t in ticks),
+        cuda_peak_bytes=max((t.get("cuda_peak_bytes", 0) for t in ticks), default=0),
+        foreign_cores=foreign, exit_code=exit_code, log_path=str(log_path),
+        log_tail="" if outcome == Outcome.OK else tail, seen=dict(probe.seen),
+        notes=tuple(probe.notes), knobs=dict(probe.spec.knobs), mode=probe.spec.mode)

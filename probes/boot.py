@@ -1,0 +1,91 @@
+"""``python -m probes.boot SCRIPT ARGS...``: run a script as ``python SCRIPT ARGS...`` would, metered.
+
+Like torchrun's script runner: ``runpy.run_path`` as ``__main__`` with ``sys.argv`` patched and
+``sys.path[0]`` set to the script's directory; the working directory is left alone. Before the
+script starts, knobs from the environment are applied and the meter connects to the controller.
+Exit codes are the script's: ``sys.exit(n)`` gives n, an uncaught exception gives 1 after the
+usual traceback. A clean stop asked for by the controller exits 0.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+
+from probes.intercept import Interceptor, knobs_from_env
+from probes.meter import Meter
+
+OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory",
+               "DefaultCPUAllocator", "CUDA error: out of memory")
+
+
+def is_oom(exc: BaseException) -> bool:
+    """True for the ways torch and Python report running out of device or host memory."""
+    if isinstance(exc, MemoryError):
+        return True
+    if type(exc).__name__ == "OutOfMemoryError":
+        return True
+    text = str(exc)
+    return any(marker in text for marker in OOM_MARKERS)
+
+
+def _exit_code(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    return 1
+
+
+def start(env=None) -> Meter:
+    """Connect the meter and install the hooks; used by the runner and by sitecustomize."""
+    meter = Meter(env)
+    meter.connect()
+    Interceptor(meter, knobs_from_env(meter.env)).install()
+    return meter
+
+
+def run(script: str, args: list[str]) -> int:
+    """Run ``script`` under the meter; returns the exit code ``python script`` would have."""
+    if not os.path.exists(script):
+        print(f"python: can't open file {script!r}: [Errno 2] No such file or directory",
+              file=sys.stderr)
+        return 2
+    meter = start()
+    sys.argv = [script, *args]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    code = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        code = 0 if meter.stopped_by_us else _exit_code(exc)
+        if code and not isinstance(exc.code, int) and exc.code is not None:
+            print(exc.code, file=sys.stderr)
+    except KeyboardInterrupt:
+        meter.close(exit_code=130)
+        raise
+    except BaseException as exc:  # noqa: BLE001 - reported, then exits as Python would
+        meter.send("error", kind="oom" if is_oom(exc) else "exception",
+                   type=type(exc).__name__, message=str(exc)[:2000])
+        traceback.print_exc()
+        code = 1
+    meter.close(exit_code=code)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        print("usage: python -m probes.boot SCRIPT [ARGS...]", file=sys.stderr)
+        return 2
+    return run(argv[0], argv[1:])
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(code)

@@ -1,0 +1,86 @@
+"""Client end of the measurement channel (see `probes.protocol` for the conversation).
+
+Failure here must never fail the training script: every socket error turns the channel off and
+the script carries on unmeasured.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+from probes import protocol
+
+CONNECT_TIMEOUT_S = 5.0
+
+
+class Channel:
+    """A JSON-lines TCP link to the controller's collector."""
+
+    def __init__(self, addr: str, token: str, *, on_stop=None):
+        host, _, port = addr.rpartition(":")
+        self.host = host.strip("[]") or "127.0.0.1"
+        self.port = int(port)
+        self.token = token
+        self.on_stop = on_stop
+        self.sock: socket.socket | None = None
+        self.alive = False
+        self._send_lock = threading.Lock()
+
+    def open(self, **hello) -> bool:
+        try:
+            self.sock = socket.create_connection((self.host, self.port), timeout=CONNECT_TIMEOUT_S)
+            self.sock.settimeout(CONNECT_TIMEOUT_S)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            self.sock = None
+            return False
+        self.alive = True
+        self.send(protocol.HELLO, token=self.token, version=protocol.VERSION, **hello)
+        if self.alive:
+            threading.Thread(target=self._read_loop, name="autotune-channel", daemon=True).start()
+        return self.alive
+
+    def send(self, kind: str, **fields) -> None:
+        if not self.alive or self.sock is None:
+            return
+        data = protocol.encode(kind, **fields)
+        with self._send_lock:
+            try:
+                self.sock.sendall(data)
+            except OSError:
+                self.alive = False
+
+    def _read_loop(self) -> None:
+        sock = self.sock
+        buf = b""
+        while self.alive and sock is not None:
+            try:
+                chunk = sock.recv(4096)
+            except socket.timeout:
+                continue
+            except OSError:
+                break
+            if not chunk:
+                break
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                try:
+                    msg = protocol.decode(line)
+                except ValueError:
+                    continue
+                if msg["type"] == protocol.STOP and self.on_stop is not None:
+                    self.on_stop(msg)
+        self.alive = False
+
+    def close(self) -> None:
+        sock, self.sock = self.sock, None
+        self.alive = False
+        if sock is None:
+            return
+        try:
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        sock.close()

@@ -1,0 +1,251 @@
+"""Knob interception and metering hooks, installed into torch before the user's script runs.
+
+Knobs arrive in the environment (`probes.protocol.KNOB_ENV`). The rules torch itself enforces
+are kept: a DataLoader built with a ``batch_sampler`` (or ``batch_size=None``) has no batch size
+to change; ``num_workers=0`` admits neither ``prefetch_factor`` nor ``persistent_workers``.
+Every decision is reported to the controller as a ``seen`` message.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+
+from probes import protocol
+from probes.meter import Meter
+
+
+def knobs_from_env(env=None) -> dict[str, float]:
+    """The knob values the controller asked for; malformed values are ignored with a warning."""
+    env = os.environ if env is None else env
+    knobs = {}
+    for name, var in protocol.KNOB_ENV.items():
+        raw = env.get(var)
+        if raw in (None, ""):
+            continue
+        try:
+            knobs[name] = float(raw) if name == "bucket_mb" else int(raw)
+        except ValueError:
+            print(f"autotune: WARNING: ignoring {var}={raw!r}: not a number", file=sys.stderr)
+    return knobs
+
+
+def apply_loader_knobs(arguments: dict, knobs: dict) -> tuple[dict, list[str]]:
+    """New DataLoader arguments with the knobs applied, and notes on what could not be.
+
+    Pure: takes and returns the bound ``__init__`` arguments (after defaults were applied).
+    """
+    args = dict(arguments)
+    notes = []
+    if "batch_size" in knobs:
+        if args.get("batch_sampler") is not None:
+            notes.append("batch_size not applied: the DataLoader has a batch_sampler")
+        elif args.get("batch_size") is None:
+            notes.append("batch_size not applied: the DataLoader disables automatic batching")
+        else:
+            args["batch_size"] = knobs["batch_size"]
+    if "workers" in knobs:
+        workers = int(knobs["workers"])
+        args["num_workers"] = workers
+        if workers == 0:
+            if args.get("prefetch_factor") is not None:
+                args["prefetch_factor"] = None
+                notes.append("prefetch_factor dropped: torch allows it only with workers > 0")
+            if args.get("persistent_workers"):
+                args["persistent_workers"] = False
+                notes.append("persistent_workers off: torch allows it only with workers > 0")
+    return args, notes
+
+
+class Interceptor:
+    """Owns the patches on torch for one process."""
+
+    def __init__(self, meter: Meter, knobs: dict):
+        self.meter = meter
+        self.knobs = knobs
+        self.loaders = 0
+        self._synthetic_cache: dict[int, list] = {}
+        self.synthetic_batches = int(
+            meter.env.get(protocol.ENV_SYNTHETIC_BATCHES, protocol.DEFAULT_SYNTHETIC_BATCHES))
+
+    def install(self) -> None:
+        import torch
+
+        self._install_threads(torch)
+        self._install_loader(torch)
+        self._install_steps(torch)
+        self._install_ddp(torch)
+
+    # -- threads --------------------------------------------------------------------------
+    def _install_threads(self, torch) -> None:
+        threads = self.knobs.get("threads")
+        original = torch.set_num_threads
+        if threads:
+            original(int(threads))
+        meter = self.meter
+
+        def set_num_threads(n):
+            if threads:
+                meter.send(protocol.SEEN, what="threads", requested=int(n), applied=int(threads),
+                           note="the script's torch.set_num_threads call was overridden by autotune")
+                return None
+            meter.send(protocol.SEEN, what="threads", requested=int(n), applied=int(n), note="")
+            return original(n)
+
+        torch.set_num_threads = set_num_threads
+
+    # -- DataLoader -----------------------------------------------------------------------
+    def _install_loader(self, torch) -> None:
+        from torch.utils.data import DataLoader
+        from torch.utils.data import dataloader as dl
+
+        interceptor = self
+        meter = self.meter
+        init = DataLoader.__init__
+        signature = inspect.signature(init)
+
+        def __init__(loader, *args, **kwargs):
+            if getattr(loader, "_autotune_tag", None) is not None:  # subclass calling super()
+                return init(loader, *args, **kwargs)
+            bound = signature.bind(loader, *args, **kwargs)
+            bound.apply_defaults()
+            requested = dict(bound.arguments)
+            applied, notes = apply_loader_knobs(requested, interceptor.knobs)
+            loader._autotune_tag = interceptor.loaders
+            interceptor.loaders += 1
+            bound.arguments.update(applied)
+            meter.send(protocol.SEEN, what="dataloader", tag=loader._autotune_tag,
+                       requested={"batch_size": requested.get("batch_size"),
+                                  "workers": requested.get("num_workers")},
+                       applied={"batch_size": applied.get("batch_size"),
+                                "workers": applied.get("num_workers")},
+                       note="; ".join(notes))
+            return init(*bound.args, **bound.kwargs)
+
+        DataLoader.__init__ = __init__
+
+        base_iter = DataLoader.__iter__
+
+        def __iter__(loader):
+            it = base_iter(loader)
+            try:
+                it._autotune_loader = loader
+                it._autotune_yielded = 0
+            except AttributeError:
+                pass
+            return it
+
+        DataLoader.__iter__ = __iter__
+
+        next_ = dl._BaseDataLoaderIter.__next__
+        mode = meter.mode
+
+        def __next__(it):
+            meter.maybe_stop()
+            training = torch.is_grad_enabled()
+            if mode == "io" and training:
+                interceptor._drain(it, next_)  # never returns
+            if mode == "synthetic" and training:
+                batch = interceptor._replay(it, next_)
+            else:
+                batch = next_(it)
+            meter.count_batch(batch, training=training)
+            return batch
+
+        dl._BaseDataLoaderIter.__next__ = __next__
+
+    def _replay(self, it, next_):
+        """Synthetic mode: the first batches come from the loader, then are replayed (no I/O).
+
+        Epoch length is kept, so the script's own epoch structure still holds.
+        """
+        loader = getattr(it, "_autotune_loader", None)
+        key = id(loader)
+        cache = self._synthetic_cache.setdefault(key, [])
+        yielded = getattr(it, "_autotune_yielded", 0)
+        try:
+            epoch_len = len(it)
+        except TypeError:
+            epoch_len = None
+        if epoch_len is not None and yielded >= epoch_len:
+            raise StopIteration
+        if len(cache) < self.synthetic_batches:
+            batch = next_(it)
+            cache.append(batch)
+        else:
+            batch = cache[yielded % len(cache)]
+        it._autotune_yielded = yielded + 1
+        return batch
+
+    def _drain(self, it, next_):
+        """I/O mode: take over at the first training batch and only pull from the loader."""
+        meter = self.meter
+        loader = getattr(it, "_autotune_loader", None)
+        while True:
+            got = 0
+            while True:
+                meter.maybe_stop()
+                try:
+                    batch = next_(it)
+                except StopIteration:
+                    break
+                got += 1
+                meter.count_batch(batch, training=True)
+            if got == 0 or loader is None:
+                raise SystemExit(0)
+            it = iter(loader)
+
+    # -- steps ------------------------------------------------------------------------------
+    def _install_steps(self, torch) -> None:
+        meter = self.meter
+
+        def after_step(optimizer, args, kwargs):
+            meter.count_step()
+            meter.maybe_stop()
+
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        register_optimizer_step_post_hook(after_step)
+
+        backward = torch.Tensor.backward
+
+        def tensor_backward(tensor, *args, **kwargs):
+            result = backward(tensor, *args, **kwargs)
+            meter.count_backward()
+            return result
+
+        torch.Tensor.backward = tensor_backward
+
+    # -- DDP --------------------------------------------------------------------------------
+    def _install_ddp(self, torch) -> None:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        meter = self.meter
+        bucket_mb = self.knobs.get("bucket_mb")
+        init = DDP.__init__
+        signature = inspect.signature(init)
+
+        def __init__(ddp, *args, **kwargs):
+            bound = signature.bind(ddp, *args, **kwargs)
+            requested = bound.arguments.get("bucket_cap_mb")
+            if bucket_mb:
+                bound.arguments["bucket_cap_mb"] = bucket_mb
+            meter.send(protocol.SEEN, what="ddp", requested={"bucket_mb": requested},
+                       applied={"bucket_mb": bound.arguments.get("bucket_cap_mb")},
+                       note="")
+            return init(*bound.args, **bound.kwargs)
+
+        DDP.__init__ = __init__
+
+        if torch.distributed.is_available():
+            init_pg = torch.distributed.init_process_group
+
+            def init_process_group(*args, **kwargs):
+                result = init_pg(*args, **kwargs)
+                meter.send(protocol.SEEN, what="distributed",
+                           requested={"backend": str(torch.distributed.get_backend())},
+                           applied={"world_size": torch.distributed.get_world_size()}, note="")
+                return result
+
+            torch.distributed.init_process_group = init_process_group

@@ -1,0 +1,196 @@
+"""Counters kept inside a training process and the ticker that ships them to the controller.
+
+Counting happens where the script consumes work: batches leaving a DataLoader iterator (samples
+read from the batch itself), backward passes and optimizer steps. The counters are cumulative;
+the ticker thread sends a snapshot every tick, so nothing is lost when one tick is.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+
+from probes import protocol
+from probes.channel import Channel
+
+
+def batch_len(batch) -> int:
+    """Number of samples in a batch as a DataLoader yields it: tensors, tuples, lists, dicts.
+
+    The leading dimension of the first tensor (or array) found wins; a list of plain items
+    (strings, say) counts its length. Returns 0 when nothing tells.
+    """
+    shape = getattr(batch, "shape", None)
+    if shape is not None:
+        return int(shape[0]) if len(shape) else 1
+    if isinstance(batch, dict):
+        for value in batch.values():
+            n = batch_len(value)
+            if n:
+                return n
+        return 0
+    if isinstance(batch, (list, tuple)):
+        for value in batch:
+            n = batch_len(value)
+            if n:
+                return n
+        if batch and all(isinstance(v, (str, bytes, int, float)) for v in batch):
+            return len(batch)
+    return 0
+
+
+def _read_vm_hwm_bytes() -> int:
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    except Exception:  # noqa: BLE001 - a reading that fails must never fail the script
+        return 0
+
+
+def _cuda_peak_bytes() -> int:
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            return int(torch.cuda.max_memory_allocated())
+    except Exception:  # noqa: BLE001
+        pass
+    return 0
+
+
+class Meter:
+    """Cumulative counters of one process plus its link to the controller."""
+
+    def __init__(self, env: dict[str, str] | None = None):
+        env = os.environ if env is None else env
+        self.env = env
+        self.mode = env.get(protocol.ENV_MODE, "full")
+        self.tick_s = float(env.get(protocol.ENV_TICK_S, protocol.DEFAULT_TICK_S))
+        self.lock = threading.Lock()
+        self.stop_requested = threading.Event()
+        self.stopped_by_us = False
+        self._reset_counters()
+        self.channel: Channel | None = None
+        self._ticker: threading.Thread | None = None
+
+    def _reset_counters(self):
+        self.pid = os.getpid()
+        self.samples = 0  # samples from batches fetched with autograd on (training)
+        self.batches = 0
+        self.eval_samples = 0  # fetched with autograd off: evaluation, not training
+        self.steps = 0
+        self.backwards = 0
+        self.last_batch_t = 0.0
+        self.last_step_t = 0.0
+        self.first_batch_t = 0.0
+
+    # -- connection -----------------------------------------------------------------------
+    def connect(self, *, sub: bool = False) -> None:
+        """Open the channel and start ticking; a no-op without ``AUTOTUNE_ADDR``."""
+        addr = self.env.get(protocol.ENV_ADDR)
+        token = self.env.get(protocol.ENV_TOKEN, "")
+        if not addr:
+            return
+        rank = self.env.get("RANK", "0")
+        self.channel = Channel(addr, token, on_stop=self._on_stop)
+        ok = self.channel.open(
+            rank=int(rank) if rank.isdigit() else 0,
+            local_rank=int(self.env.get("LOCAL_RANK", "0") or 0),
+            world_size=int(self.env.get("WORLD_SIZE", "1") or 1),
+            pid=self.pid,
+            host=socket.gethostname(),
+            sub=sub,
+        )
+        if not ok:
+            print(f"autotune: cannot reach the controller at {addr}; the script runs unmeasured",
+                  file=sys.stderr)
+            return
+        self._ticker = threading.Thread(target=self._tick_loop, name="autotune-meter",
+                                        daemon=True)
+        self._ticker.start()
+
+    def _on_stop(self, msg: dict) -> None:
+        self.stop_requested.set()
+
+    def _tick_loop(self) -> None:
+        while self.channel is not None and self.channel.alive:
+            time.sleep(self.tick_s)
+            self.send_tick()
+
+    def send_tick(self) -> None:
+        if self.channel is None:
+            return
+        with self.lock:
+            fields = dict(t=time.monotonic(), samples=self.samples, batches=self.batches,
+                          eval_samples=self.eval_samples, steps=self.steps,
+                          backwards=self.backwards, last_batch_t=self.last_batch_t,
+                          last_step_t=self.last_step_t)
+        fields["rss_peak_bytes"] = _read_vm_hwm_bytes()
+        fields["cuda_peak_bytes"] = _cuda_peak_bytes()
+        self.channel.send(protocol.TICK, **fields)
+
+    def send(self, kind: str, **fields) -> None:
+        if self.channel is not None:
+            self.channel.send(kind, **fields)
+
+    def close(self, *, exit_code: int) -> None:
+        """Final tick and goodbye, flushed before the process ends."""
+        if self.channel is None:
+            return
+        self.send_tick()
+        self.channel.send(protocol.BYE, exit_code=exit_code, stopped=self.stopped_by_us)
+        self.channel.close()
+
+    # -- counting (called from the hooks, on the training thread) -------------------------
+    def _check_fork(self) -> None:
+        # A process forked by the script (Hogwild workers, say) counts for itself and reports
+        # on its own connection; threads and sockets do not survive fork.
+        if os.getpid() != self.pid:
+            self._reset_counters()
+            self.lock = threading.Lock()
+            self.channel = None
+            self.connect(sub=True)
+
+    def count_batch(self, batch, *, training: bool) -> None:
+        self._check_fork()
+        n = batch_len(batch)
+        now = time.monotonic()
+        with self.lock:
+            if training:
+                self.samples += n
+                self.batches += 1
+                self.last_batch_t = now
+                if not self.first_batch_t:
+                    self.first_batch_t = now
+            else:
+                self.eval_samples += n
+
+    def count_step(self) -> None:
+        self._check_fork()
+        with self.lock:
+            self.steps += 1
+            self.last_step_t = time.monotonic()
+
+    def count_backward(self) -> None:
+        self._check_fork()
+        with self.lock:
+            self.backwards += 1
+            if not self.steps:  # weights updated by hand: backward passes are the steps
+                self.last_step_t = time.monotonic()
+
+    def maybe_stop(self) -> None:
+        """Leave the script at a batch/step boundary when the controller asked for it."""
+        if self.stop_requested.is_set() and not self.stopped_by_us:
+            self.stopped_by_us = True
+            raise SystemExit(0)

@@ -1,0 +1,82 @@
+"""The contract between the controller (`autotune/`) and the training processes (`probes/`).
+
+Both sides import this module and nothing else of each other. It holds:
+
+* the environment variables the controller sets before a training process starts (the child
+  reads only its environment, never the controller's files);
+* the message schema of the measurement channel: JSON objects, one per line, over TCP.
+
+Channel, in order:
+
+1. The rank connects to ``AUTOTUNE_ADDR`` and sends ``hello`` carrying ``AUTOTUNE_TOKEN``, its rank
+   and pid. The controller closes any connection whose first line is not a hello with the right
+   token, so another local user cannot inject measurements (the token lives only in the env of our
+   own processes, which ``/proc`` keeps private to their owner).
+2. The rank sends ``tick`` messages with *cumulative* counters every ``AUTOTUNE_TICK_S``. A lost
+   or late tick loses nothing: the next one carries the totals.
+3. ``seen`` reports what the script asked for (its own batch size, worker count...) and what the
+   interception applied; ``error`` reports an uncaught exception (``oom`` flagged); ``bye`` is sent
+   when the script ends, with its exit code.
+4. The controller may send ``stop``: the rank leaves at its next batch boundary with exit code 0,
+   so collectives and CUDA contexts are torn down by the script's own unwinding, not a kill.
+
+A rank that dies simply closes its socket; the controller notices the EOF and the process exit.
+"""
+
+from __future__ import annotations
+
+import json
+
+VERSION = 1
+
+# --- environment: controller -> training process -------------------------------------------
+ENV_ADDR = "AUTOTUNE_ADDR"  # "host:port" of the controller's collector
+ENV_TOKEN = "AUTOTUNE_TOKEN"  # per-run secret, hex
+ENV_TRIAL = "AUTOTUNE_TRIAL"  # trial id; also marks every process of the trial for clean-up
+ENV_MODE = "AUTOTUNE_MODE"  # "full" | "synthetic" | "io"
+ENV_TICK_S = "AUTOTUNE_TICK_S"  # seconds between ticks
+ENV_BATCH_SIZE = "AUTOTUNE_BATCH_SIZE"  # per-rank DataLoader batch size to apply
+ENV_WORKERS = "AUTOTUNE_WORKERS"  # DataLoader num_workers to apply
+ENV_THREADS = "AUTOTUNE_THREADS"  # torch intra-op threads to apply
+ENV_BUCKET_MB = "AUTOTUNE_BUCKET_MB"  # DDP bucket_cap_mb to apply
+ENV_SYNTHETIC_BATCHES = "AUTOTUNE_SYNTHETIC_BATCHES"  # batches cached for synthetic replay
+
+MODES = ("full", "synthetic", "io")
+DEFAULT_TICK_S = 0.25
+DEFAULT_SYNTHETIC_BATCHES = 8
+
+# Knob name -> environment variable. The controller only sets the knobs it applies.
+KNOB_ENV = {
+    "batch_size": ENV_BATCH_SIZE,
+    "workers": ENV_WORKERS,
+    "threads": ENV_THREADS,
+    "bucket_mb": ENV_BUCKET_MB,
+}
+
+# --- messages ---------------------------------------------------------------------------------
+HELLO = "hello"  # {token, version, rank, local_rank, world_size, pid, host}
+# tick: {t, samples, batches, eval_samples, steps, backwards, rss_peak_bytes, cuda_peak_bytes,
+#        last_batch_t, last_step_t}; times are the rank's time.monotonic()
+TICK = "tick"
+SEEN = "seen"  # {what, requested, applied, note}
+ERROR = "error"  # {kind: "oom"|"exception", type, message}
+BYE = "bye"  # {exit_code, stopped}
+STOP = "stop"  # controller -> rank: {reason}
+
+MAX_LINE_BYTES = 64 * 1024
+
+
+def encode(kind: str, **fields) -> bytes:
+    """One message as a JSON line."""
+    fields["type"] = kind
+    return (json.dumps(fields, separators=(",", ":")) + "\n").encode()
+
+
+def decode(line: bytes) -> dict:
+    """Parse one line; raises ValueError on anything that is not a JSON object with a type."""
+    if len(line) > MAX_LINE_BYTES:
+        raise ValueError(f"message longer than {MAX_LINE_BYTES} bytes")
+    msg = json.loads(line)
+    if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+        raise ValueError("message must be a JSON object with a string 'type'")
+    return msg
