@@ -8,17 +8,18 @@ sweep for stragglers) and returns a frozen `TrialResult`. No process of the tria
 from __future__ import annotations
 
 import os
-import socket
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune import launch, proc, steady
+from autotune import proc, steady
 from autotune.collector import Collector
 from autotune.load import FOREIGN_CORES_LIMIT, ForeignLoad
 from autotune.outcome import Observed, Outcome, classify
+from autotune.ranks import RanksSpec, start_ranks
+from autotune.ranks import log_path as log_path_of
 from probes import protocol
 
 POLL_S = 0.2
@@ -45,6 +46,7 @@ class TrialSpec:
     samples_per_step: int | None = None  # when the script has no DataLoader
     env: Mapping[str, str] | None = None  # base environment (default: ours)
     tick_s: float = protocol.DEFAULT_TICK_S
+    foreign_limit_cores: float = FOREIGN_CORES_LIMIT  # more foreign load than this: flagged
 
 
 @dataclass(frozen=True)
@@ -76,9 +78,11 @@ class TrialResult:
     def ok(self) -> bool:
         return self.outcome == Outcome.OK
 
+    foreign_limit_cores: float = FOREIGN_CORES_LIMIT
+
     @property
     def foreign_flagged(self) -> bool:
-        return self.foreign_cores > FOREIGN_CORES_LIMIT
+        return self.foreign_cores > self.foreign_limit_cores
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -100,12 +104,6 @@ class _Rank:
     step_points: list = field(default_factory=list)  # (t, cumulative steps)
     error: dict | None = None
     bye: dict | None = None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -235,24 +233,14 @@ def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool]
     probe = _Probe(spec, on_progress)
     collector = Collector()
     load = ForeignLoad()
-    marker = f"{spec.name}-{uuid.uuid4().hex[:12]}"
-    args = launch.substitute(spec.command[1:], spec.knobs)
-    argv = launch.rank_argv([spec.command[0], *args])
-    skip = launch.placeholders(spec.command[1:])
-    port = _free_port()
     base_env = dict(os.environ if spec.env is None else spec.env)
     base_env[protocol.ENV_TICK_S] = str(spec.tick_s)
-    log_path = log_dir / f"{spec.name}.log"
+    ranks_spec = RanksSpec(command=spec.command, knobs=spec.knobs, instances=spec.instances,
+                           mode=spec.mode, cwd=spec.cwd, log_dir=log_dir, name=spec.name,
+                           marker=f"{spec.name}-{uuid.uuid4().hex[:12]}", env=base_env)
+    log_path = log_path_of(ranks_spec, 0)
     try:
-        for rank in range(spec.instances):
-            env = launch.rank_env(base_env, knobs=spec.knobs, skip=skip, rank=rank,
-                                  world_size=spec.instances, local_rank=rank,
-                                  local_world_size=spec.instances, master_addr="127.0.0.1",
-                                  master_port=port, mode=spec.mode, channel=collector.env())
-            path = log_path if rank == 0 else log_dir / f"{spec.name}.rank{rank}.log"
-            probe.launched.append(proc.start(proc.LaunchSpec(
-                argv=tuple(argv), env=env, cwd=spec.cwd, marker=f"{marker}-r{rank}",
-                stdout_path=path, stderr_path=path, label=f"rank {rank}")))
+        probe.launched.extend(start_ranks(ranks_spec, channel=collector.env()))
         if on_start is not None:
             on_start(probe.launched)
         _loop(probe, collector, load)
@@ -348,7 +336,7 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
     if probe.pruned and outcome == Outcome.OK:
         outcome, reason = Outcome.PRUNED, "its interval could not reach the best so far"
     foreign = load.cores()
-    if outcome == Outcome.OK and foreign > FOREIGN_CORES_LIMIT:
+    if outcome == Outcome.OK and foreign > probe.spec.foreign_limit_cores:
         outcome = Outcome.FOREIGN_LOAD
         reason = (f"{foreign:.2f} cores of CPU load from other programs during the probe; "
                   f"not comparable, re-run when the machine is quiet")
@@ -370,4 +358,5 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         cuda_peak_bytes=max((t.get("cuda_peak_bytes", 0) for t in ticks), default=0),
         foreign_cores=foreign, exit_code=exit_code, log_path=str(log_path),
         log_tail="" if outcome == Outcome.OK else tail, seen=dict(probe.seen),
-        notes=tuple(probe.notes), knobs=dict(probe.spec.knobs), mode=probe.spec.mode)
+        notes=tuple(probe.notes), knobs=dict(probe.spec.knobs), mode=probe.spec.mode,
+        foreign_limit_cores=probe.spec.foreign_limit_cores)

@@ -1,0 +1,5 @@
+import sys
+
+from autotune.cli import main
+
+sys.exit(main())

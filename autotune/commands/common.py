@@ -1,0 +1,78 @@
+"""Arguments and checks shared by the commands that run a user's script."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+from pathlib import Path
+
+from autotune.errors import UsageError
+from autotune.launch import is_python_script
+
+
+def add_script_args(p: argparse.ArgumentParser) -> None:
+    """``SCRIPT [ARGS...]`` (or ``-- COMMAND...``) at the end of the command line."""
+    p.add_argument("target", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS...]",
+                   help="the training script and its own arguments, as you would give them "
+                        "to python (or '-- COMMAND ...' for anything else)")
+
+
+def add_probe_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--probe-cwd", metavar="DIR",
+                   help="run probes in DIR instead of the current directory, to keep files "
+                        "the script writes (checkpoints, logs) out of your tree")
+    p.add_argument("--runs-dir", metavar="DIR",
+                   help="where run directories go (default: $AUTOTUNE_RUNS_DIR or "
+                        "~/.autotune/runs)")
+    p.add_argument("--samples-per-step", type=int, metavar="N",
+                   help="samples in one optimizer step, for scripts without a DataLoader")
+    p.add_argument("--plain", action="store_true", help="plain log lines, no live display")
+    p.add_argument("--json", action="store_true", help="print one JSON object at the end")
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
+def resolve_target(args: argparse.Namespace) -> tuple[str, ...]:
+    """The user's command as a tuple; a usage error when the script is missing."""
+    target = list(args.target or [])
+    if target and target[0] == "--":
+        target = target[1:]
+    if not target:
+        raise UsageError("no training script given: autotune "
+                         f"{args.command} [OPTIONS] SCRIPT [ARGS...]")
+    first = target[0]
+    if first.endswith(".py") or os.sep in first or os.path.exists(first):
+        if not os.path.isfile(first):
+            raise UsageError(f"script {first!r} not found (looked in {os.getcwd()}); "
+                             f"check the path")
+        if not is_python_script(first) and not os.access(first, os.X_OK):
+            raise UsageError(f"{first!r} is neither a Python script nor executable; "
+                             f"chmod +x it or run it through its interpreter")
+    elif shutil.which(first) is None:
+        raise UsageError(f"command {first!r} not found on PATH")
+    return tuple(target)
+
+
+def probe_cwd(args: argparse.Namespace) -> str:
+    if not getattr(args, "probe_cwd", None):
+        return os.getcwd()
+    path = Path(args.probe_cwd).expanduser().resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return str(path)
+
+
+def absolute_script(target: tuple[str, ...], cwd: str) -> tuple[str, ...]:
+    """When probes run elsewhere, the script path must still point at the user's file."""
+    first = target[0]
+    if os.path.isfile(first) and cwd != os.getcwd():
+        return (os.path.abspath(first), *target[1:])
+    return target

@@ -1,0 +1,87 @@
+"""``autotune probe``: where is the bottleneck? full vs synthetic (compute) vs io (input)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from autotune import console, rundir, verdict
+from autotune.commands import common
+from autotune.journal import Journal
+from autotune.trial import TrialSpec, run_trial
+from probes import protocol
+
+
+def add_parser(sub):
+    p = sub.add_parser("probe", help="diagnose: I/O-bound or compute-bound, and by how much",
+                       description="Run the script in three short probes: full (as is), "
+                                   "synthetic (first batches replayed, no input pipeline) and "
+                                   "io (loader drained, no training), and say which bound holds.")
+    p.add_argument("--seconds", type=common.positive_float, default=30.0,
+                   help="time limit of each mode, start-up included (default 30)")
+    p.add_argument("--modes", default="full,synthetic,io",
+                   help="comma-separated subset of full,synthetic,io")
+    common.add_probe_args(p)
+    common.add_script_args(p)
+    return p
+
+
+def run(args) -> int:
+    target = common.resolve_target(args)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in protocol.MODES]
+    if bad or not modes:
+        from autotune.errors import UsageError
+        raise UsageError(f"--modes: unknown mode {bad[0] if bad else args.modes!r}; "
+                         f"choose from {','.join(protocol.MODES)}")
+    cwd = common.probe_cwd(args)
+    target = common.absolute_script(target, cwd)
+    root = rundir.Path(args.runs_dir).expanduser() if args.runs_dir else None
+    run_dir = rundir.new_run_dir("probe", target[0], root=root)
+    journal = Journal(run_dir)
+    journal.emit("run_started", kind="probe", command=list(target), cwd=cwd, modes=modes)
+    say = (lambda msg: print(msg, file=sys.stderr, flush=True))
+    results = {}
+    for mode in modes:
+        say(f"autotune: probing mode '{mode}' (up to {args.seconds:.0f} s)...")
+        journal.emit("trial_started", trial=f"probe-{mode}", mode=mode, knobs={})
+        result = run_trial(TrialSpec(
+            command=target, cwd=cwd, log_dir=run_dir / "logs", name=f"probe-{mode}",
+            mode=mode, max_s=args.seconds, samples_per_step=args.samples_per_step))
+        journal.emit("trial_finished", trial=f"probe-{mode}", mode=mode, result=result)
+        results[mode] = result
+        if not result.ok:
+            say(f"autotune: mode '{mode}': {result.outcome.value}: {result.reason} "
+                f"(log: {result.log_path})")
+    rate = {m: (r.samples_per_s if r.ok else None) for m, r in results.items()}
+    v = verdict.decide(rate.get("full"), rate.get("synthetic"), rate.get("io"))
+    summary = {
+        "command": list(target), "run_dir": str(run_dir),
+        "modes": {m: r.to_dict() for m, r in results.items()},
+        "verdict": {"bottleneck": v.bottleneck, "bound_samples_per_s": v.bound_samples_per_s,
+                    "full_share_of_bound": v.full_share_of_bound, "text": v.text},
+    }
+    rundir.write_atomic(run_dir / "probe.json", json.dumps(summary, indent=2, default=str))
+    journal.emit("probe_verdict", verdict=summary["verdict"])
+    journal.emit("run_ended", exit_code=0)
+    if args.json:
+        print(json.dumps(summary, default=str))
+    else:
+        _print_table(results, v, run_dir, plain=args.plain)
+    return 0
+
+
+def _print_table(results, v, run_dir, *, plain: bool) -> None:
+    out = console.make_console(plain=plain)
+    table = console.Table(title="autotune probe", show_lines=False)
+    for col in ("mode", "samples/s", "± 95% CI", "source", "outcome", "note"):
+        table.add_column(col, justify="right" if col in ("samples/s", "± 95% CI") else "left")
+    for mode, r in results.items():
+        rate = f"{r.samples_per_s:.1f}" if r.ok else "-"
+        ci = f"{r.ci_half:.1f} ({r.ci_half / r.samples_per_s:.1%})" if r.ok and r.samples_per_s else "-"
+        note = r.reason or (f"foreign load {r.foreign_cores:.2f} cores" if r.foreign_flagged
+                            else "")
+        table.add_row(mode, rate, ci, r.source, r.outcome.value, note)
+    out.print(table)
+    out.print(f"verdict: {v.text}")
+    out.print(f"run directory: {run_dir}")

@@ -1,0 +1,39 @@
+"""The one place rich enters: terminal output for the CLI and the monitor.
+
+Plain output (no control codes) when stdout is not a terminal, with ``--plain``, or when
+``NO_COLOR`` is set. Core logic never prints; it returns values that these helpers render.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["Console", "Table", "make_console", "error", "warning", "hint"]
+
+
+def make_console(*, plain: bool = False, stderr: bool = False) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    plain = plain or bool(os.environ.get("NO_COLOR")) or not stream.isatty()
+    return Console(file=stream, no_color=plain, highlight=False, soft_wrap=plain,
+                   force_terminal=False if plain else None, emoji=False,
+                   width=120 if plain else None)
+
+
+def _say(prefix: str, message: str) -> None:
+    print(f"{prefix}: {message}", file=sys.stderr, flush=True)
+
+
+def error(message: str) -> None:
+    _say("ERROR", message)
+
+
+def warning(message: str) -> None:
+    _say("WARNING", message)
+
+
+def hint(message: str) -> None:
+    _say("HINT", message)

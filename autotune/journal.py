@@ -1,0 +1,67 @@
+"""The run journal: ``events.jsonl`` in every run directory, append-only, one event a line.
+
+Each event is written with a single ``write`` on a file opened ``O_APPEND``, so concurrent writers
+never interleave inside a line. A crash can at worst leave a last line without its newline;
+`read_events` skips any line that is incomplete or does not parse, so readers never break.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+EVENTS = "events.jsonl"
+
+
+class Journal:
+    """Appends events to ``<run_dir>/events.jsonl``."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / EVENTS
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.close(fd)
+
+    def emit(self, name: str, /, **fields) -> dict:
+        event = {"t": time.time(), "event": name, **fields}
+        line = (json.dumps(event, default=_jsonable, separators=(",", ":")) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+        return event
+
+
+def _jsonable(obj):
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    if hasattr(obj, "value"):
+        return obj.value
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    return str(obj)
+
+
+def read_events(run_dir: Path, *, offset: int = 0) -> tuple[list[dict], int]:
+    """Complete events from byte ``offset`` on, and the offset to continue from."""
+    path = Path(run_dir) / EVENTS
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return [], offset
+    events = []
+    end = data.rfind(b"\n") + 1  # an unterminated last line is not complete yet
+    for line in data[:end].splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+    return events, offset + end

@@ -1,0 +1,48 @@
+"""AccDP's bottleneck analysis (seed 000) as a pure function of three probe results.
+
+``synthetic`` replays cached batches (no input pipeline): the compute ceiling. ``io`` drains the
+loader without training: the input ceiling. The bound is the lower of the two; ``full`` against
+the bound says how much is left on the table and which side to work on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+NOISE_REL = 0.10  # differences under this are within the machine's noise
+
+
+@dataclass(frozen=True)
+class Verdict:
+    bottleneck: str  # "io" | "compute" | "balanced" | "unknown"
+    bound_samples_per_s: float
+    full_share_of_bound: float  # full / bound
+    text: str
+
+
+def decide(full: float | None, synthetic: float | None, io: float | None) -> Verdict:
+    """Verdict from the three throughputs (None or 0 where a mode failed)."""
+    if not synthetic or not io:
+        missing = [m for m, v in (("synthetic", synthetic), ("io", io)) if not v]
+        return Verdict("unknown", 0.0, 0.0,
+                       f"no verdict: the {' and '.join(missing)} probe gave no throughput")
+    bound = min(synthetic, io)
+    share = (full or 0.0) / bound
+    ratio = io / synthetic
+    if abs(ratio - 1) <= NOISE_REL:
+        kind = "balanced"
+        head = (f"balanced: input ({io:.1f}/s) and compute ({synthetic:.1f}/s) ceilings are "
+                f"within noise of each other")
+    elif io < synthetic:
+        kind = "io"
+        head = (f"I/O-bound: the input pipeline delivers {io:.1f} samples/s, the model could "
+                f"train on {synthetic:.1f}/s ({synthetic / io:.1f}x); more DataLoader workers or "
+                f"cheaper decoding should help")
+    else:
+        kind = "compute"
+        head = (f"compute-bound: the model trains at most {synthetic:.1f} samples/s, the input "
+                f"could feed {io:.1f}/s ({io / synthetic:.1f}x); threads, batch size or more "
+                f"instances should help")
+    tail = (f"; full run reaches {share:.0%} of the bound ({bound:.1f}/s)" if full
+            else "; the full probe gave no throughput")
+    return Verdict(kind, bound, share, head + tail)
