@@ -158,11 +158,12 @@ def estimate(points: list[tuple[float, float]], *, batches: int,
     # A window next to a pause straddles it: out too.
     out = [slow[i] or (i > 0 and slow[i - 1]) or (i + 1 < len(slow) and slow[i + 1])
            for i in range(len(slow))]
-    kept = [r for r, o in zip(rates, out) if not o]
-    paused = len(rates) - len(kept)
+    lead = next((i for i, o in enumerate(out) if not o), len(out))  # slow start: warm-up
+    kept = [r for r, o in zip(rates[lead:], out[lead:]) if not o]
+    paused = len(rates) - lead - len(kept)
     cut = mser_truncation(kept)
     kept = kept[cut:]
-    warmup += cut
+    warmup += lead + cut
     if not kept:
         return None
     mean = sum(kept) / len(kept)

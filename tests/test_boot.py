@@ -1,0 +1,98 @@
+"""`python -m probes.boot SCRIPT ARGS` behaves as `python SCRIPT ARGS`, with knobs applied."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from autotune.launch import PROJECT_ROOT
+from probes import protocol
+
+
+def run(script: Path, *args, env=None, cwd=None, boot=True):
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = str(PROJECT_ROOT)
+    for var in protocol.KNOB_ENV.values():
+        full_env.pop(var, None)
+    full_env.update(env or {})
+    argv = [sys.executable, "-m", "probes.boot"] if boot else [sys.executable]
+    return subprocess.run([*argv, str(script), *args], capture_output=True, text=True,
+                          env=full_env, cwd=cwd or script.parent, timeout=120)
+
+
+@pytest.fixture
+def write(tmp_path):
+    def _write(name, body):
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(body))
+        return path
+    return _write
+
+
+def test_same_view_of_the_world_as_python(write, tmp_path):
+    script = write("show.py", """
+        import os, sys
+        print(__name__, sys.argv, sys.path[0], os.getcwd(), sep="|")
+    """)
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    plain = run(script, "-x", "1", cwd=other, boot=False)
+    booted = run(script, "-x", "1", cwd=other)
+    assert booted.returncode == plain.returncode == 0
+    assert booted.stdout == plain.stdout
+    name, argv, path0, cwd = booted.stdout.strip().split("|")
+    assert name == "__main__" and path0 == str(tmp_path) and cwd == str(other)
+
+
+@pytest.mark.parametrize("body, code, err", [
+    ("import sys; sys.exit(3)", 3, ""),
+    ("import sys; sys.exit('fatal: no data')", 1, "fatal: no data"),
+    ("raise ValueError('bad config')", 1, "ValueError: bad config"),
+    ("pass", 0, ""),
+])
+def test_exit_codes_match_python(write, body, code, err):
+    script = write("exit.py", body)
+    plain = run(script, boot=False)
+    booted = run(script)
+    assert booted.returncode == plain.returncode == code
+    assert err in booted.stderr and err in plain.stderr
+
+
+def test_missing_script(tmp_path):
+    result = run(tmp_path / "nope.py")
+    assert result.returncode == 2 and "can't open file" in result.stderr
+
+
+LOADER = """
+    import torch
+    from torch.utils.data import DataLoader
+    dl = DataLoader(list(range(100)), batch_size=32, num_workers=2, prefetch_factor=4,
+                    persistent_workers=True)
+    print("loader", dl.batch_size, dl.num_workers, dl.prefetch_factor, dl.persistent_workers)
+    print("threads", torch.get_num_threads())
+    torch.set_num_threads(1)
+    print("after", torch.get_num_threads())
+    print("batches", len(list(dl)))
+"""
+
+
+def test_knobs_applied_by_interception(write):
+    script = write("loader.py", LOADER)
+    result = run(script, env={protocol.ENV_BATCH_SIZE: "10", protocol.ENV_WORKERS: "0",
+                              protocol.ENV_THREADS: "2"})
+    assert result.returncode == 0, result.stderr
+    assert "loader 10 0 None False" in result.stdout
+    assert "threads 2" in result.stdout
+    assert "after 2" in result.stdout  # the knob under test is not silently undone
+    assert "batches 10" in result.stdout
+
+
+def test_no_knobs_leaves_script_alone(write):
+    script = write("loader.py", LOADER)
+    result = run(script)
+    assert result.returncode == 0, result.stderr
+    assert "loader 32 2 4 True" in result.stdout
+    assert "after 1" in result.stdout

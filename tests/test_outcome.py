@@ -1,0 +1,86 @@
+"""Outcome classification: each failure gets its own outcome and a one-line reason."""
+
+import signal
+
+from autotune.outcome import Observed, Outcome, classify
+from autotune.verdict import decide
+
+
+def test_ok_with_estimate():
+    assert classify(Observed(exit_code=None, stopped_by_us=True, batches=100,
+                             has_estimate=True)) == (Outcome.OK, "")
+
+
+def test_oom_from_meter():
+    outcome, reason = classify(Observed(exit_code=1, stopped_by_us=False, error_kind="oom",
+                                        error_text="RuntimeError: can't allocate memory"))
+    assert outcome == Outcome.OOM and "can't allocate" in reason
+
+
+def test_sigkill_from_outside_is_oom_killer():
+    outcome, reason = classify(Observed(exit_code=-signal.SIGKILL, stopped_by_us=False))
+    assert outcome == Outcome.OOM and "OOM killer" in reason
+
+
+def test_exception_is_crash_with_its_text():
+    outcome, reason = classify(Observed(exit_code=1, stopped_by_us=False,
+                                        error_kind="exception",
+                                        error_text="ValueError: bad config"))
+    assert (outcome, reason) == (Outcome.CRASHED, "ValueError: bad config")
+
+
+def test_nonzero_exit_without_exception():
+    outcome, reason = classify(Observed(exit_code=3, stopped_by_us=False,
+                                        last_log_line="fatal: no data"))
+    assert outcome == Outcome.CRASHED
+    assert "code 3" in reason and "fatal: no data" in reason
+
+
+def test_killed_by_signal_named():
+    outcome, reason = classify(Observed(exit_code=-signal.SIGSEGV, stopped_by_us=False))
+    assert outcome == Outcome.CRASHED and "SIGSEGV" in reason
+
+
+def test_hung_after_batches():
+    outcome, reason = classify(Observed(exit_code=None, stopped_by_us=True, batches=30,
+                                        hung_s=12.0))
+    assert outcome == Outcome.HUNG and "after 30 batches" in reason
+
+
+def test_no_signal_when_nothing_fed():
+    outcome, reason = classify(Observed(exit_code=None, stopped_by_us=True, ran_s=40))
+    assert outcome == Outcome.NO_SIGNAL and "without a DataLoader batch" in reason
+
+
+def test_steps_without_loader_asks_for_batch_size():
+    outcome, reason = classify(Observed(exit_code=None, stopped_by_us=True, steps=500,
+                                        needs_batch_size=True))
+    assert outcome == Outcome.NO_SIGNAL and "{batch_size}" in reason
+
+
+def test_early_exit():
+    outcome, reason = classify(Observed(exit_code=0, stopped_by_us=False, batches=8))
+    assert outcome == Outcome.EXITED_EARLY and "8 batches" in reason
+
+
+def test_early_exit_with_estimate_is_ok():
+    assert classify(Observed(exit_code=0, stopped_by_us=False, batches=800,
+                             has_estimate=True))[0] == Outcome.OK
+
+
+def test_verdict_io_bound():
+    v = decide(full=90.0, synthetic=400.0, io=100.0)
+    assert v.bottleneck == "io"
+    assert v.bound_samples_per_s == 100.0
+    assert abs(v.full_share_of_bound - 0.9) < 1e-9
+    assert "I/O-bound" in v.text and "90%" in v.text
+
+
+def test_verdict_compute_bound_and_balanced():
+    assert decide(50.0, 60.0, 500.0).bottleneck == "compute"
+    assert decide(50.0, 100.0, 105.0).bottleneck == "balanced"
+
+
+def test_verdict_unknown_when_mode_failed():
+    v = decide(50.0, None, 100.0)
+    assert v.bottleneck == "unknown" and "synthetic" in v.text
