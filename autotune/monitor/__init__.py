@@ -1,85 +1,69 @@
 """The live monitor: what is being tried, what won, and what the hardware is doing.
 
-Commands wrap their work in `watch`; ``autotune monitor`` attaches to a run from another terminal.
-The journal (``events.jsonl``) is the monitor's only source. A monitor error never fails the run:
-it degrades to plain log lines.
+Commands wrap their work in `watch`; ``autotune monitor`` attaches to a run with `follow`. The
+journal (``events.jsonl``) is the monitor's only source; `RunState` is folded from its events and
+`render` draws it, so views are tested from recorded journals. A monitor error never fails or
+slows the run: the live view degrades to plain lines, and a failing sampler stops sampling.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
-import threading
-import time
 from pathlib import Path
 
-from autotune.journal import Journal, read_events
+from autotune.monitor.live import Monitor, use_plain
+from autotune.monitor.render import render
+from autotune.monitor.sampler import INTERVAL_S, Sampler
+from autotune.monitor.state import RunState, TrialRow, fold
+from autotune.monitor.text import event_line, timed_line
 
-__all__ = ["watch"]
-
-POLL_S = 0.5
-
-
-def _plain_line(event: dict) -> str | None:
-    name = event.get("event", "?")
-    if name == "device_sample":
-        return None
-    fields = " ".join(f"{k}={v}" for k, v in event.items() if k not in ("t", "event"))
-    return f"[{time.strftime('%H:%M:%S', time.localtime(event.get('t', 0)))}] {name} {fields}"
-
-
-class _Sampler(threading.Thread):
-    def __init__(self, run_dir: Path, interval_s: float = 2.0):
-        super().__init__(name="autotune-sampler", daemon=True)
-        self.journal = Journal(run_dir)
-        self.interval_s = interval_s
-        self.stop_event = threading.Event()
-
-    def run(self):
-        try:
-            import psutil
-            psutil.cpu_percent(percpu=True)
-            while not self.stop_event.wait(self.interval_s):
-                mem = psutil.virtual_memory()
-                self.journal.emit("device_sample", cpu_pct=psutil.cpu_percent(percpu=True),
-                                  mem_used_bytes=mem.total - mem.available,
-                                  mem_total_bytes=mem.total, gpus=[], workers=0)
-        except Exception:  # never fail the run
-            return
+__all__ = ["watch", "follow", "Monitor", "RunState", "TrialRow", "fold", "render",
+           "event_line", "timed_line", "use_plain"]
 
 
 @contextlib.contextmanager
-def watch(run_dir, *, plain: bool = False, title: str = ""):
-    """Show the run's journal live while the body runs (minimal version: plain lines)."""
+def watch(run_dir, *, plain: bool = False, title: str = "", stream=None,
+          sample_interval_s: float = INTERVAL_S):
+    """Show the run live while the body runs, and sample the devices into its journal.
+
+    On a terminal: a rich Live view on stderr. Otherwise (a pipe, ``plain=True``, ``NO_COLOR``):
+    one line per event on stderr. Yields the `Monitor` (or None if it could not start).
+    """
     run_dir = Path(run_dir)
-    stop = threading.Event()
-    sampler = _Sampler(run_dir)
-
-    def tail():
-        offset = 0
-        while True:
-            done = stop.is_set()
-            try:
-                events, offset = read_events(run_dir, offset=offset)
-                for ev in events:
-                    line = _plain_line(ev)
-                    if line:
-                        print(line, file=sys.stderr, flush=True)
-            except Exception:
-                pass
-            if done:
-                return
-            stop.wait(POLL_S)
-
-    thread = threading.Thread(target=tail, name="autotune-monitor", daemon=True)
-    if title:
-        print(f"autotune: {title}", file=sys.stderr, flush=True)
-    sampler.start()
-    thread.start()
+    monitor = sampler = None
     try:
-        yield
+        monitor = Monitor(run_dir, plain=plain, title=title,
+                          stream=stream if stream is not None else sys.stderr)
+        if monitor.plain and title:
+            monitor._write(f"autotune: {title}")
+        monitor.start_live()
+        monitor.start_thread()
+    except Exception:  # noqa: BLE001 - no monitor is better than a failed run
+        monitor = None
+    try:
+        sampler = Sampler(run_dir, interval_s=sample_interval_s)
+        sampler.start()
+    except Exception:  # noqa: BLE001
+        sampler = None
+    try:
+        yield monitor
     finally:
-        sampler.stop_event.set()
-        stop.set()
-        thread.join(timeout=5)
+        for part in (sampler, monitor):
+            if part is not None:
+                try:
+                    part.stop()
+                except Exception:  # noqa: BLE001
+                    pass
+
+
+def follow(run_dir, *, plain: bool = False, title: str = "", stream=None) -> RunState:
+    """Show a live or finished run until its ``run_ended`` event (Ctrl-C raises as usual)."""
+    monitor = Monitor(run_dir, plain=plain, title=title,
+                      stream=stream if stream is not None else sys.stdout)
+    monitor.start_live()
+    try:
+        monitor.loop(until_ended=True)
+    finally:
+        monitor.close()
+    return monitor.state

@@ -1,0 +1,176 @@
+"""Tail a run's journal and show it: a rich Live view on a terminal, plain lines elsewhere.
+
+`Monitor` owns the tail loop (in a thread for `watch`, in the caller's thread for ``autotune
+monitor``). Rendering is throttled: a redraw when events arrive, at most every ``REDRAW_S``, and
+once every ``CLOCK_S`` for the elapsed clock. Any exception in the live view switches to plain
+lines; any exception in plain lines stops the display. The run itself is never affected.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+
+from autotune.journal import read_events
+from autotune.monitor import render, text
+from autotune.monitor.state import RunState
+
+POLL_S = 0.5  # journal read interval
+REDRAW_S = 0.5  # live view: no more than two redraws a second
+CLOCK_S = 1.0  # live view: redraw at least this often so the clock moves
+DEVICE_LINE_EVERY_S = 30.0  # plain lines: one device summary per this many seconds of run time
+
+
+def use_plain(stream, plain: bool) -> bool:
+    """Plain lines for pipes and files, with ``--plain``, or when ``NO_COLOR`` is set."""
+    if plain or os.environ.get("NO_COLOR"):
+        return True
+    try:
+        return not stream.isatty()
+    except (AttributeError, ValueError):
+        return True
+
+
+class Monitor:
+    """Shows one run directory's journal, from the start, on ``stream``."""
+
+    def __init__(self, run_dir, *, plain: bool = False, title: str = "", stream=None,
+                 console: Console | None = None):
+        self.run_dir = Path(run_dir)
+        self.title = title
+        self.stream = stream if stream is not None else sys.stderr
+        self.plain = use_plain(self.stream, plain) if console is None else False
+        self.console = console
+        self.state = RunState()
+        self.offset = 0
+        self.cpu_s = 0.0  # CPU time of the thread running `loop`, for the bench
+        self.failed: str | None = None  # why the live view fell back to plain lines
+        self._live: Live | None = None
+        self._last_draw = 0.0
+        self._last_device_t: float | None = None
+        self._dirty = True
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._dead = False  # plain output failed too: show nothing more
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start_live(self) -> None:
+        """Open the live view (terminal only); falls back to plain lines if it cannot."""
+        if self.plain:
+            return
+        try:
+            if self.console is None:
+                self.console = Console(file=self.stream, highlight=False, emoji=False)
+            self._live = Live(console=self.console, auto_refresh=False, transient=False,
+                              redirect_stdout=True, redirect_stderr=True,
+                              vertical_overflow="crop")
+            self._live.start()
+        except Exception as exc:  # noqa: BLE001 - any display failure degrades to plain
+            self._fall_back(exc)
+
+    def start_thread(self) -> None:
+        self._thread = threading.Thread(target=self.loop, name="autotune-monitor", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Read the last events, draw the final state, close the live view."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=timeout_s)
+        self.close()
+
+    def close(self) -> None:
+        live, self._live = self._live, None
+        if live is not None:
+            try:
+                live.update(self.renderable(), refresh=True)
+                live.stop()
+            except Exception:  # noqa: BLE001
+                try:
+                    live.stop()
+                except Exception:  # noqa: BLE001
+                    pass
+
+    # -- the loop --------------------------------------------------------------------------
+    def loop(self, *, until_ended: bool = False) -> None:
+        """Poll the journal until `stop` (or, with ``until_ended``, until ``run_ended``)."""
+        try:
+            while True:
+                stopping = self._stop.is_set()
+                self.step()
+                if stopping or (until_ended and self.state.ended):
+                    break
+                self._stop.wait(POLL_S)
+        finally:
+            self.cpu_s = time.thread_time()
+
+    def step(self, now: float | None = None) -> list[dict]:
+        """Read new events, fold them, show them. Returns the new events."""
+        try:
+            events, self.offset = read_events(self.run_dir, offset=self.offset)
+        except Exception:  # noqa: BLE001 - an unreadable journal is shown as no news
+            events = []
+        for ev in events:
+            self.state.apply(ev)
+        if events:
+            self._dirty = True
+        now = time.time() if now is None else now
+        if self.plain:
+            self._print_lines(events)
+        else:
+            self._draw(now)
+        return events
+
+    def renderable(self, now: float | None = None):
+        height = self.console.size.height if self.console is not None else 40
+        return render.render(self.state, now=time.time() if now is None else now,
+                             title=self.title, max_rows=max(3, height - 30))
+
+    def _draw(self, now: float) -> None:
+        if self._live is None:
+            return
+        since = now - self._last_draw
+        if not ((self._dirty and since >= REDRAW_S) or since >= CLOCK_S):
+            return
+        try:
+            self._live.update(self.renderable(now), refresh=True)
+            self._last_draw, self._dirty = now, False
+        except Exception as exc:  # noqa: BLE001
+            self._fall_back(exc)
+
+    def _fall_back(self, exc: BaseException) -> None:
+        self.failed = f"{type(exc).__name__}: {exc}"
+        live, self._live = self._live, None
+        if live is not None:
+            try:
+                live.stop()
+            except Exception:  # noqa: BLE001
+                pass
+        self.plain = True
+        self._write(f"WARNING: live monitor failed ({self.failed}); plain lines from here")
+
+    def _print_lines(self, events: list[dict]) -> None:
+        for ev in events:
+            if ev.get("event") == "device_sample":
+                t = ev.get("t") if isinstance(ev.get("t"), (int, float)) else 0.0
+                if self._last_device_t is not None and t - self._last_device_t < DEVICE_LINE_EVERY_S:
+                    continue
+                self._last_device_t = t
+            line = text.timed_line(ev)
+            if line:
+                self._write(line)
+
+    def _write(self, line: str) -> None:
+        if self._dead:
+            return
+        try:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream: nothing more to show
+            self._dead = True

@@ -1,0 +1,331 @@
+"""`RunState`: everything the monitor and the report show, folded from journal events.
+
+Pure: no clock, no I/O, no terminal. ``fold(events)`` gives the state after those events;
+``state.apply(event)`` folds one more. Unknown events and malformed fields are ignored, so a
+journal from a newer or older autotune still renders.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+RUNNING = "running"
+HISTORY_MAX = 600  # full-run throughput points kept for the sparkline
+
+
+@dataclass
+class TrialRow:
+    """One trial (or probe mode) as the monitor shows it."""
+
+    name: str
+    number: int | None = None
+    knobs: dict = field(default_factory=dict)
+    mode: str = "full"
+    started_t: float | None = None
+    finished_t: float | None = None
+    status: str = RUNNING  # "running" or an Outcome value ("ok", "oom", "pruned", ...)
+    reason: str = ""
+    samples_per_s: float | None = None  # final when finished, live while running
+    ci_half: float | None = None
+    measured_s: float | None = None
+    duration_s: float | None = None
+    source: str = ""
+    foreign_flagged: bool = False
+    log_path: str = ""
+
+    @property
+    def finished(self) -> bool:
+        return self.status != RUNNING
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def label(self) -> str:
+        return f"#{self.number}" if self.number is not None else self.name
+
+
+@dataclass
+class FullRun:
+    command: list = field(default_factory=list)
+    knobs: dict = field(default_factory=dict)
+    instances: int | None = None
+    started_t: float | None = None
+    samples_per_s: float | None = None
+    steps: int | None = None
+    samples: int | None = None
+    history: list = field(default_factory=list)  # (t, samples_per_s)
+    exit_code: int | None = None
+    ended_t: float | None = None
+
+
+@dataclass
+class RunState:
+    """The run as the journal tells it so far."""
+
+    kind: str = ""
+    command: list = field(default_factory=list)
+    cwd: str = ""
+    hardware: object = None
+    budget_s: float | None = None
+    trials_budget: int | None = None
+    space: object = None
+    modes: list = field(default_factory=list)
+    started_t: float | None = None
+    last_t: float | None = None
+    ended_t: float | None = None
+    exit_code: int | None = None
+    trials: dict = field(default_factory=dict)  # name -> TrialRow, in start order
+    confirmations: list = field(default_factory=list)
+    best: dict | None = None
+    recipe_path: str | None = None
+    verdict: dict | None = None
+    fullrun: FullRun | None = None
+    device: dict | None = None  # the latest device_sample
+    events: int = 0
+
+    # -- derived ---------------------------------------------------------------------------
+    @property
+    def ended(self) -> bool:
+        return self.ended_t is not None
+
+    @property
+    def script(self) -> str:
+        for arg in self.command:
+            if isinstance(arg, str) and arg.endswith(".py"):
+                return os.path.basename(arg)
+        return os.path.basename(str(self.command[0])) if self.command else "?"
+
+    @property
+    def rows(self) -> list[TrialRow]:
+        return list(self.trials.values())
+
+    @property
+    def finished_rows(self) -> list[TrialRow]:
+        return [r for r in self.trials.values() if r.finished]
+
+    @property
+    def best_row(self) -> TrialRow | None:
+        """The trial the run declared best, else the fastest ok trial so far."""
+        ok = [r for r in self.trials.values() if r.ok and r.samples_per_s]
+        if self.best and self.best.get("knobs") is not None:
+            for r in ok:
+                if r.knobs == self.best["knobs"] and r.mode == "full":
+                    return r
+        full = [r for r in ok if r.mode == "full"] or ok
+        return max(full, key=lambda r: r.samples_per_s, default=None)
+
+    @property
+    def baseline_samples_per_s(self) -> float | None:
+        if self.best and self.best.get("baseline_samples_per_s"):
+            return float(self.best["baseline_samples_per_s"])
+        for r in self.trials.values():  # the baseline is measured first
+            if r.mode == "full" and r.finished:
+                return r.samples_per_s if r.ok else None
+        return None
+
+    @property
+    def phase(self) -> str:
+        if self.ended:
+            return "finished" if not self.exit_code else f"ended (exit {self.exit_code})"
+        if self.fullrun is not None:
+            return "full run" if self.fullrun.exit_code is None else "full run ended"
+        if self.recipe_path:
+            return "recipe saved"
+        if self.best is not None:
+            return "best chosen"
+        if self.confirmations:
+            return "confirming the best"
+        running = [r for r in self.trials.values() if not r.finished]
+        if running:
+            r = running[-1]
+            if self.kind == "probe":
+                return f"probing mode '{r.mode}'"
+            return f"trial {r.label}"
+        if self.trials:
+            return "between trials"
+        return "starting"
+
+    def mode_rates(self) -> dict[str, float | None]:
+        """Probe-mode throughputs (full/synthetic/io) of a probe run: None where it failed."""
+        out: dict[str, float | None] = {}
+        for r in self.trials.values():
+            if r.finished and not r.knobs and r.mode in ("full", "synthetic", "io"):
+                out[r.mode] = r.samples_per_s if r.ok else None
+        return out
+
+    # -- folding ---------------------------------------------------------------------------
+    def apply(self, ev: dict) -> None:
+        """Fold one event into the state. Malformed events are ignored, never raised."""
+        if not isinstance(ev, dict):
+            return
+        handler = _HANDLERS.get(ev.get("event"))
+        t = _num(ev.get("t"))
+        try:
+            if handler is not None:
+                handler(self, ev, t)
+        except (TypeError, ValueError, AttributeError, KeyError):
+            return
+        self.events += 1
+        if t is not None:
+            self.last_t = t if self.last_t is None else max(self.last_t, t)
+            if self.started_t is None:
+                self.started_t = t
+
+    def _row(self, ev: dict) -> TrialRow:
+        name = str(ev.get("trial") or f"trial-{ev.get('number')}")
+        row = self.trials.get(name)
+        if row is None:
+            row = self.trials[name] = TrialRow(name=name)
+        if ev.get("number") is not None:
+            row.number = int(ev["number"])
+        if ev.get("mode"):
+            row.mode = str(ev["mode"])
+        return row
+
+
+def fold(events, state: RunState | None = None) -> RunState:
+    state = state if state is not None else RunState()
+    for ev in events:
+        state.apply(ev)
+    return state
+
+
+def _num(value):
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _run_started(s: RunState, ev: dict, t) -> None:
+    s.kind = str(ev.get("kind", ""))
+    cmd = ev.get("command") or []
+    s.command = list(cmd) if isinstance(cmd, (list, tuple)) else [str(cmd)]
+    s.cwd = str(ev.get("cwd", ""))
+    s.hardware = ev.get("hardware")
+    s.budget_s = _num(ev.get("budget_s"))
+    trials = _num(ev.get("trials"))
+    s.trials_budget = int(trials) if trials else None
+    s.space = ev.get("space")
+    s.modes = list(ev.get("modes") or [])
+    s.started_t = t
+
+
+def _trial_started(s: RunState, ev: dict, t) -> None:
+    row = s._row(ev)
+    row.knobs = dict(ev.get("knobs") or {})
+    row.started_t = t
+    row.status = RUNNING
+
+
+def _trial_progress(s: RunState, ev: dict, t) -> None:
+    row = s._row(ev)
+    if row.finished:
+        return
+    row.samples_per_s = _num(ev.get("samples_per_s"))
+    row.ci_half = _num(ev.get("ci_half"))
+    row.measured_s = _num(ev.get("measured_s"))
+
+
+def _trial_finished(s: RunState, ev: dict, t) -> None:
+    row = s._row(ev)
+    res = ev.get("result") or {}
+    row.finished_t = t
+    row.status = str(res.get("outcome") or "ok")
+    row.reason = str(res.get("reason") or "")
+    if res.get("knobs"):
+        row.knobs = dict(res["knobs"])
+    row.samples_per_s = _num(res.get("samples_per_s"))
+    row.ci_half = _num(res.get("ci_half"))
+    row.measured_s = _num(res.get("measured_s"))
+    row.duration_s = _num(res.get("duration_s"))
+    if row.duration_s is None and row.started_t is not None and t is not None:
+        row.duration_s = t - row.started_t
+    row.source = str(res.get("source") or "")
+    row.foreign_flagged = bool(res.get("foreign_flagged"))
+    row.log_path = str(res.get("log_path") or "")
+    if not row.ok:
+        row.samples_per_s = row.samples_per_s or None
+
+
+def _trial_pruned(s: RunState, ev: dict, t) -> None:
+    row = s._row(ev)
+    row.status = "pruned"
+    row.reason = str(ev.get("reason") or row.reason or "")
+    if row.finished_t is None:
+        row.finished_t = t
+    if row.duration_s is None and row.started_t is not None and t is not None:
+        row.duration_s = t - row.started_t
+
+
+def _confirmation(s: RunState, ev: dict, t) -> None:
+    s.confirmations.append({k: ev.get(k) for k in
+                            ("round", "trial", "knobs", "samples_per_s", "ci_half")})
+
+
+def _best(s: RunState, ev: dict, t) -> None:
+    s.best = {k: ev.get(k) for k in ("knobs", "samples_per_s", "ci_half",
+                                      "baseline_samples_per_s", "speedup", "kept_baseline")}
+
+
+def _recipe_saved(s: RunState, ev: dict, t) -> None:
+    s.recipe_path = str(ev.get("path") or "")
+
+
+def _probe_verdict(s: RunState, ev: dict, t) -> None:
+    v = ev.get("verdict")
+    s.verdict = dict(v) if isinstance(v, dict) else {"text": str(v)}
+
+
+def _fullrun_started(s: RunState, ev: dict, t) -> None:
+    cmd = ev.get("command") or []
+    instances = _num(ev.get("instances"))
+    s.fullrun = FullRun(command=list(cmd) if isinstance(cmd, (list, tuple)) else [str(cmd)],
+                        knobs=dict(ev.get("knobs") or {}),
+                        instances=int(instances) if instances else None, started_t=t)
+
+
+def _fullrun_progress(s: RunState, ev: dict, t) -> None:
+    if s.fullrun is None:
+        s.fullrun = FullRun(started_t=t)
+    fr = s.fullrun
+    fr.samples_per_s = _num(ev.get("samples_per_s"))
+    steps, samples = _num(ev.get("steps")), _num(ev.get("samples"))
+    fr.steps = int(steps) if steps is not None else fr.steps
+    fr.samples = int(samples) if samples is not None else fr.samples
+    if fr.samples_per_s is not None:
+        fr.history.append((t, fr.samples_per_s))
+        del fr.history[:-HISTORY_MAX]
+
+
+def _fullrun_ended(s: RunState, ev: dict, t) -> None:
+    if s.fullrun is None:
+        s.fullrun = FullRun()
+    code = ev.get("exit_code")
+    s.fullrun.exit_code = int(code) if code is not None else 0
+    s.fullrun.ended_t = t
+
+
+def _device_sample(s: RunState, ev: dict, t) -> None:
+    s.device = ev
+
+
+def _run_ended(s: RunState, ev: dict, t) -> None:
+    s.ended_t = t if t is not None else (s.last_t or 0.0)
+    code = ev.get("exit_code")
+    s.exit_code = int(code) if code is not None else 0
+
+
+_HANDLERS = {
+    "run_started": _run_started, "trial_started": _trial_started,
+    "trial_progress": _trial_progress, "trial_finished": _trial_finished,
+    "trial_pruned": _trial_pruned, "confirmation": _confirmation, "best": _best,
+    "recipe_saved": _recipe_saved, "probe_verdict": _probe_verdict,
+    "fullrun_started": _fullrun_started, "fullrun_progress": _fullrun_progress,
+    "fullrun_ended": _fullrun_ended, "device_sample": _device_sample, "run_ended": _run_ended,
+}

@@ -1,0 +1,234 @@
+"""Plain text: one readable line per journal event, and the small formatters the views share.
+
+Pure functions, no control codes; used for pipes, ``--plain``, ``NO_COLOR``, and whenever the
+live view fails.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+GIB = 1024 ** 3
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """``1:02:03`` / ``2:03`` / ``-``."""
+    if seconds is None or seconds != seconds:
+        return "-"
+    seconds = max(0, int(round(seconds)))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def fmt_rate(samples_per_s: float | None, ci_half: float | None = None) -> str:
+    if samples_per_s is None:
+        return "-"
+    text = f"{samples_per_s:,.1f}"
+    if ci_half is not None and ci_half > 0:
+        text += f" ± {ci_half:,.1f}"
+    return text
+
+
+def fmt_knobs(knobs: dict | None) -> str:
+    if not knobs:
+        return "(script defaults)"
+    return " ".join(f"{k}={_short(v)}" for k, v in knobs.items())
+
+
+def fmt_gib(n_bytes: float | None) -> str:
+    return "-" if n_bytes is None else f"{n_bytes / GIB:.1f}"
+
+
+def sparkline(values, width: int = 40) -> str:
+    """Unicode block sparkline of the last ``width`` values (None values shown as a space)."""
+    vals = list(values)[-width:]
+    nums = [v for v in vals if v is not None]
+    if not nums:
+        return ""
+    lo, hi = min(nums), max(nums)
+    span = hi - lo
+    out = []
+    for v in vals:
+        if v is None:
+            out.append(" ")
+        else:
+            i = int((v - lo) / span * (len(SPARK) - 1)) if span > 0 else len(SPARK) // 2
+            out.append(SPARK[i])
+    return "".join(out)
+
+
+def bar(fraction: float, width: int = 20) -> str:
+    """``█████░░░░░`` for a fraction in [0, 1]."""
+    fraction = min(1.0, max(0.0, fraction))
+    full = int(round(fraction * width))
+    return "█" * full + "░" * (width - full)
+
+
+def _short(v) -> str:
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def _script(command) -> str:
+    for arg in command or []:
+        if isinstance(arg, str) and arg.endswith(".py"):
+            return os.path.basename(arg)
+    return " ".join(map(str, command or [])) or "?"
+
+
+def _trial_label(ev: dict) -> str:
+    n = ev.get("number")
+    return f"trial #{n}" if n is not None else str(ev.get("trial", "trial"))
+
+
+def device_summary(ev: dict) -> str:
+    """``cpu 43% (2 cores) · mem 3.1/7.8 GiB · 2 loader workers · GPU0 87% 10.1/40.0 GiB 250 W``."""
+    parts = []
+    cores = [c for c in (ev.get("cpu_pct") or []) if isinstance(c, (int, float))]
+    if cores:
+        parts.append(f"cpu {sum(cores) / len(cores):.0f}% ({len(cores)} cores)")
+    if ev.get("mem_total_bytes"):
+        parts.append(f"mem {fmt_gib(ev.get('mem_used_bytes'))}/"
+                     f"{fmt_gib(ev.get('mem_total_bytes'))} GiB")
+    if ev.get("workers") is not None:
+        parts.append(f"{ev.get('workers')} loader workers")
+    for g in ev.get("gpus") or []:
+        if not isinstance(g, dict):
+            continue
+        text = f"GPU{g.get('index', '?')} {_pct(g.get('util_pct'))}"
+        if g.get("mem_total_bytes"):
+            text += f" {fmt_gib(g.get('mem_used_bytes'))}/{fmt_gib(g.get('mem_total_bytes'))} GiB"
+        if g.get("power_w") is not None:
+            text += f" {g['power_w']:.0f} W"
+        if g.get("ranks"):
+            text += f" ranks {','.join(map(str, g['ranks']))}"
+        parts.append(text)
+    return " · ".join(parts)
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{v:.0f}%"
+
+
+def event_line(ev: dict) -> str | None:
+    """One readable line for an event (without time stamp); None for an unknown non-event."""
+    name = ev.get("event")
+    if not name:
+        return None
+    f = _LINES.get(name)
+    if f is not None:
+        try:
+            return f(ev)
+        except (TypeError, ValueError, KeyError, AttributeError):
+            pass
+    fields = " ".join(f"{k}={v}" for k, v in ev.items() if k not in ("t", "event"))
+    return f"{name} {fields}".rstrip()
+
+
+def timed_line(ev: dict) -> str | None:
+    """`event_line` prefixed with the event's local time, ``HH:MM:SS``."""
+    line = event_line(ev)
+    if line is None:
+        return None
+    t = ev.get("t")
+    stamp = time.strftime("%H:%M:%S", time.localtime(t)) if isinstance(t, (int, float)) else "--:--:--"
+    return f"{stamp} {line}"
+
+
+def _run_started(ev):
+    extra = []
+    if ev.get("budget_s"):
+        extra.append(f"budget {fmt_duration(ev['budget_s'])}")
+    if ev.get("trials"):
+        extra.append(f"up to {ev['trials']} trials")
+    if ev.get("modes"):
+        extra.append("modes " + ",".join(ev["modes"]))
+    tail = f" ({', '.join(extra)})" if extra else ""
+    return f"run started: autotune {ev.get('kind', '?')} {_script(ev.get('command'))}{tail}"
+
+
+def _trial_started(ev):
+    mode = ev.get("mode") or "full"
+    return f"{_trial_label(ev)} started: {fmt_knobs(ev.get('knobs'))} (mode {mode})"
+
+
+def _trial_progress(ev):
+    return (f"{_trial_label(ev)}: {fmt_rate(ev.get('samples_per_s'), ev.get('ci_half'))} "
+            f"samples/s after {ev.get('measured_s', 0):.0f} s measured")
+
+
+def _trial_finished(ev):
+    r = ev.get("result") or {}
+    outcome = r.get("outcome", "?")
+    head = f"{_trial_label(ev)} {outcome}"
+    if ev.get("mode") and ev.get("mode") != "full":
+        head += f" (mode {ev['mode']})"
+    knobs = fmt_knobs(r.get("knobs"))
+    dur = fmt_duration(r.get("duration_s"))
+    if outcome == "ok":
+        flag = " [foreign load: not comparable]" if r.get("foreign_flagged") else ""
+        return (f"{head}: {fmt_rate(r.get('samples_per_s'), r.get('ci_half'))} samples/s "
+                f"in {dur} · {knobs}{flag}")
+    log = f" (log: {r['log_path']})" if r.get("log_path") else ""
+    return f"{head}: {r.get('reason') or 'no reason given'} · {knobs} · {dur}{log}"
+
+
+def _trial_pruned(ev):
+    return f"{_trial_label(ev)} pruned: {ev.get('reason') or 'cannot beat the best'}"
+
+
+def _confirmation(ev):
+    return (f"confirm round {ev.get('round')} {ev.get('trial')}: "
+            f"{fmt_rate(ev.get('samples_per_s'), ev.get('ci_half'))} samples/s · "
+            f"{fmt_knobs(ev.get('knobs'))}")
+
+
+def _best(ev):
+    rate = fmt_rate(ev.get("samples_per_s"), ev.get("ci_half"))
+    base = ev.get("baseline_samples_per_s")
+    speed = ev.get("speedup")
+    vs = f", {speed:.2f}x the baseline {base:,.1f}" if speed and base else ""
+    if ev.get("kept_baseline"):
+        return f"best: kept the baseline ({rate} samples/s): no config beat it beyond the noise"
+    return f"best: {rate} samples/s{vs} · {fmt_knobs(ev.get('knobs'))}"
+
+
+def _verdict(ev):
+    v = ev.get("verdict") or {}
+    return f"verdict: {v.get('text', v) if isinstance(v, dict) else v}"
+
+
+def _fullrun_started(ev):
+    inst = f", {ev['instances']} instances" if ev.get("instances") else ""
+    return f"full run started: {fmt_knobs(ev.get('knobs'))}{inst}"
+
+
+def _fullrun_progress(ev):
+    parts = [f"full run: {fmt_rate(ev.get('samples_per_s'))} samples/s"]
+    if ev.get("steps") is not None:
+        parts.append(f"step {ev['steps']:,}")
+    if ev.get("samples") is not None:
+        parts.append(f"{ev['samples']:,} samples")
+    return " · ".join(parts)
+
+
+_LINES = {
+    "run_started": _run_started,
+    "trial_started": _trial_started,
+    "trial_progress": _trial_progress,
+    "trial_finished": _trial_finished,
+    "trial_pruned": _trial_pruned,
+    "confirmation": _confirmation,
+    "best": _best,
+    "recipe_saved": lambda ev: f"recipe saved: {ev.get('path')}",
+    "probe_verdict": _verdict,
+    "fullrun_started": _fullrun_started,
+    "fullrun_progress": _fullrun_progress,
+    "fullrun_ended": lambda ev: f"full run ended: exit code {ev.get('exit_code')}",
+    "device_sample": lambda ev: f"device: {device_summary(ev)}",
+    "run_ended": lambda ev: f"run ended: exit code {ev.get('exit_code')}",
+}
