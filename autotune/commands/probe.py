@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from autotune import console, rundir, verdict
 from autotune.commands import common
 from autotune.journal import Journal
+from autotune.monitor import watch
 from autotune.trial import TrialSpec, run_trial
 from probes import protocol
 
@@ -39,31 +41,39 @@ def run(args) -> int:
     root = rundir.Path(args.runs_dir).expanduser() if args.runs_dir else None
     run_dir = rundir.new_run_dir("probe", target[0], root=root)
     journal = Journal(run_dir)
-    journal.emit("run_started", kind="probe", command=list(target), cwd=cwd, modes=modes)
+    journal.emit("run_started", kind="probe", command=list(target), cwd=cwd, modes=modes,
+                 budget_s=args.seconds * len(modes))
     say = (lambda msg: print(msg, file=sys.stderr, flush=True))
     results = {}
-    for mode in modes:
-        say(f"autotune: probing mode '{mode}' (up to {args.seconds:.0f} s)...")
-        journal.emit("trial_started", trial=f"probe-{mode}", mode=mode, knobs={})
-        result = run_trial(TrialSpec(
-            command=target, cwd=cwd, log_dir=run_dir / "logs", name=f"probe-{mode}",
-            mode=mode, max_s=args.seconds, samples_per_step=args.samples_per_step))
-        journal.emit("trial_finished", trial=f"probe-{mode}", mode=mode, result=result)
-        results[mode] = result
-        if not result.ok:
-            say(f"autotune: mode '{mode}': {result.outcome.value}: {result.reason} "
-                f"(log: {result.log_path})")
-    rate = {m: (r.samples_per_s if r.ok else None) for m, r in results.items()}
-    v = verdict.decide(rate.get("full"), rate.get("synthetic"), rate.get("io"))
-    summary = {
-        "command": list(target), "run_dir": str(run_dir),
-        "modes": {m: r.to_dict() for m, r in results.items()},
-        "verdict": {"bottleneck": v.bottleneck, "bound_samples_per_s": v.bound_samples_per_s,
-                    "full_share_of_bound": v.full_share_of_bound, "text": v.text},
-    }
-    rundir.write_atomic(run_dir / "probe.json", json.dumps(summary, indent=2, default=str))
-    journal.emit("probe_verdict", verdict=summary["verdict"])
-    journal.emit("run_ended", exit_code=0)
+    try:
+        with watch(run_dir, plain=args.plain or args.json,
+                   title=f"autotune probe · {os.path.basename(target[0])}"):
+            for mode in modes:
+                say(f"autotune: probing mode '{mode}' (up to {args.seconds:.0f} s)...")
+                journal.emit("trial_started", trial=f"probe-{mode}", mode=mode, knobs={})
+                result = run_trial(TrialSpec(
+                    command=target, cwd=cwd, log_dir=run_dir / "logs", name=f"probe-{mode}",
+                    mode=mode, max_s=args.seconds, samples_per_step=args.samples_per_step))
+                journal.emit("trial_finished", trial=f"probe-{mode}", mode=mode, result=result)
+                results[mode] = result
+                if not result.ok:
+                    say(f"autotune: mode '{mode}': {result.outcome.value}: {result.reason} "
+                        f"(log: {result.log_path})")
+            rate = {m: (r.samples_per_s if r.ok else None) for m, r in results.items()}
+            v = verdict.decide(rate.get("full"), rate.get("synthetic"), rate.get("io"))
+            summary = {
+                "command": list(target), "run_dir": str(run_dir),
+                "modes": {m: r.to_dict() for m, r in results.items()},
+                "verdict": {"bottleneck": v.bottleneck, "bound_samples_per_s": v.bound_samples_per_s,
+                            "full_share_of_bound": v.full_share_of_bound, "text": v.text},
+            }
+            rundir.write_atomic(run_dir / "probe.json", json.dumps(summary, indent=2, default=str))
+            journal.emit("probe_verdict", verdict=summary["verdict"])
+            journal.emit("run_ended", exit_code=0)
+    except BaseException as exc:  # the journal says the run is over, however it ended
+        journal.emit("run_ended", exit_code=130 if isinstance(exc, KeyboardInterrupt) else 1,
+                     error=f"{type(exc).__name__}: {exc}")
+        raise
     if args.json:
         print(json.dumps(summary, default=str))
     else:

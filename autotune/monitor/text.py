@@ -151,9 +151,15 @@ def _run_started(ev):
     return f"run started: autotune {ev.get('kind', '?')} {_script(ev.get('command'))}{tail}"
 
 
+def _knobs_part(knobs, mode) -> str:
+    """Knobs as text; nothing for a probe mode run with the script's own settings."""
+    return "" if not knobs and mode not in (None, "full") else fmt_knobs(knobs)
+
+
 def _trial_started(ev):
     mode = ev.get("mode") or "full"
-    return f"{_trial_label(ev)} started: {fmt_knobs(ev.get('knobs'))} (mode {mode})"
+    knobs = _knobs_part(ev.get("knobs"), mode)
+    return f"{_trial_label(ev)} started: " + (f"{knobs} (mode {mode})" if knobs else f"mode {mode}")
 
 
 def _trial_progress(ev):
@@ -167,14 +173,15 @@ def _trial_finished(ev):
     head = f"{_trial_label(ev)} {outcome}"
     if ev.get("mode") and ev.get("mode") != "full":
         head += f" (mode {ev['mode']})"
-    knobs = fmt_knobs(r.get("knobs"))
+    knobs = _knobs_part(r.get("knobs"), ev.get("mode") or r.get("mode"))
+    knobs = f" · {knobs}" if knobs else ""
     dur = fmt_duration(r.get("duration_s"))
     if outcome == "ok":
         flag = " [foreign load: not comparable]" if r.get("foreign_flagged") else ""
         return (f"{head}: {fmt_rate(r.get('samples_per_s'), r.get('ci_half'))} samples/s "
-                f"in {dur} · {knobs}{flag}")
+                f"in {dur}{knobs}{flag}")
     log = f" (log: {r['log_path']})" if r.get("log_path") else ""
-    return f"{head}: {r.get('reason') or 'no reason given'} · {knobs} · {dur}{log}"
+    return f"{head}: {r.get('reason') or 'no reason given'}{knobs} · {dur}{log}"
 
 
 def _trial_pruned(ev):
