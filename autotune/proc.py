@@ -133,6 +133,55 @@ def _pump(popen, out, err, on_output) -> None:
             err.close()
 
 
+@dataclass(frozen=True)
+class CommandResult:
+    """What a short command printed and how it ended."""
+
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_command(argv, *, env: dict[str, str], input_text: str | None = None,
+                timeout_s: float = 10.0, marker: str = "autotune-cmd") -> CommandResult:
+    """Run a short control command (``echo quit | nvidia-cuda-mps-control``, say) to its end.
+
+    Its own session, ``input_text`` on stdin, output collected through temporary files rather
+    than pipes: a command that daemonises (``-d``) leaves a child holding its stdout, and a pipe
+    would then never see EOF. Past ``timeout_s`` the command's group is killed and
+    `LaunchError` names it. A daemon it forks stays alive; that is the caller's to stop.
+    """
+    import tempfile
+
+    become_subreaper()
+    env = dict(env)
+    env.setdefault(protocol.ENV_TRIAL, marker)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        try:
+            popen = subprocess.Popen(
+                [str(a) for a in argv], env=env, stdin=subprocess.PIPE, stdout=out, stderr=err,
+                start_new_session=True, close_fds=True)
+        except OSError as exc:
+            raise LaunchError(f"cannot start {argv[0]!r}: {exc.strerror or exc}; "
+                              f"check that it exists and is executable") from exc
+        try:
+            popen.communicate(input=(input_text or "").encode(), timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(popen.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            popen.wait()
+            raise LaunchError(f"{' '.join(map(str, argv))!r} did not finish within "
+                              f"{timeout_s:g} s and was killed") from None
+        out.seek(0)
+        err.seek(0)
+        return CommandResult(argv=tuple(str(a) for a in argv), returncode=popen.returncode,
+                             stdout=out.read().decode(errors="replace"),
+                             stderr=err.read().decode(errors="replace"))
+
+
 def signal_group(launched: Launched, sig: int) -> None:
     try:
         os.killpg(launched.pgid, sig)
@@ -188,6 +237,24 @@ def sweep(launched: Launched) -> list[int]:
         except psutil.Error:
             pass
     psutil.wait_procs(list(victims.values()), timeout=5)  # reaps those that are our children
+    return killed
+
+
+def sweep_marker(marker: str) -> list[int]:
+    """Kill and reap every process of ours carrying ``AUTOTUNE_TRIAL=marker``; their pids.
+
+    For what `run_command` leaves behind (a daemon and the servers it forked).
+    """
+    victims = marked(marker)
+    killed = []
+    for p in victims:
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                killed.append(p.pid)
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(victims, timeout=5)
     return killed
 
 
