@@ -162,6 +162,9 @@ class Monitor:
                 if self._last_device_t is not None and t - self._last_device_t < DEVICE_LINE_EVERY_S:
                     continue
                 self._last_device_t = t
+            row = self.state.trials.get(ev.get("trial")) if "trial" in ev else None
+            if row is not None and row.number is not None and ev.get("number") is None:
+                ev = {**ev, "number": row.number}
             line = text.timed_line(ev)
             if line:
                 self._write(line)

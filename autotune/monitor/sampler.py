@@ -55,30 +55,50 @@ def _ppid(p: psutil.Process) -> int | None:
 class GpuSource:
     """GPU readings through `autotune.nvml`, imported lazily; empty when it is absent or fails.
 
-    Expects ``autotune.nvml.sample_gpus(pids)`` -> list of dicts with the ``device_sample``
-    ``gpus`` fields (index, name, util_pct, mem_used_bytes, mem_total_bytes, power_w, ranks).
+    Uses ``autotune.nvml.available()`` once and then ``autotune.nvml.sample()`` (dicts with
+    index, name, util_pct, mem_used_bytes, mem_total_bytes, power_w, pids); the pids of our
+    ranks become the ``ranks`` field (rank numbers from each rank's ``RANK``).
     """
 
     def __init__(self):
-        self._fn = None
+        self._sample = None
         self._tried = False
+        self._rank_of: dict[int, int | None] = {}  # pid -> RANK, read once per process
 
-    def sample(self, pids: list[int]) -> list[dict]:
-        if not self._tried:
-            self._tried = True
+    def _load(self) -> None:
+        self._tried = True
+        try:
+            mod = importlib.import_module("autotune.nvml")
+            ok, _why = mod.available()
+            self._sample = mod.sample if ok else None
+        except Exception:  # noqa: BLE001 - absent, or no driver: no GPU panel
+            self._sample = None
+
+    def rank_of(self, pid: int) -> int | None:
+        if pid not in self._rank_of:
             try:
-                mod = importlib.import_module("autotune.nvml")
-                self._fn = getattr(mod, "sample_gpus", None)
-            except Exception:  # absent, or no driver: no GPU panel
-                self._fn = None
-        if self._fn is None:
+                value = psutil.Process(pid).environ().get("RANK")
+                self._rank_of[pid] = int(value) if value is not None else None
+            except (psutil.Error, ValueError):
+                self._rank_of[pid] = None
+        return self._rank_of[pid]
+
+    def sample(self, rank_pids: list[int]) -> list[dict]:
+        if not self._tried:
+            self._load()
+        if self._sample is None:
             return []
         try:
-            gpus = self._fn(pids)
-            return [dict(g) for g in gpus or [] if isinstance(g, dict)]
-        except Exception:
-            self._fn = None  # a backend that failed once is not asked again
+            gpus = [dict(g) for g in self._sample() or [] if isinstance(g, dict)]
+        except Exception:  # noqa: BLE001 - a backend that failed once is not asked again
+            self._sample = None
             return []
+        mine = set(rank_pids)
+        for g in gpus:
+            pids = g.pop("pids", None) or []
+            ranks = [self.rank_of(p) for p in pids if p in mine]
+            g["ranks"] = sorted(r if r is not None else i for i, r in enumerate(ranks))
+        return gpus
 
 
 def sample(gpu: GpuSource | None = None, root_pid: int | None = None) -> dict:

@@ -1,0 +1,64 @@
+"""``autotune monitor [RUN_DIR]``: attach the live monitor to a running or finished run."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from autotune import rundir
+from autotune.errors import UsageError
+from autotune.journal import EVENTS
+
+
+def add_parser(sub):
+    p = sub.add_parser("monitor", help="attach the live monitor to a running or finished run",
+                       description="Show a run's trials, best config and devices, live, from its "
+                                   "journal. Exits when the run ends, or on Ctrl-C (the run "
+                                   "itself goes on).")
+    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
+                   help="the run directory (default: the latest run under --runs-dir)")
+    add_run_dir_args(p)
+    p.add_argument("--plain", action="store_true",
+                   help="one log line per event, no live display (also when piped or NO_COLOR)")
+    return p
+
+
+def add_run_dir_args(p) -> None:
+    p.add_argument("--runs-dir", metavar="DIR",
+                   help="where run directories are (default: $AUTOTUNE_RUNS_DIR or "
+                        "~/.autotune/runs)")
+
+
+def resolve_run_dir(args) -> Path:
+    """RUN_DIR as given, else the latest run; a usage error when there is none."""
+    if args.run_dir:
+        path = Path(args.run_dir).expanduser()
+        if not path.is_dir():
+            raise UsageError(f"run directory {str(path)!r} not found; "
+                             f"'autotune {args.command}' without RUN_DIR picks the latest run")
+        return path
+    root = Path(args.runs_dir).expanduser() if getattr(args, "runs_dir", None) else None
+    latest = rundir.latest_run_dir(root)
+    if latest is None:
+        where = root or rundir.runs_root()
+        raise UsageError(f"no runs under {where}; start one (autotune probe/tune/wrap) or "
+                         f"give RUN_DIR")
+    return latest
+
+
+def run(args) -> int:
+    from autotune.monitor import follow  # rich is imported only when a view is needed
+
+    run_dir = resolve_run_dir(args)
+    if not (run_dir / EVENTS).exists():
+        print(f"autotune: waiting for {run_dir / EVENTS} ...", file=sys.stderr, flush=True)
+    try:
+        state = follow(run_dir, plain=args.plain, stream=sys.stdout)
+    except KeyboardInterrupt:
+        print(f"autotune: detached from {run_dir} (the run is not affected)", file=sys.stderr,
+              flush=True)
+        return 0
+    if state.exit_code:
+        print(f"autotune: the run ended with exit code {state.exit_code}", file=sys.stderr,
+              flush=True)
+    return 0
