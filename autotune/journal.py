@@ -2,7 +2,8 @@
 
 Each event is written with a single ``write`` on a file opened ``O_APPEND``, so concurrent writers
 never interleave inside a line. A crash can at worst leave a last line without its newline;
-`read_events` skips any line that is incomplete or does not parse, so readers never break.
+`read_events` skips any line that is incomplete or does not parse, so readers never break, and
+a new `Journal` on that file ends the torn line first so the next event stands on its own.
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ class Journal:
 
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / EVENTS
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        os.close(fd)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            _end_torn_line(fd)
+        finally:
+            os.close(fd)
 
     def emit(self, name: str, /, **fields) -> dict:
         event = {"t": time.time(), "event": name, **fields}
@@ -32,6 +36,14 @@ class Journal:
         finally:
             os.close(fd)
         return event
+
+
+def _end_torn_line(fd: int) -> None:
+    """A writer that died mid-line left no newline: end that line, so our first event is not
+    glued to it (readers skip the torn line; an extra empty line is harmless)."""
+    size = os.fstat(fd).st_size
+    if size and os.pread(fd, 1, size - 1) != b"\n":
+        os.write(fd, b"\n")
 
 
 def _jsonable(obj):

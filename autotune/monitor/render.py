@@ -270,7 +270,7 @@ def fullrun_panel(state: RunState, *, now: float) -> Panel | None:
             grid.add_row("knobs", fmt.fmt_knobs(fr.knobs) + (
                 f" · instances {fr.instances}" if fr.instances else ""))
         if len(fr.history) > 1:
-            grid.add_row("history", Text(fmt.sparkline([v for _, v in fr.history]),
+            grid.add_row("trend", Text(fmt.sparkline([v for _, v in fr.history]),
                                          style="cyan"))
     if rates:
         top = max((v for v in rates.values() if v), default=0.0)
