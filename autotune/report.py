@@ -176,7 +176,15 @@ def best_section(state: RunState) -> str:
     return html
 
 
-def search_section(state: RunState, run_dir: Path) -> str:
+def search_importance(state: RunState, run_dir: Path) -> tuple[dict[str, float], str]:
+    rows = search_rows(state)
+    if not rows:
+        return {}, "no search in this run"
+    ok = [(r.knobs, r.samples_per_s) for r in rows if r.ok and r.samples_per_s]
+    return report_importance.importance(run_dir, ok)
+
+
+def search_section(state: RunState, imp: dict[str, float], how: str) -> str:
     rows = search_rows(state)
     if not rows:
         return ""
@@ -188,12 +196,10 @@ def search_section(state: RunState, run_dir: Path) -> str:
         html += "<h2>Throughput against each knob</h2><div class='charts'>"
         html += "".join(f"<figure>{svg}<figcaption>{escape(k)}</figcaption></figure>"
                         for k, svg in charts) + "</div>"
-    ok = [(r.knobs, r.samples_per_s) for r in rows if r.ok and r.samples_per_s]
-    imp, how = report_importance.importance(run_dir, ok)
     html += "<h2>Parameter importance</h2>"
     if imp:
-        items = [(k, v, f"{k}: {v:.1%}") for k, v in imp.items()]
-        html += (report_svg.bars(items, chart="importance") +
+        items = [(k, round(v * 100, 1), f"{k}: {v:.1%}") for k, v in imp.items()]
+        html += (report_svg.bars(items, chart="importance", unit="%") +
                  f"<p class='note'>{escape(how)}</p>")
     else:
         html += f"<p class='empty'>{escape(how)}</p>"
@@ -260,14 +266,15 @@ def build_html(run_dir: Path, state: RunState | None = None) -> str:
     run_dir = Path(run_dir)
     state = state if state is not None else load_state(run_dir)
     title = f"autotune {state.kind or 'run'} · {state.script}"
+    imp, how = search_importance(state, run_dir)
     data = {"run_dir": str(run_dir), "kind": state.kind, "command": state.command,
             "best": state.best, "baseline_samples_per_s": state.baseline_samples_per_s,
             "probe_modes": state.mode_rates(), "verdict": state.verdict,
-            "trials": trial_data(state),
+            "trials": trial_data(state), "importance": imp, "importance_method": how,
             "fullrun": [[t, v] for t, v in state.fullrun.history] if state.fullrun else []}
     blob = json.dumps(data, default=str).replace("</", "<\\/")
     parts = [summary_section(state), best_section(state), probe_section(state),
-             search_section(state, run_dir), fullrun_section(state), trials_section(state)]
+             search_section(state, imp, how), fullrun_section(state), trials_section(state)]
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>{escape(title)}</title><style>{CSS}</style></head><body>"
             f"<h1>{escape(title)}</h1><p class='note'>run directory "

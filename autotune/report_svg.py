@@ -24,11 +24,9 @@ def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     raw = (hi - lo) / max(1, n - 1)
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    start = math.floor(lo / step) * step
-    ticks, v = [], start
-    while v <= hi + step * 0.5 and len(ticks) < 2 * n + 2:
-        ticks.append(round(v, 10))
-        v += step
+    ticks = [round(math.floor(lo / step) * step, 10)]
+    while ticks[-1] < hi and len(ticks) < 4 * n:
+        ticks.append(round(ticks[-1] + step, 10))
     return ticks
 
 
@@ -58,6 +56,8 @@ class _Frame:
             self.x0, self.x1 = min(self.xticks + [lo]), max(self.xticks + [hi])
             if self.x1 == self.x0:
                 self.x0, self.x1 = self.x0 - 1, self.x1 + 1
+            margin = (self.x1 - self.x0) * 0.04  # room for the marks at the edges
+            self.x0, self.x1 = self.x0 - margin, self.x1 + margin
         top = max(ys) if ys else 1.0
         self.yticks = nice_ticks(0.0, top * 1.05 if top > 0 else 1.0)
         self.y0, self.y1 = 0.0, max(self.yticks)
