@@ -126,7 +126,7 @@ def _table(rows: list[tuple[str, str]]) -> str:
 
 
 def summary_section(state: RunState) -> str:
-    from autotune.monitor.render import hardware_text
+    from autotune.monitor.view import hardware_text
 
     counts: dict[str, int] = {}
     for r in state.rows:

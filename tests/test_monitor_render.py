@@ -8,7 +8,7 @@ import pytest
 from rich.console import Console
 
 from autotune.monitor import event_line, fold, render
-from autotune.monitor.render import eta_s, trials_table
+from autotune.monitor.view import eta_s, trials_table
 from autotune.monitor.state import RunState
 from autotune.monitor.text import sparkline
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from autotune.monitor.live import Monitor, use_plain
-from autotune.monitor.render import render
+from autotune.monitor.view import render
 from autotune.monitor.sampler import INTERVAL_S, Sampler
 from autotune.monitor.state import RunState, TrialRow, fold
 from autotune.monitor.text import event_line, timed_line

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.live import Live
 
 from autotune.journal import read_events
-from autotune.monitor import render, text
+from autotune.monitor import text, view
 from autotune.monitor.state import RunState
 
 POLL_S = 0.5  # journal read interval
@@ -129,7 +129,7 @@ class Monitor:
 
     def renderable(self, now: float | None = None):
         height = self.console.size.height if self.console is not None else 40
-        return render.render(self.state, now=time.time() if now is None else now,
+        return view.render(self.state, now=time.time() if now is None else now,
                              title=self.title, max_rows=max(3, height - 30))
 
     def _draw(self, now: float) -> None:

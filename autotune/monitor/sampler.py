@@ -24,20 +24,23 @@ def run_processes(root_pid: int | None = None) -> tuple[int, int, list[int]]:
     """(ranks, loader workers, pids of the ranks) among the descendants of ``root_pid``.
 
     Ranks are the processes running the boot runner (or, for other commands, the direct
-    children); loader workers are the children of ranks.
+    children); loader workers are the children of ranks (forked ones carry the same argv).
     """
     try:
         root = psutil.Process(root_pid or os.getpid())
         desc = root.children(recursive=True)
     except psutil.Error:
         return 0, 0, []
-    ranks = []
+    marked = set()
     for p in desc:
         try:
             if any(RANK_MARK == a or a.endswith(RANK_MARK) for a in p.cmdline()[:4]):
-                ranks.append(p.pid)
+                marked.add(p.pid)
         except psutil.Error:
             continue
+    # forked DataLoader workers share their rank's argv: a rank is a marked process whose
+    # parent is not marked
+    ranks = [p.pid for p in desc if p.pid in marked and _ppid(p) not in marked]
     if not ranks:
         ranks = [p.pid for p in desc if _ppid(p) == root.pid]
     rank_set = set(ranks)
