@@ -14,6 +14,7 @@ import runpy
 import sys
 import traceback
 
+from probes import ranks_env
 from probes.intercept import Interceptor, knobs_from_env
 from probes.meter import Meter
 
@@ -41,7 +42,13 @@ def _exit_code(exc: SystemExit) -> int:
 
 
 def start(env=None) -> Meter:
-    """Connect the meter and install the hooks; used by the runner and by sitecustomize."""
+    """Connect the meter and install the hooks; used by the runner and by sitecustomize.
+
+    First the rank's identity and placement (`probes.ranks_env`): under mpirun or srun the
+    torchrun variables are derived from the launcher's, and thread/core settings must be in
+    place before torch loads.
+    """
+    ranks_env.apply(os.environ if env is None else env)
     meter = Meter(env)
     meter.connect()
     Interceptor(meter, knobs_from_env(meter.env)).install()

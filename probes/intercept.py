@@ -58,6 +58,24 @@ def apply_loader_knobs(arguments: dict, knobs: dict) -> tuple[dict, list[str]]:
     return args, notes
 
 
+def override_backend(asked, override: str | None) -> tuple[object, str]:
+    """The backend to use instead of ``asked``, and a note saying why ("" when unchanged).
+
+    The controller sets ``AUTOTUNE_BACKEND_OVERRIDE`` when ranks share a GPU: NCCL refuses two
+    ranks on one GPU in one communicator, so an NCCL request (or none, which picks NCCL when CUDA
+    is there) becomes the override. Any other choice of the script (gloo, mpi) is kept.
+    """
+    if not override:
+        return asked, ""
+    text = "" if asked is None else str(asked).lower()
+    if asked is not None and "nccl" not in text:
+        return asked, ""
+    said = "no backend" if asked is None else f"backend {str(asked)!r}"
+    return override, (f"the script asked for {said}; ranks share a GPU and NCCL refuses two "
+                      f"ranks on one GPU ('Duplicate GPU detected'), so autotune used "
+                      f"{override!r}")
+
+
 class Interceptor:
     """Owns the patches on torch for one process."""
 
@@ -240,12 +258,20 @@ class Interceptor:
 
         if torch.distributed.is_available():
             init_pg = torch.distributed.init_process_group
+            pg_signature = inspect.signature(init_pg)
+            override = meter.env.get(protocol.ENV_BACKEND_OVERRIDE) or None
 
             def init_process_group(*args, **kwargs):
-                result = init_pg(*args, **kwargs)
+                bound = pg_signature.bind(*args, **kwargs)
+                asked = bound.arguments.get("backend")
+                backend, note = override_backend(asked, override)
+                if note:
+                    bound.arguments["backend"] = backend
+                result = init_pg(*bound.args, **bound.kwargs)
                 meter.send(protocol.SEEN, what="distributed",
-                           requested={"backend": str(torch.distributed.get_backend())},
-                           applied={"world_size": torch.distributed.get_world_size()}, note="")
+                           requested={"backend": str(torch.distributed.get_backend()),
+                                      "asked": None if asked is None else str(asked)},
+                           applied={"world_size": torch.distributed.get_world_size()}, note=note)
                 return result
 
             torch.distributed.init_process_group = init_process_group

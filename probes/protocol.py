@@ -41,6 +41,14 @@ ENV_THREADS = "AUTOTUNE_THREADS"  # torch intra-op threads to apply
 ENV_BUCKET_MB = "AUTOTUNE_BUCKET_MB"  # DDP bucket_cap_mb to apply
 ENV_SYNTHETIC_BATCHES = "AUTOTUNE_SYNTHETIC_BATCHES"  # batches cached for synthetic replay
 
+# Placement (set by autotune.placement / autotune.ranks, applied by probes.ranks_env at start-up)
+ENV_PLACEMENT = "AUTOTUNE_PLACEMENT"  # JSON list, by host-local rank, of env entries to apply
+ENV_LAUNCHER = "AUTOTUNE_LAUNCHER"  # "local" | "mpirun" | "srun": where rank identity comes from
+ENV_LOCAL_WORLD_SIZE = "AUTOTUNE_LOCAL_WORLD_SIZE"  # ranks per host, for launchers that omit it
+ENV_HOST_LOCAL_RANK = "AUTOTUNE_HOST_LOCAL_RANK"  # position on the host (LOCAL_RANK may be 0)
+ENV_CPUS = "AUTOTUNE_CPUS"  # "0,1": cores to pin this rank to (os.sched_setaffinity)
+ENV_BACKEND_OVERRIDE = "AUTOTUNE_BACKEND_OVERRIDE"  # e.g. "gloo": replaces an NCCL request
+
 MODES = ("full", "synthetic", "io")
 DEFAULT_TICK_S = 0.25
 DEFAULT_SYNTHETIC_BATCHES = 8

@@ -1,0 +1,124 @@
+"""Engine command lines and allocation detection: pure, no MPI or Slurm needed."""
+
+import argparse
+
+import pytest
+
+from autotune import launchers
+from autotune.errors import UsageError
+from autotune.launchers import Host, MpiInfo
+
+ARGV = ["/venv/bin/python", "-m", "probes.boot", "train.py", "--epochs", "1"]
+MPICH = MpiInfo("/venv/bin/mpirun", "mpich", "5.0.2")
+OMPI = MpiInfo("/usr/bin/mpirun", "openmpi", "4.1.6")
+
+
+def test_mpich_localhost_is_plain():
+    assert launchers.mpirun_argv(mpi=MPICH, ranks=2, ranks_per_host=2, rank_argv=ARGV) == \
+        ["/venv/bin/mpirun", "-n", "2", *ARGV]
+
+
+def test_mpich_hosts_and_hostfile():
+    hosts = [Host("a"), Host("b")]
+    argv = launchers.mpirun_argv(mpi=MPICH, ranks=4, ranks_per_host=2, hosts=hosts,
+                                 rank_argv=ARGV)
+    assert argv[:7] == ["/venv/bin/mpirun", "-n", "4", "-hosts", "a,b", "-ppn", "2"]
+    argv = launchers.mpirun_argv(mpi=MPICH, ranks=4, ranks_per_host=2, hosts=hosts,
+                                 hostfile="hf", rank_argv=ARGV)
+    assert argv[3:7] == ["-f", "hf", "-ppn", "2"]
+
+
+def test_openmpi_unbinds_oversubscribes_and_forwards_env():
+    argv = launchers.mpirun_argv(mpi=OMPI, ranks=4, ranks_per_host=2,
+                                 hosts=[Host("a"), Host("b")], forward=["AUTOTUNE_TOKEN", "X"],
+                                 as_root=True, rank_argv=ARGV)
+    joined = " ".join(argv)
+    assert "--bind-to none" in joined and "--oversubscribe" in joined
+    assert "--allow-run-as-root" in argv
+    assert "--host a:2,b:2" in joined and "--map-by ppr:2:node" in joined
+    assert "-x AUTOTUNE_TOKEN -x X" in joined
+    assert argv[-len(ARGV):] == ARGV
+    local = launchers.mpirun_argv(mpi=OMPI, ranks=2, ranks_per_host=2, rank_argv=ARGV)
+    assert "--allow-run-as-root" not in local and "--map-by" not in local
+
+
+def test_mpirun_refuses_zero_ranks():
+    with pytest.raises(ValueError, match="ranks >= 1"):
+        launchers.mpirun_argv(mpi=MPICH, ranks=0, ranks_per_host=1, rank_argv=ARGV)
+
+
+def test_srun_argv():
+    argv = launchers.srun_argv(ranks=8, ranks_per_host=4, nodes=2, cpus_per_task=3,
+                               rank_argv=ARGV)
+    assert argv[:7] == ["srun", "--ntasks=8", "--ntasks-per-node=4", "--nodes=2",
+                        "--kill-on-bad-exit=1", "--export=ALL", "--cpu-bind=none"]
+    assert "--cpus-per-task=3" in argv and argv[-len(ARGV):] == ARGV
+
+
+def test_hostfiles_of_both_flavours():
+    text = "# cluster\nnode1 slots=4\nnode2:2  # mpich style\n\nnode3\n"
+    assert launchers.parse_hostfile(text) == [Host("node1", 4), Host("node2", 2),
+                                              Host("node3", None)]
+
+
+@pytest.mark.parametrize("text, names", [
+    ("gpu[01-03,07],login5", ["gpu01", "gpu02", "gpu03", "gpu07", "login5"]),
+    ("n[8-10]", ["n8", "n9", "n10"]),
+    ("single", ["single"]),
+    ("a1,b2", ["a1", "b2"]),
+])
+def test_slurm_nodelist(text, names):
+    assert launchers.expand_nodelist(text) == names
+
+
+def test_slurm_allocation_from_env():
+    assert launchers.slurm_allocation({}) is None
+    alloc = launchers.slurm_allocation({"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "c[1-2]",
+                                        "SLURM_CPUS_ON_NODE": "32", "SLURM_NTASKS": "8",
+                                        "SLURM_GPUS_ON_NODE": "4"})
+    assert alloc.job_id == "42" and alloc.nodes == ("c1", "c2")
+    assert (alloc.cpus_on_node, alloc.ntasks, alloc.gpus_on_node) == (32, 8, 4)
+
+
+@pytest.mark.parametrize("text, flavor", [
+    ("mpirun (Open MPI) 4.1.6", "openmpi"),
+    ("HYDRA build details:\n    Version: 5.0.2", "mpich"),
+    ("MPICH Version:      4.2.0", "mpich"),
+    ("something else", "unknown"),
+])
+def test_mpi_flavor(text, flavor):
+    assert launchers.mpi_flavor(text) == flavor
+
+
+def test_forwarded_names_only_what_ranks_need():
+    env = {"AUTOTUNE_TOKEN": "t", "MASTER_PORT": "1", "OMP_NUM_THREADS": "2", "HOME": "/root",
+           "PYTHONPATH": "/x", "CUDA_VISIBLE_DEVICES": "0"}
+    assert launchers.forwarded(env) == ["AUTOTUNE_TOKEN", "CUDA_VISIBLE_DEVICES", "MASTER_PORT",
+                                        "OMP_NUM_THREADS", "PYTHONPATH"]
+
+
+def _args(**kw):
+    return argparse.Namespace(**{"launcher": None, "hostfile": None, **kw})
+
+
+def test_from_args_defaults_and_errors(tmp_path):
+    assert launchers.from_args(_args(), env={}).kind == "local"
+    with pytest.raises(UsageError, match="Slurm allocation"):
+        launchers.from_args(_args(launcher="srun"), env={})
+    alloc = launchers.from_args(_args(launcher="srun"),
+                                env={"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n[1-2]"})
+    assert alloc.kind == "srun" and [h.name for h in alloc.hosts] == ["n1", "n2"]
+    empty = tmp_path / "hosts"
+    empty.write_text("# nothing\n")
+    with pytest.raises(UsageError, match="lists no host"):
+        launchers.from_args(_args(launcher="mpirun", hostfile=str(empty)), env={})
+    with pytest.raises(UsageError, match="needs --launcher mpirun"):
+        launchers.from_args(_args(launcher="local", hostfile=str(empty)), env={})
+    with pytest.raises(UsageError, match="no mpirun found"):
+        launchers.from_args(_args(launcher="mpirun"),
+                            env={"AUTOTUNE_MPIRUN": str(tmp_path / "missing")})
+
+
+def test_launcher_kind_is_checked():
+    with pytest.raises(ValueError, match="launcher must be one of"):
+        launchers.Launcher(kind="pbs")
