@@ -17,6 +17,7 @@ import psutil
 from autotune.journal import Journal
 
 INTERVAL_S = 2.0
+FIRST_AFTER_S = 0.5
 RANK_MARK = "probes.boot"  # in the argv of every Python rank (autotune.launch.rank_argv)
 
 
@@ -146,8 +147,10 @@ class Sampler(threading.Thread):
             journal = Journal(self.run_dir)
             gpu = GpuSource()
             psutil.cpu_percent(percpu=True)  # the first call only starts the interval
-            while not self._stop_event.wait(self.interval_s):
+            wait_s = min(FIRST_AFTER_S, self.interval_s)  # something to show early
+            while not self._stop_event.wait(wait_s):
                 journal.emit("device_sample", **sample(gpu))
                 self.cpu_s = time.thread_time()
+                wait_s = self.interval_s
         except Exception:  # the run goes on without device samples
             return

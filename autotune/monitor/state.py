@@ -148,13 +148,14 @@ class RunState:
             return "between trials"
         return "starting"
 
+    def mode_rows(self) -> dict[str, TrialRow]:
+        """The finished probe-mode trials (full/synthetic/io, no knobs) by mode, the last one."""
+        return {r.mode: r for r in self.trials.values()
+                if r.finished and not r.knobs and r.mode in ("full", "synthetic", "io")}
+
     def mode_rates(self) -> dict[str, float | None]:
         """Probe-mode throughputs (full/synthetic/io) of a probe run: None where it failed."""
-        out: dict[str, float | None] = {}
-        for r in self.trials.values():
-            if r.finished and not r.knobs and r.mode in ("full", "synthetic", "io"):
-                out[r.mode] = r.samples_per_s if r.ok else None
-        return out
+        return {m: (r.samples_per_s if r.ok else None) for m, r in self.mode_rows().items()}
 
     # -- folding ---------------------------------------------------------------------------
     def apply(self, ev: dict) -> None:

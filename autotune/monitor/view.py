@@ -274,11 +274,12 @@ def fullrun_panel(state: RunState, *, now: float) -> Panel | None:
                                          style="cyan"))
     if rates:
         top = max((v for v in rates.values() if v), default=0.0)
+        rows = state.mode_rows()
         for mode in ("full", "synthetic", "io"):
             if mode in rates:
                 v = rates[mode]
                 cell = (Text(f"{fmt.bar(v / top if top else 0, 24)} {v:,.1f}/s", style="cyan")
-                        if v else Text("failed", style="red"))
+                        if v else Text(f"no throughput ({rows[mode].status})", style="red"))
                 grid.add_row(mode, cell)
     if state.verdict is not None:
         grid.add_row("verdict", Text(str(state.verdict.get("text", "")), style="bold"))
