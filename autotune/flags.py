@@ -1,0 +1,159 @@
+"""Knob flags the user already wrote in the script's arguments, in any spelling. Pure.
+
+Scripts expose the batch size and the worker count under many names: ``-b 32``, ``-j 4``,
+``--batch-size 32``, ``--batch_size=32``, ``--batchSize 32``, ``--bs 32``, config overrides such as
+``--trainer.batch_size=32`` or Hydra's ``data.num_workers=4``. `explicit_knobs` finds them.
+
+The policy built on it: a knob the user set explicitly is never silently overridden. The explicit
+value wins, the knob is fixed (neither intercepted nor searched), and the user is told so and how
+to hand it to autotune instead: write the placeholder (``--batch-size {batch_size}``) in place of
+the value. A flag whose value already holds a placeholder is not explicit: autotune fills it in.
+
+Matching is by name: a flag is normalised (lower case, ``-``/``_`` removed, the last component
+of a dotted key) and looked up in `LONG_NAMES`; single-letter names (``-b``, ``-j``) count only
+as short options, never as keys (``--model.b=3`` is not a batch size). Like argparse, the last
+occurrence wins; ``--`` ends the options.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = ["Explicit", "LONG_NAMES", "SHORT_NAMES", "explicit_knobs", "split_knobs"]
+
+# Knob -> normalised long names that mean it. Only per-rank batch sizes: an eval, global or
+# accumulated batch size is something else.
+LONG_NAMES: dict[str, frozenset[str]] = {
+    "batch_size": frozenset({
+        "batchsize", "bs", "batch", "trainbatchsize", "perdevicetrainbatchsize",
+        "pergputrainbatchsize", "batchsizepergpu", "batchsizeperdevice", "microbatchsize",
+        "trainmicrobatchsizepergpu", "localbatchsize", "batchsizetrain",
+    }),
+    "workers": frozenset({
+        "workers", "numworkers", "nworkers", "dataloaderworkers", "dataloadernumworkers",
+        "loaderworkers", "dataworkers", "numdataworkers", "numloaderworkers", "workersnum",
+    }),
+}
+SHORT_NAMES: dict[str, str] = {"b": "batch_size", "j": "workers"}  # -b 32, -j 4 (ImageNet example)
+
+_PLACEHOLDER = re.compile(r"\{[a-z_]+\}")
+_NEGATIVE = re.compile(r"^-\d")
+_KEY = re.compile(r"^\+{0,2}([A-Za-z_][\w.\-]*)=(.*)$", re.S)  # Hydra: key=v, +key=v, ++key=v
+
+
+@dataclass(frozen=True)
+class Explicit:
+    """One knob the user set in the script's arguments."""
+
+    knob: str  # "batch_size" | "workers"
+    flag: str  # as typed: "--batch-size", "-b", "trainer.batch_size"
+    value: str  # as typed: "32"
+    index: int  # position in the args of the token that holds the value
+    sep: str  # between flag and value as typed: " " (two tokens), "=" or "" ("-b32")
+
+    @property
+    def number(self) -> int | None:
+        """The value as a whole number, None when it is not one."""
+        try:
+            return int(self.value)
+        except ValueError:
+            return None
+
+    @property
+    def typed(self) -> str:
+        """The flag and value as the user typed them."""
+        return f"{self.flag}{self.sep}{self.value}"
+
+    @property
+    def suggestion(self) -> str:
+        """The same flag with the placeholder in place of the value."""
+        return f"{self.flag}{self.sep}{{{self.knob}}}"
+
+    def with_placeholder(self, args: Sequence[str]) -> list[str]:
+        """``args`` with this flag's value replaced by the knob's placeholder."""
+        out = list(args)
+        token = out[self.index]
+        out[self.index] = token[: len(token) - len(self.value)] + "{" + self.knob + "}"
+        return out
+
+    def note(self) -> str:
+        """What to tell the user: which value wins, and how to tune the knob instead."""
+        return (f"{self.knob} stays {self.value}: you passed '{self.typed}' explicitly and "
+                f"autotune never overrides an explicit flag; to let autotune tune it, write "
+                f"'{self.suggestion}' instead")
+
+
+def _norm(name: str) -> str:
+    return name.rsplit(".", 1)[-1].replace("-", "").replace("_", "").lower()
+
+
+def _knob_of(name: str, *, short: bool) -> str | None:
+    if short:
+        return SHORT_NAMES.get(name)
+    key = _norm(name)
+    if len(key) < 2:
+        return None
+    for knob, names in LONG_NAMES.items():
+        if key in names:
+            return knob
+    return None
+
+
+def _is_value(token: str) -> bool:
+    return not token.startswith("-") or bool(_NEGATIVE.match(token))
+
+
+def _scan(args: Sequence[str]):
+    """Yield (knob, flag, value, index, sep) for every knob flag, in order."""
+    i = 0
+    while i < len(args):
+        token = args[i]
+        if token == "--":
+            return
+        if token.startswith("-") and not _NEGATIVE.match(token) and len(token) > 1:
+            body = token.lstrip("-")
+            dashes = len(token) - len(body)
+            name, sep, value = body.partition("=")
+            if dashes == 1 and not sep and len(body) > 1 and body[0] in SHORT_NAMES \
+                    and body[1:].isdigit():  # -b32: short option glued to its value
+                name, sep, value = body[0], "", body[1:]
+            knob = _knob_of(name, short=dashes == 1 and len(name) == 1)
+            if knob is not None:
+                if sep or value:
+                    yield knob, token[:dashes] + name, value, i, sep
+                elif i + 1 < len(args) and _is_value(args[i + 1]):
+                    yield knob, token, args[i + 1], i + 1, " "
+                    i += 1
+        else:
+            m = _KEY.match(token)
+            knob = _knob_of(m.group(1), short=False) if m else None
+            if knob is not None:
+                yield knob, token[: len(token) - len(m.group(2)) - 1], m.group(2), i, "="
+        i += 1
+
+
+def explicit_knobs(args: Sequence[str]) -> dict[str, Explicit]:
+    """Knobs the user set explicitly in ``args`` (the script's arguments, not the script).
+
+    A value holding a placeholder (``{batch_size}``) is autotune's to fill, so not explicit.
+    """
+    found: dict[str, Explicit] = {}
+    for knob, flag, value, index, sep in _scan(list(args)):
+        if _PLACEHOLDER.search(value):
+            found.pop(knob, None)
+            continue
+        found[knob] = Explicit(knob=knob, flag=flag, value=value, index=index, sep=sep)
+    return found
+
+
+def split_knobs(knobs: Mapping[str, float],
+                args: Sequence[str]) -> tuple[dict[str, float], list[Explicit]]:
+    """The knobs that may be applied to a run of ``args``, and the explicit flags that won.
+
+    A knob the user fixed with an explicit flag is dropped: the script keeps the user's value.
+    """
+    explicit = explicit_knobs(args)
+    kept = {k: v for k, v in knobs.items() if k not in explicit}
+    return kept, [e for k, e in explicit.items() if k in knobs]
