@@ -255,7 +255,7 @@ class MpsDaemon:
 
     def verify(self, pids: Callable[[], Collection[int]], *, expected: int,
                timeout_s: float = 60.0, still_running: Callable[[], bool] = lambda: True,
-               interval_s: float = 0.5) -> MpsCheck:
+               interval_s: float = 1.0) -> MpsCheck:
         """Wait until ``expected`` of our processes are clients of an MPS server, or say why not.
 
         ``pids()`` gives the processes of the ranks now (their trees change while they start).

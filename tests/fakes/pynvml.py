@@ -24,7 +24,6 @@ milliwatts; strings come back as ``str``.
 import json
 import os
 import string
-import sys
 import threading
 
 NVML_SUCCESS = 0
@@ -86,11 +85,11 @@ class NVMLError(Exception):
 
 
 def _make_error_classes():
-    module = sys.modules[__name__]
-    for name in [n for n in dir(module) if n.startswith("NVML_ERROR_")]:
+    namespace = globals()  # works however the module was loaded (sys.modules or spec)
+    for name in [n for n in list(namespace) if n.startswith("NVML_ERROR_")]:
         class_name = "NVMLError_" + string.capwords(
             name.replace("NVML_ERROR_", ""), "_").replace("_", "")
-        value = getattr(module, name)
+        value = namespace[name]
 
         def gen_new(val):
             def new(typ, *args):
@@ -99,7 +98,7 @@ def _make_error_classes():
 
         cls = type(class_name, (NVMLError,), {"__new__": gen_new(value)})
         cls.__module__ = __name__
-        setattr(module, class_name, cls)
+        namespace[class_name] = cls
         NVMLError._valClassMapping[value] = cls
 
 
