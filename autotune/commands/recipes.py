@@ -1,0 +1,153 @@
+"""``autotune recipes list|show|diff``: the saved recipes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from autotune import console, fingerprint, recipes
+from autotune.errors import RecipeError, UsageError
+
+
+def add_parser(sub):
+    p = sub.add_parser("recipes", help="list, show or compare saved recipes",
+                       description="Recipes are TOML files written by 'autotune tune' and "
+                                   "'autotune wrap' (default directory ./recipes).")
+    _options(p)
+    p.set_defaults(recipe_dir=recipes.DEFAULT_DIR, json=False, plain=False)
+    actions = p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p))
+    _options(actions.add_parser("list", help="every recipe in the directory"))
+    show = actions.add_parser("show", help="one recipe in full")
+    show.add_argument("recipe", metavar="NAME|PATH")
+    diff = actions.add_parser("diff", help="what differs between two recipes")
+    diff.add_argument("a", metavar="NAME|PATH")
+    diff.add_argument("b", metavar="NAME|PATH")
+    for sp in (show, diff):
+        _options(sp)
+    return p
+
+
+def _options(p) -> None:
+    """The same options before or after the action (``recipes --json list``, ``list --json``);
+    SUPPRESS keeps a later parser from resetting what an earlier one set."""
+    p.add_argument("--recipe-dir", metavar="DIR", default=argparse.SUPPRESS,
+                   help="where recipes are (default ./recipes)")
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                   help="print JSON instead of a table")
+    p.add_argument("--plain", action="store_true", default=argparse.SUPPRESS, help="no colours")
+
+
+def resolve(name: str, recipe_dir: Path) -> Path:
+    """A path as given, else ``<recipe_dir>/<name>.toml``."""
+    path = Path(name).expanduser()
+    if path.is_file() or path.suffix == ".toml" or "/" in name:
+        return path
+    return Path(recipe_dir) / f"{name}.toml"
+
+
+def _knobs(knobs) -> str:
+    return " ".join(f"{k}={v}" for k, v in knobs.items()) or "(script defaults)"
+
+
+def flatten(recipe: recipes.Recipe) -> dict[str, object]:
+    """``section.field`` -> value, for diffs and JSON."""
+    doc = recipe.to_toml()
+    out: dict[str, object] = {}
+    for key, value in doc.items():
+        if isinstance(value, dict):
+            for k, v in value.items():
+                out[f"{key}.{k}"] = v
+        elif key != "created":
+            out[key] = value
+    return out
+
+
+def run(args) -> int:
+    action = args.action or "list"
+    out = console.make_console(plain=args.plain)
+    if action == "list":
+        return _list(args, out)
+    if action == "show":
+        recipe = recipes.load(resolve(args.recipe, args.recipe_dir))
+        if args.json:
+            print(json.dumps(recipe.to_toml(), default=str))
+            return 0
+        _show(recipe, out)
+        return 0
+    if action == "diff":
+        a = recipes.load(resolve(args.a, args.recipe_dir))
+        b = recipes.load(resolve(args.b, args.recipe_dir))
+        fa, fb = flatten(a), flatten(b)
+        rows = [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb))
+                if fa.get(k) != fb.get(k)]
+        if args.json:
+            print(json.dumps([{"field": k, "a": x, "b": y} for k, x, y in rows], default=str))
+            return 0
+        if not rows:
+            out.print(f"{a.path} and {b.path} hold the same recipe")
+            return 0
+        table = console.Table(title=f"{a.path}  vs  {b.path}")
+        for col in ("field", "a", "b"):
+            table.add_column(col)
+        for k, x, y in rows:
+            table.add_row(k, _cell(x), _cell(y))
+        out.print(table)
+        return 0
+    raise UsageError(f"recipes: unknown action {action!r}; choose list, show or diff")
+
+
+def _cell(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, list):
+        return " ".join(map(str, v)) or "(none)"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _list(args, out) -> int:
+    found = recipes.listing(Path(args.recipe_dir))
+    if args.json:
+        print(json.dumps([{"path": str(p), "error": str(r)} if isinstance(r, RecipeError)
+                          else {"path": str(p), **r.to_toml()} for p, r in found], default=str))
+        return 0
+    if not found:
+        out.print(f"no recipes in {args.recipe_dir} (autotune tune writes them)")
+        return 0
+    table = console.Table(title=f"recipes in {args.recipe_dir}")
+    for col in ("name", "knobs", "samples/s", "speedup", "hardware", "created"):
+        table.add_column(col, justify="right" if col in ("samples/s", "speedup") else "left")
+    for path, r in found:
+        if isinstance(r, RecipeError):
+            table.add_row(path.stem, f"INVALID: {r}", "-", "-", "-", "-")
+            continue
+        table.add_row(r.name, _knobs(r.knobs), f"{r.samples_per_s:.1f}",
+                      f"{r.speedup:.2f}x" + (" (kept defaults)" if r.kept_baseline else ""),
+                      fingerprint.summary(r.fingerprint), r.created)
+    out.print(table)
+    return 0
+
+
+def _show(r: recipes.Recipe, out) -> None:
+    knobs, instances = r.run_knobs(r.fingerprint.cores)
+    lines = [
+        f"recipe:    {r.path}",
+        f"script:    {r.script_path} {' '.join(r.script_args)}".rstrip(),
+        f"knobs:     {_knobs(r.knobs)}",
+        f"per rank:  {_knobs(knobs)} ({instances} rank(s) per host)",
+        f"measured:  {r.samples_per_s:.1f} ± {r.ci_half:.1f} samples/s ({r.source or '?'})",
+        f"baseline:  {r.baseline_samples_per_s:.1f} ± {r.baseline_ci_half:.1f} samples/s with "
+        f"{_knobs(r.baseline_knobs)}",
+        f"speedup:   {r.speedup:.2f}x" + (" (kept the script's defaults)" if r.kept_baseline
+                                           else ""),
+        f"why:       {r.reason}" if r.reason else "",
+        f"verdict:   {r.verdict.get('text')}" if r.verdict else "",
+        f"hardware:  {fingerprint.summary(r.fingerprint)}",
+        f"script sha256: {r.fingerprint.script_sha256[:16]}  trials: {r.trials}  "
+        f"created: {r.created}  autotune {r.autotune_version}",
+    ]
+    for line in lines:
+        if line:
+            out.print(line)

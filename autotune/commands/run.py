@@ -1,0 +1,67 @@
+"""``autotune run --recipe PATH SCRIPT [ARGS]``: the full run with a saved recipe's knobs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from autotune import console, fingerprint, fullrun, recipes, rundir
+from autotune.commands import common, tune
+from autotune.journal import Journal
+
+
+def add_parser(sub):
+    p = sub.add_parser("run", help="launch the script with a saved recipe",
+                       description="Launch the script with a recipe's knobs, stream its "
+                                   "output, forward Ctrl-C and SIGTERM to every rank, and exit "
+                                   "with its exit code. Throughput is still metered into the "
+                                   "run's journal (autotune monitor shows it).")
+    p.add_argument("--recipe", required=True, metavar="PATH",
+                   help="the recipe (.toml) to apply; see 'autotune recipes list'")
+    p.add_argument("--runs-dir", metavar="DIR",
+                   help="where run directories go (default: $AUTOTUNE_RUNS_DIR or "
+                        "~/.autotune/runs)")
+    p.add_argument("--samples-per-step", type=int, metavar="N",
+                   help="samples in one optimizer step, for scripts without a DataLoader")
+    p.add_argument("--plain", action="store_true", help="plain log lines, no live display")
+    common.add_script_args(p)
+    return p
+
+
+def fingerprint_warnings(recipe: recipes.Recipe, fp: fingerprint.Fingerprint) -> list[str]:
+    """What differs between this run and the one the recipe was tuned on (warnings, not errors)."""
+    out = []
+    hard = fingerprint.diff(fp, recipe.fingerprint, fields=(
+        *fingerprint.HARDWARE, *fingerprint.SOFTWARE, *fingerprint.SCRIPT))
+    if hard:
+        out.append(f"recipe {recipe.path} was tuned elsewhere ({fingerprint.describe(hard)}); "
+                   f"its knobs may not be the best here (autotune tune re-tunes)")
+    return out
+
+
+def run(args) -> int:
+    from autotune.monitor import watch
+
+    recipe = recipes.load(args.recipe)
+    target = common.resolve_target(args)
+    fp = fingerprint.current(target)
+    for warning in fingerprint_warnings(recipe, fp):
+        console.warning(warning)
+    knobs, instances = recipe.run_knobs(fp.cores)
+    root = Path(args.runs_dir).expanduser() if args.runs_dir else None
+    run_dir = rundir.new_run_dir("run", target[0], root=root)
+    journal = Journal(run_dir)
+    journal.emit("run_started", kind="run", command=list(target), cwd=os.getcwd(),
+                 hardware=fingerprint.summary(fp), recipe=str(recipe.path))
+    with watch(run_dir, plain=args.plain,
+               title=f"autotune run · {os.path.basename(target[0])}"), \
+            tune.ending(journal) as status:
+        code = fullrun.run_full(fullrun.FullRunSpec(
+            command=target, knobs=knobs, instances=instances, cwd=os.getcwd(),
+            log_dir=run_dir / "logs", journal_knobs=dict(recipe.knobs),
+            samples_per_step=args.samples_per_step), journal)
+        status["code"] = code
+    if code:
+        console.error(f"the script exited with code {code}; its output is in "
+                      f"{run_dir / 'logs' / 'fullrun.log'}")
+    return code

@@ -1,0 +1,284 @@
+"""``autotune tune``: search the knobs on measured throughput, confirm the winner, save a recipe.
+
+`prepare` and `tune_in` are shared with ``autotune wrap``, which then launches the full run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from autotune import console, fingerprint, launch, recipes, rundir, space
+from autotune.commands import common
+from autotune.errors import AutotuneError, UsageError
+from autotune.journal import Journal
+from autotune.tuning import TuneReport, TuneSettings, Tuner, check_not_running, load_state
+
+
+def add_parser(sub):
+    p = sub.add_parser("tune", help="search the knobs, confirm the best, save a recipe",
+                       description="Probe the script with its own settings (the baseline), "
+                                   "search batch size, workers, threads, instances and "
+                                   "bucket size with Optuna on measured samples/s, re-measure "
+                                   "the best against the baseline, and save the winner as a "
+                                   "recipe.")
+    add_tune_args(p)
+    return p
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    return 0 if text.strip() == "0" else _positive_int(text)
+
+
+def add_tune_args(p: argparse.ArgumentParser) -> None:
+    s = p.add_argument_group("search")
+    s.add_argument("--trials", type=_positive_int, metavar="N",
+                   help="probes in the search, baseline included (default: "
+                        "20 without --budget, else as many as the budget allows)")
+    s.add_argument("--budget", type=space.parse_duration, metavar="TIME",
+                   help="wall time for the whole tuning, confirmation included: 90s, 10m, 1h")
+    s.add_argument("--seconds", type=common.positive_float, default=20.0, metavar="S",
+                   help="time limit of one probe, start-up included (default 20)")
+    s.add_argument("--space", nargs="+", action="extend", default=[], metavar="NAME=RANGE",
+                   help="candidates of a knob: batch_size=16:512 (powers of two between), "
+                        "workers=0:4, threads=1,2,4 or thread_pct=25:100, instances=1:2, "
+                        "bucket_mb=5:100; end the list with '--' before the script")
+    s.add_argument("--fix", nargs="+", action="extend", default=[], metavar="NAME=VALUE",
+                   help="hold a knob at one value: workers=2")
+    s.add_argument("--global-batch", type=_positive_int, metavar="N",
+                   help="keep the global batch at N: per-rank batch = N / ranks, so only rank "
+                        "counts that divide N are tried")
+    s.add_argument("--baseline", nargs="+", action="extend", default=[], metavar="NAME=VALUE",
+                   help="the script's own value of a knob you pass as a {placeholder}, for "
+                        "the baseline probe (default: batch_size=32, workers=0)")
+    s.add_argument("--confirm-rounds", type=_count, default=2, metavar="N",
+                   help="interleaved re-measurements of the best two and the baseline "
+                        "(default 2; 0 skips the confirmation)")
+    s.add_argument("--confirm-seconds", type=common.positive_float, metavar="S",
+                   help="time limit of one confirmation probe (default 1.5 x --seconds)")
+    s.add_argument("--seed", type=int, help="seed of the sampler, for a reproducible search")
+    s.add_argument("--verdict", action="store_true",
+                   help="also probe the winner in synthetic and io modes and record the "
+                        "bottleneck verdict in the recipe")
+    s.add_argument("--foreign-limit", type=common.positive_float, default=None, metavar="CORES",
+                   help="foreign CPU load (in cores) above which a probe is re-run, not "
+                        "compared (default 0.3)")
+    st = p.add_argument_group("study")
+    st.add_argument("--storage", metavar="URL",
+                    help="Optuna storage URL (default: SQLite in the run directory)")
+    st.add_argument("--study-name", metavar="NAME", help="study name (default: from the run)")
+    st.add_argument("--resume", metavar="RUN_DIR",
+                    help="continue an interrupted tune/wrap run: finished trials are kept, "
+                         "the interrupted one is re-run")
+    r = p.add_argument_group("recipes")
+    r.add_argument("--recipe-dir", default=recipes.DEFAULT_DIR, metavar="DIR",
+                   help="where recipes are saved and looked up (default ./recipes)")
+    r.add_argument("--no-warm-start", action="store_true",
+                   help="do not try a matching recipe's knobs first")
+    common.add_probe_args(p)
+    common.add_script_args(p)
+
+
+@dataclass
+class Prepared:
+    """A tuning run ready to start: its directory, journal, settings and what to run."""
+
+    kind: str
+    run_dir: Path
+    journal: Journal
+    settings: TuneSettings
+    target: tuple[str, ...]  # for the full run: as the user typed it
+    run_cwd: str
+    fp: fingerprint.Fingerprint
+    recipe_dir: Path
+    resume: bool
+    warm_start: dict | None = None
+    warm_note: str = ""
+
+
+def _settings(args, target: tuple[str, ...], cwd: str) -> TuneSettings:
+    ranges = space.parse_space(args.space)
+    fixed = space.parse_fix(args.fix)
+    space.parse_fix(args.baseline)
+    space.check_request(space.SpaceRequest(ranges=ranges, fixed=fixed,
+                                           global_batch=args.global_batch))
+    extra = {}
+    if args.foreign_limit is not None:
+        extra["foreign_limit_cores"] = args.foreign_limit
+    return TuneSettings(
+        command=target, cwd=cwd, seconds=args.seconds, trials=args.trials,
+        budget_s=args.budget, confirm_rounds=args.confirm_rounds,
+        confirm_s=args.confirm_seconds, space_tokens=tuple(args.space),
+        fix_tokens=tuple(args.fix), baseline_tokens=tuple(args.baseline),
+        global_batch=args.global_batch, samples_per_step=args.samples_per_step,
+        seed=args.seed, verdict=args.verdict, storage=args.storage,
+        study_name=args.study_name, **extra)
+
+
+def prepare(args, kind: str) -> Prepared:
+    """Check the input and set up the run directory; nothing runs yet."""
+    recipe_dir = Path(args.recipe_dir).expanduser()
+    if args.resume:
+        if args.target:
+            raise UsageError("--resume continues a run with its own script and settings; "
+                             "drop the script from the command line")
+        run_dir = Path(args.resume).expanduser()
+        if not run_dir.is_dir():
+            raise UsageError(f"--resume: {run_dir} is not a directory")
+        state = load_state(run_dir)
+        check_not_running(run_dir)
+        settings = TuneSettings.from_dict(state["settings"])
+        over = {k: v for k, v in (("trials", args.trials), ("budget_s", args.budget))
+                if v is not None}
+        if over:
+            settings = TuneSettings.from_dict({**settings.to_dict(), **over})
+        target = tuple(state.get("run_command") or settings.command)
+        journal = Journal(run_dir)
+        return Prepared(kind, run_dir, journal, settings, target,
+                        state.get("run_cwd") or settings.cwd,
+                        fingerprint.current(settings.command), recipe_dir, True)
+    target = common.resolve_target(args)
+    cwd = common.probe_cwd(args)
+    probe_target = common.absolute_script(target, cwd)
+    settings = _settings(args, probe_target, cwd)
+    fp = fingerprint.current(target)
+    warm, note = (None, "")
+    if not args.no_warm_start and launch.is_python_script(target[0]):
+        warm, note = recipes.warm_start_candidate(recipe_dir, target, fp)
+    root = Path(args.runs_dir).expanduser() if args.runs_dir else None
+    run_dir = rundir.new_run_dir(kind, target[0], root=root)
+    return Prepared(kind, run_dir, Journal(run_dir), settings, target, os.getcwd(), fp,
+                    recipe_dir, False, dict(warm.knobs) if warm else None, note)
+
+
+def notify(level: str, message: str) -> None:
+    {"warning": console.warning, "hint": console.hint}.get(
+        level, lambda m: print(f"autotune: {m}", file=sys.stderr, flush=True))(message)
+
+
+def start_journal(prep: Prepared) -> None:
+    s = prep.settings
+    prep.journal.emit("run_started", kind=prep.kind, command=list(s.command), cwd=s.cwd,
+                      budget_s=s.budget_s, trials=s.max_trials,
+                      hardware=fingerprint.summary(prep.fp), resumed=prep.resume,
+                      space={"space": list(s.space_tokens), "fix": list(s.fix_tokens)})
+
+
+@contextlib.contextmanager
+def ending(journal: Journal):
+    """Emit ``run_ended`` with the exit code however the body ends; yields a settable status."""
+    status = {"code": 1}
+    try:
+        yield status
+    except KeyboardInterrupt:
+        status["code"] = 130
+        raise
+    except AutotuneError as exc:
+        status["code"] = exc.exit_code
+        raise
+    finally:
+        journal.emit("run_ended", exit_code=status["code"])
+
+
+def _terminate(signum, frame):
+    raise KeyboardInterrupt
+
+
+def tune_in(prep: Prepared) -> tuple[TuneReport, recipes.Recipe, Path]:
+    """Run the tuning, save the recipe; returns (report, recipe, its path)."""
+    if prep.warm_note:
+        notify("info", prep.warm_note)
+    previous = signal.signal(signal.SIGTERM, _terminate) \
+        if _main_thread() else None
+    try:
+        tuner = Tuner(prep.settings, prep.run_dir, prep.journal, notify=notify,
+                      warm_start=prep.warm_start, kind=prep.kind, resume=prep.resume)
+        if not prep.resume:
+            tuner.state.update({"run_command": list(prep.target), "run_cwd": prep.run_cwd})
+        report = tuner.run()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    recipe = build_recipe(report, prep)
+    path = recipes.save(recipe, prep.recipe_dir)
+    prep.journal.emit("recipe_saved", path=str(path))
+    return report, recipe, path
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def build_recipe(report: TuneReport, prep: Prepared) -> recipes.Recipe:
+    target = prep.target
+    return recipes.Recipe(
+        name=recipes.recipe_name(target[0], prep.fp), knobs=dict(report.best.knobs),
+        samples_per_s=report.best.samples_per_s, ci_half=report.best.ci_half,
+        baseline_samples_per_s=report.baseline.samples_per_s,
+        baseline_ci_half=report.baseline.ci_half, baseline_knobs=dict(report.baseline.knobs),
+        speedup=report.speedup, kept_baseline=report.kept_baseline, fingerprint=prep.fp,
+        script_path=target[0], script_args=tuple(target[1:]), trials=report.trials_measured,
+        source=report.source, reason=report.reason, verdict=report.verdict)
+
+
+def summary(report: TuneReport, recipe_path: Path) -> dict:
+    out = report.to_dict()
+    out["recipe"] = str(recipe_path)
+    return out
+
+
+def print_summary(report: TuneReport, recipe_path: Path, *, plain: bool) -> None:
+    out = console.make_console(plain=plain)
+    table = console.Table(title="autotune tune", show_lines=False)
+    for col in ("", "knobs", "samples/s", "± 95% CI"):
+        table.add_column(col, justify="right" if col.startswith(("s", "±")) else "left")
+    for label, s in (("baseline", report.baseline), ("best", report.best)):
+        knobs = " ".join(f"{k}={v}" for k, v in s.knobs.items())
+        table.add_row(label, knobs, f"{s.samples_per_s:.1f}", f"{s.ci_half:.1f}")
+    out.print(table)
+    out.print(f"speedup: {report.speedup:.2f}x — {report.reason}")
+    out.print(f"trials: {report.trials_measured} measured ({report.trials_total} in the study); "
+              f"stopped: {report.stop_reason}")
+    if report.verdict:
+        out.print(f"verdict: {report.verdict.get('text')}")
+    out.print(f"recipe: {recipe_path}")
+    out.print(f"run directory: {report.run_dir}")
+
+
+def run(args) -> int:
+    from autotune.monitor import watch
+
+    prep = prepare(args, "tune")
+    start_journal(prep)
+    try:
+        with watch(prep.run_dir, plain=args.plain or args.json,
+                   title=f"autotune tune · {os.path.basename(prep.target[0])}"), \
+                ending(prep.journal) as status:
+            report, _recipe, path = tune_in(prep)
+            status["code"] = 0
+    except KeyboardInterrupt:
+        console.hint(f"resume with: autotune tune --resume {prep.run_dir}")
+        raise
+    if args.json:
+        print(json.dumps(summary(report, path), default=str))
+    else:
+        print_summary(report, path, plain=args.plain)
+    return 0

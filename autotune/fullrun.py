@@ -1,0 +1,180 @@
+"""The full run: the user's script with a recipe's knobs, streamed, metered, and stopped cleanly.
+
+Ranks start through `autotune.ranks.start_ranks` (the same path as probes), their output is
+streamed to our stdout (and kept in the run's logs), and the meter keeps reporting: the journal
+gets ``fullrun_progress`` with live samples/s. SIGINT and SIGTERM are forwarded to every rank's
+process group; a second one escalates to TERM-grace-KILL. When a rank fails, the others are
+stopped, as torchrun does, and its exit code is the run's (the earliest failure is the cause).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autotune import proc
+from autotune.collector import Collector
+from autotune.journal import Journal
+from autotune.ranks import RanksSpec, start_ranks
+from probes import protocol
+
+POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class FullRunSpec:
+    command: tuple[str, ...]
+    knobs: Mapping[str, float] = field(default_factory=dict)  # what the ranks get (threads...)
+    instances: int = 1
+    cwd: str = "."
+    log_dir: Path = Path(".")
+    journal_knobs: Mapping[str, int] = field(default_factory=dict)  # the recipe's, for display
+    progress_every_s: float = 5.0
+    grace_s: float = 10.0
+    samples_per_step: int | None = None
+    env: Mapping[str, str] | None = None
+
+
+def exit_status(code: int | None) -> int:
+    """A process's return code as a shell would report it (killed by signal N: 128 + N)."""
+    if code is None:
+        return 1
+    return 128 - code if code < 0 else code
+
+
+class _Meter:
+    """Live samples/s of the run from the ranks' cumulative ticks."""
+
+    def __init__(self, samples_per_step: int | None):
+        self.samples_per_step = samples_per_step
+        self.ticks: dict[int, dict] = {}
+        self.last: tuple[float, int] | None = None
+
+    def absorb(self, received) -> None:
+        for r in received:
+            if r.msg.get("type") == protocol.TICK:
+                self.ticks[r.conn_id] = r.msg
+
+    def totals(self) -> tuple[int, int]:
+        samples = sum(int(t.get("samples", 0)) for t in self.ticks.values())
+        steps = sum(int(t.get("steps", 0) or t.get("backwards", 0)) for t in self.ticks.values())
+        if not samples and steps and self.samples_per_step:
+            samples = steps * self.samples_per_step
+        return samples, steps
+
+    def rate(self, now: float) -> tuple[float | None, int, int]:
+        samples, steps = self.totals()
+        prev, self.last = self.last, (now, samples)
+        if prev is None or now <= prev[0]:
+            return None, steps, samples
+        return (samples - prev[1]) / (now - prev[0]), steps, samples
+
+
+class _Signals:
+    """Forwards SIGINT/SIGTERM to the ranks while installed (main thread only)."""
+
+    def __init__(self):
+        self.launched: list[proc.Launched] = []
+        self.count = 0
+        self.escalate = threading.Event()
+        self._old: dict[int, object] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
+
+    def _handle(self, signum, frame) -> None:
+        self.count += 1
+        if self.count > 1:
+            self.escalate.set()
+            return
+        for lp in self.launched:
+            proc.signal_group(lp, signum)
+
+
+def run_full(spec: FullRunSpec, journal: Journal, *, out=None) -> int:
+    """Run the script to its end; returns its exit status (0 when every rank succeeded)."""
+    collector = Collector()
+    lock = threading.Lock()
+
+    def on_output(rank: int, line: str) -> None:
+        stream = out or sys.stdout
+        with lock:
+            try:
+                stream.write(line if spec.instances == 1 else f"[rank {rank}] {line}")
+                stream.flush()
+            except (OSError, ValueError):
+                pass  # our stdout went away; the log file still has it
+
+    ranks = RanksSpec(command=spec.command, knobs=dict(spec.knobs), instances=spec.instances,
+                      mode="full", cwd=spec.cwd, log_dir=spec.log_dir, name="fullrun",
+                      marker=f"fullrun-{uuid.uuid4().hex[:12]}", env=spec.env)
+    journal.emit("fullrun_started", command=list(spec.command),
+                 knobs=dict(spec.journal_knobs or spec.knobs), instances=spec.instances)
+    signals = _Signals()
+    signals.install()
+    code = 1
+    try:
+        signals.launched = start_ranks(
+            ranks, channel=collector.env(), extra_env={"PYTHONUNBUFFERED": "1"},
+            pipe_output=True, on_output=on_output)
+        code = _supervise(spec, signals, collector, journal)
+    finally:
+        for lp in signals.launched:
+            proc.stop(lp, grace_s=spec.grace_s)
+        signals.restore()
+        collector.close()
+        journal.emit("fullrun_ended", exit_code=code)
+    return code
+
+
+def _supervise(spec: FullRunSpec, signals: _Signals, collector: Collector,
+               journal: Journal) -> int:
+    meter = _Meter(spec.samples_per_step)
+    launched = signals.launched
+    next_report = time.monotonic() + spec.progress_every_s
+    meter.rate(time.monotonic())
+    first_failure: int | None = None
+    while True:
+        time.sleep(POLL_S)
+        meter.absorb(collector.drain())
+        now = time.monotonic()
+        if now >= next_report:
+            next_report = now + spec.progress_every_s
+            rate, steps, samples = meter.rate(now)
+            if rate is not None:
+                journal.emit("fullrun_progress", samples_per_s=rate, steps=steps,
+                             samples=samples)
+        codes = [lp.poll() for lp in launched]
+        if first_failure is None:
+            first_failure = next((c for c in codes if c not in (None, 0)), None)
+            if first_failure is not None:
+                for lp, c in zip(launched, codes):
+                    if c is None:  # a rank failed: the others would wait on it forever
+                        proc.signal_group(lp, signal.SIGTERM)
+        if signals.escalate.is_set():
+            for lp in launched:
+                proc.stop(lp, grace_s=spec.grace_s)
+            signals.escalate.clear()
+        if all(c is not None for c in codes):
+            meter.absorb(collector.drain())
+            rate, steps, samples = meter.rate(time.monotonic())
+            if samples:
+                journal.emit("fullrun_progress", samples_per_s=rate or 0.0, steps=steps,
+                             samples=samples)
+            if first_failure is not None:
+                return exit_status(first_failure)
+            return exit_status(next((c for c in codes if c != 0), 0))

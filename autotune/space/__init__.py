@@ -1,0 +1,24 @@
+"""The search space: which knobs are tuned, over which values, and how a choice reaches a rank.
+
+Pure: no processes, clocks or hardware. The knob table (`KNOBS`) says what each knob means and
+how its default candidates follow from the machine and from what the baseline probe saw the
+script use; a device kind other than ``cpu`` (GPUs, issue 4) adds its own rule per knob in
+`DOMAIN_RULES` without touching the rest.
+
+Every knob's candidates are an ordered tuple of ints. The search works on positions in those
+tuples, so the sampler sees the order (16 < 32 < 64) even where the values are not evenly spaced.
+``thread_pct`` is each rank's share of the host's cores; `threads_per_rank` turns it into the
+thread count a rank gets (the sum over ranks may exceed 100%).
+"""
+
+from __future__ import annotations
+
+from autotune.space.build import Space, SpaceRequest, build, canonical, check_request
+from autotune.space.knobs import (ALIASES, DOMAIN_RULES, KNOBS, ORDER, Baseline, Knob, Machine,
+                                  divisors, geometric, linear, pct_for_threads, threads_per_rank)
+from autotune.space.parse import Range, parse_duration, parse_fix, parse_space
+
+__all__ = ["ALIASES", "DOMAIN_RULES", "KNOBS", "ORDER", "Baseline", "Knob", "Machine", "Range",
+           "Space", "SpaceRequest", "build", "canonical", "check_request", "divisors",
+           "geometric", "linear", "parse_duration", "parse_fix", "parse_space",
+           "pct_for_threads", "threads_per_rank"]

@@ -1,0 +1,238 @@
+"""The space itself: searched knobs with their candidates, fixed knobs, the baseline config.
+
+Pure. `build` joins the machine, what the baseline probe saw and what the user asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from autotune.errors import UsageError
+from autotune.space.knobs import (DOMAIN_RULES, KNOBS, ORDER, Baseline, Machine,
+                                  pct_for_threads, threads_per_rank)
+from autotune.space.parse import Range, _expand
+
+@dataclass(frozen=True)
+class Space:
+    """Searched knobs with their candidates, fixed knobs, and the baseline as a config."""
+
+    domains: Mapping[str, tuple[int, ...]]
+    fixed: Mapping[str, int]
+    baseline: Mapping[str, int]
+    cores: int
+    global_batch: int | None = None
+    notes: tuple[str, ...] = ()
+    placeholders: tuple[str, ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n in ORDER if n in self.domains)
+
+    def config(self, choice: Mapping[str, int]) -> dict[str, int]:
+        """A full, canonical config from values of the searched knobs."""
+        cfg = {n: int(self.fixed[n]) for n in ORDER if n in self.fixed}
+        cfg.update({n: int(choice[n]) for n in self.names})
+        return self.canonical(cfg)
+
+    def canonical(self, cfg: Mapping[str, int]) -> dict[str, int]:
+        return canonical(cfg, self.global_batch)
+
+    def key(self, cfg: Mapping[str, int]) -> tuple:
+        return tuple(sorted(self.canonical(cfg).items()))
+
+    def index(self, name: str, value: int) -> int:
+        """Position of ``value`` among the candidates of ``name``; the nearest when absent."""
+        values = self.domains[name]
+        return min(range(len(values)), key=lambda i: (abs(values[i] - value), i))
+
+    def choice_from_config(self, cfg: Mapping[str, int]) -> dict[str, int]:
+        """The searched knobs' positions for a config (nearest candidate where needed)."""
+        base = {**self.baseline, **cfg}
+        return {n: self.index(n, int(base[n])) for n in self.names if n in base}
+
+    def configs(self) -> list[dict[str, int]]:
+        """Every distinct config of the space, canonical."""
+        out: dict[tuple, dict[str, int]] = {}
+        for pos in _product([range(len(self.domains[n])) for n in self.names]):
+            cfg = self.config({n: self.domains[n][i] for n, i in zip(self.names, pos)})
+            out.setdefault(self.key(cfg), cfg)
+        return list(out.values())
+
+    def size(self) -> int:
+        """How many distinct configs the space holds."""
+        return len(self.configs())
+
+    def trial_knobs(self, cfg: Mapping[str, int]) -> tuple[dict[str, float], int]:
+        """What a probe or a run gets: knobs for the ranks (threads, not a share) and instances."""
+        c = self.canonical(cfg)
+        instances = c.get("instances", 1)
+        knobs: dict[str, float] = {}
+        for name, value in c.items():
+            if name == "thread_pct":
+                knobs["threads"] = threads_per_rank(value, self.cores)
+            else:
+                knobs[name] = value
+        return knobs, instances
+
+    def to_dict(self) -> dict:
+        return {"domains": {n: list(v) for n, v in self.domains.items()},
+                "fixed": dict(self.fixed), "baseline": dict(self.baseline), "cores": self.cores,
+                "global_batch": self.global_batch, "notes": list(self.notes),
+                "placeholders": list(self.placeholders)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> Space:
+        return cls(domains={n: tuple(v) for n, v in d["domains"].items()},
+                   fixed=dict(d["fixed"]), baseline=dict(d["baseline"]), cores=int(d["cores"]),
+                   global_batch=d.get("global_batch"), notes=tuple(d.get("notes", ())),
+                   placeholders=tuple(d.get("placeholders", ())))
+
+
+def canonical(cfg: Mapping[str, int], global_batch: int | None = None) -> dict[str, int]:
+    """Derived knobs filled in; knobs without effect dropped (bucket_mb on one rank)."""
+    out = {n: int(cfg[n]) for n in ORDER if n in cfg}
+    instances = out.get("instances", 1)
+    if global_batch:
+        out["batch_size"] = global_batch // instances
+    if instances <= 1:
+        out.pop("bucket_mb", None)
+    return {n: out[n] for n in ORDER if n in out}
+
+
+def _product(ranges: Sequence[range]):
+    if not ranges:
+        yield ()
+        return
+    for i in ranges[0]:
+        for rest in _product(ranges[1:]):
+            yield (i, *rest)
+
+
+@dataclass(frozen=True)
+class SpaceRequest:
+    """What the user asked for on the command line."""
+
+    ranges: Mapping[str, Range] = field(default_factory=dict)
+    fixed: Mapping[str, Range] = field(default_factory=dict)
+    global_batch: int | None = None
+    placeholders: tuple[str, ...] = ()
+
+
+def check_request(req: SpaceRequest) -> None:
+    """Conflicts visible before anything runs."""
+    both = sorted(set(req.ranges) & set(req.fixed))
+    if both:
+        raise UsageError(f"{both[0]} is both in --space and in --fix; keep one")
+    if req.global_batch is not None:
+        if req.global_batch < 1:
+            raise UsageError(f"--global-batch must be >= 1, but got {req.global_batch}")
+        if "batch_size" in req.ranges or "batch_size" in req.fixed:
+            raise UsageError("--global-batch sets the per-rank batch size (global / ranks); "
+                             "drop batch_size from --space/--fix")
+
+
+def build(machine: Machine, baseline: Baseline, req: SpaceRequest) -> Space:
+    """The space for this script on this machine, with the user's ranges and fixes applied."""
+    check_request(req)
+    cores = machine.cores
+    notes: list[str] = []
+    base_cfg = _baseline_config(baseline, cores, req.placeholders)
+    domains: dict[str, tuple[int, ...]] = {}
+    fixed: dict[str, int] = {}
+    for name in ORDER:
+        if name in req.fixed:
+            fixed[name] = _expand(req.fixed[name], cores)[0]
+            continue
+        if name in req.ranges:
+            values = _expand(req.ranges[name], cores)
+        else:
+            rule = DOMAIN_RULES.get((name, machine.device))
+            values = rule(machine, _with_placeholders(baseline, base_cfg)) if rule else ()
+        values, note = _applicable(name, values, baseline, base_cfg, req, name in req.ranges)
+        if note:
+            notes.append(note)
+        if len(values) == 1:
+            fixed[name] = values[0]
+        elif values:
+            domains[name] = values
+    if req.global_batch:
+        domains, fixed = _keep_global_batch(domains, fixed, req.global_batch)
+        base_cfg["batch_size"] = req.global_batch // base_cfg.get("instances", 1)
+    can_multi = max(domains.get("instances", (fixed.get("instances", 1),))) > 1
+    if not can_multi:
+        domains.pop("bucket_mb", None)
+        fixed.pop("bucket_mb", None)
+    for name in ORDER:  # the baseline config holds every knob the space has
+        if name in domains or name in fixed:
+            base_cfg.setdefault(name, KNOBS[name].conventional)
+        else:
+            base_cfg.pop(name, None)
+    return Space(domains=domains, fixed=fixed, baseline=canonical(base_cfg, req.global_batch),
+                 cores=cores,
+                 global_batch=req.global_batch, notes=tuple(notes),
+                 placeholders=tuple(req.placeholders))
+
+
+def _baseline_config(b: Baseline, cores: int, placeholders: Sequence[str]) -> dict[str, int]:
+    cfg: dict[str, int] = {"instances": 1}
+    if b.batch_size is not None:
+        cfg["batch_size"] = b.batch_size
+    if b.workers is not None:
+        cfg["workers"] = b.workers
+    cfg["thread_pct"] = pct_for_threads(min(b.threads or cores, cores), cores)
+    if b.bucket_mb:
+        cfg["bucket_mb"] = int(b.bucket_mb)
+    for name in placeholders:
+        name = ALIASES.get(name, name)
+        if name in KNOBS:
+            cfg.setdefault(name, KNOBS[name].conventional)
+    return cfg
+
+
+def _with_placeholders(b: Baseline, cfg: Mapping[str, int]) -> Baseline:
+    return Baseline(batch_size=cfg.get("batch_size", b.batch_size),
+                    workers=cfg.get("workers", b.workers), threads=b.threads,
+                    distributed=b.distributed, bucket_mb=b.bucket_mb,
+                    peak_rss_bytes=b.peak_rss_bytes)
+
+
+def _applicable(name: str, values: tuple[int, ...], b: Baseline, base_cfg: Mapping[str, int],
+                req: SpaceRequest, asked: bool) -> tuple[tuple[int, ...], str]:
+    """Drop knobs the script cannot take, with a note that says why."""
+    if name == "batch_size" and "batch_size" not in base_cfg and not req.global_batch:
+        if asked:
+            raise UsageError("cannot tune batch_size: the script builds no DataLoader with a "
+                             "batch size; put {batch_size} in its arguments")
+        return (), ("batch_size: not tuned: the script builds no DataLoader with a batch size "
+                    "and has no {batch_size} placeholder in its arguments")
+    if name == "workers" and "workers" not in base_cfg:
+        if asked:
+            raise UsageError("cannot tune workers: the script builds no DataLoader; put "
+                             "{workers} in its arguments")
+        return (), "workers: not tuned: the script builds no DataLoader"
+    if name == "instances" and not b.distributed and not asked:
+        return (1,), ("instances: fixed at 1: the baseline probe never saw the script "
+                      "initialise torch.distributed, so extra ranks would each train alone; "
+                      "--space instances=1:N tries anyway")
+    return values, ""
+
+
+def _keep_global_batch(domains: dict, fixed: dict, n: int) -> tuple[dict, dict]:
+    """Only rank counts that divide the global batch; batch_size follows from them."""
+    domains.pop("batch_size", None)
+    fixed.pop("batch_size", None)
+    if "instances" in domains:
+        ok = tuple(v for v in domains["instances"] if n % v == 0)
+        if not ok:
+            raise UsageError(f"--global-batch {n}: no candidate rank count divides it "
+                             f"(instances {list(domains['instances'])})")
+        if len(ok) == 1:
+            domains.pop("instances")
+            fixed["instances"] = ok[0]
+        else:
+            domains["instances"] = ok
+    elif n % fixed.get("instances", 1):
+        raise UsageError(f"--global-batch {n} is not divisible by instances="
+                         f"{fixed.get('instances')}")
+    return domains, fixed

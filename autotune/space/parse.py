@@ -1,0 +1,135 @@
+"""Command-line input for the space: ``--space``, ``--fix``, ``--budget``. Pure.
+
+Every error is a one-line `UsageError` that names the bad token.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from autotune.errors import UsageError
+from autotune.space.knobs import (ALIASES, KNOBS, ORDER, geometric, linear, pct_for_threads,
+                                  threads_per_rank)
+
+@dataclass(frozen=True)
+class Range:
+    """``NAME=LOW:HIGH`` or ``NAME=A,B,C`` as typed, before the machine is known."""
+
+    name: str  # canonical knob name
+    alias: str  # as typed ("threads" or the knob name)
+    low: int | None = None
+    high: int | None = None
+    values: tuple[int, ...] = ()
+    token: str = ""
+
+
+_TOKEN = re.compile(r"^([A-Za-z_]+)=(.+)$")
+
+
+def _split_tokens(tokens: Iterable[str]) -> list[str]:
+    return [t for token in tokens for t in token.split()]
+
+
+def _knob_name(name: str, flag: str, token: str) -> str:
+    canonical = ALIASES.get(name, name)
+    if canonical not in KNOBS:
+        known = ", ".join([*ORDER, *ALIASES])
+        raise UsageError(f"{flag}: unknown knob {name!r} in {token!r}; knobs: {known}")
+    return canonical
+
+
+def _int(text: str, flag: str, token: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"{flag}: {text!r} in {token!r} is not a whole number") from None
+
+
+def _check_value(name: str, alias: str, value: int, flag: str, token: str) -> None:
+    least = 0 if name == "workers" else 1
+    if value < least:
+        raise UsageError(f"{flag}: {alias} must be >= {least}, but got {value} in {token!r}")
+    if name == "thread_pct" and alias == "thread_pct" and value > 100:
+        raise UsageError(f"{flag}: thread_pct must be <= 100, but got {value} in {token!r}")
+
+
+def parse_space(tokens: Iterable[str], *, flag: str = "--space") -> dict[str, Range]:
+    """``batch_size=16:512 workers=0:4 threads=1,2`` -> ranges by knob; one-line UsageErrors."""
+    out: dict[str, Range] = {}
+    for token in _split_tokens(tokens):
+        m = _TOKEN.match(token)
+        if not m:
+            raise UsageError(f"{flag}: {token!r} is not NAME=LOW:HIGH or NAME=A,B,C (end the "
+                             f"list with '--' before the script if it swallowed it)")
+        alias, text = m.group(1), m.group(2)
+        name = _knob_name(alias, flag, token)
+        if name in out:
+            raise UsageError(f"{flag}: {name} given twice ({out[name].token!r}, {token!r})")
+        if ":" in text:
+            lo_s, _, hi_s = text.partition(":")
+            lo, hi = _int(lo_s, flag, token), _int(hi_s, flag, token)
+            if lo > hi:
+                raise UsageError(f"{flag}: `low <= high` must hold, but got {lo} > {hi} "
+                                 f"in {token!r}")
+            for v in (lo, hi):
+                _check_value(name, alias, v, flag, token)
+            out[name] = Range(name, alias, low=lo, high=hi, token=token)
+        else:
+            values = tuple(sorted({_int(v, flag, token) for v in text.split(",") if v}))
+            if not values:
+                raise UsageError(f"{flag}: no values in {token!r}")
+            for v in values:
+                _check_value(name, alias, v, flag, token)
+            out[name] = Range(name, alias, values=values, token=token)
+    return out
+
+
+def parse_fix(tokens: Iterable[str]) -> dict[str, Range]:
+    """``workers=2 threads=1`` -> one value per knob."""
+    out = {}
+    for token in _split_tokens(tokens):
+        m = _TOKEN.match(token)
+        if not m or "," in m.group(2) or ":" in m.group(2):
+            raise UsageError(f"--fix: {token!r} is not NAME=VALUE")
+        alias = m.group(1)
+        name = _knob_name(alias, "--fix", token)
+        value = _int(m.group(2), "--fix", token)
+        _check_value(name, alias, value, "--fix", token)
+        out[name] = Range(name, alias, values=(value,), token=token)
+    return out
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([hms]?)")
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``10m``, ``1h30m`` -> seconds (> 0)."""
+    s = text.strip().lower()
+    pos, total = 0, 0.0
+    for m in _DURATION.finditer(s):
+        if m.start() != pos or (not m.group(2) and m.end() != len(s)):
+            break
+        total += float(m.group(1)) * {"h": 3600, "m": 60, "s": 1, "": 1}[m.group(2)]
+        pos = m.end()
+    if pos != len(s) or not s or total <= 0:
+        raise UsageError(f"--budget: expected a duration like 90s, 10m or 1h30m, got {text!r}")
+    return total
+
+
+def _expand(r: Range, cores: int) -> tuple[int, ...]:
+    """Candidates of a user range, in the knob's own unit (threads become shares)."""
+    if r.name == "thread_pct":
+        if r.alias == "threads":
+            threads = r.values or linear(r.low, r.high)
+        elif r.values:
+            return r.values
+        else:
+            threads = geometric(threads_per_rank(r.low, cores), threads_per_rank(r.high, cores))
+        return tuple(sorted({pct_for_threads(min(t, cores), cores) for t in threads}))
+    if r.values:
+        return r.values
+    if KNOBS[r.name].scale == "linear":
+        return linear(r.low, r.high)
+    return geometric(r.low, r.high)

@@ -1,0 +1,13 @@
+"""Tuning runs: baseline, Optuna search and confirmation, resumable from their run directory.
+
+    report = Tuner(TuneSettings(command=..., cwd=...), run_dir, journal).run()
+"""
+
+from __future__ import annotations
+
+from autotune.tuning.records import DEFAULT_TRIALS, Known, Scored, TuneReport, TuneSettings
+from autotune.tuning.rundata import check_not_running, load_state
+from autotune.tuning.tuner import Tuner
+
+__all__ = ["DEFAULT_TRIALS", "Known", "Scored", "TuneReport", "TuneSettings", "Tuner",
+           "check_not_running", "load_state"]

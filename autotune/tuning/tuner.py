@@ -1,0 +1,402 @@
+"""A tuning run: the baseline, the search, the confirmation. Returns a `TuneReport`.
+
+1. **Baseline**: the script as it is (its own batch size, workers, threads), probed first. What the
+   meter saw it use, and its memory, shape the space (`autotune.space.build`).
+2. **Search**: an Optuna study (`autotune.study`). Each trial is a probe (`run_trial`); a config
+   measured once is not measured again, a batch size at or above a known OOM is not tried, a
+   probe taken under foreign load is re-run (then left out, never compared), and a probe whose
+   interval cannot reach the best is pruned. Stops on trials, budget, convergence, or when the
+   space is exhausted.
+3. **Confirmation** (`autotune.confirm`): the best two and the baseline, re-measured interleaved.
+
+Everything the run learns goes to the journal (the monitor's only source) and to the study; the
+run directory holds ``tune.json`` (settings, baseline, space) so ``--resume`` can continue it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from autotune import decide, fingerprint, launch, rundir, space
+from autotune import study as studies
+from autotune.errors import AutotuneError
+from autotune.journal import Journal
+from autotune.outcome import Outcome
+from autotune.trial import TrialResult, TrialSpec, run_trial
+from autotune.tuning import rundata
+from autotune.tuning.records import Known, Scored, TuneReport, TuneSettings
+
+DUPLICATE_STREAK = 8  # proposals in a row of configs already known: the sampler has converged
+FOREIGN_WAIT_S = 5.0
+
+Notify = Callable[[str, str], None]  # (level: "info" | "warning" | "hint", message)
+
+
+class Tuner:
+    """Drives one tuning run in ``run_dir``; `run` returns the report."""
+
+    def __init__(self, settings: TuneSettings, run_dir: Path, journal: Journal, *,
+                 notify: Notify | None = None, warm_start: Mapping[str, int] | None = None,
+                 kind: str = "tune", resume: bool = False):
+        self.s = settings
+        self.run_dir = Path(run_dir)
+        self.journal = journal
+        self.notify = notify or (lambda level, msg: None)
+        self.kind = kind
+        self.resume = resume
+        self.state = rundata.load_state(run_dir) if resume else {}
+        self.state.setdefault("warm_start", dict(warm_start) if warm_start else None)
+        self.t0 = time.monotonic()
+        self.spent_before = rundata.spent_s(run_dir) if resume else 0.0
+        self.known: dict[tuple, Known] = {}
+        self.ooms: list[dict] = []
+        self.measured = 0
+        self.duplicate_streak = 0
+        self.convergence = decide.Convergence()
+        self.stop_reason = ""
+        self.space: space.Space | None = None
+        self.size = 0
+        self.baseline: Scored | None = None
+        self.source = ""
+        self.notes: list[str] = []
+
+    # -- bookkeeping --------------------------------------------------------------------------
+    def elapsed(self) -> float:
+        return self.spent_before + time.monotonic() - self.t0
+
+    def _save_state(self) -> None:
+        self.state.update({"kind": self.kind, "settings": self.s.to_dict(),
+                           "run_id": self.run_dir.name})
+        rundir.write_atomic(self.run_dir / rundata.STATE,
+                            json.dumps(self.state, indent=2, default=str))
+
+    def _note(self, level: str, message: str) -> None:
+        self.notes.append(message)
+        self.notify(level, message)
+
+    # -- probes -------------------------------------------------------------------------------
+    def _spec(self, cfg: Mapping[str, int], name: str, **over) -> TrialSpec:
+        knobs, instances = self.space.trial_knobs(cfg) if self.space else (dict(cfg), 1)
+        return self._spec_for(knobs, instances, name, **over)
+
+    def _spec_for(self, knobs: Mapping, instances: int, name: str, **over) -> TrialSpec:
+        per_step = self.s.samples_per_step
+        if per_step is None and "batch_size" in launch.placeholders(self.s.command[1:]):
+            per_step = int(knobs.get("batch_size", 0)) or None
+        spec = dict(command=tuple(self.s.command), knobs=dict(knobs), instances=instances,
+                    cwd=self.s.cwd, log_dir=self.run_dir / "logs", name=name,
+                    max_s=self.s.seconds, min_measure_s=self.s.min_measure_s,
+                    samples_per_step=per_step, foreign_limit_cores=self.s.foreign_limit_cores)
+        spec.update(over)
+        return TrialSpec(**spec)
+
+    def _on_start(self, launched) -> None:
+        rundata.mark_live(self.run_dir, [lp.spec.marker for lp in launched])
+
+    def probe(self, spec: TrialSpec, *, label: str, number: int | None, cfg: Mapping,
+              on_progress=None, events: bool = True, finish: bool = True) -> TrialResult:
+        """One probe, re-run while foreign load spoils it (up to ``foreign_retries`` times).
+
+        With ``finish=False`` the caller emits the last ``trial_finished`` itself.
+        """
+        for attempt in range(self.s.foreign_retries + 1):
+            if events:
+                self.journal.emit("trial_started", trial=label, number=number, knobs=dict(cfg),
+                                  mode=spec.mode)
+
+            def progress(est, label=label):
+                if events:
+                    self.journal.emit("trial_progress", trial=label,
+                                      samples_per_s=est.samples_per_s, ci_half=est.ci_half,
+                                      measured_s=est.measured_s)
+                return bool(on_progress and on_progress(est))
+
+            result = run_trial(spec, on_progress=progress, on_start=self._on_start)
+            rundata.mark_live(self.run_dir, [])
+            result = dataclasses.replace(result, knobs=dict(cfg))
+            spoiled = result.outcome in (Outcome.OK, Outcome.PRUNED, Outcome.FOREIGN_LOAD) \
+                and result.foreign_flagged
+            last = not spoiled or attempt == self.s.foreign_retries
+            if events and (finish or not last):
+                self.journal.emit("trial_finished", trial=label, number=number, mode=spec.mode,
+                                  result=result)
+            if not spoiled:
+                return result
+            if attempt < self.s.foreign_retries:
+                self.notify("warning", f"{label}: {result.foreign_cores:.2f} cores of foreign "
+                                       f"CPU load during the probe; measuring it again")
+                time.sleep(FOREIGN_WAIT_S)
+        return dataclasses.replace(result, outcome=Outcome.FOREIGN_LOAD, reason=(
+            f"{result.foreign_cores:.2f} cores of CPU load from other programs in "
+            f"{self.s.foreign_retries + 1} attempts; not compared"))
+
+    # -- baseline -----------------------------------------------------------------------------
+    def _placeholder_values(self) -> dict[str, int]:
+        given = {r.name if r.name != "thread_pct" else r.alias: r.values[0]
+                 for r in space.parse_fix(self.s.baseline_tokens).values()}
+        out = {}
+        cores = fingerprint.cores()
+        for name in sorted(launch.placeholders(self.s.command[1:])):
+            default = cores if name == "threads" else space.KNOBS[
+                space.ALIASES.get(name, name)].conventional
+            out[name] = int(given.get(name, default))
+        if self.s.global_batch:
+            out["batch_size"] = self.s.global_batch
+        return out
+
+    def _measure_baseline(self) -> None:
+        values = self._placeholder_values()
+        for name, value in values.items():
+            if name not in [t.split("=")[0] for t in self.s.baseline_tokens] and \
+                    not (name == "batch_size" and self.s.global_batch):
+                self._note("hint", f"baseline: {{{name}}} is a placeholder, so the script's own "
+                                   f"default is unknown; using {name}={value} (set it with "
+                                   f"--baseline {name}=N)")
+        result = self.probe(self._spec_for(values, 1, "baseline"), label="baseline", number=None,
+                            cfg=values, finish=False)
+        if result.outcome == Outcome.FOREIGN_LOAD:
+            self._note("warning", "baseline: measured under foreign CPU load; its number is "
+                                  "only a guide, the confirmation re-measures it")
+        elif not result.ok:
+            self.journal.emit("trial_finished", trial="baseline", number=None, mode=result.mode,
+                              result=result)
+            raise AutotuneError(
+                f"the baseline probe (the script with its own settings) did not give a "
+                f"throughput: {result.outcome.value}: {result.reason}; log: {result.log_path}"
+                + (f"\n{result.log_tail}" if result.log_tail else ""))
+        base = space.Baseline.from_seen(
+            result.seen, peak_rss_bytes=result.peak_rss_bytes,
+            placeholder_values={space.ALIASES.get(k, k): v for k, v in values.items()
+                                if k != "threads"})
+        if "threads" in values:
+            base = dataclasses.replace(base, threads=values["threads"])
+        req = space.SpaceRequest(ranges=space.parse_space(self.s.space_tokens),
+                                 fixed=space.parse_fix(self.s.fix_tokens),
+                                 global_batch=self.s.global_batch,
+                                 placeholders=tuple(sorted(launch.placeholders(
+                                     self.s.command[1:]))))
+        sp = space.build(fingerprint.machine(), base, req)
+        self.journal.emit("trial_finished", trial="baseline", number=None, mode=result.mode,
+                          result=dataclasses.replace(result, knobs=dict(sp.baseline)))
+        self.state["space"] = sp.to_dict()
+        self.state["baseline"] = {"knobs": dict(sp.baseline), "samples_per_s":
+                                  result.samples_per_s, "ci_half": result.ci_half,
+                                  "source": result.source, "seen": result.seen}
+        self._save_state()
+
+    # -- the search ---------------------------------------------------------------------------
+    def _rebuild(self, handle: studies.StudyHandle) -> None:
+        """What the study already knows (a resumed run): no finished trial is measured again."""
+        for t in handle.trials():
+            cfg, outcome = t.user_attrs.get("knobs"), t.user_attrs.get("outcome")
+            if not cfg or not outcome or t.user_attrs.get("duplicate_of") is not None:
+                continue
+            key = self.space.key(cfg)
+            if t.state == studies.TrialState.COMPLETE or t.state == studies.TrialState.PRUNED:
+                self.known[key] = Known(t.number, outcome, float(t.user_attrs.get(
+                    "samples_per_s", t.value or 0.0)), float(t.user_attrs.get("ci_half", 0.0)),
+                    dict(cfg))
+                if outcome == "oom":
+                    self.ooms.append(dict(cfg))
+                if not t.user_attrs.get("baseline"):
+                    self.measured += 1
+                    self.convergence.update(self.known[key].value if outcome == "ok" else None)
+
+    def _objective(self, handle: studies.StudyHandle):
+        sp = self.space
+
+        def objective(trial: studies.Trial) -> float:
+            trial.set_user_attr("run", self.run_dir.name)
+            choice = {n: sp.domains[n][trial.suggest_int(n, 0, len(sp.domains[n]) - 1)]
+                      for n in sp.names}
+            cfg = sp.config(choice)
+            key = sp.key(cfg)
+            trial.set_user_attr("knobs", cfg)
+            label = f"trial-{trial.number}"
+            if key == sp.key(sp.baseline) and key not in self.known:
+                return self._record_baseline(trial, cfg)
+            if key in self.known:
+                return self._replay(trial, self.known[key])
+            blocker = decide.oom_blocks(cfg, self.ooms)
+            if blocker is not None:
+                self.duplicate_streak += 1
+                trial.set_user_attr("outcome", "oom-skipped")
+                trial.set_constraint("oom", 1.0)
+                reason = (f"not tried: batch_size {cfg.get('batch_size')} with "
+                          f"{cfg.get('instances', 1)} ranks is at or above one that ran out of "
+                          f"memory ({blocker.get('batch_size')})")
+                self.journal.emit("trial_started", trial=label, number=trial.number,
+                                  knobs=cfg, mode="full")
+                self.journal.emit("trial_pruned", trial=label, number=trial.number,
+                                  reason=reason)
+                return 0.0
+            self.duplicate_streak = 0
+            return self._measure(trial, cfg, key, label, handle)
+
+        return objective
+
+    def _record_baseline(self, trial, cfg) -> float:
+        b = self.state["baseline"]
+        trial.set_user_attr("baseline", True)
+        trial.set_user_attr("outcome", studies.OK)
+        trial.set_user_attr("samples_per_s", b["samples_per_s"])
+        trial.set_user_attr("ci_half", b["ci_half"])
+        self.known[self.space.key(cfg)] = Known(trial.number, studies.OK, b["samples_per_s"],
+                                                b["ci_half"], dict(cfg))
+        self.convergence.update(b["samples_per_s"])
+        return float(b["samples_per_s"])
+
+    def _replay(self, trial, known: Known) -> float:
+        """A config already answered: the same answer, without a probe."""
+        self.duplicate_streak += 1
+        trial.set_user_attr("duplicate_of", known.number)
+        trial.set_user_attr("outcome", known.outcome)
+        if known.outcome == "pruned":
+            trial.report(known.value, 0)
+            raise studies.TrialPruned(f"same config as trial {known.number}")
+        if known.outcome in ("oom", "failed"):
+            trial.set_constraint(known.outcome, 1.0)
+            return 0.0
+        return known.value
+
+    def _measure(self, trial, cfg, key, label, handle) -> float:
+        reported: list[float] = []
+        pruner = handle.pruner
+
+        def on_progress(est) -> bool:
+            pruner.observe(trial.number, est.ci_half, est.measured_s)
+            trial.report(est.samples_per_s, len(reported))
+            reported.append(est.samples_per_s)
+            return trial.should_prune()
+
+        try:
+            result = self.probe(self._spec(cfg, label), label=label, number=trial.number,
+                                cfg=cfg, on_progress=on_progress)
+        except KeyboardInterrupt:
+            trial.set_user_attr("interrupted", True)
+            raise
+        self.measured += 1
+        if not self.source and result.ok:
+            self.source = result.source
+        trial.set_user_attr("samples_per_s", result.samples_per_s)
+        trial.set_user_attr("ci_half", result.ci_half)
+        trial.set_user_attr("reason", result.reason)
+        if result.outcome == Outcome.FOREIGN_LOAD:
+            trial.set_user_attr("outcome", "foreign-load")
+            self.convergence.update(None)
+            raise studies.NotComparable(result.reason)
+        outcome = {Outcome.OK: "ok", Outcome.PRUNED: "pruned", Outcome.OOM: "oom"}.get(
+            result.outcome, "failed")
+        trial.set_user_attr("outcome", outcome)
+        value = result.samples_per_s
+        if outcome == "pruned":
+            value = result.samples_per_s or (reported[-1] if reported else 0.0)
+        self.known[key] = Known(trial.number, outcome, value, result.ci_half, dict(cfg))
+        self.convergence.update(value if outcome == "ok" else None)
+        if outcome == "pruned":
+            self.journal.emit("trial_pruned", trial=label, number=trial.number,
+                              reason=result.reason)
+            raise studies.TrialPruned(result.reason)
+        if outcome in ("oom", "failed"):
+            if outcome == "oom":
+                self.ooms.append(dict(cfg))
+            self.notify("warning", f"{label} {_fmt(cfg)}: {result.outcome.value}: "
+                                   f"{result.reason} (log: {result.log_path})")
+            trial.set_constraint(outcome, 1.0)
+            return 0.0
+        return value
+
+    def _reserve_s(self) -> float:
+        return self.s.confirm_rounds * 3 * self.s.confirm_probe_s
+
+    def _stop_reason(self) -> str:
+        if self.s.max_trials is not None and self.measured + 1 >= self.s.max_trials:
+            return f"{self.s.max_trials} trials done"
+        if self.s.budget_s is not None and \
+                self.elapsed() + self.s.seconds + self._reserve_s() > self.s.budget_s:
+            return "time budget spent (the rest is kept for the confirmation)"
+        answered = len(self.known) + (self._blocked_count() if self.ooms else 0)
+        if answered >= self.size:
+            return f"all {self.size} configs of the space measured"
+        if self.duplicate_streak >= DUPLICATE_STREAK:
+            return "converged: the sampler keeps proposing configs already measured"
+        if self.convergence.since_best >= self.convergence.patience and \
+                self.convergence.seen >= self.convergence.min_trials:
+            return (f"converged: no gain above {self.convergence.rel:.0%} in the last "
+                    f"{self.convergence.patience} trials")
+        return ""
+
+    def _blocked_count(self) -> int:
+        """Configs of the space ruled out by an OOM and not measured."""
+        sp = self.space
+        count = 0
+        for cfg in sp.configs():
+            if sp.key(cfg) not in self.known and decide.oom_blocks(cfg, self.ooms):
+                count += 1
+        return count
+
+    def _search(self, handle: studies.StudyHandle) -> None:
+        self._rebuild(handle)
+        self.stop_reason = self._stop_reason()
+        if self.stop_reason:
+            return
+
+        def after_trial(study, frozen) -> None:
+            reason = self._stop_reason()
+            if reason:
+                self.stop_reason = reason
+                study.stop()
+
+        handle.optimize(self._objective(handle), [after_trial])
+
+    def _open(self) -> studies.StudyHandle:
+        url = self.s.storage or studies.sqlite_url(self.run_dir / "study.db")
+        name = self.s.study_name or f"autotune-{self.run_dir.name}"
+        handle = studies.open_study(url, name, run_id=self.run_dir.name, seed=self.s.seed,
+                                    min_measure_s=min(2.0, self.s.min_measure_s),
+                                    requeue=self.resume)
+        if handle.recovered:
+            self.notify("info", f"resume: re-running interrupted trial(s) "
+                                f"{', '.join(map(str, handle.recovered))}")
+        fresh = not any(t.user_attrs.get("run") == self.run_dir.name for t in handle.trials())
+        if fresh and not self.state.get("enqueued"):
+            handle.enqueue(self.space.choice_from_config(self.space.baseline), {"baseline": True})
+            warm = self.state.get("warm_start")
+            if warm:
+                handle.enqueue(self.space.choice_from_config(warm), {"warm_start": True})
+            self.state["enqueued"] = True
+            self._save_state()
+        return handle
+
+    # -- the run ------------------------------------------------------------------------------
+    def run(self) -> TuneReport:
+        from autotune.tuning import confirm
+
+        rundata.mark_controller(self.run_dir)
+        if self.resume:
+            killed = rundata.sweep_orphans(self.run_dir)
+            if killed:
+                self.notify("info", f"resume: stopped {killed} process(es) the killed run left")
+        else:
+            self._save_state()
+        if "space" not in self.state:
+            self._measure_baseline()
+        self.space = space.Space.from_dict(self.state["space"])
+        self.size = self.space.size()
+        b = self.state["baseline"]
+        self.baseline = Scored(dict(self.space.baseline), b["samples_per_s"], b["ci_half"])
+        self.source = b.get("source", "")
+        for note in self.space.notes:
+            self._note("hint", note)
+        handle = self._open()
+        self._search(handle)
+        self.notify("info", f"search stopped: {self.stop_reason}")
+        return confirm.finish(self, handle)
+
+
+def _fmt(cfg: Mapping) -> str:
+    return " ".join(f"{k}={v}" for k, v in cfg.items())
