@@ -1,0 +1,76 @@
+"""The image example as 2 DDP ranks under a real mpirun, started by autotune: identity from the
+MPI launcher's variables, placement table, meter and channel across the engine."""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune import launchers, proc
+from autotune.collector import Collector
+from autotune.ranks import RanksSpec, start_group
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "image_classifier" / "train.py"
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def mpi():
+    pytest.importorskip("mpi4py")
+    info = launchers.detect_mpi(os.environ)
+    if info is None:
+        pytest.skip("no mpirun beside Python or on PATH")
+    return info
+
+
+def test_mpi4py_and_mpirun_agree(mpi):
+    """Mixing MPI libraries gives singleton ranks: the launcher must match mpi4py's library."""
+    library = launchers.mpi4py_library()
+    assert library, "mpi4py is installed but its MPI library does not load"
+    assert launchers.mpi_flavor(library) == mpi.flavor, (library, mpi)
+
+
+def test_image_example_as_two_ddp_ranks_under_mpirun(mpi, tmp_path):
+    collector = Collector()
+    spec = RanksSpec(
+        command=(str(EXAMPLE), "--num-images", "128", "--batch-size", "8", "--workers", "0",
+                 "--max-steps", "12", "--epochs", "3", "--data-dir", str(tmp_path / "data"), "--log-interval",
+                 "4"),
+        knobs={"bucket_mb": 2}, instances=2, cwd=str(tmp_path), log_dir=tmp_path / "logs",
+        name="mpi", marker="mpitest", launcher=launchers.Launcher(kind="mpirun", mpi=mpi),
+        device="cpu")
+    group = start_group(spec, channel=collector.env())
+    try:
+        assert len(group.launched) == 1 and Path(group.launched[0].spec.argv[0]).name in (
+            "mpirun", "mpiexec")
+        messages = []
+        deadline = time.monotonic() + 240
+        while group.launched[0].poll() is None and time.monotonic() < deadline:
+            messages.extend(collector.drain())
+            time.sleep(0.2)
+        code = proc.stop(group.launched[0], grace_s=5)
+        time.sleep(0.2)
+        messages.extend(collector.drain())
+    finally:
+        collector.close()
+    log = (tmp_path / "logs" / "mpi.log").read_text()
+    assert code == 0, log[-3000:]
+    hellos = {m.hello["rank"]: m.hello for m in messages}
+    assert sorted(hellos) == [0, 1], log[-3000:]
+    assert {h["world_size"] for h in hellos.values()} == {2}
+    assert sorted(h["local_rank"] for h in hellos.values()) == [0, 1]
+    seen = [m.msg for m in messages if m.msg["type"] == "seen"]
+    assert {s["requested"]["backend"] for s in seen if s["what"] == "distributed"} == {"gloo"}
+    assert {s["applied"]["bucket_mb"] for s in seen if s["what"] == "ddp"} == {2.0}
+    batches = {}
+    for m in messages:
+        if m.msg["type"] == "tick":
+            batches[m.hello["rank"]] = m.msg["batches"]
+    assert batches.get(0, 0) >= 12 and batches.get(1, 0) >= 12, batches
+    byes = [m.msg for m in messages if m.msg["type"] == "bye"]
+    assert len(byes) == 2 and all(b["exit_code"] == 0 for b in byes)
+    assert "done: 12 steps" in log

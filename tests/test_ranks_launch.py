@@ -1,0 +1,111 @@
+"""autotune.ranks: placed local ranks for real, engine commands for mpirun/srun, refusals."""
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune import launchers, proc
+from autotune.errors import LaunchError
+from autotune.ranks import RanksSpec, engine_argv, engine_env, plan_for, start_group
+from fakes.gpu_host import fake_pynvml, write_nvml_config
+from probes import protocol
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+
+def wait_all(launched, timeout_s=120):
+    deadline = time.monotonic() + timeout_s
+    while any(lp.poll() is None for lp in launched) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [proc.stop(lp, grace_s=1) for lp in launched]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
+def test_two_cpu_ranks_get_a_share_of_cores_each_pinned(tmp_path):
+    cores = sorted(os.sched_getaffinity(0))
+    share = 100.0 / len(cores)  # one core each
+    env = dict(os.environ, PLACEMENT_OUT=str(tmp_path))
+    spec = RanksSpec(command=(str(SCRIPTS / "placement_probe.py"),), instances=2,
+                     knobs={"thread_pct": share, "pin": 1, "bucket_mb": 1}, cwd=str(tmp_path),
+                     log_dir=tmp_path / "logs", name="place", marker="placetest", env=env,
+                     device="cpu")
+    group = start_group(spec, channel={})
+    assert wait_all(group.launched) == [0, 0]
+    recs = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)]
+    for r, rec in enumerate(recs):
+        assert (rec["RANK"], rec["LOCAL_RANK"], rec["WORLD_SIZE"]) == (str(r), str(r), "2")
+        assert rec["OMP_NUM_THREADS"] == rec["MKL_NUM_THREADS"] == "1"
+        assert rec["torch_threads"] == 1
+        assert rec["affinity"] == [cores[r]] and rec["AUTOTUNE_CPUS"] == str(cores[r])
+        assert rec["HOROVOD_FUSION_THRESHOLD"] == str(2**20)
+        assert rec["AUTOTUNE_LAUNCHER"] == "local"
+    assert group.plan.local_world_size == 2 and group.mps is None
+
+
+def _spec(**kw):
+    base = dict(command=("train.py", "--epochs", "1"), instances=2, device="cpu",
+                knobs={"thread_pct": 50}, env={"PATH": "/bin", "RANK": "7"})
+    base.update(kw)
+    return RanksSpec(**base)
+
+
+def test_srun_engine_leaves_identity_to_the_ranks():
+    spec = _spec(launcher=launchers.Launcher(kind="srun", hosts=(launchers.Host("n1"),
+                                                                 launchers.Host("n2"))))
+    plan = plan_for(spec, spec.env)
+    knobs = {**spec.knobs, "threads": plan.threads}
+    env = engine_env(spec, plan, dict(spec.env), knobs, set(),
+                     [s.env for s in plan.slots], {"AUTOTUNE_ADDR": "h:1"},
+                     master_addr="n1", master_port=29500)
+    assert "RANK" not in env and "LOCAL_RANK" not in env  # from SLURM_* in each rank
+    assert env[protocol.ENV_LAUNCHER] == "srun" and env[protocol.ENV_LOCAL_WORLD_SIZE] == "2"
+    assert env["MASTER_ADDR"] == "n1" and env["AUTOTUNE_ADDR"] == "h:1"
+    table = json.loads(env[protocol.ENV_PLACEMENT])
+    assert [e[protocol.ENV_HOST_LOCAL_RANK] for e in table] == ["0", "1"]
+    argv = engine_argv(spec, plan, ["python", "-m", "probes.boot", "train.py"], env)
+    assert argv[:4] == ["srun", "--ntasks=4", "--ntasks-per-node=2", "--nodes=2"]
+    assert f"--cpus-per-task={plan.threads}" in argv
+
+
+def test_mpirun_engine_command():
+    mpi = launchers.MpiInfo("/x/mpirun", "mpich", "5")
+    spec = _spec(launcher=launchers.Launcher(kind="mpirun", mpi=mpi))
+    plan = plan_for(spec, spec.env)
+    argv = engine_argv(spec, plan, ["python", "t.py"], {})
+    assert argv == ["/x/mpirun", "-n", "2", "python", "t.py"]
+
+
+def test_instances_knob_and_field_must_agree():
+    with pytest.raises(LaunchError, match="disagree"):
+        plan_for(_spec(instances=2, knobs={"instances": 3}), {})
+    assert plan_for(_spec(instances=1, knobs={"instances": 3}), {}).local_world_size == 3
+
+
+def test_gpu_placement_seen_through_nvml(monkeypatch, tmp_path):
+    with fake_pynvml(monkeypatch, write_nvml_config(tmp_path, gpus=2)):
+        plan = plan_for(_spec(device="auto", instances=3, knobs={"thread_pct": 40}), {})
+        assert plan.device == "gpu" and plan.local_world_size == 6 and plan.needs_mps
+        one = plan_for(_spec(device="auto", instances=1, knobs={}, gpus=1),
+                       {"CUDA_VISIBLE_DEVICES": "1"})
+        assert [s.gpu.index for s in one.slots] == [1]
+        with pytest.raises(LaunchError, match="2 visible"):
+            plan_for(_spec(device="auto", gpus=3), {})
+
+
+def test_shared_gpus_on_several_hosts_are_refused(monkeypatch, tmp_path):
+    hosts = (launchers.Host("a"), launchers.Host("b"))
+    spec = _spec(device="gpu", instances=2, launcher=launchers.Launcher(
+        kind="mpirun", hosts=hosts, mpi=launchers.MpiInfo("/x/mpirun", "openmpi", "4")))
+    with fake_pynvml(monkeypatch, write_nvml_config(tmp_path, gpus=1)):
+        with pytest.raises(LaunchError, match="MPS daemon on every host"):
+            start_group(spec, channel={})
+
+
+def test_no_gpu_means_cpu_placement_here(monkeypatch):
+    with fake_pynvml(monkeypatch, None):
+        assert plan_for(_spec(device="auto"), {}).device == "cpu"
+        with pytest.raises(LaunchError, match="no GPU"):
+            plan_for(_spec(device="gpu"), {})
