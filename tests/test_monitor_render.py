@@ -181,3 +181,15 @@ def test_plain_lines_say_outcomes_and_reasons():
     best = [e for e in events("tune_mixed") if e["event"] == "best"][0]
     assert event_line(best) == ("best: 317.7 ± 5.0 samples/s, 1.51x the baseline 210.9 · "
                                 "batch_size=192 workers=2")
+
+
+def test_probe_mode_without_throughput_says_which_outcome():
+    evs = events("probe_io_bound")
+    for ev in evs:
+        if ev["event"] == "trial_finished" and ev["mode"] == "synthetic":
+            ev["result"] = {**ev["result"], "outcome": "foreign-load", "reason": "1.60 cores of "
+                            "CPU load from other programs"}
+    state = fold(evs)
+    text = screen(state, now=state.last_t)
+    assert field(text, "synthetic") == "no throughput (foreign-load)"
+    assert "foreign-load: 1.60 cores of CPU load" in trial_row(text, "probe-synthetic")

@@ -152,5 +152,7 @@ class Sampler(threading.Thread):
                 journal.emit("device_sample", **sample(gpu))
                 self.cpu_s = time.thread_time()
                 wait_s = self.interval_s
-        except Exception:  # the run goes on without device samples
+        except Exception:  # noqa: BLE001 - the run goes on without device samples
             return
+        finally:
+            self.cpu_s = time.thread_time()
