@@ -23,6 +23,9 @@ def add_parser(sub):
                    help="time limit of each mode, start-up included (default 30)")
     p.add_argument("--modes", default="full,synthetic,io",
                    help="comma-separated subset of full,synthetic,io")
+    p.add_argument("--allreduce", action="store_true",
+                   help="also time allreduce by message size (4 KB to 256 MB) on 2 ranks "
+                        "and show the bucket_mb range it suggests")
     common.add_probe_args(p)
     common.add_script_args(p)
     return p
@@ -67,6 +70,8 @@ def run(args) -> int:
                 "verdict": {"bottleneck": v.bottleneck, "bound_samples_per_s": v.bound_samples_per_s,
                             "full_share_of_bound": v.full_share_of_bound, "text": v.text},
             }
+            if args.allreduce:
+                summary["allreduce"] = _allreduce(run_dir, cwd, say)
             rundir.write_atomic(run_dir / "probe.json", json.dumps(summary, indent=2, default=str))
             journal.emit("probe_verdict", verdict=summary["verdict"])
             journal.emit("run_ended", exit_code=0)
@@ -78,7 +83,41 @@ def run(args) -> int:
         print(json.dumps(summary, default=str))
     else:
         _print_table(results, v, run_dir, plain=args.plain)
+        _print_allreduce(summary.get("allreduce"), plain=args.plain)
     return 0
+
+
+def _allreduce(run_dir, cwd, say) -> dict:
+    """``--allreduce``: the probe's result as a dict, or {"error": ...} (the probe goes on)."""
+    from autotune import allreduce
+    from autotune.errors import LaunchError
+
+    say("autotune: timing allreduce by message size on 2 ranks...")
+    try:
+        return allreduce.measure(ranks=2, log_dir=run_dir / "logs", cwd=cwd).to_dict()
+    except LaunchError as exc:
+        say(f"autotune: WARNING: allreduce probe failed: {exc}")
+        return {"error": str(exc)}
+
+
+def _print_allreduce(data, *, plain: bool) -> None:
+    if not data:
+        return
+    out = console.make_console(plain=plain)
+    if "error" in data:
+        out.print(f"allreduce: failed: {data['error']}")
+        return
+    from autotune import allreduce
+
+    result = allreduce.parse(data)
+    table = console.Table(title=f"allreduce · {result.backend} · {result.world_size} ranks")
+    for col in ("size", "latency", "bus bandwidth"):
+        table.add_column(col, justify="right")
+    for row in allreduce.rows(result):
+        table.add_row(*row)
+    out.print(table)
+    low, high = data["bucket_mb_range"]
+    out.print(f"bucket_mb worth searching: {low:g} to {high:g} MB")
 
 
 def _print_table(results, v, run_dir, *, plain: bool) -> None:
