@@ -118,6 +118,7 @@ def _settings(args, target: tuple[str, ...], cwd: str) -> TuneSettings:
     space.parse_fix(args.baseline)
     space.check_request(space.SpaceRequest(ranges=ranges, fixed=fixed,
                                            global_batch=args.global_batch))
+    space.explicit_fixes(target[1:], ranges, fixed, global_batch=args.global_batch)
     extra = {}
     if args.foreign_limit is not None:
         extra["foreign_limit_cores"] = args.foreign_limit

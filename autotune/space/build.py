@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from autotune.errors import UsageError
-from autotune.space.knobs import (DOMAIN_RULES, KNOBS, ORDER, Baseline, Machine,
+from autotune.space.knobs import (ALIASES, DOMAIN_RULES, KNOBS, ORDER, Baseline, Machine,
                                   pct_for_threads, threads_per_rank)
 from autotune.space.parse import Range, _expand
 
@@ -32,7 +32,8 @@ class Space:
     def config(self, choice: Mapping[str, int]) -> dict[str, int]:
         """A full, canonical config from values of the searched knobs."""
         cfg = {n: int(self.fixed[n]) for n in ORDER if n in self.fixed}
-        cfg.update({n: int(choice[n]) for n in self.names})
+        for n in self.names:  # a knob the choice lacks (bucket_mb on one rank) keeps its default
+            cfg[n] = int(choice.get(n, self.baseline.get(n, KNOBS[n].conventional)))
         return self.canonical(cfg)
 
     def canonical(self, cfg: Mapping[str, int]) -> dict[str, int]:

@@ -6,9 +6,10 @@ Every error is a one-line `UsageError` that names the bad token.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from autotune import flags
 from autotune.errors import UsageError
 from autotune.space.knobs import (ALIASES, KNOBS, ORDER, geometric, linear, pct_for_threads,
                                   threads_per_rank)
@@ -109,7 +110,7 @@ def parse_duration(text: str) -> float:
     s = text.strip().lower()
     pos, total = 0, 0.0
     for m in _DURATION.finditer(s):
-        if m.start() != pos or (not m.group(2) and m.end() != len(s)):
+        if m.start() != pos or (not m.group(2) and (m.start() or m.end() != len(s))):
             break
         total += float(m.group(1)) * {"h": 3600, "m": 60, "s": 1, "": 1}[m.group(2)]
         pos = m.end()
@@ -133,3 +134,26 @@ def _expand(r: Range, cores: int) -> tuple[int, ...]:
     if KNOBS[r.name].scale == "linear":
         return linear(r.low, r.high)
     return geometric(r.low, r.high)
+
+
+def explicit_fixes(args: Sequence[str], ranges: Mapping[str, Range],
+                   fixed: Mapping[str, Range], *, global_batch: int | None = None) \
+        -> tuple[dict[str, Range], list[str]]:
+    """Knobs the user set with an explicit flag in the script's args stay at that value.
+
+    autotune never overrides an explicit flag (`autotune.flags`): such a knob is fixed and the
+    user is told how to hand it over (a placeholder). Asking to search it is a usage error.
+    """
+    out = dict(fixed)
+    notes = []
+    for knob, e in flags.explicit_knobs(args).items():
+        if knob in ranges or knob in fixed or (knob == "batch_size" and global_batch):
+            flag = "--global-batch" if knob not in ranges and knob not in fixed else \
+                "--space" if knob in ranges else "--fix"
+            raise UsageError(f"{flag} asks for {knob}, but the script's arguments set it "
+                             f"explicitly ('{e.typed}'); write '{e.suggestion}' there instead")
+        if e.number is None:
+            continue
+        out[knob] = Range(knob, knob, values=(e.number,), token=e.typed)
+        notes.append(e.note())
+    return out, notes

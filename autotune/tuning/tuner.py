@@ -174,9 +174,13 @@ class Tuner:
                                 if k != "threads"})
         if "threads" in values:
             base = dataclasses.replace(base, threads=values["threads"])
-        req = space.SpaceRequest(ranges=space.parse_space(self.s.space_tokens),
-                                 fixed=space.parse_fix(self.s.fix_tokens),
-                                 global_batch=self.s.global_batch,
+        ranges = space.parse_space(self.s.space_tokens)
+        fixed, notes = space.explicit_fixes(self.s.command[1:], ranges,
+                                            space.parse_fix(self.s.fix_tokens),
+                                            global_batch=self.s.global_batch)
+        for note in notes:
+            self._note("hint", note)
+        req = space.SpaceRequest(ranges=ranges, fixed=fixed, global_batch=self.s.global_batch,
                                  placeholders=tuple(sorted(launch.placeholders(
                                      self.s.command[1:]))))
         sp = space.build(fingerprint.machine(), base, req)

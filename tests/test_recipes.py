@@ -1,0 +1,133 @@
+"""Recipes: TOML round trip, validation that names the file and the field, the CLI, warm start."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from autotune import fingerprint, recipes
+from autotune.cli import main
+from autotune.errors import RecipeError
+
+FP = fingerprint.Fingerprint(cpu_model="AMD EPYC", cores=2, torch_version="2.13.0",
+                             script_sha256="ab" * 32, args=("--epochs", "1"))
+
+
+def recipe(**over):
+    d = dict(name="train-cpu2-amd-epyc", knobs={"batch_size": 64, "workers": 2,
+                                                "thread_pct": 50, "instances": 1},
+             samples_per_s=150.0, ci_half=3.0, baseline_samples_per_s=100.0, speedup=1.5,
+             kept_baseline=False, fingerprint=FP, script_path="train.py",
+             script_args=("--epochs", "1"), baseline_knobs={"batch_size": 32, "workers": 0},
+             trials=9, source="dataloader", reason="it won",
+             verdict={"bottleneck": "io", "text": "I/O-bound"})
+    d.update(over)
+    return recipes.Recipe(**d)
+
+
+def test_round_trip(tmp_path):
+    path = recipes.save(recipe(), tmp_path)
+    assert path == tmp_path / "train-cpu2-amd-epyc.toml"
+    loaded = recipes.load(path)
+    assert loaded.knobs == recipe().knobs and loaded.fingerprint == FP
+    assert loaded.samples_per_s == 150.0 and loaded.speedup == 1.5
+    assert loaded.verdict["bottleneck"] == "io" and loaded.path == path
+    assert not list(tmp_path.glob(".*tmp"))  # written atomically: no temp file left
+
+
+def test_run_knobs_turn_the_share_into_threads():
+    knobs, instances = recipe().run_knobs(cores=8)
+    assert knobs == {"batch_size": 64, "workers": 2, "threads": 4, "instances": 1}
+    assert instances == 1
+
+
+def test_name_from_script_and_hardware():
+    assert recipes.recipe_name("path/to/train.py", FP) == "train-cpu2-amd-epyc"
+    gpu = fingerprint.Fingerprint(cpu_model="x", cores=64, gpu_names=("NVIDIA A100-SXM4-40GB",),
+                                  gpu_count=4)
+    assert recipes.recipe_name("main.py", gpu) == "main-4xnvidia-a100-sxm4-40gb"
+
+
+def write(tmp_path, text):
+    path = tmp_path / "r.toml"
+    path.write_text(text)
+    return path
+
+
+def good_text(tmp_path):
+    return recipes.save(recipe(), tmp_path).read_text()
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda t: t.replace("[knobs]", "[knobs"), ["not valid TOML"]),
+    (lambda t: t.replace("samples_per_s = 150.0\n", ""), ["missing field 'result.samples_per_s'"]),
+    (lambda t: t.replace("schema_version = 1", "schema_version = 7"),
+     ["unknown schema_version 7"]),
+    (lambda t: t.replace("cores = 2", 'cores = "two"'), ["field 'fingerprint.cores' must be int"]),
+    (lambda t: t.replace("kept_baseline = false", "kept_baseline = 0"),
+     ["field 'result.kept_baseline' must be bool"]),
+    (lambda t: t.replace("workers = 2\n", "wrokers = 2\n", 1), ["unknown knob 'knobs.wrokers'"]),
+    (lambda t: t.replace("[fingerprint]", "[fingerprints]"), ["missing table [fingerprint]"]),
+])
+def test_validation_names_file_and_field(tmp_path, edit, words):
+    path = write(tmp_path, edit(good_text(tmp_path / "src")))
+    with pytest.raises(RecipeError) as e:
+        recipes.load(path)
+    assert str(path) in str(e.value)
+    for w in words:
+        assert w in str(e.value)
+    assert e.value.exit_code == 2
+
+
+def test_not_utf8_and_missing(tmp_path):
+    path = tmp_path / "bin.toml"
+    path.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(RecipeError, match="not valid TOML"):
+        recipes.load(path)
+    with pytest.raises(RecipeError, match="not found"):
+        recipes.load(tmp_path / "none.toml")
+
+
+def test_cli_corrupt_recipe_is_one_line_exit_2(tmp_path):
+    path = write(tmp_path, "schema_version = [")
+    proc = subprocess.run([sys.executable, "-m", "autotune", "recipes", "show", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ERROR: recipe ") and str(path) in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_list_show_diff(tmp_path, capsys):
+    recipes.save(recipe(), tmp_path)
+    recipes.save(recipe(name="other", knobs={"batch_size": 32, "workers": 1}), tmp_path)
+    write(tmp_path, "not toml [")  # listed as invalid, never fatal
+    assert main(["recipes", "--recipe-dir", str(tmp_path), "list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert {d.get("name") for d in listed} == {"train-cpu2-amd-epyc", "other", None}
+    assert any("not valid TOML" in d.get("error", "") for d in listed)
+    assert main(["recipes", "list", "--recipe-dir", str(tmp_path), "--plain"]) == 0
+    out = capsys.readouterr().out
+    assert "INVALID" in out and "train-cpu2-amd-epyc" in out
+    assert main(["recipes", "--recipe-dir", str(tmp_path), "show", "other"]) == 0
+    assert "batch_size=32 workers=1" in capsys.readouterr().out
+    assert main(["recipes", "--recipe-dir", str(tmp_path), "--json", "diff",
+                 "train-cpu2-amd-epyc", "other"]) == 0
+    rows = {r["field"]: (r["a"], r["b"]) for r in json.loads(capsys.readouterr().out)}
+    assert rows["knobs.batch_size"] == (64, 32) and rows["knobs.thread_pct"] == (50, None)
+    assert "fingerprint.cores" not in rows
+
+
+def test_warm_start_needs_a_matching_fingerprint(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    here = fingerprint.current([str(script), "--epochs", "3"])
+    saved = recipe(name=recipes.recipe_name(str(script), here), fingerprint=here)
+    recipes.save(saved, tmp_path / "recipes")
+    found, note = recipes.warm_start_candidate(tmp_path / "recipes", (str(script), "--x"), here)
+    assert found is not None and found.knobs == saved.knobs and "warm start" in note
+    script.write_text("print('changed')\n")  # the script changed: its recipe no longer applies
+    changed = fingerprint.current([str(script)])
+    found, note = recipes.warm_start_candidate(tmp_path / "recipes", (str(script),), changed)
+    assert found is None and "script_sha256" in note

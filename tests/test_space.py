@@ -1,0 +1,197 @@
+"""The search space: parsing the user's ranges, default candidates from the machine, the rules."""
+
+import pytest
+
+from autotune import space
+from autotune.errors import UsageError
+
+GIB = 2**30
+
+
+def build(cores=2, mem=16 * GIB, *, ranges=(), fix=(), global_batch=None, placeholders=(),
+          **baseline):
+    base = dict(batch_size=32, workers=0, peak_rss_bytes=GIB // 2)
+    base.update(baseline)
+    req = space.SpaceRequest(ranges=space.parse_space(ranges), fixed=space.parse_fix(fix),
+                             global_batch=global_batch, placeholders=tuple(placeholders))
+    return space.build(space.Machine(cores=cores, mem_available_bytes=mem),
+                       space.Baseline(**base), req)
+
+
+# -- parsing ----------------------------------------------------------------------------------
+def test_parse_ranges_and_lists():
+    r = space.parse_space(["batch_size=16:512 workers=0:4", "threads=1,2"])
+    assert (r["batch_size"].low, r["batch_size"].high) == (16, 512)
+    assert r["workers"].low == 0 and r["workers"].high == 4
+    assert r["thread_pct"].alias == "threads" and r["thread_pct"].values == (1, 2)
+
+
+@pytest.mark.parametrize("token, words", [
+    ("batchsize=1:2", ["unknown knob 'batchsize'", "batchsize=1:2"]),
+    ("batch_size=512:16", ["low <= high", "512 > 16"]),
+    ("batch_size=abc", ["'abc'", "not a whole number"]),
+    ("workers=-1:2", ["workers must be >= 0", "-1"]),
+    ("batch_size=0:4", ["batch_size must be >= 1"]),
+    ("thread_pct=10:150", ["thread_pct must be <= 100"]),
+    ("train.py", ["'train.py' is not NAME=LOW:HIGH", "'--'"]),
+])
+def test_bad_space_is_one_line_naming_the_token(token, words):
+    with pytest.raises(UsageError) as e:
+        space.parse_space([token])
+    text = str(e.value)
+    assert "\n" not in text and text.startswith("--space: ")
+    for w in words:
+        assert w in text
+    assert e.value.exit_code == 2
+
+
+def test_knob_given_twice():
+    with pytest.raises(UsageError, match="given twice"):
+        space.parse_space(["workers=0:2", "workers=1:3"])
+
+
+@pytest.mark.parametrize("token", ["workers=1:2", "workers=1,2", "workers", "speed=3"])
+def test_bad_fix(token):
+    with pytest.raises(UsageError, match="^--fix: "):
+        space.parse_fix([token])
+
+
+@pytest.mark.parametrize("text, seconds", [("90", 90), ("90s", 90), ("10m", 600),
+                                           ("1h30m", 5400), ("2.5s", 2.5)])
+def test_durations(text, seconds):
+    assert space.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "x", "10q", "m", "0", "5m10"])
+def test_bad_durations(text):
+    with pytest.raises(UsageError, match="--budget"):
+        space.parse_duration(text)
+
+
+# -- candidates -------------------------------------------------------------------------------
+def test_geometric_and_linear():
+    assert space.geometric(16, 512) == (16, 32, 64, 128, 256, 512)
+    assert space.geometric(24, 100) == (24, 32, 64, 100)
+    assert space.linear(0, 4) == (0, 1, 2, 3, 4)
+    assert space.linear(1, 64) == (1, 2, 4, 8, 16, 32, 64)
+    assert space.divisors(12) == (1, 2, 3, 4, 6, 12)
+
+
+def test_thread_share_round_trip():
+    for cores in (1, 2, 3, 8, 64):
+        for t in range(1, cores + 1):
+            assert space.threads_per_rank(space.pct_for_threads(t, cores), cores) == t
+    assert space.threads_per_rank(1, 8) == 1  # never zero
+
+
+def test_default_space_on_two_cores():
+    sp = build()
+    assert sp.domains["batch_size"] == (8, 16, 32, 64, 128, 256)
+    assert sp.domains["workers"] == (0, 1, 2)
+    assert sp.domains["thread_pct"] == (50, 100)
+    assert "instances" not in sp.domains and sp.fixed["instances"] == 1
+    assert "bucket_mb" not in sp.domains and "bucket_mb" not in sp.fixed
+    assert sp.baseline == {"batch_size": 32, "workers": 0, "thread_pct": 100, "instances": 1}
+    assert any("instances: fixed at 1" in n and "torch.distributed" in n for n in sp.notes)
+    assert sp.size() == 6 * 3 * 2
+
+
+def test_defaults_follow_the_machine():
+    sp = build(cores=16, workers=4)
+    assert sp.domains["workers"] == tuple(range(9))
+    assert sp.domains["thread_pct"] == tuple(space.pct_for_threads(t, 16) for t in (1, 2, 4, 8, 16))
+
+
+def test_batch_size_capped_by_memory():
+    # 1 GiB at batch 32 with 4 GiB free: at most ~0.7 * 4 = 2.8x the baseline batch.
+    sp = build(mem=4 * GIB, peak_rss_bytes=GIB)
+    assert max(sp.domains["batch_size"]) <= 32 * 2.8
+    assert 32 in sp.domains["batch_size"]
+
+
+def test_odd_baseline_values_are_candidates():
+    sp = build(batch_size=100, workers=3)
+    assert 100 in sp.domains["batch_size"] and 3 in sp.domains["workers"]
+
+
+def test_user_ranges_and_fixes():
+    sp = build(ranges=["batch_size=16:64", "threads=1:2"], fix=["workers=2"])
+    assert sp.domains["batch_size"] == (16, 32, 64)
+    assert sp.domains["thread_pct"] == (50, 100)
+    assert sp.fixed["workers"] == 2 and "workers" not in sp.domains
+    cfg = sp.config({"batch_size": 64, "thread_pct": 50})
+    knobs, instances = sp.trial_knobs(cfg)
+    assert knobs == {"batch_size": 64, "workers": 2, "threads": 1, "instances": 1}
+    assert instances == 1
+
+
+def test_space_and_fix_on_one_knob_conflict():
+    with pytest.raises(UsageError, match="both in --space and in --fix"):
+        build(ranges=["workers=0:2"], fix=["workers=1"])
+
+
+def test_no_dataloader_drops_loader_knobs():
+    sp = build(batch_size=None, workers=None)
+    assert "batch_size" not in sp.domains and "workers" not in sp.domains
+    assert any(n.startswith("batch_size: not tuned") for n in sp.notes)
+    with pytest.raises(UsageError, match="cannot tune batch_size"):
+        build(batch_size=None, ranges=["batch_size=8:16"])
+
+
+def test_instances_searched_only_for_distributed_scripts():
+    sp = build(distributed=True)
+    assert sp.domains["instances"] == (1, 2)
+    assert sp.domains["bucket_mb"] == space.knobs.BUCKET_MB
+    # bucket_mb has no effect on one rank: configs that differ only there are one config
+    one = sp.config({"batch_size": 32, "workers": 0, "thread_pct": 100, "instances": 1,
+                     "bucket_mb": 5})
+    other = sp.config({**one, "bucket_mb": 50})
+    assert "bucket_mb" not in one and sp.key(one) == sp.key(other)
+    two = sp.config({**one, "instances": 2, "bucket_mb": 5})
+    assert two["bucket_mb"] == 5
+    # The user may insist on more ranks for a script that did not look distributed.
+    forced = build(ranges=["instances=1:2"])
+    assert forced.domains["instances"] == (1, 2)
+
+
+def test_global_batch_keeps_only_divisors():
+    sp = build(cores=4, distributed=True, global_batch=96)
+    assert "batch_size" not in sp.domains
+    assert sp.domains["instances"] == (1, 2, 3, 4)
+    assert sp.config({**sp.baseline, "instances": 3})["batch_size"] == 32
+    sp = build(cores=4, distributed=True, global_batch=10)
+    assert sp.domains["instances"] == (1, 2)
+    assert sp.baseline["batch_size"] == 10
+    with pytest.raises(UsageError, match="drop batch_size"):
+        build(global_batch=64, ranges=["batch_size=8:16"])
+    with pytest.raises(UsageError, match="not divisible"):
+        build(global_batch=9, fix=["instances=2"])
+
+
+def test_placeholders_get_conventional_baseline():
+    sp = build(batch_size=None, workers=None, placeholders=("batch_size", "workers"))
+    assert sp.baseline["batch_size"] == 32 and sp.baseline["workers"] == 0
+    assert "batch_size" in sp.domains and "workers" in sp.domains
+
+
+def test_explicit_flags_are_fixed_not_searched():
+    fixed, notes = space.explicit_fixes(["--batch-size", "64", "-j", "3"], {}, {})
+    assert fixed["batch_size"].values == (64,) and fixed["workers"].values == (3,)
+    assert "--batch-size {batch_size}" in notes[0]
+    with pytest.raises(UsageError, match=r"'--batch-size=64'.*'--batch-size=\{batch_size\}'"):
+        space.explicit_fixes(["--batch-size=64"], space.parse_space(["batch_size=8:16"]), {})
+    fixed, _ = space.explicit_fixes(["--batch-size", "{batch_size}"], {}, {})
+    assert "batch_size" not in fixed
+
+
+def test_index_and_choice_round_trip():
+    sp = build()
+    assert sp.index("batch_size", 64) == 3
+    assert sp.index("batch_size", 70) == 3  # nearest candidate
+    choice = sp.choice_from_config({"batch_size": 128, "workers": 2, "thread_pct": 50})
+    assert choice == {"batch_size": 4, "workers": 2, "thread_pct": 0}
+
+
+def test_dict_round_trip():
+    sp = build(distributed=True, ranges=["workers=0:1"])
+    assert space.Space.from_dict(sp.to_dict()) == sp

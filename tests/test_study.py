@@ -1,0 +1,223 @@
+"""The search driven end to end against a fake probe: no processes, a real Optuna study (SQLite).
+
+The fake `run_trial` answers from the knobs: a throughput surface, OOM above a batch size,
+foreign load when told to, and intermediate estimates so the pruner can act.
+"""
+
+import json
+
+import pytest
+
+from autotune import fingerprint, space
+from autotune import study as studies
+from autotune.journal import Journal, read_events
+from autotune.outcome import Outcome
+from autotune.steady import Estimate
+from autotune.trial import TrialResult
+from autotune.tuning import Tuner, TuneSettings, tuner as tuner_module
+
+SEEN = {"batch_size": 16, "workers": 0}
+
+
+def result(spec, outcome=Outcome.OK, rate=0.0, foreign=0.0, reason=""):
+    return TrialResult(
+        outcome=outcome, reason=reason, samples_per_s=rate, ci_half=rate * 0.02,
+        source="dataloader", steps_per_s=rate / 16, measured_s=5.0, warmup_s=1.0, paused_s=0.0,
+        duration_s=8.0, peak_rss_bytes=2**28, cuda_peak_bytes=0, foreign_cores=foreign,
+        exit_code=0, log_path=str(spec.log_dir / f"{spec.name}.log"), log_tail="",
+        seen=dict(SEEN), knobs=dict(spec.knobs), mode=spec.mode,
+        foreign_limit_cores=spec.foreign_limit_cores)
+
+
+class FakeProbe:
+    """Stands in for `run_trial`; records every spec it was given."""
+
+    def __init__(self, rate, *, oom_from=None, foreign=None, crash=None):
+        self.rate = rate  # knobs -> samples/s
+        self.oom_from = oom_from
+        self.foreign = foreign or (lambda knobs, n: False)  # (knobs, nth call of them) -> bool
+        self.crash = crash or (lambda knobs: False)
+        self.specs = []
+
+    def __call__(self, spec, *, on_progress=None, on_start=None):
+        self.specs.append(spec)
+        knobs = {**SEEN, "threads": 2, **spec.knobs}
+        nth = sum(1 for s in self.specs if s.knobs == spec.knobs)
+        if self.oom_from and knobs["batch_size"] >= self.oom_from:
+            return result(spec, Outcome.OOM, reason="out of memory: CPU")
+        if self.crash(knobs):
+            return result(spec, Outcome.CRASHED, reason="RuntimeError: boom")
+        rate = self.rate(knobs)
+        if on_progress is not None:
+            for i in range(1, 5):
+                est = Estimate(rate, rate * 0.02, float(i), 1.0, 0.0, 4 + i)
+                if on_progress(est):
+                    return result(spec, Outcome.PRUNED, rate,
+                                  reason="its interval could not reach the best so far")
+        flagged = self.foreign(knobs, nth)
+        return result(spec, Outcome.FOREIGN_LOAD if flagged else Outcome.OK, rate,
+                      foreign=2.0 if flagged else 0.0)
+
+    def measured(self):
+        """Knobs of the search's probes (confirmation probes left out)."""
+        return [s.knobs for s in self.specs if not s.name.startswith("confirm")]
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    monkeypatch.setattr(fingerprint, "machine",
+                        lambda: space.Machine(cores=2, mem_available_bytes=16 * 2**30))
+    monkeypatch.setattr(fingerprint, "cores", lambda: 2)
+    monkeypatch.setattr(tuner_module, "FOREIGN_WAIT_S", 0.0)
+
+
+def tune(tmp_path, monkeypatch, fake, *, resume=False, **settings):
+    monkeypatch.setattr(tuner_module, "run_trial", fake)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(exist_ok=True)
+    base = dict(command=("train.py",), cwd=str(tmp_path), seconds=10.0, seed=1,
+                confirm_rounds=2)
+    base.update(settings)
+    t = Tuner(TuneSettings(**base), run_dir, Journal(run_dir), resume=resume)
+    return t.run(), t, run_dir
+
+
+def events(run_dir, name=None):
+    evs, _ = read_events(run_dir)
+    return [e for e in evs if name is None or e["event"] == name]
+
+
+def surface(knobs):
+    """Faster with workers and a smaller thread count; batch size matters a little."""
+    return 100.0 * (1 + knobs["workers"]) * (1.3 if knobs["threads"] == 1 else 1.0) \
+        * (1 + knobs["batch_size"] / 1024)
+
+
+def test_search_measures_each_config_once_and_finds_the_best(tmp_path, monkeypatch, machine):
+    fake = FakeProbe(surface)
+    report, t, run_dir = tune(tmp_path, monkeypatch, fake, trials=12,
+                              space_tokens=("batch_size=16:32",))
+    probes = fake.measured()
+    assert probes[0] == {}  # the baseline: the script as it is, nothing applied
+    keys = [tuple(sorted(k.items())) for k in probes[1:]]
+    assert len(keys) == len(set(keys)), "a config was measured twice"
+    assert report.trials_measured == len(probes) <= 12, report.stop_reason
+    # Confirmation: the best two and the baseline, interleaved A B C A B C.
+    names = [s.name.split("-", 1)[1] for s in fake.specs if s.name.startswith("confirm")]
+    assert names[:3] == names[3:] and names[0] == "baseline" and len(set(names)) == 3
+    assert not report.kept_baseline and report.speedup > 2
+    assert report.best.knobs["workers"] == 2 and report.best.knobs["thread_pct"] == 50
+    assert report.baseline.knobs == {"batch_size": 16, "workers": 0, "thread_pct": 100,
+                                     "instances": 1}
+    conf = events(run_dir, "confirmation")
+    assert [(e["round"], e["trial"]) for e in conf][:3] == [(1, n) for n in names[:3]]
+    best = events(run_dir, "best")[-1]
+    assert best["knobs"] == dict(report.best.knobs) and best["kept_baseline"] is False
+    started = events(run_dir, "trial_started")
+    assert started[0]["trial"] == "baseline"
+    assert all(set(e) >= {"trial", "knobs", "mode"} for e in started)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["best"]["knobs"] == dict(report.best.knobs)
+
+
+def test_baseline_is_the_first_trial_of_the_study(tmp_path, monkeypatch, machine):
+    fake = FakeProbe(surface)
+    _, t, run_dir = tune(tmp_path, monkeypatch, fake, trials=3)
+    h = studies.open_study(studies.sqlite_url(run_dir / "study.db"),
+                           f"autotune-{run_dir.name}", run_id=run_dir.name)
+    first = h.trials()[0]
+    assert first.user_attrs["baseline"] is True
+    assert first.user_attrs["knobs"] == dict(t.space.baseline)
+
+
+def test_oom_is_infeasible_and_larger_batches_are_not_tried(tmp_path, monkeypatch, machine):
+    fake = FakeProbe(lambda k: 100.0 * k["batch_size"], oom_from=64)
+    report, t, run_dir = tune(tmp_path, monkeypatch, fake, trials=10,
+                              fix_tokens=("workers=0", "threads=2"), confirm_rounds=1)
+    batches = [k.get("batch_size") for k in fake.measured()[1:]]
+    assert batches.count(64) + batches.count(128) + batches.count(256) <= 1
+    assert report.best.knobs["batch_size"] == 32
+    h = studies.open_study(studies.sqlite_url(run_dir / "study.db"),
+                           f"autotune-{run_dir.name}", run_id=run_dir.name)
+    ooms = [tr for tr in h.trials() if tr.user_attrs.get("outcome") in ("oom", "oom-skipped")]
+    assert ooms and all(tr.constraints and max(tr.constraints.values()) > 0 for tr in ooms)
+    assert "configs of the space measured" in report.stop_reason  # 4 fit, the rest ruled out
+
+
+def test_slow_probes_are_pruned(tmp_path, monkeypatch, machine):
+    fake = FakeProbe(lambda k: 1000.0 if k["workers"] == 0 else 10.0)
+    report, t, run_dir = tune(tmp_path, monkeypatch, fake, trials=6,
+                              fix_tokens=("batch_size=16", "threads=2"))
+    pruned = events(run_dir, "trial_pruned")
+    assert pruned and all("could not reach" in e["reason"] for e in pruned)
+    h = studies.open_study(studies.sqlite_url(run_dir / "study.db"),
+                           f"autotune-{run_dir.name}", run_id=run_dir.name)
+    assert any(tr.state == studies.TrialState.PRUNED for tr in h.trials())
+    assert report.kept_baseline and report.best.knobs["workers"] == 0
+
+
+def test_foreign_load_is_measured_again_never_compared(tmp_path, monkeypatch, machine):
+    # workers=1 is flagged the first time only, workers=2 every time.
+    def foreign(knobs, nth):
+        return knobs["workers"] == 2 or (knobs["workers"] == 1 and nth == 1)
+
+    fake = FakeProbe(lambda k: 100.0 * (1 + k["workers"]), foreign=foreign)
+    report, t, run_dir = tune(tmp_path, monkeypatch, fake, trials=4,
+                              fix_tokens=("batch_size=16", "threads=2"), confirm_rounds=0,
+                              foreign_retries=1)
+    search = [s.knobs.get("workers") for s in fake.specs if s.name.startswith("trial-")]
+    assert search.count(1) == 2  # re-measured once, then clean
+    # Re-measured once, still spoiled: left out (it may be proposed again, and measured again).
+    assert search.count(2) >= 2 and search.count(2) % 2 == 0
+    assert report.best.knobs["workers"] == 1
+    h = studies.open_study(studies.sqlite_url(run_dir / "study.db"),
+                           f"autotune-{run_dir.name}", run_id=run_dir.name)
+    spoiled = [tr for tr in h.trials() if tr.user_attrs.get("outcome") == "foreign-load"]
+    assert spoiled and all(tr.state == studies.TrialState.FAIL for tr in spoiled)
+
+
+def test_budget_leaves_room_for_the_confirmation(tmp_path, monkeypatch, machine):
+    fake = FakeProbe(surface)
+    # 3 confirmation probes x 2 rounds x 15 s = 90 s reserved, one probe 10 s: 95 s is too short.
+    report, _, _ = tune(tmp_path, monkeypatch, fake, budget_s=95.0)
+    assert "budget" in report.stop_reason
+    assert report.trials_measured == 1 and len(fake.measured()) == 1
+
+
+def test_crashing_configs_are_infeasible(tmp_path, monkeypatch, machine):
+    fake = FakeProbe(surface, crash=lambda k: k["workers"] == 2)
+    report, _, run_dir = tune(tmp_path, monkeypatch, fake, trials=8, confirm_rounds=1,
+                              fix_tokens=("batch_size=16",))
+    assert report.best.knobs["workers"] != 2
+    finished = [e for e in events(run_dir, "trial_finished")
+                if e["result"]["outcome"] == "crashed"]
+    assert all(e["result"]["knobs"]["workers"] == 2 for e in finished)
+
+
+def test_resume_reruns_the_interrupted_trial_only(tmp_path, monkeypatch, machine):
+    fake = FakeProbe(surface)
+    tune(tmp_path, monkeypatch, fake, trials=4, confirm_rounds=0,
+         fix_tokens=("batch_size=16",))
+    run_dir = tmp_path / "run"
+    url = studies.sqlite_url(run_dir / "study.db")
+    name = f"autotune-{run_dir.name}"
+    # What a kill -9 leaves: a RUNNING trial of this run.
+    h = studies.open_study(url, name, run_id=run_dir.name)
+    done = {tr.number: tr.value for tr in h.trials() if tr.state.is_finished()}
+    stuck = h.study.ask()
+    stuck.set_user_attr("run", run_dir.name)
+    params = {"workers": stuck.suggest_int("workers", 0, 2),
+              "thread_pct": stuck.suggest_int("thread_pct", 0, 1)}
+    before = len(fake.specs)
+    report, t, _ = tune(tmp_path, monkeypatch, fake, resume=True, trials=6)
+    h = studies.open_study(url, name, run_id=run_dir.name)
+    trials = {tr.number: tr for tr in h.trials()}
+    assert trials[stuck.number].state == studies.TrialState.FAIL
+    retry = [tr for tr in trials.values() if tr.user_attrs.get("retry_of") == stuck.number]
+    assert len(retry) == 1 and retry[0].params == params
+    for number, value in done.items():  # no finished trial lost or changed
+        assert trials[number].value == value
+    resumed = [s.knobs for s in fake.specs[before:] if s.name.startswith("trial-")]
+    earlier = [s.knobs for s in fake.specs[:before] if s.name.startswith("trial-")]
+    assert not any(k in earlier for k in resumed), "a finished trial was measured again"
+    assert not any(s.name == "baseline" for s in fake.specs[before:])
