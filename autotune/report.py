@@ -213,9 +213,10 @@ def probe_section(state: RunState) -> str:
     html = "<h2>Probe modes</h2>"
     if rates:
         items = []
+        mode_rows = state.mode_rows()
         for mode in ("full", "synthetic", "io"):
             if mode in rates:
-                row = state.trials.get(f"probe-{mode}")
+                row = mode_rows.get(mode)
                 why = f": {row.reason}" if row is not None and row.reason else ""
                 items.append((mode, rates[mode], f"{mode} {fmt_rate(rates[mode])} samples/s{why}"))
         html += report_svg.bars(items, chart="probe-modes", unit="/s")

@@ -193,3 +193,16 @@ def test_probe_mode_without_throughput_says_which_outcome():
     text = screen(state, now=state.last_t)
     assert field(text, "synthetic") == "no throughput (foreign-load)"
     assert "foreign-load: 1.60 cores of CPU load" in trial_row(text, "probe-synthetic")
+
+
+def test_a_trial_started_again_shows_as_running_not_as_its_first_attempt():
+    first = {"outcome": "foreign-load", "reason": "1.65 cores of CPU load from other programs",
+             "samples_per_s": 600.0, "ci_half": 90.0, "duration_s": 9.0}
+    state = fold([
+        {"t": 0.0, "event": "run_started", "kind": "tune", "command": ["a.py"]},
+        {"t": 1.0, "event": "trial_started", "trial": "baseline", "knobs": {"batch_size": 32}},
+        {"t": 10.0, "event": "trial_finished", "trial": "baseline", "result": first},
+        {"t": 12.0, "event": "trial_started", "trial": "baseline", "knobs": {"batch_size": 32}}])
+    row = trial_row(screen(state, now=14.0), "baseline")
+    assert row.startswith("│ ▶ │") and "running" in row
+    assert "foreign" not in row and "600.0" not in row and "0:02" in row

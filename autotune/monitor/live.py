@@ -37,6 +37,13 @@ def use_plain(stream, plain: bool) -> bool:
         return True
 
 
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
 class Monitor:
     """Shows one run directory's journal, from the start, on ``stream``."""
 
@@ -67,8 +74,10 @@ class Monitor:
         try:
             if self.console is None:
                 self.console = Console(file=self.stream, highlight=False, emoji=False)
+            # The script's own output (full run) goes to our stdout: printed above the view
+            # when stdout is this terminal too, left alone when it is redirected to a file.
             self._live = Live(console=self.console, auto_refresh=False, transient=False,
-                              redirect_stdout=True, redirect_stderr=True,
+                              redirect_stdout=_isatty(sys.stdout), redirect_stderr=True,
                               vertical_overflow="crop")
             self._live.start()
         except Exception as exc:  # noqa: BLE001 - any display failure degrades to plain

@@ -149,13 +149,18 @@ class RunState:
         return "starting"
 
     def mode_rows(self) -> dict[str, TrialRow]:
-        """The finished probe-mode trials (full/synthetic/io, no knobs) by mode, the last one."""
+        """The last finished synthetic and io probes, and the full one of a probe run."""
         return {r.mode: r for r in self.trials.values()
-                if r.finished and not r.knobs and r.mode in ("full", "synthetic", "io")}
+                if r.finished and (r.mode in ("synthetic", "io")
+                                   or (r.mode == "full" and self.kind == "probe"))}
 
     def mode_rates(self) -> dict[str, float | None]:
-        """Probe-mode throughputs (full/synthetic/io) of a probe run: None where it failed."""
-        return {m: (r.samples_per_s if r.ok else None) for m, r in self.mode_rows().items()}
+        """Probe-mode throughputs (full/synthetic/io): None where a mode failed. In a tuning
+        run the synthetic/io probes of the winner are compared with the winner's throughput."""
+        rates = {m: (r.samples_per_s if r.ok else None) for m, r in self.mode_rows().items()}
+        if rates and "full" not in rates and self.best and _num(self.best.get("samples_per_s")):
+            rates["full"] = _num(self.best["samples_per_s"])
+        return rates
 
     # -- folding ---------------------------------------------------------------------------
     def apply(self, ev: dict) -> None:
@@ -218,10 +223,10 @@ def _run_started(s: RunState, ev: dict, t) -> None:
 
 
 def _trial_started(s: RunState, ev: dict, t) -> None:
-    row = s._row(ev)
-    row.knobs = dict(ev.get("knobs") or {})
-    row.started_t = t
-    row.status = RUNNING
+    """A trial starts, or starts again (a probe re-run after foreign load): a fresh row."""
+    old = s._row(ev)
+    s.trials[old.name] = TrialRow(name=old.name, number=old.number, mode=old.mode,
+                                  knobs=dict(ev.get("knobs") or {}), started_t=t)
 
 
 def _trial_progress(s: RunState, ev: dict, t) -> None:
@@ -271,7 +276,8 @@ def _confirmation(s: RunState, ev: dict, t) -> None:
 
 def _best(s: RunState, ev: dict, t) -> None:
     s.best = {k: ev.get(k) for k in ("knobs", "samples_per_s", "ci_half",
-                                      "baseline_samples_per_s", "speedup", "kept_baseline")}
+                                      "baseline_samples_per_s", "speedup", "kept_baseline",
+                                      "reason")}
 
 
 def _recipe_saved(s: RunState, ev: dict, t) -> None:

@@ -91,7 +91,8 @@ def eta_s(state: RunState, now: float) -> float | None:
 
 
 def progress_fraction(state: RunState, now: float) -> float | None:
-    if state.ended:
+    """Share of the budget used; a run that ended well is done (1.0) whatever its budget."""
+    if state.ended and not state.exit_code:
         return 1.0
     el = elapsed_s(state, now)
     fractions = []
@@ -231,6 +232,8 @@ def best_panel(state: RunState) -> Panel | None:
         grid.add_row("baseline", f"{fmt.fmt_rate(base)} samples/s")
     if kept:
         grid.add_row("speedup", Text("none beyond the noise: kept the baseline", style="yellow"))
+    if state.best is not None and state.best.get("reason"):
+        grid.add_row("why", str(state.best["reason"]))
     elif speedup:
         grid.add_row("speedup", Text(f"{speedup:.2f}x", style="bold green" if speedup > 1
                                      else "yellow"))
@@ -250,7 +253,7 @@ def best_panel(state: RunState) -> Panel | None:
 # -- full run and verdict -----------------------------------------------------------------
 def fullrun_panel(state: RunState, *, now: float) -> Panel | None:
     fr = state.fullrun
-    rates = state.mode_rates() if state.kind == "probe" else {}
+    rates = state.mode_rates()
     if fr is None and state.verdict is None and not rates:
         return None
     grid = Table.grid(padding=(0, 2))
@@ -278,12 +281,13 @@ def fullrun_panel(state: RunState, *, now: float) -> Panel | None:
         for mode in ("full", "synthetic", "io"):
             if mode in rates:
                 v = rates[mode]
+                status = rows[mode].status if mode in rows else "failed"
                 cell = (Text(f"{fmt.bar(v / top if top else 0, 24)} {v:,.1f}/s", style="cyan")
-                        if v else Text(f"no throughput ({rows[mode].status})", style="red"))
+                        if v else Text(f"no throughput ({status})", style="red"))
                 grid.add_row(mode, cell)
     if state.verdict is not None:
         grid.add_row("verdict", Text(str(state.verdict.get("text", "")), style="bold"))
-    title = "full run" if fr is not None else "probe modes"
+    title = "full run" if fr is not None else ("probe modes" if rates else "verdict")
     return Panel(grid, title=title, title_align="left", border_style="magenta")
 
 
