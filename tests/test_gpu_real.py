@@ -1,0 +1,59 @@
+"""On a real NVIDIA GPU (skipped elsewhere): NVML, and two ranks sharing GPU 0 through a real MPS
+daemon, verified as its clients, on gloo, the daemon gone afterwards."""
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune import mps, nvml, proc
+from autotune.ranks import RanksSpec, start_group
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+
+def _gpu_or_skip():
+    ok, why = nvml.available()
+    if not ok:
+        pytest.skip(f"no GPU: {why}")
+
+
+pytestmark = pytest.mark.gpu
+
+
+def test_nvml_lists_real_devices():
+    _gpu_or_skip()
+    devices = nvml.devices()
+    assert devices and all(d.uuid and d.uuid.startswith(("GPU-", "MIG-")) for d in devices)
+    assert nvml.driver_version()
+    assert {"index", "util_pct", "mem_used_bytes"} <= set(nvml.sample()[0])
+
+
+def test_two_ranks_share_gpu0_through_real_mps(tmp_path):
+    _gpu_or_skip()
+    ok, why = mps.available()
+    if not ok:
+        pytest.skip(f"no MPS: {why}")
+    env = dict(os.environ, CUDA_RANK_OUT=str(tmp_path), CUDA_RANK_EPOCHS="200")
+    spec = RanksSpec(command=(str(SCRIPTS / "cuda_rank.py"),), instances=2, gpus=1,
+                     knobs={"thread_pct": 50}, device="gpu", cwd=str(tmp_path),
+                     log_dir=tmp_path / "logs", name="cuda", marker="cudatest", env=env,
+                     mps_verify_s=120)
+    group = start_group(spec, channel={})
+    try:
+        check = group.wait_mps_check(timeout_s=150)
+        assert check is not None and check.ok, check
+        deadline = time.monotonic() + 300
+        while group.running() and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        codes = [proc.stop(lp, grace_s=10) for lp in group.launched]
+    assert codes == [0, 0], (tmp_path / "logs" / "cuda.log").read_text()[-2000:]
+    recs = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)]
+    assert {r["backend"] for r in recs} == {"gloo"} and {r["sum"] for r in recs} == {2.0}
+    assert recs[0]["CUDA_VISIBLE_DEVICES"] == recs[1]["CUDA_VISIBLE_DEVICES"]
+    daemon = group.mps
+    mps.stop_shared()
+    assert not daemon.running()
