@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 from autotune import console
-from autotune.errors import AutotuneError, UsageError
+from autotune.errors import AutotuneError, Terminated, UsageError
 
 COMMANDS = ("probe", "tune", "wrap", "run", "monitor", "recipes", "report", "env")
 
@@ -40,8 +41,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminate(signum, frame):
+    raise Terminated(signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # A closed terminal (SIGHUP) or a kill (SIGTERM) must clean up like Ctrl-C does; commands
+    # that forward signals to a run install their own handlers for its duration.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _terminate)
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
@@ -52,8 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     except AutotuneError as exc:
         console.error(str(exc))
         return exc.exit_code
+    except Terminated as exc:
+        console.error(f"stopped by {signal.Signals(exc.signum).name}; every process of the run "
+                      f"was stopped")
+        return 128 + exc.signum
     except KeyboardInterrupt:
-        console.error("interrupted")
+        console.error("interrupted; every process of the run was stopped")
         return 130
 
 

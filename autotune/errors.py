@@ -21,3 +21,11 @@ class RecipeError(UsageError):
 
 class LaunchError(AutotuneError):
     """A training process could not be started or supervised."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP reached the controller: unwind like Ctrl-C, so every child is stopped."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum

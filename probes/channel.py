@@ -17,12 +17,14 @@ CONNECT_TIMEOUT_S = 5.0
 class Channel:
     """A JSON-lines TCP link to the controller's collector."""
 
-    def __init__(self, addr: str, token: str, *, on_stop=None):
+    def __init__(self, addr: str, token: str, *, on_stop=None, on_lost=None):
         host, _, port = addr.rpartition(":")
         self.host = host.strip("[]") or "127.0.0.1"
         self.port = int(port)
         self.token = token
         self.on_stop = on_stop
+        self.on_lost = on_lost  # called once if the controller goes away while we run
+        self._closing = False
         self.sock: socket.socket | None = None
         self.alive = False
         self._send_lock = threading.Lock()
@@ -73,8 +75,11 @@ class Channel:
                 if msg["type"] == protocol.STOP and self.on_stop is not None:
                     self.on_stop(msg)
         self.alive = False
+        if not self._closing and self.on_lost is not None:
+            self.on_lost()
 
     def close(self) -> None:
+        self._closing = True
         sock, self.sock = self.sock, None
         self.alive = False
         if sock is None:
