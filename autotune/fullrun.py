@@ -148,6 +148,7 @@ def _supervise(spec: FullRunSpec, signals: _Signals, collector: Collector,
     next_report = time.monotonic() + spec.progress_every_s
     meter.rate(time.monotonic())
     first_failure: int | None = None
+    reported = 0
     while True:
         time.sleep(POLL_S)
         meter.absorb(collector.drain())
@@ -155,9 +156,10 @@ def _supervise(spec: FullRunSpec, signals: _Signals, collector: Collector,
         if now >= next_report:
             next_report = now + spec.progress_every_s
             rate, steps, samples = meter.rate(now)
-            if rate is not None:
+            if rate is not None and samples:
                 journal.emit("fullrun_progress", samples_per_s=rate, steps=steps,
                              samples=samples)
+                reported = samples
         codes = [lp.poll() for lp in launched]
         if first_failure is None:
             first_failure = next((c for c in codes if c not in (None, 0)), None)
@@ -172,8 +174,8 @@ def _supervise(spec: FullRunSpec, signals: _Signals, collector: Collector,
         if all(c is not None for c in codes):
             meter.absorb(collector.drain())
             rate, steps, samples = meter.rate(time.monotonic())
-            if samples:
-                journal.emit("fullrun_progress", samples_per_s=rate or 0.0, steps=steps,
+            if samples > reported and rate:  # the last stretch, when it holds news
+                journal.emit("fullrun_progress", samples_per_s=rate, steps=steps,
                              samples=samples)
             if first_failure is not None:
                 return exit_status(first_failure)

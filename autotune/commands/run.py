@@ -34,8 +34,9 @@ def fingerprint_warnings(recipe: recipes.Recipe, fp: fingerprint.Fingerprint) ->
     hard = fingerprint.diff(fp, recipe.fingerprint, fields=(
         *fingerprint.HARDWARE, *fingerprint.SOFTWARE, *fingerprint.SCRIPT))
     if hard:
-        out.append(f"recipe {recipe.path} was tuned elsewhere ({fingerprint.describe(hard)}); "
-                   f"its knobs may not be the best here (autotune tune re-tunes)")
+        out.append(f"recipe {recipe.path} was tuned under other conditions "
+                   f"({fingerprint.describe(hard)}); its knobs may not be the best here "
+                   f"('autotune tune' re-tunes)")
     return out
 
 

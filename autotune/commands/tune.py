@@ -134,6 +134,8 @@ def _settings(args, target: tuple[str, ...], cwd: str) -> TuneSettings:
 
 def prepare(args, kind: str) -> Prepared:
     """Check the input and set up the run directory; nothing runs yet."""
+    space.parse_space(args.space)  # first: it names a script it swallowed by mistake
+    space.parse_fix(args.fix)
     recipe_dir = Path(args.recipe_dir).expanduser()
     if args.resume:
         if args.target:

@@ -158,6 +158,18 @@ class Tuner:
                                    f"--baseline {name}=N)")
         result = self.probe(self._spec_for(values, 1, "baseline"), label="baseline", number=None,
                             cfg=values, finish=False)
+        if result.outcome in (Outcome.NO_SIGNAL, Outcome.HUNG) and result.measured_s == 0 and \
+                result.exit_code in (0, None):
+            # Not one batch inside the window: a slow start (imports, data), not a broken
+            # script. One more try with twice the time before giving up.
+            self._note("hint", f"baseline: no throughput within {self.s.seconds:.0f} s "
+                               f"({result.reason}); trying once more with "
+                               f"{2 * self.s.seconds:.0f} s (raise --seconds for slow starts)")
+            self.journal.emit("trial_finished", trial="baseline", number=None,
+                              mode=result.mode, result=result)
+            result = self.probe(self._spec_for(values, 1, "baseline",
+                                               max_s=2 * self.s.seconds),
+                                label="baseline", number=None, cfg=values, finish=False)
         if result.outcome == Outcome.FOREIGN_LOAD:
             self._note("warning", "baseline: measured under foreign CPU load; its number is "
                                   "only a guide, the confirmation re-measures it")

@@ -1,0 +1,179 @@
+"""``autotune tune/wrap/run`` as a user runs them: real processes, real training, on CPU.
+
+Probes are short and budgets tiny; nothing asserts on speed. Foreign load is not flagged here
+(``--foreign-limit``): CI machines are shared, and that rule has its own test with a fake probe.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune import proc, recipes
+from autotune import study as studies
+from autotune.journal import read_events
+from conftest import EXAMPLES, ROOT, SCRIPTS, live_children
+
+TOY = str(SCRIPTS / "tune_toy.py")
+QUIET = ["--plain", "--foreign-limit", "1000"]
+
+
+def autotune(*args, cwd, timeout=240, env=None):
+    return subprocess.run([sys.executable, "-m", "autotune", *args], cwd=cwd, text=True,
+                          capture_output=True, timeout=timeout, env=env)
+
+
+def one_error_line(p, *words):
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert p.returncode == 2, p.stderr
+    assert len(lines) == 1, p.stderr
+    assert lines[0].startswith("ERROR: ") and "Traceback" not in p.stderr
+    for w in words:
+        assert w in lines[0]
+
+
+# -- usage errors: one line, exit 2, before anything runs --------------------------------------
+@pytest.mark.parametrize("args, words", [
+    (["tune", "--space", "batch_size=64:8", "--", TOY], ["--space", "64 > 8"]),
+    (["tune", "--space", "batchsize=8:64", "--", TOY], ["unknown knob 'batchsize'"]),
+    (["wrap", "--fix", "speed=3", "--", TOY], ["unknown knob 'speed'"]),
+    (["tune", "--space", "workers=0:2", TOY], ["'", "is not NAME=LOW:HIGH"]),
+    (["tune", "missing_script.py"], ["missing_script.py", "not found"]),
+    (["wrap"], ["no training script given"]),
+    (["tune", "--budget", "soon", TOY], ["--budget", "'soon'"]),
+])
+def test_usage_errors(tmp_path, args, words):
+    p = autotune(*args, cwd=tmp_path, timeout=60)
+    one_error_line(p, *words)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_explicit_flag_cannot_be_searched(tmp_path):
+    p = autotune("tune", "--space", "batch_size=8:64", "--", TOY, "--batch-size", "16",
+                 cwd=tmp_path, timeout=60)
+    one_error_line(p, "'--batch-size 16'", "--batch-size {batch_size}")
+
+
+def test_run_with_corrupt_recipe(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("schema_version = 1\nname = 'x'\n")
+    p = autotune("run", "--recipe", str(bad), TOY, cwd=tmp_path, timeout=60)
+    one_error_line(p, str(bad), "missing")
+
+
+def test_resume_of_a_directory_that_is_no_run(tmp_path):
+    p = autotune("tune", "--resume", str(tmp_path), cwd=tmp_path, timeout=60)
+    one_error_line(p, "--resume", "tune.json")
+
+
+# -- real runs ----------------------------------------------------------------------------------
+def events(run_dir, name=None):
+    evs, _ = read_events(Path(run_dir))
+    return [e for e in evs if name is None or e["event"] == name]
+
+
+@pytest.mark.slow
+def test_wrap_image_example(tmp_path):
+    """The issue's check: wrap on the image example, small budget; recipe loads, run exits 0."""
+    # 24 epochs of 64 images: more than a probe of 8 s can train through at any speed we know,
+    # so probes are stopped by autotune and only the full run reaches the end.
+    data = tmp_path / "data"
+    p = autotune("wrap", *QUIET, "--json", "--budget", "40s", "--seconds", "8",
+                 "--confirm-rounds", "1", "--confirm-seconds", "8", "--recipe-dir",
+                 str(tmp_path / "recipes"), "--",
+                 str(EXAMPLES / "image_classifier" / "train.py"), "--num-images", "64",
+                 "--epochs", "24", "--data-dir", str(data), cwd=tmp_path, timeout=400)
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads(p.stdout.strip().splitlines()[-1])
+    assert summary["exit_code"] == 0
+    recipe = recipes.load(summary["recipe"])
+    assert recipe.knobs == summary["best"]["knobs"]
+    assert recipe.samples_per_s > 0 and recipe.fingerprint.cores >= 1
+    assert "done:" in p.stdout  # the script's own output, streamed
+    names = [e["event"] for e in events(summary["run_dir"])]
+    for name in ("run_started", "trial_started", "trial_finished", "best", "recipe_saved",
+                 "fullrun_started", "fullrun_ended", "run_ended"):
+        assert name in names, name
+    assert events(summary["run_dir"], "run_ended")[-1]["exit_code"] == 0
+    assert live_children() == []
+
+
+@pytest.mark.slow
+def test_wrap_exits_with_the_scripts_code(tmp_path):
+    # The toy trains --run-seconds from its first batch: longer than a whole probe, so only the
+    # full run reaches its end and its exit code.
+    p = autotune("wrap", *QUIET, "--trials", "1", "--seconds", "10", "--recipe-dir",
+                 str(tmp_path / "recipes"), "--", TOY, "--work", "1", "--run-seconds", "12",
+                 "--exit-code", "3", cwd=tmp_path, timeout=200)
+    assert p.returncode == 3, p.stderr[-3000:]
+    assert "tune_toy: done after" in p.stdout
+    assert "exited with code 3" in p.stderr
+    assert list((tmp_path / "recipes").glob("*.toml"))  # the tuning part succeeded
+    assert live_children() == []
+
+
+@pytest.mark.slow
+def test_kill_controller_then_resume(tmp_path):
+    """kill -9 mid-study; --resume keeps every finished trial and re-runs the interrupted one."""
+    cmd = [sys.executable, "-m", "autotune", "tune", *QUIET, "--trials", "5", "--seconds", "8",
+           "--confirm-rounds", "0", "--seed", "3", "--space", "batch_size=8:32", "--fix",
+           "threads=1", "--recipe-dir", str(tmp_path / "recipes"), "--", TOY, "--work", "1"]
+    env = dict(os.environ, AUTOTUNE_RUNS_DIR=str(tmp_path / "runs"))
+    controller = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 150
+    run_dir = None
+    try:
+        while time.monotonic() < deadline:  # until a trial is in flight after one finished
+            runs = list((tmp_path / "runs").glob("*")) if (tmp_path / "runs").exists() else []
+            if runs:
+                run_dir = runs[0]
+                started = [e for e in events(run_dir, "trial_started")
+                           if e["trial"].startswith("trial-")]
+                finished = [e for e in events(run_dir, "trial_finished")
+                            if e["trial"].startswith("trial-")]
+                if len(finished) >= 1 and len(started) > len(finished) and \
+                        (run_dir / "live.json").exists() and \
+                        json.loads((run_dir / "live.json").read_text())["markers"]:
+                    break
+            assert controller.poll() is None, "the tuning ended before it could be killed"
+            time.sleep(0.2)
+        else:
+            pytest.fail("no trial in flight within the deadline")
+        controller.send_signal(signal.SIGKILL)
+        controller.wait(timeout=10)
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+    markers = json.loads((run_dir / "live.json").read_text())["markers"]
+    url = studies.sqlite_url(run_dir / "study.db")
+    name = f"autotune-{run_dir.name}"
+    import optuna
+
+    before = {t.number: t for t in optuna.load_study(study_name=name, storage=url).trials}
+    finished_before = {n: t for n, t in before.items() if t.state.is_finished()}
+    running = [n for n, t in before.items() if t.state == optuna.trial.TrialState.RUNNING]
+    assert len(running) == 1 and finished_before
+    started_before = len(events(run_dir, "trial_started"))
+
+    p = autotune("tune", "--resume", str(run_dir), "--plain", cwd=tmp_path, timeout=240, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert all(proc.marked(m) == [] for m in markers), "the killed run's probe survived"
+    after = {t.number: t for t in optuna.load_study(study_name=name, storage=url).trials}
+    for n, t in finished_before.items():  # nothing finished was lost or changed
+        assert after[n].state == t.state and after[n].value == t.value
+    assert after[running[0]].state == optuna.trial.TrialState.FAIL
+    retried = [t for t in after.values() if t.user_attrs.get("retry_of") == running[0]]
+    assert len(retried) == 1 and retried[0].params == before[running[0]].params
+    assert retried[0].state.is_finished()
+    # No finished config was measured again after the resume (duplicates are answered, not run).
+    done = [t.user_attrs["knobs"] for t in finished_before.values()]
+    new = events(run_dir, "trial_started")[started_before:]
+    assert new and not any(e["knobs"] in done for e in new)
+    assert "search stopped" in p.stderr
+    assert live_children() == []
