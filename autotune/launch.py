@@ -1,6 +1,8 @@
 """Pure command and environment building for ranks: no processes are started here.
 
-A Python script runs as ``python -m probes.boot SCRIPT ARGS`` (the script runner); knobs reach it
+A Python script runs as ``python -m probes.boot SCRIPT ARGS`` (the script runner); any other
+command (``python -m pkg.train``, ``./run.sh``) runs as given, and the Python processes it starts
+are metered by the ``sitecustomize`` in `SITE_DIR` (`probes.autostart`). Knobs reach the script
 through the environment (`probes.protocol.KNOB_ENV`) or through placeholders like ``{batch_size}``
 in its own arguments. Ranks get torchrun's environment, and always an explicit thread count
 (torchrun sets ``OMP_NUM_THREADS=1`` and MKL drops to one thread under mpirun otherwise).
@@ -17,6 +19,7 @@ from pathlib import Path
 from probes import protocol
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+SITE_DIR = PROJECT_ROOT / "probes" / "site"
 PLACEHOLDER = re.compile(r"\{(batch_size|workers|threads|bucket_mb|instances)\}")
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
@@ -83,8 +86,14 @@ def rank_env(base: Mapping[str, str], *, knobs: Mapping[str, float], skip: set[s
     if threads:
         for var in THREAD_VARS:
             env[var] = str(int(threads))
-    root = str(PROJECT_ROOT)
-    path = env.get("PYTHONPATH", "")
-    if root not in path.split(os.pathsep):
-        env["PYTHONPATH"] = root + (os.pathsep + path if path else "")
+    env["PYTHONPATH"] = python_path(env.get("PYTHONPATH", ""))
     return env
+
+
+def python_path(user: str) -> str:
+    """``PYTHONPATH`` of a rank: the metering ``sitecustomize`` (`SITE_DIR`, which meters Python
+    processes not run through `probes.boot` and then runs any other ``sitecustomize``), the
+    project root (for ``probes``), then the user's entries in their order."""
+    ours = (str(SITE_DIR), str(PROJECT_ROOT))
+    rest = [p for p in user.split(os.pathsep) if p not in ours] if user else []
+    return os.pathsep.join([*ours, *rest])

@@ -3,9 +3,12 @@
 Pure: takes ``(time_s, cumulative_samples)`` points, returns an `Estimate`. The method:
 
 1. Resample the counter on a grid of windows a few batches wide and turn it into window rates.
-2. Pauses: a window whose rate is under a quarter of the median (evaluation, checkpointing,
-   sampling at step 0) is not the loop the user will run for hours; it and the windows on either
-   side (which straddle it) are excluded and their time reported, never averaged in.
+2. Pauses (evaluation, checkpointing, sampling at step 0) are not the loop the user will run for
+   hours; they are excluded and their time reported, never averaged in. Two signs: the counter
+   stands still for longer than a few batches take (`idle_spans`; the meter's points bound such
+   a stretch to the batch), and every window touching it goes, however short the pause; or a
+   window's rate is under a quarter of the median, and it and the windows on either side
+   (which straddle it) go.
 3. Warm-up: the first window after the first batch always goes (first-iteration sampling, worker
    start); then MSER-5 (White 1997) picks the truncation point that minimises the standard error
    of what is left, within the first half of the series.
@@ -25,6 +28,8 @@ _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 
          16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086, 25: 2.060, 30: 2.042}
 
 PAUSE_FRACTION = 0.25
+IDLE_GAPS = 4.0  # a stretch without a batch this many usual gaps long is a pause...
+MIN_IDLE_S = 0.25  # ...and at least this long (a stall of the machine is not a pause)
 MIN_WINDOW_S = 0.5
 MAX_WINDOW_S = 5.0
 BATCHES_PER_WINDOW = 2
@@ -125,6 +130,31 @@ def batch_means_ci(xs: list[float]) -> float:
     return t975(groups - 1) * math.sqrt(var / groups)
 
 
+def idle_spans(points: list[tuple[float, float]], batches: int) -> list[tuple[float, float]]:
+    """Stretches where the counter stood still much longer than between two batches.
+
+    The usual gap is the median standstill between consecutive points (the meter reports the
+    last batch of one tick and the first of the next), or the mean time per batch when that is
+    shorter; a standstill over `IDLE_GAPS` usual gaps and over `MIN_IDLE_S` is idle.
+    """
+    pts = sorted(points)
+    runs = []
+    i = 0
+    while i < len(pts) - 1:
+        j = i
+        while j + 1 < len(pts) and pts[j + 1][1] == pts[i][1]:
+            j += 1
+        if j > i and pts[j][0] > pts[i][0]:
+            runs.append((pts[i][0], pts[j][0]))
+        i = max(j, i + 1)
+    if not runs:
+        return []
+    per_batch = (pts[-1][0] - pts[0][0]) / max(batches, 1)
+    gap = min(median(b - a for a, b in runs), per_batch)
+    limit = max(IDLE_GAPS * gap, MIN_IDLE_S)
+    return [(a, b) for a, b in runs if b - a > limit]
+
+
 def window_s(points: list[tuple[float, float]], batches: int) -> float:
     """A window wide enough to hold a couple of batches, within sane bounds."""
     if len(points) < 2 or batches <= 0:
@@ -150,13 +180,16 @@ def estimate(points: list[tuple[float, float]], *, batches: int,
         return None
     rates = rates[1:]  # first window after the first batch: always warm-up
     warmup = 1
-    positive = [r for r in rates if r > 0]
+    spans = idle_spans(points, batches)
+    idle = [any(a < t0 + (i + 2) * dt and b > t0 + (i + 1) * dt for a, b in spans)
+            for i in range(len(rates))]
+    positive = [r for r, still in zip(rates, idle) if r > 0 and not still]
     if not positive:
         return Estimate(0.0, 0.0, 0.0, dt, len(rates) * dt, 0)
     floor = PAUSE_FRACTION * median(positive)
     slow = [r < floor for r in rates]
-    # A window next to a pause straddles it: out too.
-    out = [slow[i] or (i > 0 and slow[i - 1]) or (i + 1 < len(slow) and slow[i + 1])
+    # A window next to a slow one straddles the pause: out too.
+    out = [idle[i] or slow[i] or (i > 0 and slow[i - 1]) or (i + 1 < len(slow) and slow[i + 1])
            for i in range(len(slow))]
     lead = next((i for i, o in enumerate(out) if not o), len(out))  # slow start: warm-up
     kept = [r for r, o in zip(rates[lead:], out[lead:]) if not o]

@@ -7,6 +7,7 @@ sweep for stragglers) and returns a frozen `TrialResult`. No process of the tria
 
 from __future__ import annotations
 
+import codecs
 import os
 import time
 import uuid
@@ -14,9 +15,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune import proc, steady
+from autotune import flags, proc, steady
 from autotune.collector import Collector
+from autotune.launch import placeholders
 from autotune.load import FOREIGN_CORES_LIMIT, ForeignLoad
+from autotune.metric import MetricLog, parse_metric
 from autotune.outcome import Observed, Outcome, classify
 from autotune.ranks import RanksSpec, start_ranks
 from autotune.ranks import log_path as log_path_of
@@ -44,6 +47,8 @@ class TrialSpec:
     startup_s: float = 120.0  # no batch and no CPU use this long from the start: hung
     grace_s: float = 5.0
     samples_per_step: int | None = None  # when the script has no DataLoader
+    metric: str | None = None  # --metric REGEX: throughput from rank 0's output (autotune.metric)
+    watch_dirs: tuple[str, ...] | None = None  # writes here are reported (default: cwd, script dir)
     env: Mapping[str, str] | None = None  # base environment (default: ours)
     tick_s: float = protocol.DEFAULT_TICK_S
     foreign_limit_cores: float = FOREIGN_CORES_LIMIT  # more foreign load than this: flagged
@@ -57,7 +62,7 @@ class TrialResult:
     reason: str
     samples_per_s: float
     ci_half: float
-    source: str  # "dataloader" | "steps" | "none"
+    source: str  # "dataloader" | "steps" | "metric" | "none"
     steps_per_s: float
     measured_s: float
     warmup_s: float
@@ -79,6 +84,7 @@ class TrialResult:
         return self.outcome == Outcome.OK
 
     foreign_limit_cores: float = FOREIGN_CORES_LIMIT
+    counted_samples_per_s: float = 0.0  # with source "metric": autotune's own count, to compare
 
     @property
     def foreign_flagged(self) -> bool:
@@ -137,13 +143,20 @@ class _Probe:
         self.t_begin = time.monotonic()
         self.t_start = self.t_begin  # start of the current start-up allowance
         self.last_progress_t = self.t_start
-        self.last_progress = (0, 0)
+        self.last_progress = (0, 0, 0)
         self.estimate: steady.Estimate | None = None
         self.source = "none"
         self.hung_s: float | None = None
         self.stopped_by_us = False
         self.pruned = False
         self.cpu_seen = 0.0
+        self.samples_per_step, self.step_note = samples_per_step(spec)
+        self.loader_batch: int | None = None  # batch size the script's first DataLoader got
+        self.writes: dict[str, dict] = {}  # path -> {path, op, existed}: writes into the user's tree
+        self.metric = MetricLog(parse_metric(spec.metric)) if spec.metric else None
+        self.log_path: Path | None = None
+        self.log_offset = 0
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     # -- messages ---------------------------------------------------------------------------
     def absorb(self, received) -> None:
@@ -165,12 +178,19 @@ class _Probe:
         rank.offset = offset if rank.offset is None else min(rank.offset, offset)
         prev = rank.tick
         rank.tick = msg
+        # Each tick adds (first new batch, count before it) and (last batch, count): the count
+        # is flat in between ticks' batches, so an idle stretch (a pause) is exact in the series.
         if msg.get("samples", 0) > prev.get("samples", 0):
+            if msg.get("first_batch_t"):
+                rank.batch_points.append((msg["first_batch_t"] + rank.offset,
+                                          prev.get("samples", 0)))
             rank.batch_points.append((msg["last_batch_t"] + rank.offset, msg["samples"]))
         steps = max(msg.get("steps", 0), msg.get("backwards", 0) if not msg.get("steps") else 0)
         prev_steps = max(prev.get("steps", 0),
                          prev.get("backwards", 0) if not prev.get("steps") else 0)
         if steps > prev_steps:
+            if msg.get("first_step_t") and (prev.get("steps") or not msg.get("steps")):
+                rank.step_points.append((msg["first_step_t"] + rank.offset, prev_steps))
             rank.step_points.append((msg["last_step_t"] + rank.offset, steps))
 
     def _seen(self, msg: dict) -> None:
@@ -179,6 +199,12 @@ class _Probe:
         if what == "dataloader" and msg.get("tag") == 0:
             self.seen.setdefault("batch_size", requested.get("batch_size"))
             self.seen.setdefault("workers", requested.get("workers"))
+            if self.loader_batch is None:
+                self.loader_batch = (msg.get("applied") or {}).get("batch_size")
+        elif what == "writes":
+            for write in msg.get("paths") or []:
+                if isinstance(write, dict) and write.get("path"):
+                    self.writes.setdefault(write["path"], write)
         elif what == "ddp":
             self.seen.setdefault("ddp", True)
             self.seen.setdefault("bucket_mb", requested.get("bucket_mb"))
@@ -196,14 +222,48 @@ class _Probe:
                     for r in self.ranks.values())
         return batches, steps
 
+    def progress(self) -> tuple[int, int, int]:
+        """What moves while the script works: batches, steps, matching metric lines."""
+        batches, steps = self.totals()
+        return batches, steps, self.metric.lines if self.metric is not None else 0
+
+    def world_size(self) -> int:
+        sizes = [int(r.hello.get("world_size") or 1) for r in self.ranks.values()]
+        return max(sizes, default=max(1, self.spec.instances))
+
+    def read_log(self, *, final: bool = False) -> None:
+        """Feed what rank 0 printed since the last read to ``--metric``."""
+        if self.metric is None or self.log_path is None:
+            return
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self.log_offset)
+                data = f.read()
+                self.log_offset = f.tell()
+        except OSError:
+            return
+        now = time.monotonic()
+        self.metric.feed(self._decoder.decode(data, final=final), now)
+        if final:
+            self.metric.finish(now)
+
     def series(self) -> tuple[list[tuple[float, float]], int, str]:
-        """Samples summed over ranks as one cumulative series, its batch count, its source."""
+        """Samples summed over ranks as one cumulative series, its point count, its source."""
+        if self.metric is not None:
+            factor = self.metric.metric.scale(
+                batch_size=self.samples_per_step or self.loader_batch, ranks=self.world_size())
+            points = self.metric.series(factor) if factor else []
+            return points, len(points), "metric"
+        return self.counted_series()
+
+    def counted_series(self) -> tuple[list[tuple[float, float]], int, str]:
+        """What the meters counted: DataLoader samples, else steps times samples per step."""
         batches, steps = self.totals()
         if batches:
             per_rank = [r.batch_points for r in self.ranks.values() if r.batch_points]
             return _sum_series(per_rank), batches, "dataloader"
-        if steps and self.spec.samples_per_step:
-            k = self.spec.samples_per_step
+        if steps and self.samples_per_step:
+            k = self.samples_per_step
             per_rank = [[(t, n * k) for t, n in r.step_points]
                         for r in self.ranks.values() if r.step_points]
             return _sum_series(per_rank), steps, "steps"
@@ -213,6 +273,43 @@ class _Probe:
         points, count, source = self.series()
         self.source = source
         self.estimate = steady.estimate(points, batches=count) if points else None
+
+
+def samples_per_step(spec: TrialSpec) -> tuple[int | None, str]:
+    """Samples in one step of one rank, for scripts without a DataLoader, and where it came from.
+
+    ``--samples-per-step``, else the value of the ``{batch_size}`` placeholder, else the user's
+    own explicit batch-size flag (`autotune.flags`). Scripts that accumulate gradients over
+    several batches per optimizer step need ``--samples-per-step`` or ``--metric``.
+    """
+    if spec.samples_per_step:
+        n = int(spec.samples_per_step)
+        return n, f"samples per step: {n}, from --samples-per-step"
+    args = spec.command[1:]
+    if "batch_size" in placeholders(args) and "batch_size" in spec.knobs:
+        n = int(spec.knobs["batch_size"])
+        return n, f"samples per step: {n}, the value of {{batch_size}}"
+    explicit = flags.explicit_knobs(args).get("batch_size")
+    if explicit is not None and explicit.number and explicit.number > 0:
+        return explicit.number, f"samples per step: {explicit.number}, from '{explicit.typed}'"
+    return None, ""
+
+
+def watch_env(spec: TrialSpec) -> dict[str, str]:
+    """Where writes are reported (`probes.writes`): the user's tree minus the probe's own dir."""
+    cwd = os.path.realpath(spec.cwd)
+    if spec.watch_dirs is not None:
+        watch = [os.path.realpath(d) for d in spec.watch_dirs]
+    else:
+        watch = [cwd]
+        script = os.path.join(spec.cwd, spec.command[0]) if spec.command else ""
+        if script and os.path.isfile(script):
+            watch.append(os.path.realpath(os.path.dirname(script)))
+    watch = list(dict.fromkeys(watch))
+    env = {protocol.ENV_WATCH_DIRS: os.pathsep.join(watch), protocol.ENV_SCRATCH_DIR: ""}
+    if cwd not in watch:
+        env[protocol.ENV_SCRATCH_DIR] = cwd
+    return env
 
 
 def _sum_series(per_rank: list[list[tuple[float, float]]]) -> list[tuple[float, float]]:
@@ -235,10 +332,17 @@ def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool]
     load = ForeignLoad()
     base_env = dict(os.environ if spec.env is None else spec.env)
     base_env[protocol.ENV_TICK_S] = str(spec.tick_s)
-    ranks_spec = RanksSpec(command=spec.command, knobs=spec.knobs, instances=spec.instances,
+    base_env.update(watch_env(spec))
+    if spec.metric:
+        base_env["PYTHONUNBUFFERED"] = "1"  # lines are timed when they reach the log
+    knobs, won = flags.split_knobs(spec.knobs, spec.command[1:])
+    probe.notes.extend(e.note() for e in won)
+    ranks_spec = RanksSpec(command=spec.command, knobs=knobs, instances=spec.instances,
                            mode=spec.mode, cwd=spec.cwd, log_dir=log_dir, name=spec.name,
                            marker=f"{spec.name}-{uuid.uuid4().hex[:12]}", env=base_env)
     log_path = log_path_of(ranks_spec, 0)
+    probe.log_path = log_path
+    probe.log_offset = log_path.stat().st_size if log_path.exists() else 0
     try:
         probe.launched.extend(start_ranks(ranks_spec, channel=collector.env()))
         if on_start is not None:
@@ -266,16 +370,17 @@ def _loop(probe: _Probe, collector: Collector, load: ForeignLoad) -> None:
         time.sleep(POLL_S)
         now = time.monotonic()
         probe.absorb(collector.drain())
+        probe.read_log()
         tree = [p for lp in probe.launched for p in lp.tree()]
         load.sample(tree)
         codes = [lp.poll() for lp in probe.launched]
         if any(c is not None and c != 0 for c in codes) or all(c is not None for c in codes):
             return  # a rank failed (the rest will be stopped) or all ended on their own
-        batches, steps = probe.totals()
-        if (batches, steps) != probe.last_progress:
-            probe.last_progress = (batches, steps)
+        progress = probe.progress()
+        if progress != probe.last_progress:
+            probe.last_progress = progress
             probe.last_progress_t = now
-        elif batches or steps:
+        elif any(progress):
             if now - probe.last_progress_t > spec.hang_s:
                 probe.hung_s = now - probe.last_progress_t
                 return
@@ -313,6 +418,7 @@ def _tree_cpu_s(tree) -> float:
 
 def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
             log_path: Path) -> TrialResult:
+    probe.read_log(final=True)
     probe.update_estimate()
     est = probe.estimate
     batches, steps = probe.totals()
@@ -332,7 +438,9 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         error_text=f"{error.get('type')}: {error.get('message')}" if error else "",
         batches=batches, steps=steps, has_estimate=has_estimate, hung_s=probe.hung_s,
         ran_s=ran_s, last_log_line=_last_line(tail),
-        needs_batch_size=not probe.spec.samples_per_step))
+        needs_batch_size=not probe.samples_per_step))
+    if probe.metric is not None and outcome in (Outcome.NO_SIGNAL, Outcome.EXITED_EARLY):
+        reason = _metric_reason(probe, ran_s) or reason
     if probe.pruned and outcome == Outcome.OK:
         outcome, reason = Outcome.PRUNED, "its interval could not reach the best so far"
     foreign = load.cores()
@@ -347,6 +455,11 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         step_est = steady.estimate(series, batches=steps)
         step_rate = step_est.samples_per_s if step_est else 0.0
     ticks = [r.tick for r in probe.ranks.values()]
+    counted = _counted_rate(probe) if probe.source == "metric" else 0.0
+    notes = list(probe.notes) + _result_notes(probe, est if has_estimate else None, counted)
+    seen = dict(probe.seen)
+    if probe.writes:
+        seen["writes"] = sorted(probe.writes.values(), key=lambda w: w["path"])
     return TrialResult(
         outcome=outcome, reason=reason,
         samples_per_s=est.samples_per_s if has_estimate else 0.0,
@@ -357,6 +470,45 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         peak_rss_bytes=sum(t.get("rss_peak_bytes", 0) for t in ticks),
         cuda_peak_bytes=max((t.get("cuda_peak_bytes", 0) for t in ticks), default=0),
         foreign_cores=foreign, exit_code=exit_code, log_path=str(log_path),
-        log_tail="" if outcome == Outcome.OK else tail, seen=dict(probe.seen),
-        notes=tuple(probe.notes), knobs=dict(probe.spec.knobs), mode=probe.spec.mode,
-        foreign_limit_cores=probe.spec.foreign_limit_cores)
+        log_tail="" if outcome == Outcome.OK else tail, seen=seen,
+        notes=tuple(notes), knobs=dict(probe.spec.knobs), mode=probe.spec.mode,
+        foreign_limit_cores=probe.spec.foreign_limit_cores, counted_samples_per_s=counted)
+
+
+def _metric_reason(probe: _Probe, ran_s: float) -> str:
+    """Why ``--metric`` gave no estimate, when that is the reason."""
+    log = probe.metric
+    if log.lines == 0:
+        return (f"--metric matched no line of rank 0's output in {ran_s:.0f} s (log: "
+                f"{probe.log_path}); check the pattern against the log, or allow more --seconds")
+    if log.metric.per_step and not (probe.samples_per_step or probe.loader_batch):
+        return (f"--metric gives {log.metric.group}, but the samples in one step are unknown: "
+                f"put {{batch_size}} in the script's args or pass --samples-per-step N")
+    return (f"only {log.lines} lines matched --metric in {ran_s:.0f} s: too few to measure; "
+            f"print more often or allow more --seconds")
+
+
+def _counted_rate(probe: _Probe) -> float:
+    points, count, _ = probe.counted_series()
+    est = steady.estimate(points, batches=count) if points else None
+    return est.samples_per_s if est is not None and est.windows >= 3 else 0.0
+
+
+def _result_notes(probe: _Probe, est, counted: float) -> list[str]:
+    """What the user should know about how this probe was measured."""
+    notes = []
+    if probe.source == "steps" and probe.step_note:
+        notes.append(probe.step_note)
+    if est is not None and counted > 0 and abs(est.samples_per_s - counted) > 0.25 * counted:
+        notes.append(f"WARNING: --metric says {est.samples_per_s:.1f} samples/s, autotune "
+                     f"counted {counted:.1f}; check that the group means what its name says "
+                     f"(samples_per_s is the whole job's figure as rank 0 prints it; a per-rank "
+                     f"figure is rank_samples_per_s)")
+    if probe.writes:
+        paths = sorted(probe.writes)
+        changed = [p for p in paths if probe.writes[p].get("existed")]
+        shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+        notes.append(f"WARNING: the probe wrote into your tree: {shown}"
+                     + (f" ({len(changed)} existed before)" if changed else "")
+                     + "; run probes elsewhere with --probe-cwd DIR")
+    return notes

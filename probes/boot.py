@@ -14,7 +14,7 @@ import runpy
 import sys
 import traceback
 
-from probes import ranks_env
+from probes import ranks_env, writes
 from probes.intercept import Interceptor, knobs_from_env
 from probes.meter import Meter
 
@@ -41,17 +41,25 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
+_started: dict[int, Meter] = {}  # pid -> its meter: one start per process, whoever asks
+
+
 def start(env=None) -> Meter:
     """Connect the meter and install the hooks; used by the runner and by sitecustomize.
 
     First the rank's identity and placement (`probes.ranks_env`): under mpirun or srun the
     torchrun variables are derived from the launcher's, and thread/core settings must be in
-    place before torch loads.
+    place before torch loads. A second call in the same process returns the first meter.
     """
+    pid = os.getpid()
+    if pid in _started:
+        return _started[pid]
     ranks_env.apply(os.environ if env is None else env)
     meter = Meter(env)
+    _started[pid] = meter
     meter.connect()
     Interceptor(meter, knobs_from_env(meter.env)).install()
+    writes.watch(meter, meter.env)
     return meter
 
 

@@ -102,8 +102,11 @@ class Interceptor:
         if threads:
             original(int(threads))
         meter = self.meter
+        owner = os.getpid()
 
         def set_num_threads(n):
+            if os.getpid() != owner:  # a forked child (DataLoader workers ask for 1): its own
+                return original(n)
             if threads:
                 meter.send(protocol.SEEN, what="threads", requested=int(n), applied=int(threads),
                            note="the script's torch.set_num_threads call was overridden by autotune")
@@ -231,6 +234,8 @@ class Interceptor:
         def tensor_backward(tensor, *args, **kwargs):
             result = backward(tensor, *args, **kwargs)
             meter.count_backward()
+            if not meter.steps:  # weights updated by hand: a backward pass ends the step
+                meter.maybe_stop()
             return result
 
         torch.Tensor.backward = tensor_backward

@@ -69,6 +69,21 @@ def _cuda_peak_bytes() -> int:
     return 0
 
 
+def _at_child_exit(fn) -> None:
+    """Run ``fn`` when a forked child ends: multiprocessing children leave through
+    ``os._exit`` (no atexit) but run their finalizers; plain forks that exit normally run atexit.
+    ``fn`` must be safe to call twice."""
+    import atexit
+
+    atexit.register(fn)
+    try:
+        from multiprocessing import util
+
+        util.Finalize(None, fn, exitpriority=0)
+    except Exception:  # noqa: BLE001 - the last tick is a nicety, never a failure
+        pass
+
+
 class Meter:
     """Cumulative counters of one process plus its link to the controller."""
 
@@ -94,6 +109,10 @@ class Meter:
         self.last_batch_t = 0.0
         self.last_step_t = 0.0
         self.first_batch_t = 0.0
+        # First training batch / step since the last tick: with the previous tick's last ones
+        # they bound the stretch in which nothing happened (a pause), to the batch.
+        self.tick_first_batch_t = 0.0
+        self.tick_first_step_t = 0.0
 
     # -- connection -----------------------------------------------------------------------
     def connect(self, *, sub: bool = False) -> None:
@@ -128,25 +147,32 @@ class Meter:
             time.sleep(self.tick_s)
             self.send_tick()
 
+    def _ours(self) -> bool:
+        # A forked child holds a copy of the parent's socket: writing to it (or shutting it
+        # down) would speak for the parent. It reports only once `_check_fork` reconnected it.
+        return self.channel is not None and os.getpid() == self.pid
+
     def send_tick(self) -> None:
-        if self.channel is None:
+        if not self._ours():
             return
         with self.lock:
             fields = dict(t=time.monotonic(), samples=self.samples, batches=self.batches,
                           eval_samples=self.eval_samples, steps=self.steps,
                           backwards=self.backwards, last_batch_t=self.last_batch_t,
-                          last_step_t=self.last_step_t)
+                          last_step_t=self.last_step_t, first_batch_t=self.tick_first_batch_t,
+                          first_step_t=self.tick_first_step_t)
+            self.tick_first_batch_t = self.tick_first_step_t = 0.0
         fields["rss_peak_bytes"] = _read_vm_hwm_bytes()
         fields["cuda_peak_bytes"] = _cuda_peak_bytes()
         self.channel.send(protocol.TICK, **fields)
 
     def send(self, kind: str, **fields) -> None:
-        if self.channel is not None:
+        if self._ours():
             self.channel.send(kind, **fields)
 
     def close(self, *, exit_code: int) -> None:
         """Final tick and goodbye, flushed before the process ends."""
-        if self.channel is None:
+        if not self._ours():
             return
         self.send_tick()
         self.channel.send(protocol.BYE, exit_code=exit_code, stopped=self.stopped_by_us)
@@ -161,6 +187,11 @@ class Meter:
             self.lock = threading.Lock()
             self.channel = None
             self.connect(sub=True)
+            _at_child_exit(self._close_child)
+
+    def _close_child(self) -> None:
+        if os.getpid() == self.pid:
+            self.close(exit_code=0)
 
     def count_batch(self, batch, *, training: bool) -> None:
         self._check_fork()
@@ -173,6 +204,8 @@ class Meter:
                 self.last_batch_t = now
                 if not self.first_batch_t:
                     self.first_batch_t = now
+                if not self.tick_first_batch_t:
+                    self.tick_first_batch_t = now
             else:
                 self.eval_samples += n
 
@@ -181,6 +214,8 @@ class Meter:
         with self.lock:
             self.steps += 1
             self.last_step_t = time.monotonic()
+            if not self.tick_first_step_t:
+                self.tick_first_step_t = self.last_step_t
 
     def count_backward(self) -> None:
         self._check_fork()
@@ -188,6 +223,8 @@ class Meter:
             self.backwards += 1
             if not self.steps:  # weights updated by hand: backward passes are the steps
                 self.last_step_t = time.monotonic()
+                if not self.tick_first_step_t:
+                    self.tick_first_step_t = self.last_step_t
 
     def maybe_stop(self) -> None:
         """Leave the script at a batch/step boundary when the controller asked for it."""

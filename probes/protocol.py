@@ -49,6 +49,10 @@ ENV_HOST_LOCAL_RANK = "AUTOTUNE_HOST_LOCAL_RANK"  # position on the host (LOCAL_
 ENV_CPUS = "AUTOTUNE_CPUS"  # "0,1": cores to pin this rank to (os.sched_setaffinity)
 ENV_BACKEND_OVERRIDE = "AUTOTUNE_BACKEND_OVERRIDE"  # e.g. "gloo": replaces an NCCL request
 
+# The user's tree (probes.writes): writes under these are reported, except in the scratch dir
+ENV_WATCH_DIRS = "AUTOTUNE_WATCH_DIRS"  # os.pathsep-separated absolute directories
+ENV_SCRATCH_DIR = "AUTOTUNE_SCRATCH_DIR"  # the probe's own working directory when isolated
+
 MODES = ("full", "synthetic", "io")
 DEFAULT_TICK_S = 0.25
 DEFAULT_SYNTHETIC_BATCHES = 8
@@ -64,9 +68,10 @@ KNOB_ENV = {
 # --- messages ---------------------------------------------------------------------------------
 HELLO = "hello"  # {token, version, rank, local_rank, world_size, pid, host}
 # tick: {t, samples, batches, eval_samples, steps, backwards, rss_peak_bytes, cuda_peak_bytes,
-#        last_batch_t, last_step_t}; times are the rank's time.monotonic()
+#        last_batch_t, last_step_t, first_batch_t, first_step_t}; times are the rank's
+#        time.monotonic(); first_*: the first training batch / step since the previous tick (0: none)
 TICK = "tick"
-SEEN = "seen"  # {what, requested, applied, note}
+SEEN = "seen"  # {what, requested, applied, note}; what="writes": {paths: [{path, op, existed}]}
 ERROR = "error"  # {kind: "oom"|"exception", type, message}
 BYE = "bye"  # {exit_code, stopped}
 STOP = "stop"  # controller -> rank: {reason}
