@@ -5,7 +5,8 @@ knobs"):
 
 * **CPU**: ``instances`` ranks per host; each gets ``max(1, cores x thread_pct / 100)`` torch/OMP
   threads (default: the cores split evenly), and with ``pin=1`` a disjoint set of cores
-  (``AUTOTUNE_CPUS``, applied by `probes.ranks_env` in the rank before torch loads).
+  (``AUTOTUNE_CPUS``, applied by `probes.ranks_env` in the rank before torch loads; its
+  DataLoader workers inherit the same cores).
 * **GPU**: ``instances`` ranks (MPS clients) per GPU, ranks placed in blocks (ranks 0..k-1 on the
   first GPU); ``thread_pct`` becomes ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (the sum over a GPU
   may exceed 100). CPU threads are the cores split over all ranks of the host.
