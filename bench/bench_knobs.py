@@ -5,8 +5,8 @@ Each configuration is one `autotune.trial.run_trial` probe of
 ``examples/image_classifier/train.py`` (PNG decode + augment in the Dataset, DDP over gloo when
 there are 2 ranks). Rounds are interleaved (A B C ... then again in a rotated order), because
 variance on this kind of machine lives between processes more than within one; the table gives
-the median over rounds and each round's value. Probes under foreign CPU load are marked ``*``
-and left out of the median.
+the median over rounds and each round's value. A probe under foreign CPU load is re-run
+(``--retries``); still flagged, it is marked ``*`` and left out of the median.
 
     python bench/bench_knobs.py [--rounds 3] [--seconds 35] [--num-images 1024]
 """
