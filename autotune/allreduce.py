@@ -86,11 +86,20 @@ def _pow2_mb(nbytes: int) -> float:
     return p
 
 
+def placement_for(ranks: int, gpu_count: int) -> tuple[str, int, int | None]:
+    """(device, instances, gpus) for ``ranks`` allreduce ranks: one rank per GPU on NCCL when
+    there are enough GPUs, else CPU ranks on gloo (no MPS needed for a probe)."""
+    if gpu_count >= ranks:
+        return "gpu", 1, ranks
+    return "cpu", ranks, None
+
+
 def measure(*, ranks: int = 2, log_dir: Path, cwd: str = ".",
-            launcher: launchers.Launcher = launchers.Launcher(), device: str = "cpu",
+            launcher: launchers.Launcher = launchers.Launcher(), device: str = "auto",
             min_bytes: int = 4096, max_bytes: int = 256 * MB, seconds_per_size: float = 0.3,
             timeout_s: float = 300.0, env=None) -> AllreduceResult:
-    """Run the allreduce probe as ``ranks`` ranks per device (or host) and return rank 0's result.
+    """Run the allreduce probe as ``ranks`` ranks and return rank 0's result. ``device="auto"``:
+    see `placement_for`.
 
     Raises `LaunchError` with the log's tail when the probe fails or runs out of time.
     """
@@ -103,7 +112,12 @@ def measure(*, ranks: int = 2, log_dir: Path, cwd: str = ".",
     command = (sys.executable, "-m", "probes.allreduce", "--out", str(out),
                "--min-bytes", str(min_bytes), "--max-bytes", str(max_bytes),
                "--seconds-per-size", str(seconds_per_size))
-    spec = RanksSpec(command=command, instances=ranks, cwd=cwd, log_dir=log_dir,
+    instances, gpus = ranks, None
+    if device == "auto":
+        from autotune import nvml
+
+        device, instances, gpus = placement_for(ranks, nvml.device_count())
+    spec = RanksSpec(command=command, instances=instances, gpus=gpus, cwd=cwd, log_dir=log_dir,
                      name="allreduce", marker=f"allreduce-{time.monotonic_ns()}", env=env,
                      launcher=launcher, device=device)
     group = start_group(spec, channel={})

@@ -36,6 +36,12 @@ def test_bucket_range_from_where_bandwidth_rises_and_saturates():
     assert allreduce.bucket_range(flat) == (1.0, 4.0)
 
 
+def test_placement_one_rank_per_gpu_or_cpu():
+    assert allreduce.placement_for(2, 4) == ("gpu", 1, 2)
+    assert allreduce.placement_for(2, 1) == ("cpu", 2, None)
+    assert allreduce.placement_for(2, 0) == ("cpu", 2, None)
+
+
 def test_parse_refuses_what_is_not_a_result():
     with pytest.raises(ValueError, match="not an allreduce result"):
         allreduce.parse({"points": []})
