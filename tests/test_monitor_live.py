@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 from rich.console import Console
+from rich.table import Table
 
 from autotune.journal import Journal, read_events
 from autotune.monitor import Monitor, use_plain, watch
@@ -220,3 +221,30 @@ def test_no_driver_means_no_gpus_and_no_error(tmp_path, monkeypatch):
         assert GpuSource().sample([]) == []
     finally:
         nvml.shutdown()
+
+
+def test_rich_output_printed_during_the_live_view_lands_above_it(tmp_path, monkeypatch):
+    """A command's rich table printed mid-run must not be drawn inside (and erased by) the view."""
+    screen = FakeTTY()
+    term_out, term_err = FakeTTY(), FakeTTY()
+    monkeypatch.setattr(sys, "stdout", term_out)
+    monkeypatch.setattr(sys, "stderr", term_err)
+    Journal(tmp_path).emit("run_started", kind="tune", command=["train.py"])
+    console = Console(file=screen, force_terminal=True, width=100, height=40)
+    m = Monitor(tmp_path, console=console, stream=term_err)
+    m.start_live()
+    m.step()
+    t = Table(title="autotune tune")
+    t.add_column("knobs")
+    t.add_row("batch_size=64")
+    Console(file=sys.stdout, force_terminal=True, width=100).print(t)
+    print("WARNING: something the command says", file=sys.stderr)
+    sys.stdout.write("epoch 1 10%\repoch 1 100%\n")
+    m.close()
+    assert sys.stdout is term_out and sys.stderr is term_err  # put back
+    assert term_out.getvalue() == "" and term_err.getvalue() == ""  # all went via the view
+    text = ANSI.sub("", screen.getvalue())
+    for line in ("batch_size=64", "WARNING: something the command says", "epoch 1 100%"):
+        assert line in text
+        assert text.index(line) < text.rindex("autotune tune · train.py")  # above the last frame
+    assert "epoch 1 10%" not in text

@@ -1,5 +1,5 @@
-"""A real terminal: ``autotune probe`` on a tiny real script in a tmux pane, read mid-run and at
-the end, as a person watching it would.
+"""A real terminal: ``autotune probe`` and ``autotune wrap`` on tiny real scripts in a tmux pane,
+read mid-run and at the end, as a person watching them would.
 """
 
 import shutil
@@ -20,6 +20,7 @@ pytestmark = [
 OUTCOMES = {"ok", "oom", "crashed", "hung", "no-signal", "exited-early", "pruned", "foreign-load"}
 ROOT = Path(__file__).resolve().parent.parent
 OK_SCRIPT = ROOT / "tests" / "scripts" / "ok.py"
+TUNE_TOY = ROOT / "tests" / "scripts" / "tune_toy.py"
 TINY = """\
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -63,9 +64,10 @@ class Pane:
 
 
 def row(text: str, label: str) -> str:
+    """The last line of a panel or table with ``label`` (scrollback may hold older frames)."""
     found = [ln for ln in text.splitlines() if f" {label} " in ln and "│" in ln]
     assert found, f"{label!r} not in the pane:\n{text}"
-    return found[0]
+    return found[-1]
 
 
 def test_probe_in_a_real_terminal_shows_the_live_monitor(tmp_path):
@@ -107,5 +109,48 @@ def test_probe_in_a_real_terminal_shows_the_live_monitor(tmp_path):
         assert "verdict" in end and "run directory:" in end
         assert "▶" not in end  # nothing is left looking like it still runs
         assert "\x1b" not in end and "Traceback" not in end
+    finally:
+        pane.kill()
+
+
+@pytest.mark.skipif(not TUNE_TOY.exists(), reason="tests/scripts/tune_toy.py is not there")
+def test_wrap_in_a_real_terminal_shows_search_best_and_full_run(tmp_path):
+    runs, recipes = tmp_path / "runs", tmp_path / "recipes"
+    command = (f"cd {tmp_path} && env -u NO_COLOR -u COLUMNS -u LINES AUTOTUNE_RUNS_DIR={runs} "
+               f"TERM=xterm-256color {sys.executable} -m autotune wrap --trials 2 --seconds 10 "
+               f"--confirm-rounds 0 --foreign-limit 8 --space workers=0:1 "
+               f"--recipe-dir {recipes} {TUNE_TOY} --workers {{workers}} --steps 400; "
+               f"echo AUTOTUNE-EXIT=$?; sleep 600")
+    pane = Pane(f"autotune-wrap-{tmp_path.name}", command, height=60)
+    try:
+        mid = pane.wait_for(lambda t: "▶" in t and "% avg" in t, timeout_s=120,
+                            what="the first trial running in the live view")
+        assert "autotune wrap · tune_toy.py" in mid
+        assert "--workers {workers} --steps 400" in row(mid, "script")
+        assert "0/2 trials" in row(mid, "elapsed")
+        running = [ln for ln in mid.splitlines() if "▶" in ln][0]
+        assert "running" in running and "workers=" in running
+
+        seen = pane.wait_for(lambda t: "AUTOTUNE-EXIT=" in t or (
+            "full run" in t and "running" in t and "live" in t), timeout_s=240,
+            what="the full run (or the end of autotune)")
+        if "AUTOTUNE-EXIT=" not in seen:  # the full run, live
+            assert "samples/s" in row(seen, "live")
+            assert "workers=" in row(seen, "knobs")
+            assert f"{recipes}/tune_toy" in row(seen, "recipe")
+        pane.wait_for(lambda t: "AUTOTUNE-EXIT=" in t, timeout_s=240, what="autotune to end")
+        end = pane.text(history=True)
+        code = int(end.split("AUTOTUNE-EXIT=")[1].split()[0])
+        assert "▶" not in end and "Traceback" not in end
+        if code == 0:
+            assert "AUTOTUNE-EXIT=" not in seen, "the full run was never seen running"
+            assert "finished" in row(end, "phase")
+            assert "ended, exit code 0" in row(end, "full run")
+            assert "speedup" in end and "baseline" in row(end, "baseline")
+            assert "tune_toy: done after 400 steps" in end  # the script's own output, kept
+            assert f"run directory: {runs}" in end  # wrap's own summary, printed mid-run
+        else:  # a loaded machine can fail the search; the view must say so, not hide it
+            assert f"ended (exit {code})" in row(end, "phase")
+            assert "ERROR:" in end
     finally:
         pane.kill()

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.live import Live
 
 from autotune.journal import read_events
+from autotune.monitor.above import Above
 from autotune.monitor import text, view
 from autotune.monitor.state import RunState
 
@@ -59,6 +60,7 @@ class Monitor:
         self.cpu_s = 0.0  # CPU time of the thread running `loop`, for the bench
         self.failed: str | None = None  # why the live view fell back to plain lines
         self._live: Live | None = None
+        self._saved: tuple | None = None  # sys.stdout, sys.stderr before `_redirect`
         self._last_draw = 0.0
         self._last_device_t: float | None = None
         self._dirty = True
@@ -74,14 +76,33 @@ class Monitor:
         try:
             if self.console is None:
                 self.console = Console(file=self.stream, highlight=False, emoji=False)
-            # The script's own output (full run) goes to our stdout: printed above the view
-            # when stdout is this terminal too, left alone when it is redirected to a file.
             self._live = Live(console=self.console, auto_refresh=False, transient=False,
-                              redirect_stdout=_isatty(sys.stdout), redirect_stderr=True,
+                              redirect_stdout=False, redirect_stderr=False,
                               vertical_overflow="crop")
             self._live.start()
+            self._redirect()
         except Exception as exc:  # noqa: BLE001 - any display failure degrades to plain
             self._fall_back(exc)
+
+    def _redirect(self) -> None:
+        """Whatever is printed to this terminal while the view is up goes above it (the
+        command's messages, the script's own output in a full run). A stream redirected to a
+        file is left alone."""
+        self._saved = (sys.stdout, sys.stderr)
+        if _isatty(sys.stdout):
+            sys.stdout = Above(self.console, sys.stdout)
+        if _isatty(sys.stderr):
+            sys.stderr = Above(self.console, sys.stderr)
+
+    def _restore(self) -> None:
+        saved, self._saved = self._saved, None
+        if saved is None:
+            return
+        for name, original in zip(("stdout", "stderr"), saved):
+            current = getattr(sys, name)
+            if isinstance(current, Above) and current.original is original:
+                current.flush()
+                setattr(sys, name, original)
 
     def start_thread(self) -> None:
         self._thread = threading.Thread(target=self.loop, name="autotune-monitor", daemon=True)
@@ -96,6 +117,7 @@ class Monitor:
 
     def close(self) -> None:
         live, self._live = self._live, None
+        self._restore()
         if live is not None:
             try:
                 live.update(self.renderable(), refresh=True)
@@ -156,6 +178,7 @@ class Monitor:
     def _fall_back(self, exc: BaseException) -> None:
         self.failed = f"{type(exc).__name__}: {exc}"
         live, self._live = self._live, None
+        self._restore()
         if live is not None:
             try:
                 live.stop()

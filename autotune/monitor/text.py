@@ -210,7 +210,7 @@ def _verdict(ev):
 
 
 def _fullrun_started(ev):
-    inst = f", {ev['instances']} instances" if ev.get("instances") else ""
+    inst = f", instances {ev['instances']}" if ev.get("instances") else ""
     return f"full run started: {fmt_knobs(ev.get('knobs'))}{inst}"
 
 
