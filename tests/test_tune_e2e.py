@@ -177,3 +177,41 @@ def test_kill_controller_then_resume(tmp_path):
     assert new and not any(e["knobs"] in done for e in new)
     assert "search stopped" in p.stderr
     assert live_children() == []
+
+
+@pytest.mark.slow
+def test_run_forwards_ctrl_c_and_meters(tmp_path):
+    """run --recipe: live samples/s in the journal; SIGINT reaches the script, which ends."""
+    from autotune import fingerprint
+
+    here = fingerprint.current([TOY])
+    path = recipes.save(recipes.Recipe(
+        name="toy", knobs={"workers": 0}, samples_per_s=1.0, ci_half=0.1,
+        baseline_samples_per_s=1.0, speedup=1.0, kept_baseline=True, fingerprint=here,
+        script_path=TOY), tmp_path)
+    env = dict(os.environ, AUTOTUNE_RUNS_DIR=str(tmp_path / "runs"))
+    run = subprocess.Popen([sys.executable, "-m", "autotune", "run", "--plain", "--recipe",
+                            str(path), TOY, "--work", "1", "--run-seconds", "120"],
+                           cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        progress = []
+        while time.monotonic() < deadline and not progress:
+            for run_dir in (tmp_path / "runs").glob("*"):
+                progress = [e for e in events(run_dir, "fullrun_progress")
+                            if e["samples_per_s"] > 0]
+            assert run.poll() is None, run.stderr.read()
+            time.sleep(0.2)
+        assert progress, "no live throughput in the journal"
+        run.send_signal(signal.SIGINT)
+        out, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 130, err  # the script's own end: killed by SIGINT
+    assert "KeyboardInterrupt" in (run_dir / "logs" / "fullrun.log").read_text()
+    assert "WARNING" not in err  # the recipe matches this host and script
+    ended = events(run_dir, "fullrun_ended")
+    assert ended and ended[-1]["exit_code"] == 130
+    assert live_children() == []

@@ -9,7 +9,6 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,6 +145,9 @@ def prepare(args, kind: str) -> Prepared:
             raise UsageError(f"--resume: {run_dir} is not a directory")
         state = load_state(run_dir)
         check_not_running(run_dir)
+        if (run_dir / "summary.json").exists():
+            raise UsageError(f"--resume: the tuning in {run_dir} finished (see its "
+                             f"summary.json); 'autotune run --recipe' launches its recipe")
         settings = TuneSettings.from_dict(state["settings"])
         over = {k: v for k, v in (("trials", args.trials), ("budget_s", args.budget))
                 if v is not None}
@@ -189,8 +191,8 @@ def ending(journal: Journal):
     status = {"code": 1}
     try:
         yield status
-    except KeyboardInterrupt:
-        status["code"] = 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (autotune.errors.Terminated)
+        status["code"] = 128 + getattr(exc, "signum", 2)
         raise
     except AutotuneError as exc:
         status["code"] = exc.exit_code
@@ -199,35 +201,19 @@ def ending(journal: Journal):
         journal.emit("run_ended", exit_code=status["code"])
 
 
-def _terminate(signum, frame):
-    raise KeyboardInterrupt
-
-
 def tune_in(prep: Prepared) -> tuple[TuneReport, recipes.Recipe, Path]:
     """Run the tuning, save the recipe; returns (report, recipe, its path)."""
     if prep.warm_note:
         notify("info", prep.warm_note)
-    previous = signal.signal(signal.SIGTERM, _terminate) \
-        if _main_thread() else None
-    try:
-        tuner = Tuner(prep.settings, prep.run_dir, prep.journal, notify=notify,
-                      warm_start=prep.warm_start, kind=prep.kind, resume=prep.resume)
-        if not prep.resume:
-            tuner.state.update({"run_command": list(prep.target), "run_cwd": prep.run_cwd})
-        report = tuner.run()
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+    tuner = Tuner(prep.settings, prep.run_dir, prep.journal, notify=notify,
+                  warm_start=prep.warm_start, kind=prep.kind, resume=prep.resume)
+    if not prep.resume:
+        tuner.state.update({"run_command": list(prep.target), "run_cwd": prep.run_cwd})
+    report = tuner.run()
     recipe = build_recipe(report, prep)
     path = recipes.save(recipe, prep.recipe_dir)
     prep.journal.emit("recipe_saved", path=str(path))
     return report, recipe, path
-
-
-def _main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
 
 
 def build_recipe(report: TuneReport, prep: Prepared) -> recipes.Recipe:

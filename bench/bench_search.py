@@ -1,0 +1,177 @@
+"""Search benchmark: exhaustive grid vs ``autotune tune --budget`` on the image example.
+
+1. A baseline probe of the example (its own settings) gives the space ``autotune tune`` would
+   search by default (`autotune.space.build`), or the one given with ``--space``.
+2. Grid: every config of that space probed once, with the same probes the tuner uses
+   (`run_trial`, same time limit); its best single measurement is "grid-best". Its wall time is
+   what an exhaustive search costs.
+3. Tune: ``autotune tune --budget`` (a subprocess, as a user runs it) with ``--budget-share`` of
+   the grid's wall time, confirmation included.
+4. Side by side: default, grid-best and tuned re-measured in one run, interleaved
+   (A B C A B C ...), with longer probes; ratios with 95% intervals from the rounds.
+
+Prints the table and writes JSON (``--out``). Not a test: it takes tens of minutes.
+
+    .venv/bin/python bench/bench_search.py --seconds 15 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from autotune import decide, fingerprint, space  # noqa: E402
+from autotune.steady import t975  # noqa: E402
+from autotune.trial import TrialSpec, run_trial  # noqa: E402
+
+EXAMPLE = ROOT / "examples" / "image_classifier" / "train.py"
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def probe(args, work: Path, cfg: dict | None, sp: space.Space | None, name: str,
+          seconds: float):
+    knobs, instances = sp.trial_knobs(cfg) if (sp and cfg) else ({}, 1)
+    spec = TrialSpec(command=tuple(args.command), knobs=knobs, instances=instances,
+                     cwd=str(work), log_dir=work / "logs", name=name, max_s=seconds,
+                     min_measure_s=min(5.0, 0.4 * seconds), foreign_limit_cores=1e9)
+    return run_trial(spec)
+
+
+def fmt(cfg: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in cfg.items())
+
+
+def ratio_ci(num: list[float], den: list[float]) -> tuple[float, float]:
+    """Mean of per-round ratios and its 95% half-width (t over rounds)."""
+    rs = [a / b for a, b in zip(num, den) if a and b]
+    if not rs:
+        return math.nan, math.nan
+    m = sum(rs) / len(rs)
+    if len(rs) < 2:
+        return m, math.inf
+    sd = math.sqrt(sum((r - m) ** 2 for r in rs) / (len(rs) - 1))
+    return m, t975(len(rs) - 1) * sd / math.sqrt(len(rs))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seconds", type=float, default=15.0, help="one probe (grid and tune)")
+    p.add_argument("--final-seconds", type=float, default=25.0, help="one side-by-side probe")
+    p.add_argument("--rounds", type=int, default=3, help="side-by-side rounds")
+    p.add_argument("--budget-share", type=float, default=0.25,
+                   help="tune budget as a share of the grid's wall time")
+    p.add_argument("--confirm-rounds", type=int, default=1, help="tune's confirmation rounds")
+    p.add_argument("--space", nargs="*", default=[], help="as autotune tune --space")
+    p.add_argument("--num-images", type=int, default=512)
+    p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    args = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench_search-"))
+    data = work / "data"
+    args.command = [str(EXAMPLE), "--num-images", str(args.num_images), "--epochs", "1000",
+                    "--data-dir", str(data)]
+    fp = fingerprint.current(args.command)
+    started = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    header = (f"# bench_search {started} on {platform.node() or 'host'}: {fp.cores} cores "
+              f"({fp.cpu_model}), {platform.machine()}, Python {platform.python_version()}, "
+              f"torch {fp.torch_version}")
+    say(header)
+    say(f"# example: {EXAMPLE.relative_to(ROOT)} --num-images {args.num_images}; "
+        f"probes of {args.seconds:.0f} s; work dir {work}")
+
+    # 1. baseline -> space
+    base = probe(args, work, None, None, "baseline", args.seconds * 2)
+    if not base.ok:
+        say(f"baseline failed: {base.outcome.value}: {base.reason}")
+        return 1
+    req = space.SpaceRequest(ranges=space.parse_space(args.space))
+    sp = space.build(fingerprint.machine(),
+                     space.Baseline.from_seen(base.seen, peak_rss_bytes=base.peak_rss_bytes), req)
+    configs = sp.configs()
+    say(f"# space: {json.dumps({k: list(v) for k, v in sp.domains.items()})} fixed "
+        f"{json.dumps(dict(sp.fixed))}: {len(configs)} configs; default {fmt(sp.baseline)}")
+
+    # 2. grid
+    t0 = time.monotonic()
+    grid = []
+    for i, cfg in enumerate(configs):
+        r = probe(args, work, cfg, sp, f"grid-{i}", args.seconds)
+        grid.append((cfg, r.samples_per_s if r.ok else 0.0, r))
+        say(f"grid {i + 1:3d}/{len(configs)} {fmt(cfg):55s} "
+            f"{r.samples_per_s:8.1f} ± {r.ci_half:6.1f} {r.outcome.value}"
+            f" (foreign load {r.foreign_cores:.2f} cores)")
+    grid_s = time.monotonic() - t0
+    grid_best = max(grid, key=lambda g: g[1])[0]
+    say(f"# grid: {grid_s:.0f} s wall, best {fmt(grid_best)}")
+
+    # 3. tune with a share of the grid's time
+    budget_s = args.budget_share * grid_s
+    cmd = [sys.executable, "-m", "autotune", "tune", "--json", "--plain",
+           "--budget", f"{budget_s:.0f}s", "--seconds", str(args.seconds),
+           "--confirm-rounds", str(args.confirm_rounds), "--confirm-seconds", str(args.seconds),
+           "--foreign-limit", "1e9", "--no-warm-start", "--recipe-dir", str(work / "recipes")]
+    if args.space:
+        cmd += ["--space", *args.space]
+    cmd += ["--", *args.command]
+    env = dict(os.environ, AUTOTUNE_RUNS_DIR=str(work / "runs"))
+    t0 = time.monotonic()
+    tuned_run = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+    tune_s = time.monotonic() - t0
+    if tuned_run.returncode != 0:
+        say(f"tune failed ({tuned_run.returncode}):\n{tuned_run.stderr[-3000:]}")
+        return 1
+    summary = json.loads(tuned_run.stdout.strip().splitlines()[-1])
+    tuned = summary["best"]["knobs"]
+    say(f"# tune: {tune_s:.0f} s wall (budget {budget_s:.0f} s), {summary['trials']} probes, "
+        f"stopped: {summary['stop_reason']}; {summary['reason']}")
+    say(f"# tuned {fmt(tuned)}")
+
+    # 4. side by side, interleaved
+    entries = {"default": dict(sp.baseline), "grid-best": grid_best, "tuned": tuned}
+    rates: dict[str, list[float]] = {n: [] for n in entries}
+    for rnd, name in decide.interleave(list(entries), args.rounds):
+        r = probe(args, work, entries[name], sp, f"final{rnd}-{name}", args.final_seconds)
+        rates[name].append(r.samples_per_s if r.ok else 0.0)
+        say(f"final round {rnd} {name:9s} {r.samples_per_s:8.1f} ± {r.ci_half:6.1f} "
+            f"{r.outcome.value} (foreign load {r.foreign_cores:.2f} cores)")
+    means = {n: sum(v) / len(v) for n, v in rates.items()}
+    tg, tg_ci = ratio_ci(rates["tuned"], rates["grid-best"])
+    td, td_ci = ratio_ci(rates["tuned"], rates["default"])
+    gd, gd_ci = ratio_ci(rates["grid-best"], rates["default"])
+    say("")
+    say(f"{'config':10s} {'samples/s':>10s}  knobs")
+    for n in entries:
+        say(f"{n:10s} {means[n]:10.1f}  {fmt(entries[n])}")
+    say(f"tuned / grid-best   {tg:.3f} ± {tg_ci:.3f}  (target >= 0.95)")
+    say(f"tuned / default     {td:.3f} ± {td_ci:.3f}  (target: not below 1 beyond the noise)")
+    say(f"grid-best / default {gd:.3f} ± {gd_ci:.3f}")
+    say(f"wall time: grid {grid_s:.0f} s ({len(configs)} probes), tune {tune_s:.0f} s "
+        f"({summary['trials']} probes + confirmation) = {tune_s / grid_s:.0%} of the grid")
+    if args.out:
+        args.out.write_text(json.dumps({
+            "header": header, "space": sp.to_dict(), "grid": [
+                {"knobs": c, "samples_per_s": v, "outcome": r.outcome.value,
+                 "foreign_cores": r.foreign_cores} for c, v, r in grid],
+            "grid_s": grid_s, "tune_s": tune_s, "budget_s": budget_s, "tune": summary,
+            "final": {"knobs": entries, "rates": rates},
+            "ratios": {"tuned/grid-best": [tg, tg_ci], "tuned/default": [td, td_ci],
+                       "grid-best/default": [gd, gd_ci]}}, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
