@@ -120,3 +120,15 @@ def test_monitor_with_no_runs_is_a_one_line_usage_error(tmp_path):
     out, err = p.communicate(timeout=60)
     assert p.returncode == 2
     assert err.startswith("ERROR: no runs under ") and len(err.strip().splitlines()) == 1
+
+
+def test_a_run_whose_controller_died_is_not_followed_forever(tmp_path):
+    run_dir = copy_run(tmp_path, "tune_2gpu")  # device samples, then silence, no run_ended
+    old = time.time() - 3600
+    os.utime(run_dir / "events.jsonl", (old, old))
+    p = autotune("monitor", str(run_dir))
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0
+    assert "trial #1 started" in out
+    assert err.startswith("WARNING: ") and "most likely killed" in err
+    assert "HINT: 'autotune tune --resume RUN_DIR'" in err

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from autotune import rundir
+from autotune import console, rundir
 from autotune.errors import UsageError
 from autotune.journal import EVENTS
 
@@ -48,17 +48,23 @@ def resolve_run_dir(args) -> Path:
 
 def run(args) -> int:
     from autotune.monitor import follow  # rich is imported only when a view is needed
+    from autotune.monitor.live import STALE_S
 
     run_dir = resolve_run_dir(args)
     if not (run_dir / EVENTS).exists():
         print(f"autotune: waiting for {run_dir / EVENTS} ...", file=sys.stderr, flush=True)
     try:
-        state = follow(run_dir, plain=args.plain, stream=sys.stdout)
+        monitor = follow(run_dir, plain=args.plain, stream=sys.stdout)
     except KeyboardInterrupt:
         print(f"autotune: detached from {run_dir} (the run is not affected)", file=sys.stderr,
               flush=True)
         return 0
-    if state.exit_code:
+    state = monitor.state
+    if monitor.gone():
+        console.warning(f"{run_dir} has had no news for over {STALE_S:.0f} s and never said it "
+                        f"ended: its autotune process was most likely killed")
+        console.hint("'autotune tune --resume RUN_DIR' continues an interrupted tuning run")
+    elif state.exit_code:
         print(f"autotune: the run ended with exit code {state.exit_code}", file=sys.stderr,
               flush=True)
     return 0

@@ -57,8 +57,9 @@ def watch(run_dir, *, plain: bool = False, title: str = "", stream=None,
                     pass
 
 
-def follow(run_dir, *, plain: bool = False, title: str = "", stream=None) -> RunState:
-    """Show a live or finished run until its ``run_ended`` event (Ctrl-C raises as usual)."""
+def follow(run_dir, *, plain: bool = False, title: str = "", stream=None) -> Monitor:
+    """Show a live or finished run until its ``run_ended`` event, or until it is clearly gone
+    (`Monitor.gone`). Ctrl-C raises as usual. Returns the monitor (its ``state``, ``gone()``)."""
     monitor = Monitor(run_dir, plain=plain, title=title,
                       stream=stream if stream is not None else sys.stdout)
     monitor.start_live()
@@ -66,4 +67,4 @@ def follow(run_dir, *, plain: bool = False, title: str = "", stream=None) -> Run
         monitor.loop(until_ended=True)
     finally:
         monitor.close()
-    return monitor.state
+    return monitor

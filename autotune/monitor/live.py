@@ -17,7 +17,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.live import Live
 
-from autotune.journal import read_events
+from autotune.journal import EVENTS, read_events
 from autotune.monitor.above import Above
 from autotune.monitor import text, view
 from autotune.monitor.state import RunState
@@ -25,7 +25,8 @@ from autotune.monitor.state import RunState
 POLL_S = 0.5  # journal read interval
 REDRAW_S = 0.5  # live view: no more than two redraws a second
 CLOCK_S = 1.0  # live view: redraw at least this often so the clock moves
-DEVICE_LINE_EVERY_S = 30.0  # plain lines: one device summary per this many seconds of run time
+DEVICE_LINE_EVERY_S = 30.0
+STALE_S = 30.0  # journal silent this long, though the sampler writes every 2 s: the run is gone  # plain lines: one device summary per this many seconds of run time
 
 
 def use_plain(stream, plain: bool) -> bool:
@@ -130,16 +131,28 @@ class Monitor:
 
     # -- the loop --------------------------------------------------------------------------
     def loop(self, *, until_ended: bool = False) -> None:
-        """Poll the journal until `stop` (or, with ``until_ended``, until ``run_ended``)."""
+        """Poll the journal until `stop`; with ``until_ended``, until ``run_ended`` or until
+        the run is `gone`."""
         try:
             while True:
                 stopping = self._stop.is_set()
                 self.step()
-                if stopping or (until_ended and self.state.ended):
+                if stopping or (until_ended and (self.state.ended or self.gone())):
                     break
                 self._stop.wait(POLL_S)
         finally:
             self.cpu_s = time.thread_time()
+
+    def gone(self, now: float | None = None) -> bool:
+        """The run stopped without ``run_ended`` (its controller was killed): its sampler wrote
+        device samples every few seconds, and the journal has been silent for ``STALE_S``."""
+        if self.state.ended or self.state.device is None:
+            return False
+        try:
+            mtime = os.stat(self.run_dir / EVENTS).st_mtime
+        except OSError:
+            return False
+        return (time.time() if now is None else now) - mtime > STALE_S
 
     def step(self, now: float | None = None) -> list[dict]:
         """Read new events, fold them, show them. Returns the new events."""
