@@ -27,8 +27,32 @@ def add_probe_args(p: argparse.ArgumentParser) -> None:
                         "~/.autotune/runs)")
     p.add_argument("--samples-per-step", type=int, metavar="N",
                    help="samples in one optimizer step, for scripts without a DataLoader")
+    p.add_argument("--metric", type=metric_pattern, metavar="REGEX",
+                   help="read throughput from the script's own output (rank 0): a regex with "
+                        "one named group, samples_per_s (the job's), rank_samples_per_s, "
+                        "steps_per_s or ms_per_step (per rank), e.g. "
+                        "'samples/s (?P<samples_per_s>[0-9.]+)'")
     p.add_argument("--plain", action="store_true", help="plain log lines, no live display")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
+
+
+def metric_pattern(text: str) -> str:
+    """``--metric``: checked here, so a bad pattern is a usage error before anything runs."""
+    from autotune.metric import parse_metric
+
+    try:
+        parse_metric(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"--metric {text!r} ")) from None
+    return text
+
+
+def watch_dirs(target: tuple[str, ...]) -> tuple[str, ...]:
+    """The user's tree, where a probe's writes are reported: this directory and the script's."""
+    dirs = [os.getcwd()]
+    if target and os.path.isfile(target[0]):
+        dirs.append(os.path.dirname(os.path.abspath(target[0])))
+    return tuple(dict.fromkeys(dirs))
 
 
 def positive_float(text: str) -> float:

@@ -39,6 +39,7 @@ def run(args) -> int:
         from autotune.errors import UsageError
         raise UsageError(f"--modes: unknown mode {bad[0] if bad else args.modes!r}; "
                          f"choose from {','.join(protocol.MODES)}")
+    watched = common.watch_dirs(target)
     cwd = common.probe_cwd(args)
     target = common.absolute_script(target, cwd)
     root = rundir.Path(args.runs_dir).expanduser() if args.runs_dir else None
@@ -56,7 +57,8 @@ def run(args) -> int:
                 journal.emit("trial_started", trial=f"probe-{mode}", mode=mode, knobs={})
                 result = run_trial(TrialSpec(
                     command=target, cwd=cwd, log_dir=run_dir / "logs", name=f"probe-{mode}",
-                    mode=mode, max_s=args.seconds, samples_per_step=args.samples_per_step))
+                    mode=mode, max_s=args.seconds, samples_per_step=args.samples_per_step,
+                    metric=args.metric if mode != "io" else None, watch_dirs=watched))
                 journal.emit("trial_finished", trial=f"probe-{mode}", mode=mode, result=result)
                 results[mode] = result
                 if not result.ok:
