@@ -40,7 +40,9 @@ class Journal:
 
 def _end_torn_line(fd: int) -> None:
     """A writer that died mid-line left no newline: end that line, so our first event is not
-    glued to it (readers skip the torn line; an extra empty line is harmless)."""
+    glued to it (readers skip the torn line). A line still being copied in by a live writer
+    looks the same; the newline then lands after it (appends are serialised) as an empty
+    line, which readers skip too."""
     size = os.fstat(fd).st_size
     if size and os.pread(fd, 1, size - 1) != b"\n":
         os.write(fd, b"\n")
