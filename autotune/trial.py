@@ -435,7 +435,7 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
     outcome, reason = classify(Observed(
         exit_code=exit_code, stopped_by_us=probe.stopped_by_us,
         error_kind=error.get("kind") if error else None,
-        error_text=f"{error.get('type')}: {error.get('message')}" if error else "",
+        error_text=f"{error.get('exc_type')}: {error.get('message')}" if error else "",
         batches=batches, steps=steps, has_estimate=has_estimate, hung_s=probe.hung_s,
         ran_s=ran_s, last_log_line=_last_line(tail),
         needs_batch_size=not probe.samples_per_step))

@@ -112,7 +112,7 @@ def _start() -> None:
         state["exit_code"] = 130 if issubclass(kind, KeyboardInterrupt) else 1
         if not issubclass(kind, KeyboardInterrupt):
             meter.send(protocol.ERROR, kind="oom" if boot.is_oom(exc) else "exception",
-                       type=kind.__name__, message=str(exc)[:2000])
+                       exc_type=kind.__name__, message=str(exc)[:2000])
         previous(kind, exc, tb)
 
     sys.excepthook = excepthook

@@ -84,7 +84,7 @@ def run(script: str, args: list[str]) -> int:
         raise
     except BaseException as exc:  # noqa: BLE001 - reported, then exits as Python would
         meter.send("error", kind="oom" if is_oom(exc) else "exception",
-                   type=type(exc).__name__, message=str(exc)[:2000])
+                   exc_type=type(exc).__name__, message=str(exc)[:2000])
         traceback.print_exc()
         code = 1
     meter.close(exit_code=code)

@@ -43,7 +43,7 @@ class Channel:
             threading.Thread(target=self._read_loop, name="autotune-channel", daemon=True).start()
         return self.alive
 
-    def send(self, kind: str, **fields) -> None:
+    def send(self, kind: str, /, **fields) -> None:
         if not self.alive or self.sock is None:
             return
         data = protocol.encode(kind, **fields)

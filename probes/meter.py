@@ -166,7 +166,7 @@ class Meter:
         fields["cuda_peak_bytes"] = _cuda_peak_bytes()
         self.channel.send(protocol.TICK, **fields)
 
-    def send(self, kind: str, **fields) -> None:
+    def send(self, kind: str, /, **fields) -> None:
         if self._ours():
             self.channel.send(kind, **fields)
 

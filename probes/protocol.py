@@ -72,14 +72,14 @@ HELLO = "hello"  # {token, version, rank, local_rank, world_size, pid, host}
 #        time.monotonic(); first_*: the first training batch / step since the previous tick (0: none)
 TICK = "tick"
 SEEN = "seen"  # {what, requested, applied, note}; what="writes": {paths: [{path, op, existed}]}
-ERROR = "error"  # {kind: "oom"|"exception", type, message}
+ERROR = "error"  # {kind: "oom"|"exception", exc_type, message}
 BYE = "bye"  # {exit_code, stopped}
 STOP = "stop"  # controller -> rank: {reason}
 
 MAX_LINE_BYTES = 64 * 1024
 
 
-def encode(kind: str, **fields) -> bytes:
+def encode(kind: str, /, **fields) -> bytes:
     """One message as a JSON line."""
     fields["type"] = kind
     return (json.dumps(fields, separators=(",", ":")) + "\n").encode()

@@ -3,9 +3,9 @@ step 0, evaluation every few seconds of training, checkpoints written every few 
 relative to the working directory. Runs until stopped (or ``--steps``).
 
 It keeps its own clock of training time (the loop, with the batch fetch, minus sampling,
-evaluation and checkpoints) and prints it with its running sample count:
+evaluation and checkpoints) and prints it with its running sample count and the wall time:
 
-    step 40 loss 2.2931 samples/s 702.3 train_samples 640 train_s 0.912
+    step 40 loss 2.2931 samples/s 702.3 train_samples 640 train_s 0.912 wall_s 5.431
 """
 
 import argparse
@@ -37,6 +37,7 @@ model = nn.Sequential(nn.Linear(D, 128), nn.ReLU(), nn.Linear(128, C))
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 clock = {"train_s": 0.0, "since": time.perf_counter()}
+wall_start = clock["since"]
 
 
 def training_s() -> float:
@@ -98,7 +99,8 @@ while not args.steps or step < args.steps:
         now = training_s()
         if now - last_log >= args.log_s:
             print(f"step {step} loss {loss.item():.4f} samples/s {log_samples / (now - last_log):.1f}"
-                  f" train_samples {samples} train_s {now:.3f}")
+                  f" train_samples {samples} train_s {now:.3f}"
+                  f" wall_s {time.perf_counter() - wall_start:.3f}")
             last_log, log_samples = now, 0
         if args.eval_every_s and now - last_eval >= args.eval_every_s:
             off_the_clock(evaluate)

@@ -1,0 +1,283 @@
+"""Probes-side pieces for third-party scripts: write watching, the sitecustomize start, forked
+children, and the trial's pure helpers. Subprocesses where a hook could leak into pytest."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune import launch, trial
+from autotune.collector import Collector
+from autotune.launch import PROJECT_ROOT, SITE_DIR
+from autotune.trial import TrialSpec
+from probes import autostart, protocol, writes
+
+
+def run_py(code, *, env=None, cwd=None, timeout=120):
+    full = dict(os.environ)
+    for var in (protocol.ENV_ADDR, protocol.ENV_TOKEN, *protocol.KNOB_ENV.values()):
+        full.pop(var, None)
+    full["PYTHONPATH"] = str(PROJECT_ROOT)
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full, cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def received(collector, timeout_s=5.0):
+    """Messages until the collector has been quiet a moment (connections send a bye last)."""
+    out, quiet_until = [], time.monotonic() + 1.0
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < min(deadline, quiet_until):
+        got = collector.drain()
+        if got:
+            out += got
+            quiet_until = time.monotonic() + 1.0
+        time.sleep(0.05)
+    return out
+
+
+# -- writes ---------------------------------------------------------------------------------
+def test_reportable_paths():
+    watch = ["/home/u/proj"]
+    assert writes.reportable("/home/u/proj/ckpt.pt", watch, None)
+    assert writes.reportable("/home/u/proj", watch, None)
+    assert not writes.reportable("/home/u/project2/x", watch, None)
+    assert not writes.reportable("/tmp/x", watch, None)
+    assert not writes.reportable("/home/u/proj/pkg/__pycache__/m.cpython-311.pyc", watch, None)
+    assert not writes.reportable("/home/u/proj/probe/ckpt.pt", watch, "/home/u/proj/probe")
+
+
+def test_written_paths_of_audit_events():
+    assert writes.written_paths("open", ("a", "r", os.O_RDONLY)) == []
+    assert writes.written_paths("open", ("a", "w", os.O_WRONLY | os.O_CREAT)) == [("a", "write")]
+    assert writes.written_paths("open", ("a", None, os.O_RDWR)) == [("a", "write")]
+    assert writes.written_paths("os.remove", ("a", -1)) == [("a", "delete")]
+    assert writes.written_paths("os.remove", ("a", 5)) == []  # relative to a directory fd
+    assert writes.written_paths("os.rename", ("a", "b", -1, -1)) == [("a", "rename"),
+                                                                    ("b", "rename")]
+    assert writes.written_paths("exec", ("code",)) == []
+
+
+def test_write_watch_in_a_process(tmp_path):
+    tree, scratch, elsewhere = tmp_path / "tree", tmp_path / "tree" / "probe", tmp_path / "else"
+    for d in (tree, scratch, elsewhere):
+        d.mkdir(parents=True, exist_ok=True)
+    (tree / "old.txt").write_text("precious")
+    (tree / "data.txt").write_text("input")
+    code = f"""
+        import json, os, sys, torch
+        from probes import protocol, writes
+
+        class Meter:
+            def send(self, kind, **fields):
+                print(json.dumps(fields["paths"][0]))
+
+        os.environ[protocol.ENV_WATCH_DIRS] = {str(tree)!r}
+        os.environ[protocol.ENV_SCRATCH_DIR] = {str(scratch)!r}
+        writes.watch(Meter())
+        os.chdir({str(tree)!r})
+        open("data.txt").read()                       # a read: nothing
+        open("old.txt", "w").write("overwritten")     # relative, existed
+        open("old.txt", "a").write("again")           # the same path again: once
+        torch.save({{"w": 1}}, "ckpt.pt")             # written from C++
+        os.makedirs("__pycache__", exist_ok=True)
+        open("__pycache__/x.pyc", "wb").close()       # Python's cache: not the user's
+        open({str(scratch / 'probe.txt')!r}, "w").close()     # the probe's own directory
+        open({str(elsewhere / 'out.txt')!r}, "w").close()     # outside the tree
+        os.remove("data.txt")
+    """
+    done = run_py(code)
+    assert done.returncode == 0, done.stderr
+    seen = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(w["path"], w["op"], w["existed"]) for w in seen] == [
+        (str(tree / "old.txt"), "write", True),
+        (str(tree / "ckpt.pt"), "write", False),
+        (str(tree / "data.txt"), "delete", True),
+    ]
+
+
+# -- sitecustomize / autostart ----------------------------------------------------------------
+@pytest.mark.parametrize("argv, started", [
+    (["python", "train.py"], True),
+    (["python", "-m", "pkg.train", "--bs", "3"], True),
+    (["python", "-u", "-m", "pkg.train"], True),
+    (["python", "-c", "import torch"], True),
+    (["python", "-m", "probes.boot", "train.py"], False),
+    (["python", "-mprobes.boot", "train.py"], False),
+    (["python", "-m", "torch.distributed.run", "train.py"], False),
+    (["python", "/venv/bin/torchrun", "--nproc-per-node", "2", "train.py"], False),
+    (["python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5)",
+      "--multiprocessing-fork"], False),
+    (["python", "-c", "from multiprocessing.resource_tracker import main;main(5)"], False),
+])
+def test_which_processes_the_sitecustomize_meters(argv, started):
+    assert autostart.should_start(argv, {protocol.ENV_ADDR: "127.0.0.1:1"}) is started
+    assert autostart.should_start(argv, {}) is False
+
+
+def test_python_path_puts_the_site_dir_first():
+    assert launch.python_path("") == os.pathsep.join([str(SITE_DIR), str(PROJECT_ROOT)])
+    user = os.pathsep.join(["/a", str(PROJECT_ROOT), "/b"])
+    assert launch.python_path(user) == os.pathsep.join([str(SITE_DIR), str(PROJECT_ROOT),
+                                                        "/a", "/b"])
+
+
+def site_env(collector, *extra):
+    return {**collector.env(), "PYTHONPATH": os.pathsep.join([launch.python_path(""), *extra])}
+
+
+def test_sitecustomize_meters_a_torch_process_once(tmp_path):
+    user_site = tmp_path / "user"
+    user_site.mkdir()
+    (user_site / "sitecustomize.py").write_text("print('user sitecustomize ran')\n")
+    collector = Collector()
+    try:
+        done = run_py("""
+            import sys
+            print("torch before:", "torch" in sys.modules)
+            import torch
+            from torch.utils.data import DataLoader
+            for batch in DataLoader(list(range(40)), batch_size=8):
+                pass
+        """, env=site_env(collector, str(user_site)))
+        msgs = [m.msg for m in received(collector)]
+    finally:
+        collector.close()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[:2] == ["user sitecustomize ran", "torch before: False"]
+    kinds = [m["type"] for m in msgs]
+    assert kinds.count("hello") == 1 and kinds[-1] == "bye"
+    assert [m["samples"] for m in msgs if m["type"] == "tick"][-1] == 40
+
+
+def test_sitecustomize_leaves_processes_without_torch_and_the_boot_runner_alone(tmp_path):
+    collector = Collector()
+    try:
+        plain = run_py("import sys; print('torch' in sys.modules)", env=site_env(collector))
+        script = tmp_path / "train.py"
+        script.write_text("import torch\ntorch.zeros(2).sum()\n")
+        env = dict(os.environ, **site_env(collector))
+        booted = subprocess.run([sys.executable, "-m", "probes.boot", str(script)], env=env,
+                                capture_output=True, text=True, timeout=120)
+        msgs = [m.msg for m in received(collector)]
+    finally:
+        collector.close()
+    assert plain.returncode == 0 and plain.stdout.strip() == "False"
+    assert booted.returncode == 0, booted.stderr
+    assert [m["type"] for m in msgs].count("hello") == 1  # the runner's; no second start
+
+
+def test_sitecustomize_reports_an_uncaught_exception(tmp_path):
+    collector = Collector()
+    try:
+        done = run_py("import torch\nraise RuntimeError('CUDA error: out of memory')",
+                      env=site_env(collector))
+        msgs = [m.msg for m in received(collector)]
+    finally:
+        collector.close()
+    assert done.returncode == 1 and "Traceback" in done.stderr
+    error = next(m for m in msgs if m["type"] == "error")
+    assert error["kind"] == "oom" and error["exc_type"] == "RuntimeError"
+
+
+# -- forked children ----------------------------------------------------------------------------
+def test_a_forked_child_reports_on_its_own_connection():
+    collector = Collector()
+    try:
+        done = run_py("""
+            import multiprocessing as mp
+            import torch
+            from probes import protocol
+            from probes.meter import Meter
+
+            meter = Meter()
+            meter.connect()
+
+            def child():
+                meter.send(protocol.SEEN, what="from-the-child-too-early", note="")
+                for _ in range(3):
+                    meter.count_batch(torch.zeros(5), training=True)
+
+            p = mp.get_context("fork").Process(target=child)
+            p.start()
+            p.join()
+            meter.send(protocol.SEEN, what="parent-still-here", note="")
+            meter.close(exit_code=p.exitcode)
+        """, env=collector.env())
+        got = received(collector)
+    finally:
+        collector.close()
+    assert done.returncode == 0, done.stderr
+    by_conn = {}
+    for r in got:
+        by_conn.setdefault(r.conn_id, (r.hello, []))[1].append(r.msg)
+    assert len(by_conn) == 2
+    (parent_hello, parent), (child_hello, child) = sorted(by_conn.values(),
+                                                          key=lambda v: v[0].get("sub", False))
+    assert child_hello["sub"] is True
+    assert [m["what"] for m in parent if m["type"] == "seen"] == ["parent-still-here"]
+    assert parent[-1]["type"] == "bye"
+    assert [m["samples"] for m in child if m["type"] == "tick"][-1] == 15  # the last tick sent
+    assert child[-1]["type"] == "bye"
+
+
+# -- trial helpers --------------------------------------------------------------------------------
+def spec(*args, **over):
+    return TrialSpec(command=("train.py", *args), **over)
+
+
+def test_samples_per_step_sources():
+    assert trial.samples_per_step(spec("--bs", "8", samples_per_step=12))[0] == 12
+    n, note = trial.samples_per_step(spec("--batch-size", "{batch_size}",
+                                          knobs={"batch_size": 64}))
+    assert n == 64 and "{batch_size}" in note
+    n, note = trial.samples_per_step(spec("--trainer.batch_size=24"))
+    assert n == 24 and "'--trainer.batch_size=24'" in note
+    assert trial.samples_per_step(spec("--bs", "auto")) == (None, "")
+    assert trial.samples_per_step(spec("--lr", "3")) == (None, "")
+
+
+def test_watch_env(tmp_path):
+    script = tmp_path / "code" / "train.py"
+    script.parent.mkdir()
+    script.write_text("")
+    env = trial.watch_env(TrialSpec(command=(str(script),), cwd=str(tmp_path)))
+    assert env[protocol.ENV_WATCH_DIRS].split(os.pathsep) == [str(tmp_path.resolve()),
+                                                             str(script.parent.resolve())]
+    assert env[protocol.ENV_SCRATCH_DIR] == ""
+    area = tmp_path / "probe"
+    area.mkdir()
+    env = trial.watch_env(TrialSpec(command=(str(script),), cwd=str(area),
+                                    watch_dirs=(str(tmp_path),)))
+    assert env[protocol.ENV_WATCH_DIRS] == str(tmp_path.resolve())
+    assert env[protocol.ENV_SCRATCH_DIR] == str(area.resolve())
+
+
+def tick(t, samples, first, last):
+    return {"type": "tick", "t": t, "samples": samples, "batches": samples // 4, "steps": 0,
+            "backwards": 0, "first_batch_t": first, "last_batch_t": last, "last_step_t": 0}
+
+
+def test_ticks_bound_idle_stretches_with_first_batch_points():
+    probe = trial._Probe(spec(), None)
+    rank = trial._Rank(hello={})
+    for msg in (tick(10.0, 40, 9.8, 9.99), tick(10.25, 80, 10.01, 10.24), tick(10.5, 80, 0, 10.24),
+                tick(10.75, 100, 10.6, 10.74)):
+        probe._tick(rank, msg["t"] + 100.0, msg)
+    assert rank.batch_points == [(109.8, 0), (109.99, 40), (110.01, 40), (110.24, 80),
+                                 (110.6, 80), (110.74, 100)]
+
+
+def test_metric_reasons():
+    probe = trial._Probe(spec(metric=r"(?P<ms_per_step>\d+) ms"), None)
+    probe.log_path = Path("/runs/x/logs/t.log")
+    assert "matched no line" in trial._metric_reason(probe, 12.0)
+    probe.metric.feed("step 1 20 ms\nstep 2 20 ms\n", 1.0)
+    assert "put {batch_size} in the script's args" in trial._metric_reason(probe, 12.0)
+    probe.loader_batch = 16
+    assert "only 2 lines matched" in trial._metric_reason(probe, 12.0)
