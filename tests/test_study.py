@@ -74,7 +74,7 @@ def machine(monkeypatch):
 def tune(tmp_path, monkeypatch, fake, *, resume=False, **settings):
     monkeypatch.setattr(tuner_module, "run_trial", fake)
     run_dir = tmp_path / "run"
-    run_dir.mkdir(exist_ok=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
     base = dict(command=("train.py",), cwd=str(tmp_path), seconds=10.0, seed=1,
                 confirm_rounds=2)
     base.update(settings)
@@ -221,3 +221,18 @@ def test_resume_reruns_the_interrupted_trial_only(tmp_path, monkeypatch, machine
     earlier = [s.knobs for s in fake.specs[:before] if s.name.startswith("trial-")]
     assert not any(k in earlier for k in resumed), "a finished trial was measured again"
     assert not any(s.name == "baseline" for s in fake.specs[before:])
+
+
+def test_placeholders_get_values_and_count_samples(tmp_path, monkeypatch, machine):
+    fake = FakeProbe(surface)
+    report, t, _ = tune(tmp_path, monkeypatch, fake, trials=3, confirm_rounds=0,
+                        command=("train.py", "--bs", "{batch_size}"),
+                        baseline_tokens=("batch_size=16",), fix_tokens=("workers=0",))
+    base = fake.specs[0]
+    assert base.knobs == {"batch_size": 16} and base.samples_per_step == 16
+    later = [s for s in fake.specs[1:] if s.name.startswith("trial-")]
+    assert later and all(s.samples_per_step == s.knobs["batch_size"] for s in later)
+    assert not any("placeholder" in n for n in t.notes)  # --baseline gave the value
+    _, t, _ = tune(tmp_path / "b", monkeypatch, FakeProbe(surface), trials=1,
+                   command=("train.py", "-j", "{workers}"))
+    assert any("{workers} is a placeholder" in n and "workers=0" in n for n in t.notes)

@@ -120,7 +120,7 @@ def test_wrap_exits_with_the_scripts_code(tmp_path):
 @pytest.mark.slow
 def test_kill_controller_then_resume(tmp_path):
     """kill -9 mid-study; --resume keeps every finished trial and re-runs the interrupted one."""
-    cmd = [sys.executable, "-m", "autotune", "tune", *QUIET, "--trials", "5", "--seconds", "8",
+    cmd = [sys.executable, "-m", "autotune", "tune", *QUIET, "--trials", "4", "--seconds", "8",
            "--confirm-rounds", "0", "--seed", "3", "--space", "batch_size=8:32", "--fix",
            "threads=1", "--recipe-dir", str(tmp_path / "recipes"), "--", TOY, "--work", "1"]
     env = dict(os.environ, AUTOTUNE_RUNS_DIR=str(tmp_path / "runs"))

@@ -7,7 +7,7 @@
    probe taken under foreign load is re-run (then left out, never compared), and a probe whose
    interval cannot reach the best is pruned. Stops on trials, budget, convergence, or when the
    space is exhausted.
-3. **Confirmation** (`autotune.confirm`): the best two and the baseline, re-measured interleaved.
+3. **Confirmation** (`autotune.tuning.confirm`): the best two and the baseline, re-measured interleaved.
 
 Everything the run learns goes to the journal (the monitor's only source) and to the study; the
 run directory holds ``tune.json`` (settings, baseline, space) so ``--resume`` can continue it.
@@ -103,7 +103,8 @@ class Tuner:
 
         With ``finish=False`` the caller emits the last ``trial_finished`` itself.
         """
-        for attempt in range(self.s.foreign_retries + 1):
+        attempt = 0
+        while True:
             if events:
                 self.journal.emit("trial_started", trial=label, number=number, knobs=dict(cfg),
                                   mode=spec.mode)
@@ -121,41 +122,44 @@ class Tuner:
             spoiled = result.outcome in (Outcome.OK, Outcome.PRUNED, Outcome.FOREIGN_LOAD) \
                 and result.foreign_flagged
             last = not spoiled or attempt == self.s.foreign_retries
+            if spoiled and last:
+                result = dataclasses.replace(result, outcome=Outcome.FOREIGN_LOAD, reason=(
+                    f"{result.foreign_cores:.2f} cores of CPU load from other programs in "
+                    f"{attempt + 1} attempt(s); not compared"))
             if events and (finish or not last):
                 self.journal.emit("trial_finished", trial=label, number=number, mode=spec.mode,
                                   result=result)
-            if not spoiled:
+            if last:
                 return result
-            if attempt < self.s.foreign_retries:
-                self.notify("warning", f"{label}: {result.foreign_cores:.2f} cores of foreign "
-                                       f"CPU load during the probe; measuring it again")
-                time.sleep(FOREIGN_WAIT_S)
-        return dataclasses.replace(result, outcome=Outcome.FOREIGN_LOAD, reason=(
-            f"{result.foreign_cores:.2f} cores of CPU load from other programs in "
-            f"{self.s.foreign_retries + 1} attempts; not compared"))
+            self.notify("warning", f"{label}: {result.foreign_cores:.2f} cores of foreign CPU "
+                                   f"load during the probe; measuring it again")
+            time.sleep(FOREIGN_WAIT_S)
+            attempt += 1
 
     # -- baseline -----------------------------------------------------------------------------
     def _placeholder_values(self) -> dict[str, int]:
-        given = {r.name if r.name != "thread_pct" else r.alias: r.values[0]
-                 for r in space.parse_fix(self.s.baseline_tokens).values()}
+        """Values for the script's placeholders in the baseline probe, telling the user which
+        were guessed."""
+        given = {r.alias: r.values[0] for r in space.parse_fix(self.s.baseline_tokens).values()}
         out = {}
         cores = fingerprint.cores()
         for name in sorted(launch.placeholders(self.s.command[1:])):
+            if name == "batch_size" and self.s.global_batch:
+                out[name] = self.s.global_batch
+                continue
             default = cores if name == "threads" else space.KNOBS[
                 space.ALIASES.get(name, name)].conventional
             out[name] = int(given.get(name, default))
+            if name not in given:
+                self._note("hint", f"baseline: {{{name}}} is a placeholder, so the script's own "
+                                   f"default is unknown; using {name}={out[name]} (set it with "
+                                   f"--baseline {name}=N)")
         if self.s.global_batch:
             out["batch_size"] = self.s.global_batch
         return out
 
     def _measure_baseline(self) -> None:
         values = self._placeholder_values()
-        for name, value in values.items():
-            if name not in [t.split("=")[0] for t in self.s.baseline_tokens] and \
-                    not (name == "batch_size" and self.s.global_batch):
-                self._note("hint", f"baseline: {{{name}}} is a placeholder, so the script's own "
-                                   f"default is unknown; using {name}={value} (set it with "
-                                   f"--baseline {name}=N)")
         result = self.probe(self._spec_for(values, 1, "baseline"), label="baseline", number=None,
                             cfg=values, finish=False)
         if result.outcome in (Outcome.NO_SIGNAL, Outcome.HUNG) and result.measured_s == 0 and \
@@ -209,8 +213,9 @@ class Tuner:
         """What the study already knows (a resumed run): no finished trial is measured again."""
         for t in handle.trials():
             cfg, outcome = t.user_attrs.get("knobs"), t.user_attrs.get("outcome")
-            if not cfg or not outcome or t.user_attrs.get("duplicate_of") is not None:
-                continue
+            if not cfg or outcome not in ("ok", "oom", "failed", "pruned") or \
+                    t.user_attrs.get("duplicate_of") is not None:
+                continue  # skipped for an OOM, spoiled by foreign load, or a replay
             key = self.space.key(cfg)
             if t.state == studies.TrialState.COMPLETE or t.state == studies.TrialState.PRUNED:
                 self.known[key] = Known(t.number, outcome, float(t.user_attrs.get(
