@@ -144,7 +144,8 @@ def test_every_rank_printing_the_same_lines_counts_once(tmp_path):
 
 
 def test_a_script_setting_its_own_thread_count_is_overridden_with_a_note(tmp_path):
-    r = probe(tmp_path, script("shape_threads.py"), knobs={"threads": 2}, max_s=15.0)
+    r = probe(tmp_path, script("shape_threads.py"), knobs={"threads": 2}, max_s=15.0,
+              target_rel=0.5, min_measure_s=1.0)  # no figure compared here: any estimate will do
     assert r.outcome == Outcome.OK, r.reason
     text = log(r)
     assert "threads after set_num_threads(3): 2" in text
@@ -195,7 +196,7 @@ def test_probe_cwd_keeps_the_probe_out_of_the_users_tree(tmp_path):
     user.mkdir()
     (user / "ckpt.pt").write_text("the user's own checkpoint")
     area = user / "probe-area"
-    argv = [sys.executable, "-m", "autotune", "probe", "--modes", "full", "--seconds", "25",
+    argv = [sys.executable, "-m", "autotune", "probe", "--modes", "full", "--seconds", "15",
             "--json", "--plain", "--probe-cwd", str(area), "--metric", SAMPLES_PER_S,
             str(SCRIPTS / "shape_pauses.py"), "--sample-s", "0", "--eval-s", "0.3"]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
