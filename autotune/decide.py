@@ -44,6 +44,26 @@ def cannot_reach(samples_per_s: float, ci_half: float, best_samples_per_s: float
     return samples_per_s + ci_half < best_samples_per_s * (1 - margin_rel)
 
 
+# -- initial design -------------------------------------------------------------------------
+def combine(baseline: Mapping[str, int], base_value: float,
+            moves: Sequence[tuple[Mapping[str, int], float | None]], *,
+            min_gain_rel: float = MIN_GAIN_REL) -> dict[str, int] | None:
+    """The baseline with every one-knob move that beat it by more than ``min_gain_rel``.
+
+    ``moves`` are (config, samples/s or None) of one-at-a-time probes. None when fewer than two
+    moves paid off (one alone is already measured).
+    """
+    out = dict(baseline)
+    won = 0
+    for cfg, value in moves:
+        if value is None or value <= base_value * (1 + min_gain_rel):
+            continue
+        changed = {k: v for k, v in cfg.items() if baseline.get(k) != v}
+        out.update(changed)
+        won += 1
+    return out if won >= 2 else None
+
+
 # -- convergence ----------------------------------------------------------------------------
 @dataclass
 class Convergence:

@@ -92,3 +92,12 @@ def test_summarize():
     assert s.samples_per_s == 11 and s.rounds == 2
     assert s.ci_half >= math.sqrt(2) / 2  # at least the probes' own intervals
     assert decide.summarize([]).rounds == 0
+
+
+def test_combine_joins_the_moves_that_paid_off():
+    base = {"batch_size": 32, "workers": 0, "thread_pct": 100}
+    moves = [({**base, "batch_size": 256}, 130.0), ({**base, "workers": 2}, 200.0),
+             ({**base, "thread_pct": 50}, 101.0), ({**base, "bucket_mb": 5}, None)]
+    assert decide.combine(base, 100.0, moves) == {"batch_size": 256, "workers": 2,
+                                                  "thread_pct": 100}
+    assert decide.combine(base, 100.0, moves[1:]) is None  # one move alone is measured already

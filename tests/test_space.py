@@ -195,3 +195,10 @@ def test_index_and_choice_round_trip():
 def test_dict_round_trip():
     sp = build(distributed=True, ranges=["workers=0:1"])
     assert space.Space.from_dict(sp.to_dict()) == sp
+
+
+def test_one_at_a_time_moves_each_knob_to_its_far_end():
+    sp = build()  # baseline batch 32 of 8..256, workers 0 of 0..2, thread_pct 100 of 50,100
+    moves = sp.one_at_a_time()
+    assert moves == [{**sp.baseline, "batch_size": 256}, {**sp.baseline, "workers": 2},
+                     {**sp.baseline, "thread_pct": 50}]

@@ -52,6 +52,22 @@ class Space:
         base = {**self.baseline, **cfg}
         return {n: self.index(n, int(base[n])) for n in self.names if n in base}
 
+    def one_at_a_time(self) -> list[dict[str, int]]:
+        """The baseline with one knob moved to its far end: the first configs worth measuring.
+
+        With a handful of noisy probes, learning each knob's direction first beats random
+        starting points; `autotune.decide.combine` then joins the moves that paid off.
+        """
+        out = []
+        for n in self.names:
+            values = self.domains[n]
+            i = self.index(n, self.baseline.get(n, values[0]))
+            far = values[-1] if i < (len(values) - 1) / 2 else values[0]
+            cfg = self.config({**self.baseline, n: far})
+            if self.key(cfg) != self.key(self.baseline) and cfg not in out:
+                out.append(cfg)
+        return out
+
     def configs(self) -> list[dict[str, int]]:
         """Every distinct config of the space, canonical."""
         out: dict[tuple, dict[str, int]] = {}

@@ -367,12 +367,36 @@ class Tuner:
             return
 
         def after_trial(study, frozen) -> None:
+            self._maybe_combine(handle)
             reason = self._stop_reason()
             if reason:
                 self.stop_reason = reason
                 study.stop()
 
         handle.optimize(self._objective(handle), [after_trial])
+
+    def _maybe_combine(self, handle: studies.StudyHandle) -> None:
+        """Once every one-at-a-time probe is answered, queue the moves that paid off, joined.
+
+        A pruned move counts with its last estimate: it may trail the best and still beat the
+        baseline.
+        """
+        if self.state.get("combined"):
+            return
+        sp = self.space
+        moves = sp.one_at_a_time()
+        base = self.known.get(sp.key(sp.baseline))
+        answered = [self.known.get(sp.key(c)) for c in moves]
+        if base is None or not all(a is not None or decide.oom_blocks(c, self.ooms)
+                                   for a, c in zip(answered, moves)):
+            return
+        combo = decide.combine(sp.baseline, base.value, [
+            (c, a.value if a is not None and a.outcome in ("ok", "pruned") else None)
+            for c, a in zip(moves, answered)])
+        if combo is not None and sp.key(combo) not in self.known:
+            handle.enqueue(sp.choice_from_config(combo), {"design": "combined"})
+        self.state["combined"] = True
+        self._save_state()
 
     def _open(self) -> studies.StudyHandle:
         url = self.s.storage or studies.sqlite_url(self.run_dir / "study.db")
@@ -389,6 +413,8 @@ class Tuner:
             warm = self.state.get("warm_start")
             if warm:
                 handle.enqueue(self.space.choice_from_config(warm), {"warm_start": True})
+            for cfg in self.space.one_at_a_time():
+                handle.enqueue(self.space.choice_from_config(cfg), {"design": "one-at-a-time"})
             self.state["enqueued"] = True
             self._save_state()
         return handle
