@@ -4,15 +4,15 @@ The pattern is searched in every line of rank 0's output (stdout and stderr, lin
 ``\\n`` or ``\\r``, so tqdm's in-place updates count) and must have exactly one of these named
 groups:
 
-=======================  =========================================  =================================
-group                    what the number is                         samples/s of the job
-=======================  =========================================  =================================
-``samples_per_s``        the whole job's samples/s, as rank 0       the value
-                         prints it
-``rank_samples_per_s``   one rank's samples/s                       value x ranks
-``steps_per_s``          one rank's steps/s (tqdm's ``it/s``)       value x batch size x ranks
-``ms_per_step``          one rank's milliseconds per step           1000 / value x batch size x ranks
-=======================  =========================================  =================================
+======================  ======================================  ===============================
+group                   what the number is                      samples/s of the job
+======================  ======================================  ===============================
+``samples_per_s``       the whole job's samples/s, as rank 0    the value
+                        prints it
+``rank_samples_per_s``  one rank's samples/s                    value x ranks
+``steps_per_s``         one rank's steps/s (tqdm's ``it/s``)    value x batch size x ranks
+``ms_per_step``         one rank's milliseconds per step        1000 / value x batch x ranks
+======================  ======================================  ===============================
 
 Only rank 0's output is read, so every rank printing the same progress line counts once; a
 figure that is per rank is scaled by the number of ranks instead of summed over their logs.

@@ -15,9 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune import flags, proc, steady
+from autotune import flags, proc, sources, steady
 from autotune.collector import Collector
-from autotune.launch import placeholders
 from autotune.load import FOREIGN_CORES_LIMIT, ForeignLoad
 from autotune.metric import MetricLog, parse_metric
 from autotune.outcome import Observed, Outcome, classify
@@ -150,9 +149,10 @@ class _Probe:
         self.stopped_by_us = False
         self.pruned = False
         self.cpu_seen = 0.0
-        self.samples_per_step, self.step_note = samples_per_step(spec)
+        self.samples_per_step, self.step_note = sources.samples_per_step(
+            spec.command, spec.knobs, spec.samples_per_step)
         self.loader_batch: int | None = None  # batch size the script's first DataLoader got
-        self.writes: dict[str, dict] = {}  # path -> {path, op, existed}: writes into the user's tree
+        self.writes: dict[str, dict] = {}  # path -> {path, op, existed}: into the user's tree
         self.metric = MetricLog(parse_metric(spec.metric)) if spec.metric else None
         self.log_path: Path | None = None
         self.log_offset = 0
@@ -275,43 +275,6 @@ class _Probe:
         self.estimate = steady.estimate(points, batches=count) if points else None
 
 
-def samples_per_step(spec: TrialSpec) -> tuple[int | None, str]:
-    """Samples in one step of one rank, for scripts without a DataLoader, and where it came from.
-
-    ``--samples-per-step``, else the value of the ``{batch_size}`` placeholder, else the user's
-    own explicit batch-size flag (`autotune.flags`). Scripts that accumulate gradients over
-    several batches per optimizer step need ``--samples-per-step`` or ``--metric``.
-    """
-    if spec.samples_per_step:
-        n = int(spec.samples_per_step)
-        return n, f"samples per step: {n}, from --samples-per-step"
-    args = spec.command[1:]
-    if "batch_size" in placeholders(args) and "batch_size" in spec.knobs:
-        n = int(spec.knobs["batch_size"])
-        return n, f"samples per step: {n}, the value of {{batch_size}}"
-    explicit = flags.explicit_knobs(args).get("batch_size")
-    if explicit is not None and explicit.number and explicit.number > 0:
-        return explicit.number, f"samples per step: {explicit.number}, from '{explicit.typed}'"
-    return None, ""
-
-
-def watch_env(spec: TrialSpec) -> dict[str, str]:
-    """Where writes are reported (`probes.writes`): the user's tree minus the probe's own dir."""
-    cwd = os.path.realpath(spec.cwd)
-    if spec.watch_dirs is not None:
-        watch = [os.path.realpath(d) for d in spec.watch_dirs]
-    else:
-        watch = [cwd]
-        script = os.path.join(spec.cwd, spec.command[0]) if spec.command else ""
-        if script and os.path.isfile(script):
-            watch.append(os.path.realpath(os.path.dirname(script)))
-    watch = list(dict.fromkeys(watch))
-    env = {protocol.ENV_WATCH_DIRS: os.pathsep.join(watch), protocol.ENV_SCRATCH_DIR: ""}
-    if cwd not in watch:
-        env[protocol.ENV_SCRATCH_DIR] = cwd
-    return env
-
-
 def _sum_series(per_rank: list[list[tuple[float, float]]]) -> list[tuple[float, float]]:
     """Sum cumulative series of several ranks at the union of their times."""
     if len(per_rank) == 1:
@@ -332,7 +295,7 @@ def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool]
     load = ForeignLoad()
     base_env = dict(os.environ if spec.env is None else spec.env)
     base_env[protocol.ENV_TICK_S] = str(spec.tick_s)
-    base_env.update(watch_env(spec))
+    base_env.update(sources.watch_env(spec.command, spec.cwd, spec.watch_dirs))
     if spec.metric:
         base_env["PYTHONUNBUFFERED"] = "1"  # lines are timed when they reach the log
     knobs, won = flags.split_knobs(spec.knobs, spec.command[1:])
@@ -440,7 +403,9 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         ran_s=ran_s, last_log_line=_last_line(tail),
         needs_batch_size=not probe.samples_per_step))
     if probe.metric is not None and outcome in (Outcome.NO_SIGNAL, Outcome.EXITED_EARLY):
-        reason = _metric_reason(probe, ran_s) or reason
+        reason = sources.metric_reason(
+            probe.metric, batch_known=bool(probe.samples_per_step or probe.loader_batch),
+            ran_s=ran_s, log_path=log_path)
     if probe.pruned and outcome == Outcome.OK:
         outcome, reason = Outcome.PRUNED, "its interval could not reach the best so far"
     foreign = load.cores()
@@ -456,7 +421,10 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         step_rate = step_est.samples_per_s if step_est else 0.0
     ticks = [r.tick for r in probe.ranks.values()]
     counted = _counted_rate(probe) if probe.source == "metric" else 0.0
-    notes = list(probe.notes) + _result_notes(probe, est if has_estimate else None, counted)
+    notes = list(probe.notes) + sources.notes(
+        source=probe.source, step_note=probe.step_note, counted_rate=counted,
+        metric_rate=est.samples_per_s if has_estimate and probe.source == "metric" else 0.0,
+        writes=probe.writes)
     seen = dict(probe.seen)
     if probe.writes:
         seen["writes"] = sorted(probe.writes.values(), key=lambda w: w["path"])
@@ -475,40 +443,7 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         foreign_limit_cores=probe.spec.foreign_limit_cores, counted_samples_per_s=counted)
 
 
-def _metric_reason(probe: _Probe, ran_s: float) -> str:
-    """Why ``--metric`` gave no estimate, when that is the reason."""
-    log = probe.metric
-    if log.lines == 0:
-        return (f"--metric matched no line of rank 0's output in {ran_s:.0f} s (log: "
-                f"{probe.log_path}); check the pattern against the log, or allow more --seconds")
-    if log.metric.per_step and not (probe.samples_per_step or probe.loader_batch):
-        return (f"--metric gives {log.metric.group}, but the samples in one step are unknown: "
-                f"put {{batch_size}} in the script's args or pass --samples-per-step N")
-    return (f"only {log.lines} lines matched --metric in {ran_s:.0f} s: too few to measure; "
-            f"print more often or allow more --seconds")
-
-
 def _counted_rate(probe: _Probe) -> float:
     points, count, _ = probe.counted_series()
     est = steady.estimate(points, batches=count) if points else None
     return est.samples_per_s if est is not None and est.windows >= 3 else 0.0
-
-
-def _result_notes(probe: _Probe, est, counted: float) -> list[str]:
-    """What the user should know about how this probe was measured."""
-    notes = []
-    if probe.source == "steps" and probe.step_note:
-        notes.append(probe.step_note)
-    if est is not None and counted > 0 and abs(est.samples_per_s - counted) > 0.25 * counted:
-        notes.append(f"WARNING: --metric says {est.samples_per_s:.1f} samples/s, autotune "
-                     f"counted {counted:.1f}; check that the group means what its name says "
-                     f"(samples_per_s is the whole job's figure as rank 0 prints it; a per-rank "
-                     f"figure is rank_samples_per_s)")
-    if probe.writes:
-        paths = sorted(probe.writes)
-        changed = [p for p in paths if probe.writes[p].get("existed")]
-        shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
-        notes.append(f"WARNING: the probe wrote into your tree: {shown}"
-                     + (f" ({len(changed)} existed before)" if changed else "")
-                     + "; run probes elsewhere with --probe-cwd DIR")
-    return notes

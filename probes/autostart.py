@@ -10,8 +10,9 @@ Python without torch) costs nothing and is never counted. Left alone:
 * processes started through ``python -m probes.boot`` (the runner starts the meter itself);
 * multiprocessing's helpers: spawn/forkserver children (DataLoader workers with a spawn context
   among them; they must keep the one thread torch gives them) and the resource tracker;
-* torch's own tools run as ``python -m torch...`` and ``torchrun`` (the launcher, not a rank:
-  the workers it starts are metered each).
+* torch's own tools: ``python -m torch...``, scripts inside the installed torch package (the
+  compile workers of ``torch.compile``) and ``torchrun`` (the launcher, not a rank: the workers
+  it starts are metered each).
 
 An uncaught exception is reported (out of memory flagged) before the usual traceback, and the
 last counts and the goodbye are sent at exit.
@@ -50,6 +51,10 @@ def should_start(argv: list[str], env) -> bool:
     if module is not None and (module == "probes.boot" or module.startswith(_SKIP_MODULES)):
         return False
     first_script = next((a for a in argv[1:] if not a.startswith("-")), "")
+    parts = os.path.normpath(first_script).split(os.sep) if first_script else []
+    if any(a in ("site-packages", "dist-packages") and b == "torch"
+           for a, b in zip(parts, parts[1:])):
+        return False
     return os.path.basename(first_script) != "torchrun"
 
 

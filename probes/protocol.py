@@ -69,7 +69,8 @@ KNOB_ENV = {
 HELLO = "hello"  # {token, version, rank, local_rank, world_size, pid, host}
 # tick: {t, samples, batches, eval_samples, steps, backwards, rss_peak_bytes, cuda_peak_bytes,
 #        last_batch_t, last_step_t, first_batch_t, first_step_t}; times are the rank's
-#        time.monotonic(); first_*: the first training batch / step since the previous tick (0: none)
+#        time.monotonic(); first_*: the first training batch / step since the previous tick
+#        (0: none)
 TICK = "tick"
 SEEN = "seen"  # {what, requested, applied, note}; what="writes": {paths: [{path, op, existed}]}
 ERROR = "error"  # {kind: "oom"|"exception", exc_type, message}

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from autotune import launch, trial
+from autotune import launch, sources, trial
 from autotune.collector import Collector
 from autotune.launch import PROJECT_ROOT, SITE_DIR
 from autotune.trial import TrialSpec
+from autotune.metric import MetricLog, parse_metric
 from probes import autostart, protocol, writes
 
 
@@ -111,6 +112,9 @@ def test_write_watch_in_a_process(tmp_path):
     (["python", "-mprobes.boot", "train.py"], False),
     (["python", "-m", "torch.distributed.run", "train.py"], False),
     (["python", "/venv/bin/torchrun", "--nproc-per-node", "2", "train.py"], False),
+    (["python", "/venv/lib/python3.11/site-packages/torch/_inductor/compile_worker/__main__.py",
+      "--workers=2"], False),
+    (["python", "/home/u/torch/train.py"], True),
     (["python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5)",
       "--multiprocessing-fork"], False),
     (["python", "-c", "from multiprocessing.resource_tracker import main;main(5)"], False),
@@ -232,28 +236,27 @@ def spec(*args, **over):
 
 
 def test_samples_per_step_sources():
-    assert trial.samples_per_step(spec("--bs", "8", samples_per_step=12))[0] == 12
-    n, note = trial.samples_per_step(spec("--batch-size", "{batch_size}",
-                                          knobs={"batch_size": 64}))
+    assert sources.samples_per_step(("t.py", "--bs", "8"), {}, 12)[0] == 12
+    n, note = sources.samples_per_step(("t.py", "--batch-size", "{batch_size}"),
+                                       {"batch_size": 64}, None)
     assert n == 64 and "{batch_size}" in note
-    n, note = trial.samples_per_step(spec("--trainer.batch_size=24"))
+    n, note = sources.samples_per_step(("t.py", "--trainer.batch_size=24"), {}, None)
     assert n == 24 and "'--trainer.batch_size=24'" in note
-    assert trial.samples_per_step(spec("--bs", "auto")) == (None, "")
-    assert trial.samples_per_step(spec("--lr", "3")) == (None, "")
+    assert sources.samples_per_step(("t.py", "--bs", "auto"), {}, None) == (None, "")
+    assert sources.samples_per_step(("t.py", "--lr", "3"), {}, None) == (None, "")
 
 
 def test_watch_env(tmp_path):
     script = tmp_path / "code" / "train.py"
     script.parent.mkdir()
     script.write_text("")
-    env = trial.watch_env(TrialSpec(command=(str(script),), cwd=str(tmp_path)))
+    env = sources.watch_env((str(script),), str(tmp_path), None)
     assert env[protocol.ENV_WATCH_DIRS].split(os.pathsep) == [str(tmp_path.resolve()),
                                                              str(script.parent.resolve())]
     assert env[protocol.ENV_SCRATCH_DIR] == ""
     area = tmp_path / "probe"
     area.mkdir()
-    env = trial.watch_env(TrialSpec(command=(str(script),), cwd=str(area),
-                                    watch_dirs=(str(tmp_path),)))
+    env = sources.watch_env((str(script),), str(area), (str(tmp_path),))
     assert env[protocol.ENV_WATCH_DIRS] == str(tmp_path.resolve())
     assert env[protocol.ENV_SCRATCH_DIR] == str(area.resolve())
 
@@ -274,10 +277,27 @@ def test_ticks_bound_idle_stretches_with_first_batch_points():
 
 
 def test_metric_reasons():
-    probe = trial._Probe(spec(metric=r"(?P<ms_per_step>\d+) ms"), None)
-    probe.log_path = Path("/runs/x/logs/t.log")
-    assert "matched no line" in trial._metric_reason(probe, 12.0)
-    probe.metric.feed("step 1 20 ms\nstep 2 20 ms\n", 1.0)
-    assert "put {batch_size} in the script's args" in trial._metric_reason(probe, 12.0)
-    probe.loader_batch = 16
-    assert "only 2 lines matched" in trial._metric_reason(probe, 12.0)
+    log = MetricLog(parse_metric(r"(?P<ms_per_step>\d+) ms"))
+    reason = sources.metric_reason(log, batch_known=False, ran_s=12.0, log_path="/r/t.log")
+    assert "matched no line" in reason and "/r/t.log" in reason
+    log.feed("step 1 20 ms\nstep 2 20 ms\n", 1.0)
+    reason = sources.metric_reason(log, batch_known=False, ran_s=12.0, log_path="/r/t.log")
+    assert "put {batch_size} in the script's args" in reason
+    reason = sources.metric_reason(log, batch_known=True, ran_s=12.0, log_path="/r/t.log")
+    assert "only 2 lines matched" in reason
+
+
+def test_notes_on_sources_disagreement_and_writes():
+    assert sources.notes(source="steps", step_note="samples per step: 8", metric_rate=0,
+                         counted_rate=0, writes={}) == ["samples per step: 8"]
+    assert sources.notes(source="dataloader", step_note="samples per step: 8", metric_rate=0,
+                         counted_rate=0, writes={}) == []
+    agree = sources.notes(source="metric", step_note="", metric_rate=110.0, counted_rate=100.0,
+                          writes={})
+    twice = sources.notes(source="metric", step_note="", metric_rate=200.0, counted_rate=100.0,
+                          writes={})
+    assert agree == [] and "rank_samples_per_s" in twice[0]
+    written = {"/t/a": {"existed": True}, "/t/b": {"existed": False}}
+    note, = sources.notes(source="dataloader", step_note="", metric_rate=0, counted_rate=0,
+                          writes=written)
+    assert "/t/a, /t/b (1 existed before)" in note and "--probe-cwd" in note

@@ -98,7 +98,8 @@ while not args.steps or step < args.steps:
             off_the_clock(torch.save, model.state_dict(), args.ckpt)
         now = training_s()
         if now - last_log >= args.log_s:
-            print(f"step {step} loss {loss.item():.4f} samples/s {log_samples / (now - last_log):.1f}"
+            rate = log_samples / (now - last_log)
+            print(f"step {step} loss {loss.item():.4f} samples/s {rate:.1f}"
                   f" train_samples {samples} train_s {now:.3f}"
                   f" wall_s {time.perf_counter() - wall_start:.3f}")
             last_log, log_samples = now, 0
