@@ -16,6 +16,8 @@ group                   what the number is                      samples/s of the
 
 Only rank 0's output is read, so every rank printing the same progress line counts once; a
 figure that is per rank is scaled by the number of ranks instead of summed over their logs.
+Under mpirun or srun that output is the launcher's, with every rank's lines in it: the lines of
+one read are averaged, never summed, so the rule holds there too.
 
 Lines are timed when the controller reads them. Lines read together (one poll) share an
 interval: the time since the previous read that found any. The series is cumulative samples
