@@ -43,7 +43,9 @@ class RanksSpec:
 
     ``instances`` is ranks per host on CPU and ranks per GPU on GPUs (a knob ``instances`` in
     ``knobs`` means the same and must agree). ``device``: "auto" (GPUs when NVML sees any),
-    "cpu" or "gpu"; ``gpus``: how many of the visible GPUs to use (default all).
+    "cpu" or "gpu". ``gpus``: how many of the visible GPUs to use, like torchrun's
+    ``--nproc-per-node``: 1 by default (a probe measures one GPU's worth), None for all of them;
+    a knob ``gpus`` overrides it (0 also means all).
     """
 
     command: tuple[str, ...]
@@ -57,7 +59,7 @@ class RanksSpec:
     env: Mapping[str, str] | None = None  # base environment (default: ours)
     launcher: launchers.Launcher = launchers.Launcher()
     device: str = "auto"
-    gpus: int | None = None
+    gpus: int | None = 1
     mps_verify_s: float = 120.0  # how long ranks may take to reach CUDA (and so MPS)
 
 
@@ -134,10 +136,11 @@ def plan_for(spec: RanksSpec, base: Mapping[str, str]) -> placement.Plan:
     gpus: list[placement.Gpu] = []
     if spec.device != "cpu":
         gpus = host_gpus(base)
-        if spec.gpus is not None:
-            if spec.gpus > len(gpus):
-                raise LaunchError(f"{spec.gpus} GPUs asked for, {len(gpus)} visible")
-            gpus = gpus[:spec.gpus]
+        wanted = spec.knobs.get("gpus", spec.gpus)
+        if wanted and gpus:
+            if int(wanted) > len(gpus):
+                raise LaunchError(f"{int(wanted)} GPUs asked for, {len(gpus)} visible")
+            gpus = gpus[:int(wanted)]
     try:
         return placement.plan(knobs=spec.knobs, instances=resolve_instances(spec),
                               cores=host_cores(), gpus=gpus, device=spec.device)

@@ -87,7 +87,12 @@ def test_instances_knob_and_field_must_agree():
 def test_gpu_placement_seen_through_nvml(monkeypatch, tmp_path):
     with fake_pynvml(monkeypatch, write_nvml_config(tmp_path, gpus=2)):
         plan = plan_for(_spec(device="auto", instances=3, knobs={"thread_pct": 40}), {})
-        assert plan.device == "gpu" and plan.local_world_size == 6 and plan.needs_mps
+        assert plan.device == "gpu" and plan.local_world_size == 3  # one GPU by default
+        assert {s.gpu.index for s in plan.slots} == {0} and plan.needs_mps
+        both = plan_for(_spec(device="auto", instances=3, knobs={"gpus": 2}), {})
+        assert both.local_world_size == 6
+        assert plan_for(_spec(device="auto", instances=1, knobs={}, gpus=None),
+                        {}).local_world_size == 2  # None: every visible GPU
         one = plan_for(_spec(device="auto", instances=1, knobs={}, gpus=1),
                        {"CUDA_VISIBLE_DEVICES": "1"})
         assert [s.gpu.index for s in one.slots] == [1]

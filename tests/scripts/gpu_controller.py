@@ -22,7 +22,7 @@ def main():
                         format="%(levelname)s %(name)s: %(message)s")
     result = run_trial(TrialSpec(
         command=(str(HERE / "fake_gpu_rank.py"), *rank_args), instances=int(instances),
-        knobs={"thread_pct": float(pct), "bucket_mb": 8}, log_dir=Path(out).parent / "logs",
+        knobs={"gpus": 2, "thread_pct": float(pct), "bucket_mb": 8}, log_dir=Path(out).parent / "logs",
         name="fakegpu", max_s=float(max_s), min_measure_s=2.0, hang_s=20.0, grace_s=5.0))
     Path(out).write_text(json.dumps(result.to_dict(), default=str))
     print(f"controller: trial ended: {result.outcome.value}", file=sys.stderr, flush=True)
