@@ -116,8 +116,7 @@ def _start() -> None:
     def excepthook(kind, exc, tb):
         state["exit_code"] = 130 if issubclass(kind, KeyboardInterrupt) else 1
         if not issubclass(kind, KeyboardInterrupt):
-            meter.send(protocol.ERROR, kind="oom" if boot.is_oom(exc) else "exception",
-                       exc_type=kind.__name__, message=str(exc)[:2000])
+            meter.send(protocol.ERROR, **boot.error_report(exc))
         previous(kind, exc, tb)
 
     sys.excepthook = excepthook

@@ -14,7 +14,7 @@ import runpy
 import sys
 import traceback
 
-from probes import ranks_env, writes
+from probes import protocol, ranks_env, writes
 from probes.intercept import Interceptor, knobs_from_env
 from probes.meter import Meter
 
@@ -30,6 +30,33 @@ def is_oom(exc: BaseException) -> bool:
         return True
     text = str(exc)
     return any(marker in text for marker in OOM_MARKERS)
+
+
+def _dead_worker_error() -> RuntimeError | None:
+    """torch's own error when a DataLoader worker of this process died, else None."""
+    try:
+        from torch._C import _error_if_any_worker_fails
+    except ImportError:
+        return None
+    try:
+        _error_if_any_worker_fails()
+    except RuntimeError as exc:
+        return exc
+    return None
+
+
+def error_report(exc: BaseException) -> dict:
+    """The ``error`` message fields for an uncaught exception.
+
+    A killed loader worker often surfaces first as a ConnectionResetError or EOFError from the
+    tensor hand-over; torch's own "DataLoader worker ... is killed" names the real cause.
+    """
+    if isinstance(exc, (ConnectionError, EOFError, RuntimeError)):
+        cause = _dead_worker_error()
+        if cause is not None:
+            exc = cause
+    return {"kind": "oom" if is_oom(exc) else "exception", "exc_type": type(exc).__name__,
+            "message": str(exc).strip()[:2000]}
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -83,8 +110,7 @@ def run(script: str, args: list[str]) -> int:
         meter.close(exit_code=130)
         raise
     except BaseException as exc:  # noqa: BLE001 - reported, then exits as Python would
-        meter.send("error", kind="oom" if is_oom(exc) else "exception",
-                   exc_type=type(exc).__name__, message=str(exc)[:2000])
+        meter.send(protocol.ERROR, **error_report(exc))
         traceback.print_exc()
         code = 1
     meter.close(exit_code=code)

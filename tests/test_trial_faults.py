@@ -1,0 +1,105 @@
+"""Real probes of tiny real scripts: every fault gets its own outcome, nothing is left behind."""
+
+import uuid
+
+import pytest
+
+from autotune.outcome import Outcome
+from autotune.trial import TrialSpec, run_trial
+from conftest import SCRIPTS, live_children, trial_processes
+
+pytestmark = pytest.mark.slow
+
+
+# Faults that strike after some batches must strike before the probe could end on a tight
+# interval: those tests ask for more measured time than the fault leaves.
+NEVER_TIGHT = dict(min_measure_s=60.0, max_s=60.0)
+
+
+def probe(tmp_path, script, *args, **over):
+    name = f"t{uuid.uuid4().hex[:8]}"
+    spec = dict(command=(str(SCRIPTS / script), *args), cwd=str(tmp_path),
+                log_dir=tmp_path / "logs", name=name, max_s=25.0, hang_s=4.0, startup_s=30.0,
+                grace_s=3.0, min_measure_s=2.0, foreign_limit_cores=1e9)
+    spec.update(over)
+    result = run_trial(TrialSpec(**spec))
+    assert trial_processes(name) == [], "a process of the trial outlived it"
+    assert live_children() == [], "a child of the controller outlived the trial"
+    return result
+
+
+def test_ok_script_measured(tmp_path):
+    r = probe(tmp_path, "ok.py")
+    assert r.outcome == Outcome.OK, r.reason
+    assert r.samples_per_s > 0 and 0 < r.ci_half
+    assert r.source == "dataloader"
+    assert r.seen["batch_size"] == 16 and r.seen["workers"] == 0
+    assert r.steps_per_s > 0
+    assert r.peak_rss_bytes > 10 * 2**20
+
+
+def test_crash_at_start(tmp_path):
+    r = probe(tmp_path, "crash_start.py")
+    assert r.outcome == Outcome.CRASHED
+    assert r.reason == "ValueError: bad config: lr must be positive"
+    assert "Traceback" in r.log_tail and r.exit_code == 1
+
+
+def test_crash_mid_run(tmp_path):
+    r = probe(tmp_path, "crash_mid.py", "--after", "20", **NEVER_TIGHT)
+    assert r.outcome == Outcome.CRASHED
+    assert r.reason.startswith("RuntimeError: loss became NaN")
+
+
+def test_hang_mid_run(tmp_path):
+    r = probe(tmp_path, "hang.py", "--after", "20", **NEVER_TIGHT)
+    assert r.outcome == Outcome.HUNG
+    assert "after" in r.reason and "batches" in r.reason
+
+
+def test_no_dataloader_without_batch_size(tmp_path):
+    r = probe(tmp_path, "no_dataloader.py", max_s=10.0)
+    assert r.outcome == Outcome.NO_SIGNAL
+    assert "{batch_size}" in r.reason
+
+
+def test_no_dataloader_counts_steps_when_told_the_batch(tmp_path):
+    r = probe(tmp_path, "no_dataloader.py", samples_per_step=16)
+    assert r.outcome == Outcome.OK, r.reason
+    assert r.source == "steps"
+    assert r.samples_per_s == pytest.approx(16 * r.steps_per_s, rel=0.1)
+
+
+def test_early_exit(tmp_path):
+    r = probe(tmp_path, "early_exit.py")
+    assert r.outcome == Outcome.EXITED_EARLY
+    assert "ended on its own" in r.reason and r.exit_code == 0
+
+
+def test_worker_killed_mid_probe(tmp_path):
+    r = probe(tmp_path, "worker_killed.py", **NEVER_TIGHT)
+    assert r.outcome == Outcome.CRASHED
+    assert "DataLoader worker" in r.reason and "killed" in r.reason
+
+
+def test_host_oom(tmp_path):
+    r = probe(tmp_path, "oom.py", **NEVER_TIGHT)
+    assert r.outcome == Outcome.OOM
+    assert "allocate" in r.reason
+
+
+def test_orphans_and_workers_are_swept(tmp_path):
+    r = probe(tmp_path, "orphan_maker.py")
+    assert r.outcome == Outcome.OK, r.reason
+    # probe() asserted that the setsid grandchild and the loader workers are gone
+
+
+def test_hang_before_first_batch(tmp_path):
+    r = probe(tmp_path, "hang.py", "--at-start", startup_s=4.0)
+    assert r.outcome == Outcome.HUNG
+    assert "before its first batch" in r.reason
+
+
+def test_stop_is_clean(tmp_path):
+    r = probe(tmp_path, "ok.py")
+    assert r.exit_code == 0  # left at a batch boundary on our request, not killed
