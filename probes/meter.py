@@ -8,6 +8,7 @@ the ticker thread sends a snapshot every tick, so nothing is lost when one tick 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import threading
@@ -84,6 +85,20 @@ def _at_child_exit(fn) -> None:
         pass
 
 
+ORPHAN_GRACE_S = 10.0
+
+
+def _leave_group() -> None:
+    """Give the script time to stop at a batch boundary, then end its process group."""
+    time.sleep(ORPHAN_GRACE_S)
+    for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
+        try:
+            os.killpg(os.getpgrp(), sig)
+        except OSError:
+            return
+        time.sleep(wait_s)
+
+
 class Meter:
     """Cumulative counters of one process plus its link to the controller."""
 
@@ -122,7 +137,7 @@ class Meter:
         if not addr:
             return
         rank = self.env.get("RANK", "0")
-        self.channel = Channel(addr, token, on_stop=self._on_stop)
+        self.channel = Channel(addr, token, on_stop=self._on_stop, on_lost=self._on_lost)
         ok = self.channel.open(
             rank=int(rank) if rank.isdigit() else 0,
             local_rank=int(self.env.get("LOCAL_RANK", "0") or 0),
@@ -138,6 +153,12 @@ class Meter:
         self._ticker = threading.Thread(target=self._tick_loop, name="autotune-meter",
                                         daemon=True)
         self._ticker.start()
+
+    def _on_lost(self) -> None:
+        """The controller is gone (killed, say): nobody will stop or reap us, so leave."""
+        print("autotune: lost the controller; stopping this run", file=sys.stderr, flush=True)
+        self.stop_requested.set()
+        threading.Thread(target=_leave_group, name="autotune-orphan-guard", daemon=True).start()
 
     def _on_stop(self, msg: dict) -> None:
         self.stop_requested.set()
