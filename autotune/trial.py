@@ -108,6 +108,7 @@ class _Rank:
     batch_points: list = field(default_factory=list)  # (t, cumulative samples)
     step_points: list = field(default_factory=list)  # (t, cumulative steps)
     error: dict | None = None
+    teardown: dict | None = None  # an error after we asked it to stop (a peer left first)
     bye: dict | None = None
 
 
@@ -147,6 +148,7 @@ class _Probe:
         self.source = "none"
         self.hung_s: float | None = None
         self.stopped_by_us = False
+        self.stop_t: float | None = None  # when we asked the ranks to stop
         self.pruned = False
         self.cpu_seen = 0.0
         self.samples_per_step, self.step_note = sources.samples_per_step(
@@ -169,7 +171,12 @@ class _Probe:
             elif kind == protocol.SEEN:
                 self._seen(msg)
             elif kind == protocol.ERROR:
-                rank.error = rank.error or msg
+                # Ranks leave at their own next batch: one that left may pull a peer out of a
+                # collective. After the stop, the measurement is over; only OOM still counts.
+                if self.stop_t is not None and r.t >= self.stop_t and msg.get("kind") != "oom":
+                    rank.teardown = rank.teardown or msg
+                else:
+                    rank.error = rank.error or msg
             elif kind == protocol.BYE:
                 rank.bye = msg
 
@@ -314,6 +321,7 @@ def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool]
     finally:
         if any(lp.poll() is None for lp in probe.launched):
             probe.stopped_by_us = True
+            probe.stop_t = time.monotonic()
             collector.stop_ranks()
             deadline = time.monotonic() + spec.grace_s
             while time.monotonic() < deadline and any(lp.poll() is None for lp in probe.launched):
@@ -386,7 +394,8 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
     est = probe.estimate
     batches, steps = probe.totals()
     error = next((r.error for r in probe.ranks.values() if r.error), None)
-    stopped_clean = all(r.bye and r.bye.get("stopped") for r in probe.ranks.values()) and probe.ranks
+    stopped_clean = all((r.bye and r.bye.get("stopped")) or r.teardown
+                        for r in probe.ranks.values()) and probe.ranks
     failing = next((c for c in exit_codes if c not in (0, None)), None)
     if probe.stopped_by_us and failing is not None and (stopped_clean or failing < 0) \
             and error is None:
@@ -421,6 +430,11 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         step_rate = step_est.samples_per_s if step_est else 0.0
     ticks = [r.tick for r in probe.ranks.values()]
     counted = _counted_rate(probe) if probe.source == "metric" else 0.0
+    late = next((r.teardown for r in probe.ranks.values() if r.teardown), None)
+    if late is not None:
+        probe.notes.append(f"a rank failed while stopping, after the measurement (peers leave "
+                           f"at their own next batch): {late.get('exc_type')}: "
+                           f"{str(late.get('message'))[:200]}")
     notes = list(probe.notes) + sources.notes(
         source=probe.source, step_note=probe.step_note, counted_rate=counted,
         metric_rate=est.samples_per_s if has_estimate and probe.source == "metric" else 0.0,

@@ -301,3 +301,18 @@ def test_notes_on_sources_disagreement_and_writes():
     note, = sources.notes(source="dataloader", step_note="", metric_rate=0, counted_rate=0,
                           writes=written)
     assert "/t/a, /t/b (1 existed before)" in note and "--probe-cwd" in note
+
+
+def test_an_error_after_the_stop_is_teardown_unless_out_of_memory():
+    from autotune.collector import Received
+
+    probe = trial._Probe(spec(), None)
+    gloo = {"type": "error", "kind": "exception", "exc_type": "RuntimeError",
+            "message": "Connection closed by peer"}
+    probe.absorb([Received(t=5.0, conn_id=1, hello={}, msg=dict(gloo))])
+    probe.stop_t = 10.0
+    probe.absorb([Received(t=10.5, conn_id=2, hello={}, msg=dict(gloo)),
+                  Received(t=10.6, conn_id=3, hello={}, msg=dict(gloo, kind="oom"))])
+    assert probe.ranks[1].error is not None  # before the stop: the script's own failure
+    assert probe.ranks[2].error is None and probe.ranks[2].teardown is not None
+    assert probe.ranks[3].error is not None  # out of memory says something about the config
