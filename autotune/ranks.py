@@ -157,8 +157,8 @@ def start_ranks(spec: RanksSpec, *, channel: Mapping[str, str], extra_env: Mappi
 
 
 def start_group(spec: RanksSpec, *, channel: Mapping[str, str], extra_env: Mapping[str, str] = (),
-           pipe_output: bool = False,
-           on_output: Callable[[int, str], None] | None = None) -> RankGroup:
+                pipe_output: bool = False,
+                on_output: Callable[[int, str], None] | None = None) -> RankGroup:
     """Place and start the ranks of ``spec``; see the module docstring."""
     base = dict(os.environ if spec.env is None else spec.env)
     base.update(dict(extra_env))
