@@ -32,16 +32,17 @@ def oom_blocks(cfg: Mapping[str, int], ooms: Sequence[Mapping[str, int]]) -> Map
 
 
 # -- pruning ----------------------------------------------------------------------------------
-def cannot_reach(samples_per_s: float, ci_half: float, best_samples_per_s: float | None,
+def cannot_reach(samples_per_s: float, ci_half: float, bar: float | None,
                  *, margin_rel: float = PRUNE_MARGIN_REL) -> bool:
-    """True when the upper end of a probe's interval stays clearly under the best so far.
+    """True when the upper end of a probe's interval stays clearly under ``bar``.
 
-    The margin covers what an interval inside one process cannot see: processes differ by
-    ~10% here (docs: DESIGN.md, Measuring).
+    ``bar`` is the best so far, taken at the low end of its own interval
+    (`autotune.study.best_floor`). The margin covers what an interval inside one process cannot
+    see: processes differ by ~10% here (docs: DESIGN.md, Measuring).
     """
-    if not best_samples_per_s or math.isinf(ci_half) or math.isnan(ci_half):
+    if not bar or bar <= 0 or math.isinf(ci_half) or math.isnan(ci_half):
         return False
-    return samples_per_s + ci_half < best_samples_per_s * (1 - margin_rel)
+    return samples_per_s + ci_half < bar * (1 - margin_rel)
 
 
 # -- initial design -------------------------------------------------------------------------

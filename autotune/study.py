@@ -26,7 +26,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from autotune import decide
 
 __all__ = ["StudyHandle", "IntervalPruner", "Trial", "FrozenTrial", "TrialState", "TrialPruned",
-           "open_study", "sqlite_url", "comparable", "best_comparable"]
+           "open_study", "sqlite_url", "comparable", "best_comparable", "best_floor"]
 
 TrialPruned = optuna.TrialPruned
 OK = "ok"  # user_attrs["outcome"] of a trial whose throughput can be compared
@@ -50,8 +50,20 @@ def best_comparable(trials: list[FrozenTrial]) -> FrozenTrial | None:
     return max(ok, key=lambda t: t.value, default=None)
 
 
+def best_floor(trials: list[FrozenTrial]) -> float | None:
+    """The highest lower end of a comparable trial's interval: what a probe must be able to
+    reach. A lucky high reading with a wide (or unknown) interval sets no bar."""
+    floors = []
+    for t in trials:
+        if comparable(t):
+            ci = t.user_attrs.get("ci_half")
+            if isinstance(ci, (int, float)) and ci == ci and ci != float("inf"):
+                floors.append(t.value - ci)
+    return max(floors, default=None)
+
+
 class IntervalPruner(BasePruner):
-    """Prunes a probe whose interval cannot reach the best comparable trial.
+    """Prunes a probe whose interval cannot reach the best comparable trial's interval.
 
     Optuna hands pruners the reported values only; the interval of each report comes through
     `observe`, called just before ``trial.report``.
@@ -72,10 +84,8 @@ class IntervalPruner(BasePruner):
         ci_half, measured_s = self._latest[trial.number]
         if measured_s < self.min_measure_s:
             return False
-        best = best_comparable(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
-        if best is None:
-            return False
-        return decide.cannot_reach(trial.intermediate_values[step], ci_half, best.value,
+        floor = best_floor(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+        return decide.cannot_reach(trial.intermediate_values[step], ci_half, floor,
                                    margin_rel=self.margin_rel)
 
 

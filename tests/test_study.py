@@ -244,3 +244,31 @@ def test_placeholders_get_values_and_count_samples(tmp_path, monkeypatch, machin
     _, t, _ = tune(tmp_path / "b", monkeypatch, FakeProbe(surface), trials=1,
                    command=("train.py", "-j", "{workers}"))
     assert any("{workers} is a placeholder" in n and "workers=0" in n for n in t.notes)
+
+
+def test_pruner_bar_is_the_best_low_end(tmp_path):
+    import optuna
+
+    h = studies.open_study(studies.sqlite_url(tmp_path / "s.db"), "s", run_id="r")
+    dist = {"workers": optuna.distributions.IntDistribution(0, 2)}
+
+    def add(value, ci, outcome="ok"):
+        h.study.add_trial(optuna.trial.create_trial(
+            params={"workers": 0}, distributions=dist, value=value,
+            user_attrs={"outcome": outcome, "ci_half": ci}))
+
+    add(300.0, float("inf"))  # a lucky reading without a known interval sets no bar
+    add(250.0, 500.0, outcome="oom")  # not comparable
+    assert studies.best_floor(h.trials()) is None
+    add(120.0, 20.0)
+    assert studies.best_floor(h.trials()) == 100.0
+    trial = h.study.ask()
+    h.pruner.observe(trial.number, ci_half=5.0, measured_s=5.0)
+    trial.report(80.0, 0)  # 85 < 0.9 * 100
+    assert trial.should_prune()
+    h.pruner.observe(trial.number, ci_half=15.0, measured_s=5.0)
+    trial.report(80.0, 1)  # 95 >= 90: may still get there
+    assert not trial.should_prune()
+    h.pruner.observe(trial.number, ci_half=1.0, measured_s=0.5)
+    trial.report(10.0, 2)  # too early to judge
+    assert not trial.should_prune()
