@@ -201,9 +201,10 @@ def test_probe_cwd_keeps_the_probe_out_of_the_users_tree(tmp_path):
             str(SCRIPTS / "shape_pauses.py"), "--sample-s", "0", "--eval-s", "0.3"]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     done = subprocess.run(argv, cwd=user, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
     full = json.loads(done.stdout.strip().splitlines()[-1])["modes"]["full"]
+    # Measured either way; on a machine shared with other work the probe is flagged as such.
     assert full["outcome"] in ("ok", "foreign-load"), full["reason"]
+    assert done.returncode == (0 if full["outcome"] == "ok" else 1), done.stderr[-3000:]
     assert full["source"] == "metric" and full["samples_per_s"] > 0
     assert "writes" not in full["seen"]
     assert (user / "ckpt.pt").read_text() == "the user's own checkpoint"
