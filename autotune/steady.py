@@ -6,9 +6,8 @@ Pure: takes ``(time_s, cumulative_samples)`` points, returns an `Estimate`. The 
 2. Pauses (evaluation, checkpointing, sampling at step 0) are not the loop the user will run for
    hours; they are excluded and their time reported, never averaged in. Two signs: the counter
    stands still for longer than a few batches take (`idle_spans`; the meter's points bound such
-   a stretch to the batch), and every window touching it goes, however short the pause; or a
-   window's rate is under a quarter of the median, and it and the windows on either side
-   (which straddle it) go.
+   a stretch to the batch), and every window touching it goes, however short the pause. A window
+   that is merely slow stays: slowness is what the user would get.
 3. Warm-up: the first window after the first batch always goes (first-iteration sampling, worker
    start); then MSER-5 (White 1997) picks the truncation point that minimises the standard error
    of what is left, within the first half of the series.
@@ -27,7 +26,6 @@ _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 
          9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131,
          16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086, 25: 2.060, 30: 2.042}
 
-PAUSE_FRACTION = 0.25
 IDLE_GAPS = 4.0  # a stretch without a batch this many usual gaps long is a pause...
 MIN_IDLE_S = 0.25  # ...and at least this long (a stall of the machine is not a pause)
 MIN_WINDOW_S = 0.5
@@ -57,6 +55,8 @@ class Estimate:
     warmup_s: float  # time discarded after the first batch
     paused_s: float  # time excluded as pauses
     windows: int
+    start_t: float = 0.0  # the span the estimate stands on, in the points' clock
+    end_t: float = 0.0
 
     @property
     def rel_half(self) -> float:
@@ -183,23 +183,23 @@ def estimate(points: list[tuple[float, float]], *, batches: int,
     spans = idle_spans(points, batches)
     idle = [any(a < t0 + (i + 2) * dt and b > t0 + (i + 1) * dt for a, b in spans)
             for i in range(len(rates))]
-    positive = [r for r, still in zip(rates, idle) if r > 0 and not still]
-    if not positive:
+    if not any(r > 0 and not still for r, still in zip(rates, idle)):
         return Estimate(0.0, 0.0, 0.0, dt, len(rates) * dt, 0)
-    floor = PAUSE_FRACTION * median(positive)
-    slow = [r < floor for r in rates]
-    # A window next to a slow one straddles the pause: out too.
-    out = [idle[i] or slow[i] or (i > 0 and slow[i - 1]) or (i + 1 < len(slow) and slow[i + 1])
-           for i in range(len(slow))]
+    # Only a standstill is a pause. A slow window is not: on a busy machine the script really
+    # runs that slowly, and dropping it would flatter the estimate.
+    out = idle
     lead = next((i for i, o in enumerate(out) if not o), len(out))  # slow start: warm-up
-    kept = [r for r, o in zip(rates[lead:], out[lead:]) if not o]
-    paused = len(rates) - lead - len(kept)
-    cut = mser_truncation(kept)
-    kept = kept[cut:]
+    index = [i for i in range(lead, len(rates)) if not out[i]]
+    paused = len(rates) - lead - len(index)
+    cut = mser_truncation([rates[i] for i in index])
+    index = index[cut:]
     warmup += lead + cut
-    if not kept:
+    if not index:
         return None
+    kept = [rates[i] for i in index]
     mean = sum(kept) / len(kept)
+    # rates[i] is the window [t0 + (i+1) dt, t0 + (i+2) dt]: the first one was dropped above.
     return Estimate(samples_per_s=mean, ci_half=batch_means_ci(kept),
                     measured_s=len(kept) * dt, warmup_s=warmup * dt, paused_s=paused * dt,
-                    windows=len(kept))
+                    windows=len(kept), start_t=t0 + (index[0] + 1) * dt,
+                    end_t=t0 + (index[-1] + 2) * dt)

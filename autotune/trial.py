@@ -84,6 +84,10 @@ class TrialResult:
 
     foreign_limit_cores: float = FOREIGN_CORES_LIMIT
     counted_samples_per_s: float = 0.0  # with source "metric": autotune's own count, to compare
+    # The span the estimate stands on, in time.monotonic() of this host (ranks on this host
+    # share that clock, so a script's own timestamps can be compared).
+    window_start_t: float = 0.0
+    window_end_t: float = 0.0
 
     @property
     def foreign_flagged(self) -> bool:
@@ -454,7 +458,8 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         foreign_cores=foreign, exit_code=exit_code, log_path=str(log_path),
         log_tail="" if outcome == Outcome.OK else tail, seen=seen,
         notes=tuple(notes), knobs=dict(probe.spec.knobs), mode=probe.spec.mode,
-        foreign_limit_cores=probe.spec.foreign_limit_cores, counted_samples_per_s=counted)
+        foreign_limit_cores=probe.spec.foreign_limit_cores, counted_samples_per_s=counted,
+        window_start_t=est.start_t if est else 0.0, window_end_t=est.end_t if est else 0.0)
 
 
 def _counted_rate(probe: _Probe) -> float:

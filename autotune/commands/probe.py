@@ -62,8 +62,8 @@ def run(args) -> int:
                 journal.emit("trial_finished", trial=f"probe-{mode}", mode=mode, result=result)
                 results[mode] = result
                 if not result.ok:
-                    say(f"autotune: mode '{mode}': {result.outcome.value}: {result.reason} "
-                        f"(log: {result.log_path})")
+                    console.error(f"mode '{mode}' {result.outcome.value}: {result.reason} "
+                                  f"(log: {result.log_path})")
             rate = {m: (r.samples_per_s if r.ok else None) for m, r in results.items()}
             v = verdict.decide(rate.get("full"), rate.get("synthetic"), rate.get("io"))
             summary = {
@@ -76,7 +76,8 @@ def run(args) -> int:
                 summary["allreduce"] = _allreduce(run_dir, cwd, say)
             rundir.write_atomic(run_dir / "probe.json", json.dumps(summary, indent=2, default=str))
             journal.emit("probe_verdict", verdict=summary["verdict"])
-            journal.emit("run_ended", exit_code=0)
+            code = 0 if all(r.ok for r in results.values()) else 1
+            journal.emit("run_ended", exit_code=code)
     except BaseException as exc:  # the journal says the run is over, however it ended
         journal.emit("run_ended", exit_code=130 if isinstance(exc, KeyboardInterrupt) else 1,
                      error=f"{type(exc).__name__}: {exc}")
@@ -86,7 +87,7 @@ def run(args) -> int:
     else:
         _print_table(results, v, run_dir, plain=args.plain)
         _print_allreduce(summary.get("allreduce"), plain=args.plain)
-    return 0
+    return code
 
 
 def _allreduce(run_dir, cwd, say) -> dict:

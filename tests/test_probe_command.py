@@ -1,0 +1,75 @@
+"""`autotune probe` as a user runs it: a table or JSON, a verdict, one-line errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from autotune.trial import TrialSpec, run_trial
+from conftest import SCRIPTS
+
+
+def autotune(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_probe_json_has_three_modes_and_a_verdict():
+    r = autotune("probe", "--json", "--seconds", "15", str(SCRIPTS / "ok.py"))
+    summary = json.loads(r.stdout)
+    assert set(summary["modes"]) == {"full", "synthetic", "io"}
+    for mode in summary["modes"].values():
+        assert mode["source"] == "dataloader"
+        if mode["outcome"] == "ok":
+            assert mode["samples_per_s"] > 0 and mode["ci_half"] >= 0
+    v = summary["verdict"]
+    assert v["bottleneck"] in ("io", "compute", "balanced", "unknown")
+    assert v["text"]
+    assert r.returncode == (0 if all(m["outcome"] == "ok" for m in summary["modes"].values())
+                            else 1)
+
+
+@pytest.mark.slow
+def test_probe_of_a_crashing_script_is_one_line_not_a_traceback():
+    r = autotune("probe", "--plain", "--modes", "full", "--seconds", "15",
+                 str(SCRIPTS / "crash_start.py"))
+    assert r.returncode == 1
+    errors = [line for line in r.stderr.splitlines() if line.startswith("ERROR:")]
+    assert len(errors) == 1
+    assert "crashed: ValueError: bad config: lr must be positive" in errors[0]
+    assert "log:" in errors[0]
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("probe", "missing.py"), "script 'missing.py' not found"),
+    (("probe", "--modes", "turbo", str(SCRIPTS / "ok.py")), "unknown mode"),
+    (("probe", "--seconds", "-3", str(SCRIPTS / "ok.py")), "--seconds"),
+    (("probe",), "no training script given"),
+    (("frobnicate",), "invalid choice"),
+])
+def test_usage_errors_are_one_line_exit_2(args, needle):
+    r = autotune(*args, timeout=60)
+    assert r.returncode == 2
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("ERROR:")
+    assert needle in lines[0]
+    assert r.stdout == ""
+
+
+@pytest.mark.slow
+def test_probe_agrees_with_the_scripts_own_throughput(tmp_path):
+    """Same process, same window: autotune's figure within 5% of what the script printed."""
+    r = run_trial(TrialSpec(command=(str(SCRIPTS / "self_report.py"),), cwd=str(tmp_path),
+                            log_dir=tmp_path, name="agree", max_s=40.0, min_measure_s=14.0,
+                            foreign_limit_cores=1e9))
+    assert r.ok, r.reason
+    reports = [line.split() for line in open(r.log_path) if line.startswith("throughput:")]
+    # (rate, end time) of each 0.5 s span the script measured itself inside autotune's window
+    inside = [(float(w[1]), float(w[4])) for w in reports
+              if float(w[4]) - 0.5 >= r.window_start_t and float(w[4]) <= r.window_end_t]
+    assert len(inside) >= 10, (r.window_start_t, r.window_end_t, reports)
+    theirs = sum(rate for rate, _ in inside) / len(inside)
+    assert r.samples_per_s == pytest.approx(theirs, rel=0.05), (r, inside)
