@@ -419,6 +419,9 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         reason = sources.metric_reason(
             probe.metric, batch_known=bool(probe.samples_per_step or probe.loader_batch),
             ran_s=ran_s, log_path=log_path)
+    if probe.spec.mode == "io" and outcome == Outcome.OK and probe.source != "dataloader":
+        outcome, reason = Outcome.NO_SIGNAL, ("io mode drains a DataLoader, and the script "
+                                              "fed no batch through one")
     if probe.pruned and outcome == Outcome.OK:
         outcome, reason = Outcome.PRUNED, "its interval could not reach the best so far"
     foreign = load.cores()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -9,6 +10,7 @@ import sys
 from autotune import console, rundir, verdict
 from autotune.commands import common
 from autotune.journal import Journal
+from autotune.outcome import Outcome
 from autotune.monitor import watch
 from autotune.trial import TrialSpec, run_trial
 from probes import protocol
@@ -39,6 +41,7 @@ def run(args) -> int:
         from autotune.errors import UsageError
         raise UsageError(f"--modes: unknown mode {bad[0] if bad else args.modes!r}; "
                          f"choose from {','.join(protocol.MODES)}")
+    knobs = _placeholder_values(target, say=lambda m: print(m, file=sys.stderr, flush=True))
     watched = common.watch_dirs(target)
     cwd = common.probe_cwd(args)
     target = common.absolute_script(target, cwd)
@@ -56,7 +59,8 @@ def run(args) -> int:
                 say(f"autotune: probing mode '{mode}' (up to {args.seconds:.0f} s)...")
                 journal.emit("trial_started", trial=f"probe-{mode}", mode=mode, knobs={})
                 result = run_trial(TrialSpec(
-                    command=target, cwd=cwd, log_dir=run_dir / "logs", name=f"probe-{mode}",
+                    command=target, knobs=knobs, cwd=cwd, log_dir=run_dir / "logs",
+                    name=f"probe-{mode}",
                     mode=mode, max_s=args.seconds, samples_per_step=args.samples_per_step,
                     metric=args.metric if mode != "io" else None, watch_dirs=watched))
                 journal.emit("trial_finished", trial=f"probe-{mode}", mode=mode, result=result)
@@ -64,8 +68,13 @@ def run(args) -> int:
                 if not result.ok:
                     console.error(f"mode '{mode}' {result.outcome.value}: {result.reason} "
                                   f"(log: {result.log_path})")
-            rate = {m: (r.samples_per_s if r.ok else None) for m, r in results.items()}
+            # A probe flagged for foreign load still measured something: the verdict uses it and
+            # says so, rather than giving none on a busy machine.
+            rate = {m: (r.samples_per_s if _measured(r) else None) for m, r in results.items()}
             v = verdict.decide(rate.get("full"), rate.get("synthetic"), rate.get("io"))
+            if any(r.outcome == Outcome.FOREIGN_LOAD for r in results.values()):
+                v = dataclasses.replace(v, text=v.text + " (WARNING: measured while other "
+                                        "programs loaded the CPU; re-run on a quiet machine)")
             summary = {
                 "command": list(target), "run_dir": str(run_dir),
                 "modes": {m: r.to_dict() for m, r in results.items()},
@@ -88,6 +97,28 @@ def run(args) -> int:
         _print_table(results, v, run_dir, plain=args.plain)
         _print_allreduce(summary.get("allreduce"), plain=args.plain)
     return code
+
+
+def _measured(r) -> bool:
+    return r.outcome in (Outcome.OK, Outcome.FOREIGN_LOAD) and r.samples_per_s > 0
+
+
+def _placeholder_values(target, *, say) -> dict:
+    """Values for ``{knob}`` placeholders in the script's args: the knobs' conventional ones."""
+    from autotune.launch import placeholders
+    from autotune.space.knobs import KNOBS
+
+    values = {}
+    for name in sorted(placeholders(target[1:])):
+        if name == "threads":
+            values[name] = os.cpu_count() or 1
+        elif name in KNOBS:
+            values[name] = KNOBS[name].conventional
+        else:
+            continue
+        say(f"autotune: placeholder {{{name}}} = {values[name]} (its conventional value; "
+            f"'autotune tune' searches it)")
+    return values
 
 
 def _allreduce(run_dir, cwd, say) -> dict:
@@ -129,8 +160,8 @@ def _print_table(results, v, run_dir, *, plain: bool) -> None:
     for col in ("mode", "samples/s", "± 95% CI", "source", "outcome", "note"):
         table.add_column(col, justify="right" if col in ("samples/s", "± 95% CI") else "left")
     for mode, r in results.items():
-        rate = f"{r.samples_per_s:.1f}" if r.ok else "-"
-        ci = f"{r.ci_half:.1f} ({r.ci_half / r.samples_per_s:.1%})" if r.ok and r.samples_per_s else "-"
+        rate = f"{r.samples_per_s:.1f}" if _measured(r) else "-"
+        ci = (f"{r.ci_half:.1f} ({r.ci_half / r.samples_per_s:.1%})" if _measured(r) else "-")
         note = r.reason or (f"foreign load {r.foreign_cores:.2f} cores" if r.foreign_flagged
                             else "")
         table.add_row(mode, rate, ci, r.source, r.outcome.value, note)
