@@ -198,8 +198,12 @@ def estimate(points: list[tuple[float, float]], *, batches: int,
         return None
     kept = [rates[i] for i in index]
     mean = sum(kept) / len(kept)
+    # Counts come in whole batches: over the measured time the rate is known to one batch at
+    # best, however alike the windows look (identical windows would otherwise claim a zero CI).
+    batch = (points[-1][1] - points[0][1]) / max(batches, 1)
+    ci = max(batch_means_ci(kept), batch / (len(kept) * dt))
     # rates[i] is the window [t0 + (i+1) dt, t0 + (i+2) dt]: the first one was dropped above.
-    return Estimate(samples_per_s=mean, ci_half=batch_means_ci(kept),
+    return Estimate(samples_per_s=mean, ci_half=ci,
                     measured_s=len(kept) * dt, warmup_s=warmup * dt, paused_s=paused * dt,
                     windows=len(kept), start_t=t0 + (index[0] + 1) * dt,
                     end_t=t0 + (index[-1] + 2) * dt)

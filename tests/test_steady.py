@@ -91,3 +91,13 @@ def test_t_quantiles():
     assert steady.t975(9) == pytest.approx(2.262)
     assert steady.t975(1000) == 1.96
     assert steady.t975(0) == float("inf")
+
+
+def test_identical_windows_still_have_batch_resolution():
+    # one 32-sample batch exactly every 0.5 s: every 1 s window holds two batches
+    pts = [(0.0, 0.0)]
+    for k in range(1, 41):
+        pts.append((k * 0.5, 32.0 * k))
+    est = steady.estimate(pts, batches=40, dt=1.0)
+    assert est.samples_per_s == pytest.approx(64.0)
+    assert est.ci_half >= 32.0 / est.measured_s > 0
