@@ -405,6 +405,8 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
             and error is None:
         failing = None  # our own TERM/KILL, not the script's failure
     exit_code = failing if failing is not None else (exit_codes[0] if exit_codes else None)
+    if probe.stopped_by_us and failing is None and exit_code is not None and exit_code < 0:
+        exit_code = None  # our own TERM/KILL at the end of the probe: the script had no say
     tail = _tail(log_path)
     ran_s = time.monotonic() - probe.t_begin
     has_estimate = est is not None and est.windows >= 3 and est.samples_per_s > 0
