@@ -15,12 +15,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune import flags, proc, sources, steady
+from autotune import flags, launchers, proc, sources, steady
 from autotune.collector import Collector
 from autotune.load import FOREIGN_CORES_LIMIT, ForeignLoad
 from autotune.metric import MetricLog, parse_metric
 from autotune.outcome import Observed, Outcome, classify
-from autotune.ranks import RanksSpec, start_ranks
+from autotune.ranks import RanksSpec, start_group
 from autotune.ranks import log_path as log_path_of
 from probes import protocol
 
@@ -51,6 +51,9 @@ class TrialSpec:
     env: Mapping[str, str] | None = None  # base environment (default: ours)
     tick_s: float = protocol.DEFAULT_TICK_S
     foreign_limit_cores: float = FOREIGN_CORES_LIMIT  # more foreign load than this: flagged
+    launcher: launchers.Launcher = launchers.Launcher()  # local ranks, mpirun or srun
+    device: str = "auto"  # "cpu" | "gpu" | "auto" (GPUs when NVML sees any)
+    gpus: int | None = 1  # GPUs a probe spreads its ranks over (None: every visible one)
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,7 @@ class _Probe:
         self.seen: dict = {}
         self.notes: list[str] = []
         self.launched: list[proc.Launched] = []
+        self.group = None  # autotune.ranks.RankGroup once started
         self.t_begin = time.monotonic()
         self.t_start = self.t_begin  # start of the current start-up allowance
         self.last_progress_t = self.t_start
@@ -313,12 +317,15 @@ def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool]
     probe.notes.extend(e.note() for e in won)
     ranks_spec = RanksSpec(command=spec.command, knobs=knobs, instances=spec.instances,
                            mode=spec.mode, cwd=spec.cwd, log_dir=log_dir, name=spec.name,
-                           marker=f"{spec.name}-{uuid.uuid4().hex[:12]}", env=base_env)
+                           marker=f"{spec.name}-{uuid.uuid4().hex[:12]}", env=base_env,
+                           launcher=spec.launcher, device=spec.device, gpus=spec.gpus)
     log_path = log_path_of(ranks_spec, 0)
     probe.log_path = log_path
     probe.log_offset = log_path.stat().st_size if log_path.exists() else 0
     try:
-        probe.launched.extend(start_ranks(ranks_spec, channel=collector.env()))
+        group = start_group(ranks_spec, channel=collector.env())
+        probe.group = group
+        probe.launched.extend(group.launched)
         if on_start is not None:
             on_start(probe.launched)
         _loop(probe, collector, load)
@@ -444,7 +451,8 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         probe.notes.append(f"a rank failed while stopping, after the measurement (peers leave "
                            f"at their own next batch): {late.get('exc_type')}: "
                            f"{str(late.get('message'))[:200]}")
-    notes = list(probe.notes) + sources.notes(
+    group_notes = probe.group.notes() if probe.group is not None else []
+    notes = list(probe.notes) + group_notes + sources.notes(
         source=probe.source, step_note=probe.step_note, counted_rate=counted,
         metric_rate=est.samples_per_s if has_estimate and probe.source == "metric" else 0.0,
         writes=probe.writes)

@@ -74,3 +74,21 @@ def test_image_example_as_two_ddp_ranks_under_mpirun(mpi, tmp_path):
     byes = [m.msg for m in messages if m.msg["type"] == "bye"]
     assert len(byes) == 2 and all(b["exit_code"] == 0 for b in byes)
     assert "done: 12 steps" in log
+
+
+def test_probe_under_mpirun_is_measured_and_leaves_nothing(mpi, tmp_path):
+    """The whole trial path under mpirun: two DDP ranks probed, summed, stopped, swept."""
+    from autotune.outcome import Outcome
+    from autotune.trial import TrialSpec, run_trial
+    from conftest import live_children, trial_processes
+
+    r = run_trial(TrialSpec(
+        command=(str(EXAMPLE), "--num-images", "128", "--batch-size", "8", "--epochs", "1000",
+                 "--data-dir", str(tmp_path / "data")),
+        instances=2, cwd=str(tmp_path), log_dir=tmp_path / "logs", name="mpiprobe",
+        launcher=launchers.Launcher(kind="mpirun", mpi=mpi), device="cpu", max_s=60.0,
+        min_measure_s=4.0, foreign_limit_cores=1e9))
+    assert r.outcome == Outcome.OK, (r.reason, r.log_tail)
+    assert r.source == "dataloader" and r.samples_per_s > 0
+    assert r.seen.get("backend") == "gloo"
+    assert trial_processes("mpiprobe") == [] and live_children() == []
