@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
 import sys
 
-from autotune import console, rundir, verdict
+from autotune import console, launchers, rundir, verdict
 from autotune.commands import common
 from autotune.journal import Journal
 from autotune.outcome import Outcome
@@ -28,6 +29,9 @@ def add_parser(sub):
     p.add_argument("--allreduce", action="store_true",
                    help="also time allreduce by message size (4 KB to 256 MB) on 2 ranks "
                         "and show the bucket_mb range it suggests")
+    p.add_argument("--instances", type=_positive_int, default=1, metavar="N",
+                   help="data-parallel ranks to start (torchrun-style env; default 1)")
+    launchers.add_launcher_args(p)
     common.add_probe_args(p)
     common.add_script_args(p)
     return p
@@ -41,6 +45,7 @@ def run(args) -> int:
         from autotune.errors import UsageError
         raise UsageError(f"--modes: unknown mode {bad[0] if bad else args.modes!r}; "
                          f"choose from {','.join(protocol.MODES)}")
+    launcher = launchers.from_args(args)
     knobs = _placeholder_values(target, say=lambda m: print(m, file=sys.stderr, flush=True))
     watched = common.watch_dirs(target)
     cwd = common.probe_cwd(args)
@@ -60,6 +65,7 @@ def run(args) -> int:
                 journal.emit("trial_started", trial=f"probe-{mode}", mode=mode, knobs={})
                 result = run_trial(TrialSpec(
                     command=target, knobs=knobs, cwd=cwd, log_dir=run_dir / "logs",
+                    instances=args.instances, launcher=launcher,
                     name=f"probe-{mode}",
                     mode=mode, max_s=args.seconds, samples_per_step=args.samples_per_step,
                     metric=args.metric if mode != "io" else None, watch_dirs=watched))
@@ -97,6 +103,16 @@ def run(args) -> int:
         _print_table(results, v, run_dir, plain=args.plain)
         _print_allreduce(summary.get("allreduce"), plain=args.plain)
     return code
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
+    return value
 
 
 def _measured(r) -> bool:
