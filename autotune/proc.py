@@ -25,6 +25,7 @@ from probes import protocol
 
 _PR_SET_CHILD_SUBREAPER = 36
 _subreaper = False
+_ours: set[int] = set()  # pids this process started with Popen: subprocess reaps those
 
 
 def become_subreaper() -> bool:
@@ -110,6 +111,7 @@ def start(spec: LaunchSpec, *, on_output=None) -> Launched:
             out.close()
             if err is not out:
                 err.close()
+    _ours.add(popen.pid)
     launched = Launched(spec=spec, popen=popen, pgid=popen.pid)
     if spec.pipe_output:
         t = threading.Thread(target=_pump, args=(popen, out, err, on_output), daemon=True,
@@ -165,6 +167,7 @@ def run_command(argv, *, env: dict[str, str], input_text: str | None = None,
         except OSError as exc:
             raise LaunchError(f"cannot start {argv[0]!r}: {exc.strerror or exc}; "
                               f"check that it exists and is executable") from exc
+        _ours.add(popen.pid)
         try:
             popen.communicate(input=(input_text or "").encode(), timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -205,6 +208,8 @@ def stop(launched: Launched, *, grace_s: float = 5.0) -> int | None:
         launched.popen.wait(timeout=10)
     except subprocess.TimeoutExpired:
         pass
+    else:
+        _ours.discard(launched.pid)  # its status is collected: the pid may be reused
     sweep(launched)
     for t in launched._threads:
         t.join(timeout=5)
@@ -237,6 +242,7 @@ def sweep(launched: Launched) -> list[int]:
         except psutil.Error:
             pass
     psutil.wait_procs(list(victims.values()), timeout=5)  # reaps those that are our children
+    reap_adopted()
     return killed
 
 
@@ -274,3 +280,24 @@ def marked(marker: str) -> list[psutil.Process]:
             continue
     return found
 
+
+
+def reap_adopted() -> list[int]:
+    """Collect the exit status of orphans re-parented to us (we are their subreaper).
+
+    Only processes we did not start ourselves: a Popen of ours keeps its status for its owner.
+    """
+    reaped = []
+    try:
+        children = psutil.Process().children()
+    except psutil.Error:
+        return reaped
+    for child in children:
+        if child.pid in _ours:
+            continue
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE and os.waitpid(child.pid, os.WNOHANG)[0]:
+                reaped.append(child.pid)
+        except (psutil.Error, ChildProcessError, OSError):
+            continue
+    return reaped

@@ -51,6 +51,10 @@ def error_report(exc: BaseException) -> dict:
     A killed loader worker often surfaces first as a ConnectionResetError or EOFError from the
     tensor hand-over; torch's own "DataLoader worker ... is killed" names the real cause.
     """
+    named = getattr(exc, "_autotune_cause", None)  # set by the loader hook (probes.intercept)
+    if named:
+        return {"kind": "exception", "exc_type": type(exc).__name__,
+                "message": f"{named} ({exc})"[:2000]}
     if isinstance(exc, (ConnectionError, EOFError, RuntimeError)):
         cause = _dead_worker_error()
         if cause is not None:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import inspect
 import os
+import signal
 import sys
+import time
 
 from probes import protocol
 from probes.meter import Meter
@@ -29,6 +31,32 @@ def knobs_from_env(env=None) -> dict[str, float]:
         except ValueError:
             print(f"autotune: WARNING: ignoring {var}={raw!r}: not a number", file=sys.stderr)
     return knobs
+
+
+DEAD_WORKER_WAIT_S = 0.5
+
+
+def _name_dead_worker(it, exc: BaseException) -> None:
+    """A loader worker killed mid-batch first shows as a reset connection; name the real cause.
+
+    The socket closes a moment before the process is reported dead, so wait briefly for it.
+    The exception the script sees is unchanged; the cause rides on it for the meter's report.
+    """
+    workers = getattr(it, "_workers", None) or []
+    deadline = time.monotonic() + DEAD_WORKER_WAIT_S
+    while True:
+        for w in workers:
+            code = w.exitcode
+            if code is not None and code < 0:
+                try:
+                    name = signal.Signals(-code).name
+                except ValueError:
+                    name = f"signal {-code}"
+                exc._autotune_cause = f"DataLoader worker (pid {w.pid}) was killed by {name}"
+                return
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(0.01)
 
 
 def apply_loader_knobs(arguments: dict, knobs: dict) -> tuple[dict, list[str]]:
@@ -167,10 +195,14 @@ class Interceptor:
             training = torch.is_grad_enabled()
             if mode == "io" and training:
                 interceptor._drain(it, next_)  # never returns
-            if mode == "synthetic" and training:
-                batch = interceptor._replay(it, next_)
-            else:
-                batch = next_(it)
+            try:
+                if mode == "synthetic" and training:
+                    batch = interceptor._replay(it, next_)
+                else:
+                    batch = next_(it)
+            except (ConnectionError, EOFError) as exc:
+                _name_dead_worker(it, exc)
+                raise
             meter.count_batch(batch, training=training)
             return batch
 

@@ -74,10 +74,13 @@ def assert_daemon_stopped(host):
     return log
 
 
-def assert_no_rank_left():
+def assert_no_rank_left(host):
+    """No rank of *this* test's controller (other runs may share the machine) is alive."""
     for p in psutil.process_iter():
         try:
-            if p.environ().get("AUTOTUNE_TRIAL", "").startswith("fakegpu-"):
+            env = p.environ()
+            if env.get("AUTOTUNE_TRIAL", "").startswith("fakegpu-") and \
+                    env.get("FAKE_RANK_OUT") == host["env"]["FAKE_RANK_OUT"]:
                 assert p.status() == psutil.STATUS_ZOMBIE, f"rank process {p.pid} left behind"
         except psutil.Error:
             continue
@@ -112,7 +115,7 @@ def test_success_six_ranks_placed_and_daemon_stopped(host):
     assert f"get_client_list {server}" in commands
     assert sorted(int(p) for p in re.findall(r"NEW CLIENT (\d+) from user \d+: active", log)) \
         == sorted(rec["pid"] for rec in records)
-    assert_no_rank_left()
+    assert_no_rank_left(host)
 
 
 def test_rank_crash_still_stops_the_daemon(host):
@@ -124,7 +127,7 @@ def test_rank_crash_still_stops_the_daemon(host):
     rank_log = Path(result["log_path"]).parent / "fakegpu.rank4.log"
     assert "rank 4 crashed on purpose" in rank_log.read_text()
     assert_daemon_stopped(host)
-    assert_no_rank_left()
+    assert_no_rank_left(host)
 
 
 def test_sigint_to_the_controller_stops_ranks_then_the_daemon(host):
@@ -150,4 +153,4 @@ def test_sigint_to_the_controller_stops_ranks_then_the_daemon(host):
     log = assert_daemon_stopped(host)
     # the ranks were gone before the daemon was told to quit
     assert log.rindex("disconnected") < log.index("Cmd:quit")
-    assert_no_rank_left()
+    assert_no_rank_left(host)

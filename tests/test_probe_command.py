@@ -27,8 +27,9 @@ def test_probe_json_has_three_modes_and_a_verdict():
     v = summary["verdict"]
     assert v["bottleneck"] in ("io", "compute", "balanced", "unknown")
     assert v["text"]
-    assert r.returncode == (0 if all(m["outcome"] == "ok" for m in summary["modes"].values())
-                            else 1)
+    measured = all(m["outcome"] in ("ok", "foreign-load") and m["samples_per_s"] > 0
+                   for m in summary["modes"].values())
+    assert r.returncode == (0 if measured else 1)
 
 
 @pytest.mark.slow

@@ -91,7 +91,7 @@ def run(args) -> int:
                 summary["allreduce"] = _allreduce(run_dir, cwd, say)
             rundir.write_atomic(run_dir / "probe.json", json.dumps(summary, indent=2, default=str))
             journal.emit("probe_verdict", verdict=summary["verdict"])
-            code = 0 if all(r.ok for r in results.values()) else 1
+            code = 0 if all(_measured(r) for r in results.values()) else 1
             journal.emit("run_ended", exit_code=code)
     except BaseException as exc:  # the journal says the run is over, however it ended
         journal.emit("run_ended", exit_code=130 if isinstance(exc, KeyboardInterrupt) else 1,

@@ -21,6 +21,13 @@ FIRST_AFTER_S = 0.5
 RANK_MARK = "probes.boot"  # in the argv of every Python rank (autotune.launch.rank_argv)
 
 
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def run_processes(root_pid: int | None = None) -> tuple[int, int, list[int]]:
     """(ranks, loader workers, pids of the ranks) among the descendants of ``root_pid``.
 
@@ -29,7 +36,7 @@ def run_processes(root_pid: int | None = None) -> tuple[int, int, list[int]]:
     """
     try:
         root = psutil.Process(root_pid or os.getpid())
-        desc = root.children(recursive=True)
+        desc = [p for p in root.children(recursive=True) if _alive(p)]
     except psutil.Error:
         return 0, 0, []
     marked = set()
