@@ -2,7 +2,6 @@
 MPI launcher's variables, placement table, meter and channel across the engine."""
 
 import os
-import sys
 import time
 from pathlib import Path
 

@@ -65,6 +65,17 @@ def positive_float(text: str) -> float:
     return value
 
 
+def positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
+    return value
+
+
 def resolve_target(args: argparse.Namespace) -> tuple[str, ...]:
     """The user's command as a tuple; a usage error when the script is missing."""
     target = list(args.target or [])

@@ -109,7 +109,7 @@ def lines(info: dict) -> list[str]:
            f"{info['host']['python']})",
            f"cores     {cpu['logical']} logical, {cpu['physical']} physical, "
            f"{cpu['usable']} usable by us",
-           f"numa      " + (", ".join(f"node {n['node']}: {len(n['cpus'])} cpus"
+           "numa      " + (", ".join(f"node {n['node']}: {len(n['cpus'])} cpus"
                                     for n in cpu["numa"]) or "none reported"),
            f"memory    {mem['total_bytes'] / gib:.1f} GiB, {mem['available_bytes'] / gib:.1f} "
            f"GiB available"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -29,7 +28,7 @@ def add_parser(sub):
     p.add_argument("--allreduce", action="store_true",
                    help="also time allreduce by message size (4 KB to 256 MB) on 2 ranks "
                         "and show the bucket_mb range it suggests")
-    p.add_argument("--instances", type=_positive_int, default=1, metavar="N",
+    p.add_argument("--instances", type=common.positive_int, default=1, metavar="N",
                    help="data-parallel ranks to start (torchrun-style env; default 1)")
     launchers.add_launcher_args(p)
     common.add_probe_args(p)
@@ -103,16 +102,6 @@ def run(args) -> int:
         _print_table(results, v, run_dir, plain=args.plain)
         _print_allreduce(summary.get("allreduce"), plain=args.plain)
     return code
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
-    return value
 
 
 def _measured(r) -> bool:

@@ -31,23 +31,13 @@ def add_parser(sub):
     return p
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
-    return value
-
-
 def _count(text: str) -> int:
-    return 0 if text.strip() == "0" else _positive_int(text)
+    return 0 if text.strip() == "0" else common.positive_int(text)
 
 
 def add_tune_args(p: argparse.ArgumentParser) -> None:
     s = p.add_argument_group("search")
-    s.add_argument("--trials", type=_positive_int, metavar="N",
+    s.add_argument("--trials", type=common.positive_int, metavar="N",
                    help="probes in the search, baseline included (default: "
                         "20 without --budget, else as many as the budget allows)")
     s.add_argument("--budget", type=space.parse_duration, metavar="TIME",
@@ -60,7 +50,7 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
                         "bucket_mb=5:100; end the list with '--' before the script")
     s.add_argument("--fix", nargs="+", action="extend", default=[], metavar="NAME=VALUE",
                    help="hold a knob at one value: workers=2")
-    s.add_argument("--global-batch", type=_positive_int, metavar="N",
+    s.add_argument("--global-batch", type=common.positive_int, metavar="N",
                    help="keep the global batch at N: per-rank batch = N / ranks, so only rank "
                         "counts that divide N are tried")
     s.add_argument("--baseline", nargs="+", action="extend", default=[], metavar="NAME=VALUE",
