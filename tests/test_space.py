@@ -202,3 +202,15 @@ def test_one_at_a_time_moves_each_knob_to_its_far_end():
     moves = sp.one_at_a_time()
     assert moves == [{**sp.baseline, "batch_size": 256}, {**sp.baseline, "workers": 2},
                      {**sp.baseline, "thread_pct": 50}]
+
+
+def test_initial_design_adds_a_core_balanced_config():
+    sp = build()  # 2 cores: one worker and one thread fill them
+    design = sp.initial_design()
+    assert design[:3] == sp.one_at_a_time()
+    assert design[3] == {**sp.baseline, "workers": 1, "thread_pct": 50}
+    assert space.Space.from_dict(sp.to_dict()).initial_design() == design
+    big = build(cores=16, workers=0)
+    assert {**big.baseline, "workers": 8, "thread_pct": 50} in big.initial_design()
+    assert build(cores=2, fix=["workers=0"]).initial_design() == \
+        build(cores=2, fix=["workers=0"]).one_at_a_time()

@@ -102,11 +102,13 @@ def test_search_measures_each_config_once_and_finds_the_best(tmp_path, monkeypat
     keys = [tuple(sorted(k.items())) for k in probes[1:]]
     assert len(keys) == len(set(keys)), "a config was measured twice"
     assert report.trials_measured == len(probes) <= 12, report.stop_reason
-    # First each knob alone at its far end, then the moves that paid off, together.
-    assert probes[1:5] == [
+    # First each knob alone at its far end, a config where workers and threads share the two
+    # cores, then the moves that paid off, together.
+    assert probes[1:6] == [
         {"batch_size": 32, "workers": 0, "threads": 2, "instances": 1},
         {"batch_size": 16, "workers": 2, "threads": 2, "instances": 1},
         {"batch_size": 16, "workers": 0, "threads": 1, "instances": 1},
+        {"batch_size": 16, "workers": 1, "threads": 1, "instances": 1},
         {"batch_size": 16, "workers": 2, "threads": 1, "instances": 1}]
     # Confirmation: the best two and the baseline, interleaved A B C A B C.
     names = [s.name.split("-", 1)[1] for s in fake.specs if s.name.startswith("confirm")]

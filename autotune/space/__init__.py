@@ -14,12 +14,12 @@ thread count a rank gets (the sum over ranks may exceed 100%).
 from __future__ import annotations
 
 from autotune.space.build import Space, SpaceRequest, build, canonical, check_request
-from autotune.space.knobs import (ALIASES, DOMAIN_RULES, KNOBS, ORDER, Baseline, Knob, Machine,
+from autotune.space.knobs import (ALIASES, DESIGN_RULES, DOMAIN_RULES, KNOBS, ORDER, Baseline, Knob, Machine,
                                   divisors, geometric, linear, pct_for_threads, threads_per_rank)
 from autotune.space.parse import (Range, explicit_fixes, parse_duration, parse_fix,
                                   parse_space)
 
-__all__ = ["ALIASES", "DOMAIN_RULES", "KNOBS", "ORDER", "Baseline", "Knob", "Machine", "Range",
+__all__ = ["ALIASES", "DESIGN_RULES", "DOMAIN_RULES", "KNOBS", "ORDER", "Baseline", "Knob", "Machine", "Range",
            "Space", "SpaceRequest", "build", "canonical", "check_request", "divisors", "explicit_fixes",
            "geometric", "linear", "parse_duration", "parse_fix", "parse_space",
            "pct_for_threads", "threads_per_rank"]

@@ -9,7 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from autotune.errors import UsageError
-from autotune.space.knobs import (ALIASES, DOMAIN_RULES, KNOBS, ORDER, Baseline, Machine,
+from autotune.space.knobs import (ALIASES, DESIGN_RULES, DOMAIN_RULES, KNOBS, ORDER, Baseline,
+                                  Machine,
                                   pct_for_threads, threads_per_rank)
 from autotune.space.parse import Range, _expand
 
@@ -24,6 +25,7 @@ class Space:
     global_batch: int | None = None
     notes: tuple[str, ...] = ()
     placeholders: tuple[str, ...] = ()
+    device: str = "cpu"
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -68,6 +70,19 @@ class Space:
                 out.append(cfg)
         return out
 
+    def initial_design(self) -> list[dict[str, int]]:
+        """What to measure right after the baseline: `one_at_a_time`, then the device's
+        informed starting points (`DESIGN_RULES`: on CPU, workers and threads sharing the
+        cores)."""
+        out = self.one_at_a_time()
+        rule = DESIGN_RULES.get(self.device)
+        for change in (rule(self.domains, self.baseline, self.cores) if rule else []):
+            cfg = self.config({**self.baseline, **change})
+            if self.key(cfg) != self.key(self.baseline) and \
+                    all(self.key(cfg) != self.key(o) for o in out):
+                out.append(cfg)
+        return out
+
     def configs(self) -> list[dict[str, int]]:
         """Every distinct config of the space, canonical."""
         out: dict[tuple, dict[str, int]] = {}
@@ -96,14 +111,15 @@ class Space:
         return {"domains": {n: list(v) for n, v in self.domains.items()},
                 "fixed": dict(self.fixed), "baseline": dict(self.baseline), "cores": self.cores,
                 "global_batch": self.global_batch, "notes": list(self.notes),
-                "placeholders": list(self.placeholders)}
+                "placeholders": list(self.placeholders), "device": self.device}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> Space:
         return cls(domains={n: tuple(v) for n, v in d["domains"].items()},
                    fixed=dict(d["fixed"]), baseline=dict(d["baseline"]), cores=int(d["cores"]),
                    global_batch=d.get("global_batch"), notes=tuple(d.get("notes", ())),
-                   placeholders=tuple(d.get("placeholders", ())))
+                   placeholders=tuple(d.get("placeholders", ())),
+                   device=str(d.get("device", "cpu")))
 
 
 def canonical(cfg: Mapping[str, int], global_batch: int | None = None) -> dict[str, int]:
@@ -186,9 +202,8 @@ def build(machine: Machine, baseline: Baseline, req: SpaceRequest) -> Space:
         else:
             base_cfg.pop(name, None)
     return Space(domains=domains, fixed=fixed, baseline=canonical(base_cfg, req.global_batch),
-                 cores=cores,
-                 global_batch=req.global_batch, notes=tuple(notes),
-                 placeholders=tuple(req.placeholders))
+                 cores=cores, global_batch=req.global_batch, notes=tuple(notes),
+                 placeholders=tuple(req.placeholders), device=machine.device)
 
 
 def _baseline_config(b: Baseline, cores: int, placeholders: Sequence[str]) -> dict[str, int]:

@@ -159,3 +159,30 @@ DOMAIN_RULES: dict[tuple[str, str], Callable[[Machine, Baseline], tuple[int, ...
     ("instances", "cpu"): _cpu_instances,
     ("bucket_mb", "cpu"): _cpu_bucket_mb,
 }
+
+
+def _cpu_balanced(domains: Mapping[str, tuple[int, ...]], baseline: Mapping[str, int],
+                  cores: int) -> list[dict[str, int]]:
+    """Loader workers and compute threads splitting the cores between them.
+
+    On CPU both draw on the same cores, and oversubscription is what hurts most (one busy
+    extra process made a 2-thread config 10-14x slower here): a config where workers plus
+    threads fill the cores, no more, is worth measuring early.
+    """
+    if "workers" not in domains or "thread_pct" not in domains or cores < 2:
+        return []
+    per_rank = max(1, cores // max(1, baseline.get("instances", 1)))
+    workers = [w for w in domains["workers"] if 1 <= w <= per_rank // 2]
+    if not workers:
+        return []
+    w = max(workers)
+    pct = pct_for_threads(per_rank - w, cores)
+    nearest = min(domains["thread_pct"], key=lambda v: (abs(v - pct), v))
+    return [{"workers": w, "thread_pct": nearest}]
+
+
+# device kind -> extra starting configs (changes to the baseline) worth measuring first.
+DESIGN_RULES: dict[str, Callable[[Mapping[str, tuple[int, ...]], Mapping[str, int], int],
+                                 list[dict[str, int]]]] = {
+    "cpu": _cpu_balanced,
+}

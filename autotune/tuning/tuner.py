@@ -413,8 +413,8 @@ class Tuner:
             warm = self.state.get("warm_start")
             if warm:
                 handle.enqueue(self.space.choice_from_config(warm), {"warm_start": True})
-            for cfg in self.space.one_at_a_time():
-                handle.enqueue(self.space.choice_from_config(cfg), {"design": "one-at-a-time"})
+            for cfg in self.space.initial_design():
+                handle.enqueue(self.space.choice_from_config(cfg), {"design": "initial"})
             self.state["enqueued"] = True
             self._save_state()
         return handle
