@@ -105,10 +105,10 @@ def test_wrap_image_example(tmp_path):
 
 @pytest.mark.slow
 def test_wrap_exits_with_the_scripts_code(tmp_path):
-    # The toy trains --run-seconds from its first batch: longer than a whole probe, so only the
-    # full run reaches its end and its exit code.
-    p = autotune("wrap", *QUIET, "--trials", "1", "--seconds", "10", "--recipe-dir",
-                 str(tmp_path / "recipes"), "--", TOY, "--work", "1", "--run-seconds", "12",
+    # The toy trains --run-seconds from its first batch: longer than a whole probe (even the
+    # baseline's slow-start retry, 2 x --seconds), so only the full run reaches its exit code.
+    p = autotune("wrap", *QUIET, "--trials", "1", "--seconds", "6", "--recipe-dir",
+                 str(tmp_path / "recipes"), "--", TOY, "--work", "1", "--run-seconds", "13",
                  "--exit-code", "3", cwd=tmp_path, timeout=200)
     assert p.returncode == 3, p.stderr[-3000:]
     assert "tune_toy: done after" in p.stdout

@@ -92,7 +92,7 @@ def finish(tuner, handle):
     tuner.journal.emit("best", knobs=best_cfg, samples_per_s=best.samples_per_s,
                        ci_half=best.ci_half, baseline_samples_per_s=baseline.samples_per_s,
                        speedup=d.speedup, kept_baseline=d.kept_baseline, reason=d.reason)
-    trials = handle.trials()
+    trials = [t for t in handle.trials() if t.state.is_finished()]
     report = TuneReport(
         run_dir=tuner.run_dir, space=tuner.space, baseline=baseline, best=best,
         speedup=d.speedup, kept_baseline=d.kept_baseline, reason=d.reason,
