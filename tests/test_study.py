@@ -71,14 +71,15 @@ def machine(monkeypatch):
     monkeypatch.setattr(tuner_module, "FOREIGN_WAIT_S", 0.0)
 
 
-def tune(tmp_path, monkeypatch, fake, *, resume=False, **settings):
+def tune(tmp_path, monkeypatch, fake, *, resume=False, warm_start=None, **settings):
     monkeypatch.setattr(tuner_module, "run_trial", fake)
     run_dir = tmp_path / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
     base = dict(command=("train.py",), cwd=str(tmp_path), seconds=10.0, seed=1,
                 confirm_rounds=2)
     base.update(settings)
-    t = Tuner(TuneSettings(**base), run_dir, Journal(run_dir), resume=resume)
+    t = Tuner(TuneSettings(**base), run_dir, Journal(run_dir), resume=resume,
+              warm_start=warm_start)
     return t.run(), t, run_dir
 
 
@@ -274,3 +275,31 @@ def test_pruner_bar_is_the_best_low_end(tmp_path):
     h.pruner.observe(trial.number, ci_half=1.0, measured_s=0.5)
     trial.report(10.0, 2)  # too early to judge
     assert not trial.should_prune()
+
+
+def test_warm_start_is_measured_right_after_the_baseline(tmp_path, monkeypatch, machine):
+    fake = FakeProbe(surface)
+    tune(tmp_path, monkeypatch, fake, trials=3, confirm_rounds=0,
+         warm_start={"batch_size": 64, "workers": 1, "thread_pct": 50, "instances": 1})
+    assert fake.measured()[1] == {"batch_size": 64, "workers": 1, "threads": 1, "instances": 1}
+
+
+def test_storage_url_and_study_name(tmp_path, monkeypatch, machine):
+    import optuna
+
+    url = studies.sqlite_url(tmp_path / "shared.db")
+    tune(tmp_path, monkeypatch, FakeProbe(surface), trials=3, confirm_rounds=0, storage=url,
+         study_name="team")
+    assert not (tmp_path / "run" / "study.db").exists()
+    trials = optuna.load_study(study_name="team", storage=url).trials
+    assert len([t for t in trials if t.state.is_finished()]) >= 3
+
+
+def test_verdict_probes_the_winner_in_both_modes(tmp_path, monkeypatch, machine):
+    fake = FakeProbe(surface)
+    report, _, run_dir = tune(tmp_path, monkeypatch, fake, trials=3, confirm_rounds=0,
+                              verdict=True)
+    modes = [s.mode for s in fake.specs if s.name.startswith("verdict-")]
+    assert modes == ["synthetic", "io"]
+    assert report.verdict["bottleneck"] == "balanced"  # the fake gives both the same rate
+    assert events(run_dir, "probe_verdict")[-1]["verdict"] == report.verdict
