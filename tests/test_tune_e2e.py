@@ -28,7 +28,7 @@ def autotune(*args, cwd, timeout=240, env=None):
                           capture_output=True, timeout=timeout, env=env)
 
 
-def one_error_line(p, *words):
+def assert_one_error_line(p, *words):
     lines = [line for line in p.stderr.splitlines() if line.strip()]
     assert p.returncode == 2, p.stderr
     assert len(lines) == 1, p.stderr
@@ -49,26 +49,26 @@ def one_error_line(p, *words):
 ])
 def test_usage_errors(tmp_path, args, words):
     p = autotune(*args, cwd=tmp_path, timeout=60)
-    one_error_line(p, *words)
+    assert_one_error_line(p, *words)
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
 def test_explicit_flag_cannot_be_searched(tmp_path):
     p = autotune("tune", "--space", "batch_size=8:64", "--", TOY, "--batch-size", "16",
                  cwd=tmp_path, timeout=60)
-    one_error_line(p, "'--batch-size 16'", "--batch-size {batch_size}")
+    assert_one_error_line(p, "'--batch-size 16'", "--batch-size {batch_size}")
 
 
 def test_run_with_corrupt_recipe(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("schema_version = 1\nname = 'x'\n")
     p = autotune("run", "--recipe", str(bad), TOY, cwd=tmp_path, timeout=60)
-    one_error_line(p, str(bad), "missing")
+    assert_one_error_line(p, str(bad), "missing")
 
 
 def test_resume_of_a_directory_that_is_no_run(tmp_path):
     p = autotune("tune", "--resume", str(tmp_path), cwd=tmp_path, timeout=60)
-    one_error_line(p, "--resume", "tune.json")
+    assert_one_error_line(p, "--resume", "tune.json")
 
 
 # -- real runs ----------------------------------------------------------------------------------
