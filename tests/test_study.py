@@ -303,3 +303,18 @@ def test_verdict_probes_the_winner_in_both_modes(tmp_path, monkeypatch, machine)
     assert modes == ["synthetic", "io"]
     assert report.verdict["bottleneck"] == "balanced"  # the fake gives both the same rate
     assert events(run_dir, "probe_verdict")[-1]["verdict"] == report.verdict
+
+
+def test_slow_starting_baseline_gets_one_longer_try(tmp_path, monkeypatch, machine):
+    class SlowStart(FakeProbe):
+        def __call__(self, spec, **kw):
+            if not self.specs:
+                self.specs.append(spec)
+                return result(spec, Outcome.NO_SIGNAL, reason="only 6 batches in 10 s")
+            return super().__call__(spec, **kw)
+
+    fake = SlowStart(surface)
+    report, t, _ = tune(tmp_path, monkeypatch, fake, trials=1)
+    assert [s.max_s for s in fake.specs[:2]] == [10.0, 20.0]
+    assert report.baseline.samples_per_s > 0
+    assert any("trying once more with 20 s" in n for n in t.notes)

@@ -31,7 +31,7 @@ def _remeasure(tuner, entries, rounds: int) -> dict[str, list]:
     window_s = tuner.s.confirm_probe_s
     for rnd, name in decide.interleave(list(cfgs), rounds):
         cfg = cfgs[name]
-        spec = tuner._spec(cfg, f"confirm{rnd}-{name}", max_s=window_s,
+        spec = tuner.spec(cfg, f"confirm{rnd}-{name}", max_s=window_s,
                            min_measure_s=0.6 * window_s, target_rel=CONFIRM_TARGET_REL)
         r = tuner.probe(spec, label=f"confirm{rnd}-{name}", number=None, cfg=cfg, events=False)
         results[name].append(Measured(r.samples_per_s, r.ci_half) if r.ok else None)
@@ -49,7 +49,7 @@ def _probe_verdict(tuner, cfg: dict, full: float) -> dict:
     rates = {}
     for mode in ("synthetic", "io"):
         label = f"verdict-{mode}"
-        r = tuner.probe(tuner._spec(cfg, label, mode=mode), label=label, number=None, cfg=cfg)
+        r = tuner.probe(tuner.spec(cfg, label, mode=mode), label=label, number=None, cfg=cfg)
         rates[mode] = r.samples_per_s if r.ok else None
     v = verdict.decide(full, rates["synthetic"], rates["io"])
     out = {"bottleneck": v.bottleneck, "bound_samples_per_s": v.bound_samples_per_s,

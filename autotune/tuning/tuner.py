@@ -21,12 +21,12 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from autotune import decide, fingerprint, launch, rundir, space
+from autotune import decide, launch, rundir, space
 from autotune import study as studies
-from autotune.errors import AutotuneError
 from autotune.journal import Journal
 from autotune.outcome import Outcome
 from autotune.trial import TrialResult, TrialSpec, run_trial
+from autotune.tuning import baseline as baseline_probe
 from autotune.tuning import rundata
 from autotune.tuning.records import Known, Scored, TuneReport, TuneSettings
 
@@ -68,22 +68,22 @@ class Tuner:
     def elapsed(self) -> float:
         return self.spent_before + time.monotonic() - self.t0
 
-    def _save_state(self) -> None:
+    def save_state(self) -> None:
         self.state.update({"kind": self.kind, "settings": self.s.to_dict(),
                            "run_id": self.run_dir.name})
         rundir.write_atomic(self.run_dir / rundata.STATE,
                             json.dumps(self.state, indent=2, default=str))
 
-    def _note(self, level: str, message: str) -> None:
+    def note(self, level: str, message: str) -> None:
         self.notes.append(message)
         self.notify(level, message)
 
     # -- probes -------------------------------------------------------------------------------
-    def _spec(self, cfg: Mapping[str, int], name: str, **over) -> TrialSpec:
+    def spec(self, cfg: Mapping[str, int], name: str, **over) -> TrialSpec:
         knobs, instances = self.space.trial_knobs(cfg) if self.space else (dict(cfg), 1)
-        return self._spec_for(knobs, instances, name, **over)
+        return self.spec_for(knobs, instances, name, **over)
 
-    def _spec_for(self, knobs: Mapping, instances: int, name: str, **over) -> TrialSpec:
+    def spec_for(self, knobs: Mapping, instances: int, name: str, **over) -> TrialSpec:
         per_step = self.s.samples_per_step
         if per_step is None and "batch_size" in launch.placeholders(self.s.command[1:]):
             per_step = int(knobs.get("batch_size", 0)) or None
@@ -135,78 +135,6 @@ class Tuner:
                                    f"load during the probe; measuring it again")
             time.sleep(FOREIGN_WAIT_S)
             attempt += 1
-
-    # -- baseline -----------------------------------------------------------------------------
-    def _placeholder_values(self) -> dict[str, int]:
-        """Values for the script's placeholders in the baseline probe, telling the user which
-        were guessed."""
-        given = {r.alias: r.values[0] for r in space.parse_fix(self.s.baseline_tokens).values()}
-        out = {}
-        cores = fingerprint.cores()
-        for name in sorted(launch.placeholders(self.s.command[1:])):
-            if name == "batch_size" and self.s.global_batch:
-                out[name] = self.s.global_batch
-                continue
-            default = cores if name == "threads" else space.KNOBS[
-                space.ALIASES.get(name, name)].conventional
-            out[name] = int(given.get(name, default))
-            if name not in given:
-                self._note("hint", f"baseline: {{{name}}} is a placeholder, so the script's own "
-                                   f"default is unknown; using {name}={out[name]} (set it with "
-                                   f"--baseline {name}=N)")
-        if self.s.global_batch:
-            out["batch_size"] = self.s.global_batch
-        return out
-
-    def _measure_baseline(self) -> None:
-        values = self._placeholder_values()
-        result = self.probe(self._spec_for(values, 1, "baseline"), label="baseline", number=None,
-                            cfg=values, finish=False)
-        if result.outcome in (Outcome.NO_SIGNAL, Outcome.HUNG) and result.measured_s == 0 and \
-                result.exit_code in (0, None):
-            # Not one batch inside the window: a slow start (imports, data), not a broken
-            # script. One more try with twice the time before giving up.
-            self._note("hint", f"baseline: no throughput within {self.s.seconds:.0f} s "
-                               f"({result.reason}); trying once more with "
-                               f"{2 * self.s.seconds:.0f} s (raise --seconds for slow starts)")
-            self.journal.emit("trial_finished", trial="baseline", number=None,
-                              mode=result.mode, result=result)
-            result = self.probe(self._spec_for(values, 1, "baseline",
-                                               max_s=2 * self.s.seconds),
-                                label="baseline", number=None, cfg=values, finish=False)
-        if result.outcome == Outcome.FOREIGN_LOAD:
-            self._note("warning", "baseline: measured under foreign CPU load; its number is "
-                                  "only a guide, the confirmation re-measures it")
-        elif not result.ok:
-            self.journal.emit("trial_finished", trial="baseline", number=None, mode=result.mode,
-                              result=result)
-            raise AutotuneError(
-                f"the baseline probe (the script with its own settings) did not give a "
-                f"throughput: {result.outcome.value}: {result.reason}; log: {result.log_path}"
-                + (f"\n{result.log_tail}" if result.log_tail else ""))
-        base = space.Baseline.from_seen(
-            result.seen, peak_rss_bytes=result.peak_rss_bytes,
-            placeholder_values={space.ALIASES.get(k, k): v for k, v in values.items()
-                                if k != "threads"})
-        if "threads" in values:
-            base = dataclasses.replace(base, threads=values["threads"])
-        ranges = space.parse_space(self.s.space_tokens)
-        fixed, notes = space.explicit_fixes(self.s.command[1:], ranges,
-                                            space.parse_fix(self.s.fix_tokens),
-                                            global_batch=self.s.global_batch)
-        for note in notes:
-            self._note("hint", note)
-        req = space.SpaceRequest(ranges=ranges, fixed=fixed, global_batch=self.s.global_batch,
-                                 placeholders=tuple(sorted(launch.placeholders(
-                                     self.s.command[1:]))))
-        sp = space.build(fingerprint.machine(), base, req)
-        self.journal.emit("trial_finished", trial="baseline", number=None, mode=result.mode,
-                          result=dataclasses.replace(result, knobs=dict(sp.baseline)))
-        self.state["space"] = sp.to_dict()
-        self.state["baseline"] = {"knobs": dict(sp.baseline), "samples_per_s":
-                                  result.samples_per_s, "ci_half": result.ci_half,
-                                  "source": result.source, "seen": result.seen}
-        self._save_state()
 
     # -- the search ---------------------------------------------------------------------------
     def _rebuild(self, handle: studies.StudyHandle) -> None:
@@ -295,7 +223,7 @@ class Tuner:
             return trial.should_prune()
 
         try:
-            result = self.probe(self._spec(cfg, label), label=label, number=trial.number,
+            result = self.probe(self.spec(cfg, label), label=label, number=trial.number,
                                 cfg=cfg, on_progress=on_progress)
         except KeyboardInterrupt:
             trial.set_user_attr("interrupted", True)
@@ -396,7 +324,7 @@ class Tuner:
         if combo is not None and sp.key(combo) not in self.known:
             handle.enqueue(sp.choice_from_config(combo), {"design": "combined"})
         self.state["combined"] = True
-        self._save_state()
+        self.save_state()
 
     def _open(self) -> studies.StudyHandle:
         url = self.s.storage or studies.sqlite_url(self.run_dir / "study.db")
@@ -416,7 +344,7 @@ class Tuner:
             for cfg in self.space.initial_design():
                 handle.enqueue(self.space.choice_from_config(cfg), {"design": "initial"})
             self.state["enqueued"] = True
-            self._save_state()
+            self.save_state()
         return handle
 
     # -- the run ------------------------------------------------------------------------------
@@ -429,16 +357,16 @@ class Tuner:
             if killed:
                 self.notify("info", f"resume: stopped {killed} process(es) the killed run left")
         else:
-            self._save_state()
+            self.save_state()
         if "space" not in self.state:
-            self._measure_baseline()
+            baseline_probe.measure(self)
         self.space = space.Space.from_dict(self.state["space"])
         self.size = self.space.size()
         b = self.state["baseline"]
         self.baseline = Scored(dict(self.space.baseline), b["samples_per_s"], b["ci_half"])
         self.source = b.get("source", "")
         for note in self.space.notes:
-            self._note("hint", note)
+            self.note("hint", note)
         handle = self._open()
         self._search(handle)
         self.notify("info", f"search stopped: {self.stop_reason}")
