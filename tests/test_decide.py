@@ -101,3 +101,14 @@ def test_combine_joins_the_moves_that_paid_off():
     assert decide.combine(base, 100.0, moves) == {"batch_size": 256, "workers": 2,
                                                   "thread_pct": 100}
     assert decide.combine(base, 100.0, moves[1:]) is None  # one move alone is measured already
+
+
+def test_confirmation_fits_what_is_left_of_the_budget():
+    from autotune.tuning.confirm import fit
+
+    assert fit(2, 30.0, 3, None, 20.0) == (2, 30.0)  # no budget: as asked
+    assert fit(2, 30.0, 3, 200.0, 20.0) == (2, 30.0)  # it fits
+    assert fit(2, 30.0, 3, 100.0, 20.0) == (1, 30.0)  # one round fits
+    rounds, window = fit(2, 30.0, 3, 75.0, 20.0)  # shorter probes
+    assert rounds == 1 and window == 25.0
+    assert fit(2, 30.0, 3, 10.0, 20.0) == (1, 20.0)  # never shorter than a search probe

@@ -188,11 +188,33 @@ def test_foreign_load_is_measured_again_never_compared(tmp_path, monkeypatch, ma
 
 
 def test_budget_leaves_room_for_the_confirmation(tmp_path, monkeypatch, machine):
-    fake = FakeProbe(surface)
-    # 3 confirmation probes x 2 rounds x 15 s = 90 s reserved, one probe 10 s: 95 s is too short.
-    report, _, _ = tune(tmp_path, monkeypatch, fake, budget_s=95.0)
+    class Clock:  # each fake probe takes 80% of its time limit
+        t = 0.0
+
+        def monotonic(self):
+            return self.t
+
+        def sleep(self, s):
+            self.t += s
+
+    clock = Clock()
+
+    class Timed(FakeProbe):
+        def __call__(self, spec, **kw):
+            clock.t += 0.8 * spec.max_s
+            return super().__call__(spec, **kw)
+
+    monkeypatch.setattr(tuner_module, "time", clock)
+    fake = Timed(surface)
+    report, t, _ = tune(tmp_path, monkeypatch, fake, budget_s=100.0)
     assert "budget" in report.stop_reason
-    assert report.trials_measured == 1 and len(fake.measured()) == 1
+    # Search while a probe and the confirmation's share (35% of 100 s) still fit...
+    search = [s for s in fake.specs if not s.name.startswith("confirm")]
+    assert 0.8 * 10 * (len(search) - 1) <= 100 - 10 - 35 < 0.8 * 10 * len(search)
+    # ...then one round of the three, shortened to what is left, never below a search probe.
+    confirm = [s for s in fake.specs if s.name.startswith("confirm")]
+    assert len(confirm) == 3 and all(10.0 <= s.max_s <= 15.0 for s in confirm)
+    assert clock.t <= 100.0 + 0.8 * 10
 
 
 def test_crashing_configs_are_infeasible(tmp_path, monkeypatch, machine):

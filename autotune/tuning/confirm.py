@@ -25,10 +25,21 @@ def _candidates(tuner) -> list[tuple[str, dict]]:
     return [("baseline", dict(sp.baseline))] + [(f"trial-{k.number}", dict(k.cfg)) for k in oks]
 
 
-def _remeasure(tuner, entries, rounds: int) -> dict[str, list]:
+def fit(rounds: int, window_s: float, configs: int, left_s: float | None,
+        least_s: float) -> tuple[int, float]:
+    """Rounds and probe length that fit ``left_s`` of the budget (None: no budget); at least
+    one round of probes as long as the search's (``least_s``)."""
+    if left_s is None or rounds * configs * window_s <= left_s:
+        return rounds, window_s
+    rounds = max(1, min(rounds, int(left_s // (configs * window_s))))
+    if rounds * configs * window_s > left_s:
+        window_s = max(least_s, left_s / (rounds * configs))
+    return rounds, window_s
+
+
+def _remeasure(tuner, entries, rounds: int, window_s: float) -> dict[str, list]:
     cfgs = dict(entries)
     results: dict[str, list] = {name: [] for name in cfgs}
-    window_s = tuner.s.confirm_probe_s
     for rnd, name in decide.interleave(list(cfgs), rounds):
         cfg = cfgs[name]
         spec = tuner.spec(cfg, f"confirm{rnd}-{name}", max_s=window_s,
@@ -67,9 +78,12 @@ def finish(tuner, handle):
     cfgs = dict(entries)
     rounds = tuner.s.confirm_rounds
     if len(entries) > 1 and rounds > 0:
+        left = tuner.s.budget_s - tuner.elapsed() if tuner.s.budget_s is not None else None
+        rounds, window_s = fit(rounds, tuner.s.confirm_probe_s, len(entries), left,
+                               tuner.s.seconds)
         tuner.notify("info", f"confirming: {', '.join(names)}, {rounds} interleaved round(s) of "
-                             f"{tuner.s.confirm_probe_s:.0f} s probes")
-        results = _remeasure(tuner, entries, rounds)
+                             f"{window_s:.0f} s probes")
+        results = _remeasure(tuner, entries, rounds, window_s)
     else:
         # No re-measurement: the search's own probes, one round each.
         base = tuner.baseline

@@ -32,6 +32,7 @@ from autotune.tuning.records import Known, Scored, TuneReport, TuneSettings
 
 DUPLICATE_STREAK = 8  # proposals in a row of configs already known: the sampler has converged
 FOREIGN_WAIT_S = 5.0
+CONFIRM_SHARE = 0.35  # of a time budget, at most, for the confirmation
 
 Notify = Callable[[str, str], None]  # (level: "info" | "warning" | "hint", message)
 
@@ -260,7 +261,12 @@ class Tuner:
         return value
 
     def _reserve_s(self) -> float:
-        return self.s.confirm_rounds * 3 * self.s.confirm_probe_s
+        """Time kept for the confirmation: all its rounds, but never more than
+        `CONFIRM_SHARE` of a budget (a short budget confirms in fewer, shorter probes)."""
+        full = self.s.confirm_rounds * 3 * self.s.confirm_probe_s
+        if self.s.budget_s is None:
+            return full
+        return min(full, CONFIRM_SHARE * self.s.budget_s)
 
     def _stop_reason(self) -> str:
         if self.s.max_trials is not None and self.measured + 1 >= self.s.max_trials:
