@@ -185,6 +185,7 @@ def test_foreign_load_is_measured_again_never_compared(tmp_path, monkeypatch, ma
                            f"autotune-{run_dir.name}", run_id=run_dir.name)
     spoiled = [tr for tr in h.trials() if tr.user_attrs.get("outcome") == "foreign-load"]
     assert spoiled and all(tr.state == studies.TrialState.FAIL for tr in spoiled)
+    assert sum("--foreign-limit" in n for n in t.notes) == 1  # told once, not every time
 
 
 def test_budget_leaves_room_for_the_confirmation(tmp_path, monkeypatch, machine):

@@ -64,6 +64,7 @@ class Tuner:
         self.baseline: Scored | None = None
         self.source = ""
         self.notes: list[str] = []
+        self.told_busy = False
 
     # -- bookkeeping --------------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -127,6 +128,13 @@ class Tuner:
                 result = dataclasses.replace(result, outcome=Outcome.FOREIGN_LOAD, reason=(
                     f"{result.foreign_cores:.2f} cores of CPU load from other programs in "
                     f"{attempt + 1} attempt(s); not compared"))
+                if not self.told_busy:
+                    self.told_busy = True
+                    self.note("hint", f"other programs keep this machine busy ({label}: "
+                                      f"{result.foreign_cores:.2f} cores); such probes are left "
+                                      f"out, not compared. Tune when it is quiet, or pass "
+                                      f"--foreign-limit CORES (now "
+                                      f"{self.s.foreign_limit_cores:g}) to compare anyway")
             if events and (finish or not last):
                 self.journal.emit("trial_finished", trial=label, number=number, mode=spec.mode,
                                   result=result)
