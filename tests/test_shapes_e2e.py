@@ -204,7 +204,7 @@ def test_probe_cwd_keeps_the_probe_out_of_the_users_tree(tmp_path):
     full = json.loads(done.stdout.strip().splitlines()[-1])["modes"]["full"]
     # Measured either way; on a machine shared with other work the probe is flagged as such.
     assert full["outcome"] in ("ok", "foreign-load"), full["reason"]
-    assert done.returncode == (0 if full["outcome"] == "ok" else 1), done.stderr[-3000:]
+    assert done.returncode == 0, done.stderr[-3000:]  # measured (a foreign-load flag warns)
     assert full["source"] == "metric" and full["samples_per_s"] > 0
     assert "writes" not in full["seen"]
     assert (user / "ckpt.pt").read_text() == "the user's own checkpoint"

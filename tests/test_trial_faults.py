@@ -79,7 +79,9 @@ def test_early_exit(tmp_path):
 def test_worker_killed_mid_probe(tmp_path):
     r = probe(tmp_path, "worker_killed.py", **NEVER_TIGHT)
     assert r.outcome == Outcome.CRASHED
-    assert "DataLoader worker" in r.reason and "killed" in r.reason, r.reason
+    # torch words it either way, depending on when it notices the worker is gone
+    assert "DataLoader worker" in r.reason, r.reason
+    assert "killed" in r.reason or "exited unexpectedly" in r.reason, r.reason
 
 
 def test_host_oom(tmp_path):
