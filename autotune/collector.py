@@ -1,13 +1,19 @@
 """Server end of the measurement channel: collects JSON lines from every rank of a run.
 
 One thread with a selector; messages land in a queue stamped with the controller's monotonic
-clock (ranks on other hosts have other clocks). A connection whose first line is not a hello with
-the run's token is dropped and counted, never read further.
+clock (ranks on other hosts have other clocks). Each connection is first sent a fresh nonce; one
+whose first line is not a hello proving the run's token on it (`probes.protocol.proof`) is
+dropped and counted, never read further.
+
+Ranks on this host reach us on loopback. Ranks on other hosts (mpirun with a hostfile, srun on
+several nodes) need an address they can route to: `for_launcher` then listens on every interface
+and tells the ranks ``$AUTOTUNE_COLLECTOR_HOST`` or this host's name.
 """
 
 from __future__ import annotations
 
 import hmac
+import os
 import queue
 import secrets
 import selectors
@@ -19,6 +25,7 @@ from dataclasses import dataclass, field
 from probes import protocol
 
 HELLO_TIMEOUT_S = 5.0
+HOST_ENV = "AUTOTUNE_COLLECTOR_HOST"  # the address remote ranks use to reach the controller
 
 
 @dataclass
@@ -28,6 +35,7 @@ class _Conn:
     buf: bytes = b""
     hello: dict | None = None
     conn_id: int = 0
+    nonce: str = ""
 
 
 @dataclass(frozen=True)
@@ -43,9 +51,11 @@ class Received:
 class Collector:
     """Accepts ranks, checks their token, and queues their messages."""
 
-    def __init__(self, *, host: str = "127.0.0.1", token: str | None = None):
+    def __init__(self, *, host: str = "127.0.0.1", token: str | None = None,
+                 advertise: str | None = None):
         self.token = token or secrets.token_hex(16)
         self.host = host
+        self.advertise = advertise  # the host name ranks are given (default: the bound address)
         self.inbox: queue.Queue[Received] = queue.Queue()
         self.rejected = 0
         self._sel = selectors.DefaultSelector()
@@ -65,7 +75,7 @@ class Collector:
     @property
     def addr(self) -> str:
         host, port = self._server.getsockname()[:2]
-        return f"{host}:{port}"
+        return f"{self.advertise or host}:{port}"
 
     def env(self) -> dict[str, str]:
         """What a rank needs to reach us."""
@@ -123,9 +133,16 @@ class Collector:
             sock, _ = self._server.accept()
         except OSError:
             return
+        nonce = secrets.token_hex(16)
+        try:
+            sock.sendall(protocol.encode(protocol.CHALLENGE, nonce=nonce))  # a few bytes: fits
+        except OSError:
+            sock.close()
+            return
         sock.setblocking(False)
         with self._lock:
-            conn = _Conn(sock=sock, opened_t=time.monotonic(), conn_id=self._next_id)
+            conn = _Conn(sock=sock, opened_t=time.monotonic(), conn_id=self._next_id,
+                         nonce=nonce)
             self._next_id += 1
             self._conns[sock.fileno()] = conn
         self._sel.register(sock, selectors.EVENT_READ)
@@ -167,17 +184,18 @@ class Collector:
                     return
                 continue
             if conn.hello is None:
-                if not self._authentic(msg):
+                if not self._authentic(msg, conn.nonce):
                     self._reject(conn)
                     return
-                conn.hello = {k: v for k, v in msg.items() if k != "token"}
+                conn.hello = {k: v for k, v in msg.items() if k != "proof"}
             self.inbox.put(Received(t=now, conn_id=conn.conn_id, hello=conn.hello,
-                                    msg={k: v for k, v in msg.items() if k != "token"}))
+                                    msg={k: v for k, v in msg.items() if k != "proof"}))
 
-    def _authentic(self, msg: dict) -> bool:
-        token = msg.get("token")
-        return (msg.get("type") == protocol.HELLO and isinstance(token, str)
-                and hmac.compare_digest(token.encode(), self.token.encode()))
+    def _authentic(self, msg: dict, nonce: str) -> bool:
+        proof = msg.get("proof")
+        return (msg.get("type") == protocol.HELLO and isinstance(proof, str)
+                and hmac.compare_digest(proof.encode(),
+                                        protocol.proof(self.token, nonce).encode()))
 
     def _reject(self, conn: _Conn) -> None:
         self.rejected += 1
@@ -188,3 +206,12 @@ class Collector:
         for conn in list(self._conns.values()):
             if conn.hello is None and now - conn.opened_t > HELLO_TIMEOUT_S:
                 self._reject(conn)
+
+
+def for_launcher(launcher, env=None) -> Collector:
+    """A collector the ranks of ``launcher`` can reach: loopback when they all run here, else
+    every interface, advertised as ``$AUTOTUNE_COLLECTOR_HOST`` or this host's name."""
+    if not launcher.multi_host:
+        return Collector()
+    env = os.environ if env is None else env
+    return Collector(host="0.0.0.0", advertise=env.get(HOST_ENV) or socket.getfqdn())

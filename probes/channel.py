@@ -34,14 +34,34 @@ class Channel:
             self.sock = socket.create_connection((self.host, self.port), timeout=CONNECT_TIMEOUT_S)
             self.sock.settimeout(CONNECT_TIMEOUT_S)
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:
+            nonce, rest = self._challenge()
+        except (OSError, ValueError):
+            if self.sock is not None:
+                self.sock.close()
             self.sock = None
             return False
         self.alive = True
-        self.send(protocol.HELLO, token=self.token, version=protocol.VERSION, **hello)
+        self.send(protocol.HELLO, proof=protocol.proof(self.token, nonce),
+                  version=protocol.VERSION, **hello)
         if self.alive:
-            threading.Thread(target=self._read_loop, name="autotune-channel", daemon=True).start()
+            threading.Thread(target=self._read_loop, args=(rest,), name="autotune-channel",
+                             daemon=True).start()
         return self.alive
+
+    def _challenge(self) -> tuple[str, bytes]:
+        """The controller's first line: (its nonce, whatever came after it)."""
+        buf = b""
+        while b"\n" not in buf:
+            chunk = self.sock.recv(4096)
+            if not chunk or len(buf) > protocol.MAX_LINE_BYTES:
+                raise ValueError("no challenge from the controller")
+            buf += chunk
+        line, rest = buf.split(b"\n", 1)
+        msg = protocol.decode(line)
+        nonce = msg.get("nonce")
+        if msg["type"] != protocol.CHALLENGE or not isinstance(nonce, str):
+            raise ValueError("the controller's first line is not a challenge")
+        return nonce, rest
 
     def send(self, kind: str, /, **fields) -> None:
         if not self.alive or self.sock is None:
@@ -53,9 +73,8 @@ class Channel:
             except OSError:
                 self.alive = False
 
-    def _read_loop(self) -> None:
+    def _read_loop(self, buf: bytes = b"") -> None:
         sock = self.sock
-        buf = b""
         while self.alive and sock is not None:
             try:
                 chunk = sock.recv(4096)

@@ -8,10 +8,13 @@ Both sides import this module and nothing else of each other. It holds:
 
 Channel, in order:
 
-1. The rank connects to ``AUTOTUNE_ADDR`` and sends ``hello`` carrying ``AUTOTUNE_TOKEN``, its rank
-   and pid. The controller closes any connection whose first line is not a hello with the right
-   token, so another local user cannot inject measurements (the token lives only in the env of our
-   own processes, which ``/proc`` keeps private to their owner).
+1. The rank connects to ``AUTOTUNE_ADDR``; the controller's first line is a ``challenge`` with a
+   fresh random nonce, and the rank answers ``hello`` with its rank and pid and the proof that it
+   holds ``AUTOTUNE_TOKEN``: HMAC-SHA256(token, nonce) (`proof`). The controller closes any
+   connection whose first line is not a hello with the right proof, so no other user can inject
+   measurements: the token lives only in the env of our own processes, which ``/proc`` keeps
+   private to their owner, and never crosses the network (ranks on other hosts reach the
+   controller over it), so seeing one conversation does not help to open another.
 2. The rank sends ``tick`` messages with *cumulative* counters every ``AUTOTUNE_TICK_S``. A lost
    or late tick loses nothing: the next one carries the totals.
 3. ``seen`` reports what the script asked for (its own batch size, worker count...) and what the
@@ -25,9 +28,11 @@ A rank that dies simply closes its socket; the controller notices the EOF and th
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 
-VERSION = 1
+VERSION = 2
 
 # --- environment: controller -> training process -------------------------------------------
 ENV_ADDR = "AUTOTUNE_ADDR"  # "host:port" of the controller's collector
@@ -66,7 +71,8 @@ KNOB_ENV = {
 }
 
 # --- messages ---------------------------------------------------------------------------------
-HELLO = "hello"  # {token, version, rank, local_rank, world_size, pid, host}
+CHALLENGE = "challenge"  # controller -> rank, its first line: {nonce}
+HELLO = "hello"  # {proof, version, rank, local_rank, world_size, pid, host}
 # tick: {t, samples, batches, eval_samples, steps, backwards, rss_peak_bytes, cuda_peak_bytes,
 #        last_batch_t, last_step_t, first_batch_t, first_step_t}; times are the rank's
 #        time.monotonic(); first_*: the first training batch / step since the previous tick
@@ -78,6 +84,11 @@ BYE = "bye"  # {exit_code, stopped}
 STOP = "stop"  # controller -> rank: {reason}
 
 MAX_LINE_BYTES = 64 * 1024
+
+
+def proof(token: str, nonce: str) -> str:
+    """What a rank sends to show it holds the run's token, without sending the token."""
+    return hmac.new(token.encode(), nonce.encode(), hashlib.sha256).hexdigest()
 
 
 def encode(kind: str, /, **fields) -> bytes:

@@ -1,9 +1,11 @@
 """The measurement channel: authenticated, survives a dead rank, carries stop requests."""
 
+import json
 import socket
 import time
 
-from autotune.collector import Collector
+from autotune import launchers
+from autotune.collector import Collector, for_launcher
 from probes import protocol
 from probes.channel import Channel
 
@@ -28,7 +30,7 @@ def test_good_token_is_heard_and_stop_is_delivered():
         got = []
         wait_for(lambda: got.extend(col.drain()) or len(got) >= 2)
         assert [r.msg["type"] for r in got[:2]] == ["hello", "tick"]
-        assert "token" not in got[0].msg
+        assert "token" not in got[0].msg and "proof" not in got[0].msg
         assert col.stop_ranks() == 1
         wait_for(lambda: stops)
         assert stops[0]["type"] == "stop"
@@ -77,3 +79,83 @@ def test_dead_rank_does_not_break_the_others():
         b.close()
     finally:
         col.close()
+
+
+def raw_hello(addr, **fields):
+    """Connect as a rank would, by hand: read the challenge, send one hello; (nonce, sent)."""
+    host, port = addr.rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=5)
+    challenge = json.loads(s.makefile("rb").readline())
+    assert challenge["type"] == "challenge" and len(challenge["nonce"]) >= 32
+    data = protocol.encode(protocol.HELLO, **{k: (v(challenge["nonce"]) if callable(v) else v)
+                                              for k, v in fields.items()})
+    s.sendall(data)
+    return s, challenge["nonce"], data
+
+
+def test_the_token_never_crosses_the_wire_and_a_seen_proof_opens_nothing():
+    col = Collector()
+    try:
+        good, nonce, sent = raw_hello(col.addr, proof=lambda n: protocol.proof(col.token, n),
+                                      rank=0)
+        wait_for(lambda: col.drain())
+        assert col.token.encode() not in sent
+        # Someone who saw that conversation replays the proof: a new nonce makes it worthless.
+        replay, nonce2, _ = raw_hello(col.addr, proof=protocol.proof(col.token, nonce), rank=1)
+        assert nonce2 != nonce
+        wait_for(lambda: col.rejected == 1)
+        # The plain token (protocol version 1) is not accepted either.
+        old, _, _ = raw_hello(col.addr, token=col.token, rank=2)
+        wait_for(lambda: col.rejected == 2)
+        assert col.drain() == []
+        for s in (good, replay, old):
+            s.close()
+    finally:
+        col.close()
+
+
+def test_a_channel_without_a_challenge_stays_off():
+    """A rank pointed at something that is not our collector carries on unmeasured."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    try:
+        host, port = server.getsockname()
+        ch = Channel(f"{host}:{port}", "t" * 32)
+        conn_holder = []
+
+        def serve():
+            conn, _ = server.accept()
+            conn_holder.append(conn)
+            conn.sendall(b'{"type":"tick"}\n')
+
+        import threading
+        t = threading.Thread(target=serve)
+        t.start()
+        assert ch.open(rank=0) is False and not ch.alive
+        t.join()
+        conn_holder[0].close()
+    finally:
+        server.close()
+
+
+def test_ranks_on_other_hosts_get_a_routable_address():
+    local = for_launcher(launchers.Launcher())
+    hosts = (launchers.Host("node1"), launchers.Host("node2"))
+    multi = launchers.Launcher(kind="mpirun", hosts=hosts,
+                               mpi=launchers.MpiInfo("/x/mpirun", "mpich", "4"))
+    named = for_launcher(multi, env={"AUTOTUNE_COLLECTOR_HOST": "localhost"})
+    try:
+        assert local.addr.startswith("127.0.0.1:")
+        assert named.addr.startswith("localhost:")
+        assert named._server.getsockname()[0] == "0.0.0.0"
+        ch = Channel(named.addr, named.token)  # reached by its advertised name
+        assert ch.open(rank=0, pid=1)
+        wait_for(lambda: named.drain())
+        ch.close()
+        default = for_launcher(multi, env={})
+        assert default.addr.split(":")[0] == socket.getfqdn()
+        default.close()
+    finally:
+        local.close()
+        named.close()
