@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune import proc
-from autotune.collector import Collector
+from autotune import launchers, proc
+from autotune.collector import Collector, for_launcher
 from autotune.journal import Journal
 from autotune.ranks import RanksSpec, start_ranks
 from probes import protocol
@@ -39,6 +39,8 @@ class FullRunSpec:
     grace_s: float = 10.0
     samples_per_step: int | None = None
     env: Mapping[str, str] | None = None
+    launcher: launchers.Launcher = launchers.Launcher()
+    gpus: int | None = None  # GPUs to spread the ranks over; None: every visible one
 
 
 def exit_status(code: int | None) -> int:
@@ -62,10 +64,12 @@ class _Meter:
                 self.ticks[r.conn_id] = r.msg
 
     def totals(self) -> tuple[int, int]:
+        """(samples over every rank, the job's steps)."""
         samples = sum(int(t.get("samples", 0)) for t in self.ticks.values())
-        steps = sum(int(t.get("steps", 0) or t.get("backwards", 0)) for t in self.ticks.values())
-        if not samples and steps and self.samples_per_step:
-            samples = steps * self.samples_per_step
+        per_rank = [int(t.get("steps", 0) or t.get("backwards", 0)) for t in self.ticks.values()]
+        if not samples and per_rank and self.samples_per_step:
+            samples = sum(per_rank) * self.samples_per_step
+        steps = max(per_rank, default=0)  # data-parallel ranks step together
         return samples, steps
 
     def rate(self, now: float) -> tuple[float | None, int, int]:
@@ -107,23 +111,28 @@ class _Signals:
 
 def run_full(spec: FullRunSpec, journal: Journal, *, out=None) -> int:
     """Run the script to its end; returns its exit status (0 when every rank succeeded)."""
-    collector = Collector()
+    collector = for_launcher(spec.launcher)
     lock = threading.Lock()
+    # Ranks started here are streamed one by one and labelled when there are several; an engine
+    # (mpirun, srun) merges its ranks' output into its own, which is passed on as it is.
+    label = spec.launcher.kind == "local" and spec.instances > 1
 
     def on_output(rank: int, line: str) -> None:
         stream = out or sys.stdout
         with lock:
             try:
-                stream.write(line if spec.instances == 1 else f"[rank {rank}] {line}")
+                stream.write(f"[rank {rank}] {line}" if label else line)
                 stream.flush()
             except (OSError, ValueError):
                 pass  # our stdout went away; the log file still has it
 
     ranks = RanksSpec(command=spec.command, knobs=dict(spec.knobs), instances=spec.instances,
                       mode="full", cwd=spec.cwd, log_dir=spec.log_dir, name="fullrun",
-                      marker=f"fullrun-{uuid.uuid4().hex[:12]}", env=spec.env)
+                      marker=f"fullrun-{uuid.uuid4().hex[:12]}", env=spec.env,
+                      launcher=spec.launcher, gpus=spec.gpus)
     journal.emit("fullrun_started", command=list(spec.command),
-                 knobs=dict(spec.journal_knobs or spec.knobs), instances=spec.instances)
+                 knobs=dict(spec.journal_knobs or spec.knobs), instances=spec.instances,
+                 launcher=launchers.describe(spec.launcher))
     signals = _Signals()
     signals.install()
     code = 1

@@ -248,14 +248,21 @@ def add_launcher_args(p: argparse.ArgumentParser) -> None:
 
 def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Launcher:
     """The launcher the user asked for, checked; `UsageError` says what is missing."""
+    return resolve(getattr(args, "launcher", None), getattr(args, "hostfile", None), env)
+
+
+def resolve(kind: str | None, hostfile: str | None = None,
+            env: Mapping[str, str] | None = None) -> Launcher:
+    """A `Launcher` from its kind (None: local, or mpirun with a hostfile, or srun inside a Slurm
+    allocation of several nodes) and hostfile, checked; `UsageError` says what is missing."""
     from autotune.errors import UsageError
 
     env = os.environ if env is None else env
-    kind = getattr(args, "launcher", None)
-    hostfile = getattr(args, "hostfile", None)
     alloc = slurm_allocation(env)
     if kind is None:
         kind = "mpirun" if hostfile else ("srun" if alloc and len(alloc.nodes) > 1 else "local")
+    if kind not in KINDS:
+        raise UsageError(f"--launcher must be one of {', '.join(KINDS)}, but got {kind!r}")
     hosts: tuple[Host, ...] = ()
     if hostfile:
         if kind != "mpirun":
@@ -266,6 +273,7 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
             raise UsageError(f"--hostfile {hostfile!r}: {exc.strerror}") from None
         if not hosts:
             raise UsageError(f"--hostfile {hostfile!r} lists no host")
+        hostfile = os.path.abspath(hostfile)  # a resumed run may start elsewhere
     mpi = None
     if kind == "mpirun":
         mpi = detect_mpi(env)
@@ -279,3 +287,13 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
                              "run under salloc/sbatch")
         hosts = tuple(Host(n) for n in alloc.nodes)
     return Launcher(kind=kind, hosts=hosts, hostfile=hostfile, mpi=mpi)
+
+
+def describe(launcher: Launcher) -> str:
+    """One phrase for messages and the journal: ``mpirun (mpich) on 2 hosts``."""
+    text = launcher.kind
+    if launcher.mpi is not None:
+        text += f" ({launcher.mpi.flavor})"
+    if launcher.multi_host:
+        text += f" on {len(launcher.hosts)} hosts"
+    return text

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from autotune import console, fingerprint, fullrun, recipes, rundir
+from autotune import console, fingerprint, fullrun, launchers, recipes, rundir
 from autotune.commands import common, tune
 from autotune.journal import Journal
 
@@ -24,6 +24,7 @@ def add_parser(sub):
     p.add_argument("--samples-per-step", type=int, metavar="N",
                    help="samples in one optimizer step, for scripts without a DataLoader")
     p.add_argument("--plain", action="store_true", help="plain log lines, no live display")
+    launchers.add_launcher_args(p)
     common.add_script_args(p)
     return p
 
@@ -45,6 +46,7 @@ def run(args) -> int:
 
     recipe = recipes.load(args.recipe)
     target = common.resolve_target(args)
+    launcher = launchers.from_args(args)
     fp = fingerprint.current(target)
     for warning in fingerprint_warnings(recipe, fp):
         console.warning(warning)
@@ -53,14 +55,15 @@ def run(args) -> int:
     run_dir = rundir.new_run_dir("run", target[0], root=root)
     journal = Journal(run_dir)
     journal.emit("run_started", kind="run", command=list(target), cwd=os.getcwd(),
-                 hardware=fingerprint.summary(fp), recipe=str(recipe.path))
+                 hardware=fingerprint.summary(fp), recipe=str(recipe.path),
+                 launcher=launchers.describe(launcher))
     with watch(run_dir, plain=args.plain,
                title=f"autotune run · {os.path.basename(target[0])}"), \
             tune.ending(journal) as status:
         code = fullrun.run_full(fullrun.FullRunSpec(
             command=target, knobs=knobs, instances=instances, cwd=os.getcwd(),
             log_dir=run_dir / "logs", journal_knobs=dict(recipe.knobs),
-            samples_per_step=args.samples_per_step), journal)
+            samples_per_step=args.samples_per_step, launcher=launcher), journal)
         status["code"] = code
     if code:
         console.error(f"the script exited with code {code}; its output is in "

@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune import console, fingerprint, launch, recipes, rundir, space
+from autotune import console, fingerprint, launch, launchers, recipes, rundir, space
 from autotune.commands import common
 from autotune.errors import AutotuneError, UsageError
 from autotune.journal import Journal
@@ -80,6 +80,7 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
                    help="where recipes are saved and looked up (default ./recipes)")
     r.add_argument("--no-warm-start", action="store_true",
                    help="do not try a matching recipe's knobs first")
+    launchers.add_launcher_args(p.add_argument_group("ranks"))
     common.add_probe_args(p)
     common.add_script_args(p)
 
@@ -97,11 +98,13 @@ class Prepared:
     fp: fingerprint.Fingerprint
     recipe_dir: Path
     resume: bool
+    launcher: launchers.Launcher = launchers.Launcher()
     warm_start: dict | None = None
     warm_note: str = ""
 
 
-def _settings(args, target: tuple[str, ...], cwd: str) -> TuneSettings:
+def _settings(args, target: tuple[str, ...], cwd: str,
+              launcher: launchers.Launcher) -> TuneSettings:
     ranges = space.parse_space(args.space)
     fixed = space.parse_fix(args.fix)
     space.parse_fix(args.baseline)
@@ -118,7 +121,8 @@ def _settings(args, target: tuple[str, ...], cwd: str) -> TuneSettings:
         fix_tokens=tuple(args.fix), baseline_tokens=tuple(args.baseline),
         global_batch=args.global_batch, samples_per_step=args.samples_per_step,
         seed=args.seed, verdict=args.verdict, storage=args.storage,
-        study_name=args.study_name, **extra)
+        study_name=args.study_name, launcher=launcher.kind, hostfile=launcher.hostfile,
+        **extra)
 
 
 def prepare(args, kind: str) -> Prepared:
@@ -130,6 +134,9 @@ def prepare(args, kind: str) -> Prepared:
         if args.target:
             raise UsageError("--resume continues a run with its own script and settings; "
                              "drop the script from the command line")
+        if args.launcher or args.hostfile:
+            raise UsageError("--resume starts ranks the way the run did; drop --launcher and "
+                             "--hostfile")
         run_dir = Path(args.resume).expanduser()
         if not run_dir.is_dir():
             raise UsageError(f"--resume: {run_dir} is not a directory")
@@ -147,11 +154,13 @@ def prepare(args, kind: str) -> Prepared:
         journal = Journal(run_dir)
         return Prepared(kind, run_dir, journal, settings, target,
                         state.get("run_cwd") or settings.cwd,
-                        fingerprint.current(settings.command), recipe_dir, True)
+                        fingerprint.current(settings.command), recipe_dir, True,
+                        launchers.resolve(settings.launcher, settings.hostfile))
     target = common.resolve_target(args)
+    launcher = launchers.from_args(args)
     cwd = common.probe_cwd(args)
     probe_target = common.absolute_script(target, cwd)
-    settings = _settings(args, probe_target, cwd)
+    settings = _settings(args, probe_target, cwd, launcher)
     fp = fingerprint.current(target)
     warm, note = (None, "")
     if not args.no_warm_start and launch.is_python_script(target[0]):
@@ -159,7 +168,7 @@ def prepare(args, kind: str) -> Prepared:
     root = Path(args.runs_dir).expanduser() if args.runs_dir else None
     run_dir = rundir.new_run_dir(kind, target[0], root=root)
     return Prepared(kind, run_dir, Journal(run_dir), settings, target, os.getcwd(), fp,
-                    recipe_dir, False, dict(warm.knobs) if warm else None, note)
+                    recipe_dir, False, launcher, dict(warm.knobs) if warm else None, note)
 
 
 def notify(level: str, message: str) -> None:
@@ -172,6 +181,7 @@ def start_journal(prep: Prepared) -> None:
     prep.journal.emit("run_started", kind=prep.kind, command=list(s.command), cwd=s.cwd,
                       budget_s=s.budget_s, trials=s.max_trials,
                       hardware=fingerprint.summary(prep.fp), resumed=prep.resume,
+                      launcher=launchers.describe(prep.launcher),
                       space={"space": list(s.space_tokens), "fix": list(s.fix_tokens)})
 
 
@@ -196,7 +206,8 @@ def tune_in(prep: Prepared) -> tuple[TuneReport, recipes.Recipe, Path]:
     if prep.warm_note:
         notify("info", prep.warm_note)
     tuner = Tuner(prep.settings, prep.run_dir, prep.journal, notify=notify,
-                  warm_start=prep.warm_start, kind=prep.kind, resume=prep.resume)
+                  warm_start=prep.warm_start, kind=prep.kind, resume=prep.resume,
+                  launcher=prep.launcher)
     if not prep.resume:
         tuner.state.update({"run_command": list(prep.target), "run_cwd": prep.run_cwd})
     report = tuner.run()

@@ -37,7 +37,8 @@ def run(args) -> int:
             code = fullrun.run_full(fullrun.FullRunSpec(
                 command=prep.target, knobs=knobs, instances=instances, cwd=prep.run_cwd,
                 log_dir=prep.run_dir / "logs", journal_knobs=dict(recipe.knobs),
-                samples_per_step=prep.settings.samples_per_step), prep.journal)
+                samples_per_step=prep.settings.samples_per_step, launcher=prep.launcher),
+                prep.journal)
             status["code"] = code
     except KeyboardInterrupt:
         console.hint(f"if the tuning was cut short, resume with: autotune wrap --resume "

@@ -210,8 +210,12 @@ def _verdict(ev):
 
 
 def _fullrun_started(ev):
-    inst = f", instances {ev['instances']}" if ev.get("instances") else ""
-    return f"full run started: {fmt_knobs(ev.get('knobs'))}{inst}"
+    knobs = ev.get("knobs") or {}
+    inst = f", instances {ev['instances']}" if ev.get("instances") and \
+        "instances" not in knobs else ""
+    launcher = ev.get("launcher")
+    via = f", started by {launcher}" if launcher and launcher != "local" else ""
+    return f"full run started: {fmt_knobs(knobs)}{inst}{via}"
 
 
 def _fullrun_progress(ev):

@@ -35,6 +35,8 @@ class TuneSettings:
     verdict: bool = False
     storage: str | None = None
     study_name: str | None = None
+    launcher: str = "local"  # what starts the ranks: local | mpirun | srun
+    hostfile: str | None = None  # mpirun's hosts, an absolute path
 
     @property
     def max_trials(self) -> int | None:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from autotune import decide, launch, rundir, space
+from autotune import decide, launch, launchers, rundir, space
 from autotune import study as studies
 from autotune.journal import Journal
 from autotune.outcome import Outcome
@@ -42,8 +42,10 @@ class Tuner:
 
     def __init__(self, settings: TuneSettings, run_dir: Path, journal: Journal, *,
                  notify: Notify | None = None, warm_start: Mapping[str, int] | None = None,
-                 kind: str = "tune", resume: bool = False):
+                 kind: str = "tune", resume: bool = False,
+                 launcher: launchers.Launcher | None = None):
         self.s = settings
+        self.launcher = launcher or launchers.resolve(settings.launcher, settings.hostfile)
         self.run_dir = Path(run_dir)
         self.journal = journal
         self.notify = notify or (lambda level, msg: None)
@@ -92,7 +94,8 @@ class Tuner:
         spec = dict(command=tuple(self.s.command), knobs=dict(knobs), instances=instances,
                     cwd=self.s.cwd, log_dir=self.run_dir / "logs", name=name,
                     max_s=self.s.seconds, min_measure_s=self.s.min_measure_s,
-                    samples_per_step=per_step, foreign_limit_cores=self.s.foreign_limit_cores)
+                    samples_per_step=per_step, foreign_limit_cores=self.s.foreign_limit_cores,
+                    launcher=self.launcher)
         spec.update(over)
         return TrialSpec(**spec)
 

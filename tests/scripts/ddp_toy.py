@@ -1,0 +1,62 @@
+"""A small DDP trainer (gloo) that says who started it: every rank prints
+
+    ddp_toy: rank 1 of 2, started by mpirun
+
+("mpirun" when the MPI launcher's own variables are there: PMI_RANK for MPICH's Hydra,
+OMPI_COMM_WORLD_RANK for Open MPI). Runs until stopped unless --run-seconds is given; then
+rank --fail-rank (default: every rank) exits with --exit-code.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--run-seconds", type=float, default=0.0)
+    p.add_argument("--exit-code", type=int, default=0)
+    p.add_argument("--fail-rank", type=int, default=-1)
+    args = p.parse_args()
+    mpi = "PMI_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    print(f"ddp_toy: rank {rank} of {world}, started by {'mpirun' if mpi else 'autotune'}",
+          flush=True)
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(2048, 32), torch.randint(0, 4, (2048,)))
+    sampler = DistributedSampler(data)
+    loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler)
+    model = DistributedDataParallel(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    t_first, steps, epoch = None, 0, 0
+    while True:
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            t_first = t_first or time.monotonic()
+            time.sleep(0.01)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            steps += 1
+        epoch += 1
+        if args.run_seconds and time.monotonic() - t_first >= args.run_seconds:
+            break
+    print(f"ddp_toy: rank {rank} done after {steps} steps", flush=True)
+    code = args.exit_code if args.fail_rank in (-1, rank) else 0
+    if code == 0:
+        dist.destroy_process_group()
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

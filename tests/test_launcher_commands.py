@@ -1,0 +1,147 @@
+"""``--launcher`` and ``--hostfile`` on tune, wrap and run: checked before anything runs, kept for
+``--resume``, and a real ``mpirun`` (mpi4py's MPICH from PyPI) starting the probes and the full run.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from autotune import fingerprint, launchers, recipes
+from autotune.journal import read_events
+from autotune.tuning import TuneSettings
+from conftest import SCRIPTS, live_children
+
+DDP = str(SCRIPTS / "ddp_toy.py")
+QUIET = ["--plain", "--foreign-limit", "1000"]
+
+
+def autotune(*args, cwd, timeout=240, env=None):
+    return subprocess.run([sys.executable, "-m", "autotune", *args], cwd=cwd, text=True,
+                          capture_output=True, timeout=timeout, env=env)
+
+
+def one_error_line(p, *words):
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert p.returncode == 2, p.stderr
+    assert len(lines) == 1 and lines[0].startswith("ERROR: "), p.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+def ddp_recipe(tmp_path, knobs):
+    return recipes.save(recipes.Recipe(
+        name="ddp", knobs=knobs, samples_per_s=1.0, ci_half=0.1, baseline_samples_per_s=1.0,
+        speedup=1.0, kept_baseline=True, fingerprint=fingerprint.current([DDP]),
+        script_path=DDP), tmp_path)
+
+
+# -- usage errors --------------------------------------------------------------------------------
+def test_hostfile_needs_mpirun(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:2\n")
+    for command in ("tune", "wrap"):
+        p = autotune(command, "--launcher", "local", "--hostfile", str(hosts), DDP, cwd=tmp_path,
+                     timeout=60)
+        one_error_line(p, "--hostfile needs --launcher mpirun", "local")
+
+
+def test_missing_and_empty_hostfile(tmp_path):
+    recipe = ddp_recipe(tmp_path, {"instances": 2})
+    p = autotune("run", "--recipe", str(recipe), "--hostfile", "nowhere", DDP, cwd=tmp_path,
+                 timeout=60)
+    one_error_line(p, "--hostfile 'nowhere'", "No such file")
+    (tmp_path / "empty").write_text("# no host yet\n")
+    p = autotune("tune", "--hostfile", "empty", DDP, cwd=tmp_path, timeout=60)
+    one_error_line(p, "--hostfile 'empty' lists no host")
+
+
+def test_srun_outside_slurm(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    p = autotune("tune", "--launcher", "srun", DDP, cwd=tmp_path, timeout=60, env=env)
+    one_error_line(p, "--launcher srun", "not inside a Slurm allocation")
+
+
+def test_resume_keeps_the_runs_launcher(tmp_path):
+    p = autotune("tune", "--resume", str(tmp_path), "--launcher", "mpirun", cwd=tmp_path,
+                 timeout=60)
+    one_error_line(p, "--resume", "drop --launcher")
+
+
+def test_settings_keep_the_launcher_for_resume(tmp_path):
+    s = TuneSettings(command=(DDP,), cwd=str(tmp_path), launcher="mpirun",
+                     hostfile=str(tmp_path / "hosts"))
+    back = TuneSettings.from_dict(json.loads(json.dumps(s.to_dict())))
+    assert back == s and back.launcher == "mpirun"
+    # tune.json from before the launcher was saved: local ranks, as then
+    old = {k: v for k, v in s.to_dict().items() if k not in ("launcher", "hostfile")}
+    assert TuneSettings.from_dict(old).launcher == "local"
+
+
+def test_hostfile_path_is_made_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "hosts").write_text("node1 slots=2\nnode2 slots=2\n")
+    monkeypatch.setattr(launchers, "detect_mpi",
+                        lambda env: launchers.MpiInfo("/x/mpirun", "openmpi", "5.0"))
+    lz = launchers.resolve(None, "hosts", env={})
+    assert lz.kind == "mpirun" and lz.hostfile == str(tmp_path / "hosts")
+    assert [h.name for h in lz.hosts] == ["node1", "node2"]
+    assert launchers.describe(lz) == "mpirun (openmpi) on 2 hosts"
+
+
+# -- a real mpirun ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def mpi():
+    pytest.importorskip("mpi4py")
+    info = launchers.detect_mpi(os.environ)
+    if info is None:
+        pytest.skip("no mpirun beside Python or on PATH")
+    return info
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_run_under_mpirun_streams_every_rank_and_keeps_the_exit_code(mpi, tmp_path):
+    recipe = ddp_recipe(tmp_path, {"instances": 2, "thread_pct": 50})
+    env = dict(os.environ, AUTOTUNE_RUNS_DIR=str(tmp_path / "runs"))
+    p = autotune("run", "--plain", "--launcher", "mpirun", "--recipe", str(recipe), DDP,
+                 "--run-seconds", "2", "--exit-code", "5", "--fail-rank", "1", cwd=tmp_path,
+                 env=env, timeout=120)
+    assert p.returncode == 5, p.stderr[-3000:]
+    for rank in (0, 1):  # both ranks' output, as mpirun passed it on, without our rank labels
+        assert f"ddp_toy: rank {rank} of 2, started by mpirun\n" in p.stdout, p.stdout[-2000:]
+    assert "[rank" not in p.stdout
+    assert "exited with code 5" in p.stderr
+    run_dir, = (tmp_path / "runs").iterdir()
+    events, _ = read_events(run_dir)
+    started = next(e for e in events if e["event"] == "fullrun_started")
+    assert started["launcher"].startswith("mpirun")
+    assert live_children() == []
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_wrap_under_mpirun_probes_and_runs_through_it(mpi, tmp_path):
+    """Probes and the full run both start their ranks with mpirun; tune.json keeps it."""
+    env = dict(os.environ, AUTOTUNE_RUNS_DIR=str(tmp_path / "runs"))
+    p = autotune("wrap", *QUIET, "--json", "--launcher", "mpirun", "--trials", "2",
+                 "--seconds", "10", "--confirm-rounds", "0", "--fix", "instances=2", "threads=1",
+                 "--recipe-dir", str(tmp_path / "recipes"), "--", DDP, "--run-seconds", "12",
+                 cwd=tmp_path, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads(p.stdout.strip().splitlines()[-1])
+    assert summary["exit_code"] == 0 and summary["best"]["knobs"]["instances"] == 2
+    run_dir = summary["run_dir"]
+    state = json.loads(open(os.path.join(run_dir, "tune.json")).read())
+    assert state["settings"]["launcher"] == "mpirun"
+    logs = os.path.join(run_dir, "logs")
+    trial_logs = [open(os.path.join(logs, n)).read() for n in os.listdir(logs)
+                  if n.startswith("trial-")]
+    assert any("rank 1 of 2, started by mpirun" in text for text in trial_logs), trial_logs
+    assert "ddp_toy: rank 1 of 2, started by mpirun" in p.stdout  # the full run, streamed
+    assert "ddp_toy: rank 0 done after" in p.stdout
+    events, _ = read_events(run_dir)
+    assert next(e for e in events if e["event"] == "run_started")["launcher"].startswith("mpirun")
+    assert live_children() == []
