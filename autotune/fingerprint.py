@@ -11,7 +11,7 @@ import os
 import platform
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import metadata
 
 import psutil
@@ -129,8 +129,26 @@ def current(command: Sequence[str]) -> Fingerprint:
                        args=tuple(command[1:]))
 
 
-def machine() -> space.Machine:
-    return space.Machine(cores=cores(), mem_available_bytes=psutil.virtual_memory().available)
+def machine(env: Mapping[str, str] | None = None) -> space.Machine:
+    """What the search space needs about this host: cores, free memory, and the GPUs we may use
+    (NVML under ``CUDA_VISIBLE_DEVICES``, as the ranks will see them), their least free memory,
+    and whether CUDA MPS can share them. Without a driver or a visible GPU: a CPU machine."""
+    env = os.environ if env is None else env
+    host = space.Machine(cores=cores(), mem_available_bytes=psutil.virtual_memory().available)
+    try:
+        from autotune import mps, nvml, ranks
+
+        visible = {g.index for g in ranks.host_gpus(env)}
+        devices = [d for d in nvml.devices() if d.index in visible]
+        if not devices:
+            return host
+        free = [d.mem_total_bytes - d.mem_used_bytes for d in devices
+                if d.mem_total_bytes is not None and d.mem_used_bytes is not None]
+        ok, why = mps.available(env)
+    except Exception:  # noqa: BLE001 - reading the machine never fails a run
+        return host
+    return replace(host, device="gpu", gpus=len(devices),
+                   gpu_mem_available_bytes=max(0, min(free, default=0)), mps=ok, mps_why=why)
 
 
 def hardware_slug(fp: Fingerprint) -> str:

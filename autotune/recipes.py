@@ -72,10 +72,18 @@ class Recipe:
     autotune_version: str = __version__
     path: Path | None = None  # where it was loaded from or saved to
 
-    def run_knobs(self, cores: int) -> tuple[dict[str, float], int]:
-        """Knobs for the ranks on a host with ``cores`` cores (thread share -> threads)."""
-        return space.Space(domains={}, fixed=dict(self.knobs), baseline={},
-                           cores=cores).trial_knobs(self.knobs)
+    def run_knobs(self, cores: int, gpus: int | None = None) -> tuple[dict[str, float], int]:
+        """Knobs for the ranks on a host with ``cores`` cores and ``gpus`` GPUs (None: as many
+        as the recipe was tuned on).
+
+        ``thread_pct`` keeps the meaning it was tuned with where it can: tuned on GPUs and run
+        on GPUs, each rank's MPS share; otherwise (a GPU recipe on a host without GPUs, or a CPU
+        recipe anywhere) the CPU meaning, a share of the cores turned into threads.
+        """
+        here = self.fingerprint.gpu_count if gpus is None else gpus
+        device = "gpu" if self.fingerprint.gpu_count and here else "cpu"
+        return space.Space(domains={}, fixed=dict(self.knobs), baseline={}, cores=cores,
+                           device=device).trial_knobs(self.knobs)
 
     def to_toml(self) -> dict:
         doc = {"schema_version": SCHEMA_VERSION, "name": self.name,

@@ -5,6 +5,7 @@ Pure. `build` joins the machine, what the baseline probe saw and what the user a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -13,6 +14,10 @@ from autotune.space.knobs import (ALIASES, DESIGN_RULES, DOMAIN_RULES, KNOBS, OR
                                   Machine,
                                   pct_for_threads, threads_per_rank)
 from autotune.space.parse import Range, _expand
+
+# Knobs that only CUDA MPS can move on a GPU, and their value without it (one rank, whole GPU).
+_MPS_KNOBS = {"instances": (1, "ranks sharing a GPU need CUDA MPS"),
+              "thread_pct": (100, "a GPU share below 100% is set through CUDA MPS")}
 
 @dataclass(frozen=True)
 class Space:
@@ -96,12 +101,17 @@ class Space:
         return len(self.configs())
 
     def trial_knobs(self, cfg: Mapping[str, int]) -> tuple[dict[str, float], int]:
-        """What a probe or a run gets: knobs for the ranks (threads, not a share) and instances."""
+        """What a probe or a run gets: knobs for the ranks and instances.
+
+        On CPU the share of cores becomes a thread count; on GPUs ``thread_pct`` stays, and
+        `autotune.placement` makes it each rank's MPS share (CPU threads: the cores split over
+        the ranks).
+        """
         c = self.canonical(cfg)
         instances = c.get("instances", 1)
         knobs: dict[str, float] = {}
         for name, value in c.items():
-            if name == "thread_pct":
+            if name == "thread_pct" and self.device != "gpu":
                 knobs["threads"] = threads_per_rank(value, self.cores)
             else:
                 knobs[name] = value
@@ -170,19 +180,22 @@ def build(machine: Machine, baseline: Baseline, req: SpaceRequest) -> Space:
     check_request(req)
     cores = machine.cores
     notes: list[str] = []
-    base_cfg = _baseline_config(baseline, cores, req.placeholders)
+    base_cfg = _baseline_config(baseline, cores, req.placeholders, machine.device)
     domains: dict[str, tuple[int, ...]] = {}
     fixed: dict[str, int] = {}
     for name in ORDER:
         if name in req.fixed:
-            fixed[name] = _expand(req.fixed[name], cores)[0]
+            fixed[name] = _expand(req.fixed[name], cores, machine.device)[0]
+            _check_mps(name, (fixed[name],), machine, "--fix")
             continue
         if name in req.ranges:
-            values = _expand(req.ranges[name], cores)
+            values = _expand(req.ranges[name], cores, machine.device)
+            _check_mps(name, values, machine, "--space")
         else:
             rule = DOMAIN_RULES.get((name, machine.device))
             values = rule(machine, _with_placeholders(baseline, base_cfg)) if rule else ()
-        values, note = _applicable(name, values, baseline, base_cfg, req, name in req.ranges)
+        values, note = _applicable(name, values, baseline, base_cfg, req, name in req.ranges,
+                                   machine)
         if note:
             notes.append(note)
         if len(values) == 1:
@@ -196,6 +209,11 @@ def build(machine: Machine, baseline: Baseline, req: SpaceRequest) -> Space:
     if not can_multi:
         domains.pop("bucket_mb", None)
         fixed.pop("bucket_mb", None)
+        if machine.device == "gpu" and "thread_pct" in domains and "thread_pct" not in req.ranges:
+            del domains["thread_pct"]
+            fixed["thread_pct"] = 100
+            notes.append("thread_pct: fixed at 100: one rank per GPU gains nothing from a "
+                         "smaller MPS share")
     for name in ORDER:  # the baseline config holds every knob the space has
         if name in domains or name in fixed:
             base_cfg.setdefault(name, KNOBS[name].conventional)
@@ -206,13 +224,16 @@ def build(machine: Machine, baseline: Baseline, req: SpaceRequest) -> Space:
                  placeholders=tuple(req.placeholders), device=machine.device)
 
 
-def _baseline_config(b: Baseline, cores: int, placeholders: Sequence[str]) -> dict[str, int]:
+def _baseline_config(b: Baseline, cores: int, placeholders: Sequence[str],
+                     device: str) -> dict[str, int]:
+    """The script as it ran: on GPUs one rank with the whole GPU (no MPS share)."""
     cfg: dict[str, int] = {"instances": 1}
     if b.batch_size is not None:
         cfg["batch_size"] = b.batch_size
     if b.workers is not None:
         cfg["workers"] = b.workers
-    cfg["thread_pct"] = pct_for_threads(min(b.threads or cores, cores), cores)
+    cfg["thread_pct"] = 100 if device == "gpu" else \
+        pct_for_threads(min(b.threads or cores, cores), cores)
     if b.bucket_mb:
         cfg["bucket_mb"] = int(b.bucket_mb)
     for name in placeholders:
@@ -223,15 +244,25 @@ def _baseline_config(b: Baseline, cores: int, placeholders: Sequence[str]) -> di
 
 
 def _with_placeholders(b: Baseline, cfg: Mapping[str, int]) -> Baseline:
-    return Baseline(batch_size=cfg.get("batch_size", b.batch_size),
-                    workers=cfg.get("workers", b.workers), threads=b.threads,
-                    distributed=b.distributed, bucket_mb=b.bucket_mb,
-                    peak_rss_bytes=b.peak_rss_bytes)
+    return dataclasses.replace(b, batch_size=cfg.get("batch_size", b.batch_size),
+                               workers=cfg.get("workers", b.workers))
+
+
+def _check_mps(name: str, values: Sequence[int], machine: Machine, flag: str) -> None:
+    """Asking for what only MPS can do on a GPU host without MPS: a usage error, before any
+    probe would fail to start it."""
+    if machine.device != "gpu" or machine.mps or name not in _MPS_KNOBS:
+        return
+    alone, why = _MPS_KNOBS[name]
+    if any(v != alone for v in values):
+        raise UsageError(f"{flag} asks for {name} other than {alone}, but {why}, which is not "
+                         f"available here: {machine.mps_why}")
 
 
 def _applicable(name: str, values: tuple[int, ...], b: Baseline, base_cfg: Mapping[str, int],
-                req: SpaceRequest, asked: bool) -> tuple[tuple[int, ...], str]:
-    """Drop knobs the script cannot take, with a note that says why."""
+                req: SpaceRequest, asked: bool, machine: Machine) \
+        -> tuple[tuple[int, ...], str]:
+    """Drop knobs the script or the host cannot take, with a note that says why."""
     if name == "batch_size" and "batch_size" not in base_cfg and not req.global_batch:
         if asked:
             raise UsageError("cannot tune batch_size: the script builds no DataLoader with a "
@@ -243,6 +274,10 @@ def _applicable(name: str, values: tuple[int, ...], b: Baseline, base_cfg: Mappi
             raise UsageError("cannot tune workers: the script builds no DataLoader; put "
                              "{workers} in its arguments")
         return (), "workers: not tuned: the script builds no DataLoader"
+    if machine.device == "gpu" and not machine.mps and name in _MPS_KNOBS and not asked:
+        alone, why = _MPS_KNOBS[name]
+        return (alone,), f"{name}: fixed at {alone}: {why}, which is not available here: " \
+                         f"{machine.mps_why}"
     if name == "instances" and not b.distributed and not asked:
         return (1,), ("instances: fixed at 1: the baseline probe never saw the script "
                       "initialise torch.distributed, so extra ranks would each train alone; "

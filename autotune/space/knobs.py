@@ -1,7 +1,9 @@
 """The knob table: what each knob means per device kind, and its default candidates.
 
-A device kind other than ``cpu`` (GPUs, issue 4) adds its own row per knob in `DOMAIN_RULES`
-and its meaning in `Knob.meaning`, without touching the rest. Pure.
+Each device kind (``cpu``, ``gpu``) has its own row per knob in `DOMAIN_RULES` and its meaning
+in `Knob.meaning` (DESIGN.md, "The knobs"). On GPUs ``instances`` is MPS clients per GPU and
+``thread_pct`` each client's ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``; `autotune.placement` turns
+them into ranks and environment. Pure.
 """
 
 from __future__ import annotations
@@ -13,6 +15,10 @@ ORDER = ("batch_size", "workers", "thread_pct", "instances", "bucket_mb")
 ALIASES = {"threads": "thread_pct"}  # --space/--fix may give threads per rank instead of a share
 BUCKET_MB = (1, 5, 10, 25, 50, 100)
 DDP_DEFAULT_BUCKET_MB = 25
+# MPS shares per client: few, since the search has few probes; AccDP's wins came at 2-4 clients
+# of ~30% each.
+GPU_THREAD_PCT = (25, 50, 75, 100)
+GPU_MAX_INSTANCES = 4
 MEMORY_HEADROOM = 0.7  # share of available memory a batch-size guess may plan to use
 
 
@@ -29,25 +35,39 @@ class Knob:
 
 KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("batch_size", "per-rank batch size", "geometric", 32,
-         {"cpu": "per-rank DataLoader batch size"}),
+         {"cpu": "per-rank DataLoader batch size", "gpu": "per-rank DataLoader batch size"}),
     Knob("workers", "DataLoader worker processes", "linear", 0,
-         {"cpu": "DataLoader num_workers per rank"}),
-    Knob("thread_pct", "share of the host's cores per rank, in %", "linear", 100,
-         {"cpu": "torch/OpenMP threads per rank = max(1, cores x pct / 100)"}),
-    Knob("instances", "data-parallel ranks per host", "linear", 1,
-         {"cpu": "ranks per host, torchrun-style env, gloo"}),
+         {"cpu": "DataLoader num_workers per rank", "gpu": "DataLoader num_workers per rank"}),
+    Knob("thread_pct", "each rank's share of its device, in %", "linear", 100,
+         {"cpu": "torch/OpenMP threads per rank = max(1, cores x pct / 100)",
+          "gpu": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE of each rank (MPS client)"}),
+    Knob("instances", "data-parallel ranks per host or per GPU", "linear", 1,
+         {"cpu": "ranks per host, torchrun-style env, gloo",
+          "gpu": "ranks (MPS clients) per GPU; co-located ranks use gloo"}),
     Knob("bucket_mb", "DDP gradient bucket size, MB", "geometric", DDP_DEFAULT_BUCKET_MB,
-         {"cpu": "DDP bucket_cap_mb (gloo)"}),
+         {"cpu": "DDP bucket_cap_mb (gloo)",
+          "gpu": "DDP bucket_cap_mb, HOROVOD_FUSION_THRESHOLD"}),
 )}
 
 
 @dataclass(frozen=True)
 class Machine:
-    """What the space needs to know about the host."""
+    """What the space needs to know about the host (`autotune.fingerprint.machine` reads it).
+
+    ``device`` is "gpu" when a GPU is visible to us (NVML under ``CUDA_VISIBLE_DEVICES``).
+    ``mps``/``mps_why``: whether ranks may share a GPU through CUDA MPS, and if not, why.
+    ``bucket_mb_range``: (low, high) MB for ``bucket_mb`` measured on this host's ranks
+    (`autotune.allreduce.bucket_range`); None: not measured, the conventional candidates.
+    """
 
     cores: int
     mem_available_bytes: int = 0
     device: str = "cpu"
+    gpus: int = 0
+    gpu_mem_available_bytes: int = 0  # the least free memory among the visible GPUs
+    mps: bool = False
+    mps_why: str = ""
+    bucket_mb_range: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -60,9 +80,10 @@ class Baseline:
     distributed: bool = False  # the script initialised torch.distributed
     bucket_mb: float | None = None
     peak_rss_bytes: int = 0
+    cuda_peak_bytes: int = 0  # the largest rank's torch.cuda.max_memory_allocated; 0: no CUDA
 
     @classmethod
-    def from_seen(cls, seen: Mapping, *, peak_rss_bytes: int = 0,
+    def from_seen(cls, seen: Mapping, *, peak_rss_bytes: int = 0, cuda_peak_bytes: int = 0,
                   placeholder_values: Mapping[str, int] = ()) -> Baseline:
         """From `TrialResult.seen`; placeholder values win (the script saw those)."""
         given = dict(placeholder_values)
@@ -71,7 +92,8 @@ class Baseline:
                    workers=_int_or_none(given.get("workers", seen.get("workers"))),
                    threads=_int_or_none(given.get("threads", threads)),
                    distributed=bool(seen.get("backend")),
-                   bucket_mb=seen.get("bucket_mb"), peak_rss_bytes=int(peak_rss_bytes or 0))
+                   bucket_mb=seen.get("bucket_mb"), peak_rss_bytes=int(peak_rss_bytes or 0),
+                   cuda_peak_bytes=int(cuda_peak_bytes or 0))
 
 
 def _int_or_none(v) -> int | None:
@@ -118,16 +140,39 @@ def _with(values: Iterable[int], extra: int | None) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def _cpu_batch_size(m: Machine, b: Baseline) -> tuple[int, ...]:
-    base = b.batch_size
-    if base is None:
-        return ()
+def bucket_candidates(low_mb: float, high_mb: float, own_mb: int) -> tuple[int, ...]:
+    """``bucket_mb`` candidates from measured bounds: the powers of two in [low, high] (whole
+    MB), plus the script's own bucket (DDP's default, 25, when it sets none)."""
+    values, p = set(), 1
+    while p <= high_mb:
+        if p >= low_mb:
+            values.add(p)
+        p *= 2
+    return _with(values, own_mb)
+
+
+def _batch_size_within(base: int, peak_bytes: int, free_bytes: int) -> tuple[int, ...]:
     hi = base * 8
-    if b.peak_rss_bytes and m.mem_available_bytes:
+    if peak_bytes and free_bytes:
         # Pessimistic: memory grows in proportion to the batch.
-        hi = min(hi, max(base, int(base * MEMORY_HEADROOM * m.mem_available_bytes
-                                   / b.peak_rss_bytes)))
+        hi = min(hi, max(base, int(base * MEMORY_HEADROOM * free_bytes / peak_bytes)))
     return _with(geometric(max(1, base // 4), hi), base)
+
+
+def _cpu_batch_size(m: Machine, b: Baseline) -> tuple[int, ...]:
+    if b.batch_size is None:
+        return ()
+    return _batch_size_within(b.batch_size, b.peak_rss_bytes, m.mem_available_bytes)
+
+
+def _gpu_batch_size(m: Machine, b: Baseline) -> tuple[int, ...]:
+    """Bounded by GPU memory when the baseline used CUDA; a script that stayed on the CPU of a
+    GPU host is bounded by host memory as on CPU."""
+    if b.batch_size is None:
+        return ()
+    if not b.cuda_peak_bytes:
+        return _cpu_batch_size(m, b)
+    return _batch_size_within(b.batch_size, b.cuda_peak_bytes, m.gpu_mem_available_bytes)
 
 
 def _cpu_workers(m: Machine, b: Baseline) -> tuple[int, ...]:
@@ -143,21 +188,38 @@ def _cpu_thread_pct(m: Machine, b: Baseline) -> tuple[int, ...]:
     return tuple(sorted({pct_for_threads(t, m.cores) for t in counts}))
 
 
+def _gpu_thread_pct(m: Machine, b: Baseline) -> tuple[int, ...]:
+    return GPU_THREAD_PCT
+
+
 def _cpu_instances(m: Machine, b: Baseline) -> tuple[int, ...]:
     return linear(1, max(1, min(m.cores, 4))) if b.distributed else (1,)
 
 
-def _cpu_bucket_mb(m: Machine, b: Baseline) -> tuple[int, ...]:
-    return _with(BUCKET_MB, int(b.bucket_mb) if b.bucket_mb else None)
+def _gpu_instances(m: Machine, b: Baseline) -> tuple[int, ...]:
+    return linear(1, GPU_MAX_INSTANCES) if b.distributed else (1,)
 
 
-# (knob, device kind) -> default candidates. A new device kind adds its rows here.
+def _bucket_mb(m: Machine, b: Baseline) -> tuple[int, ...]:
+    own = int(b.bucket_mb) if b.bucket_mb else None
+    if m.bucket_mb_range is not None:
+        return bucket_candidates(*m.bucket_mb_range, own or DDP_DEFAULT_BUCKET_MB)
+    return _with(BUCKET_MB, own)
+
+
+# (knob, device kind) -> default candidates. A new device kind adds its rows here. Why a knob
+# is left out or fixed (no DataLoader, no torch.distributed, no MPS) is `space.build`'s note.
 DOMAIN_RULES: dict[tuple[str, str], Callable[[Machine, Baseline], tuple[int, ...]]] = {
     ("batch_size", "cpu"): _cpu_batch_size,
     ("workers", "cpu"): _cpu_workers,
     ("thread_pct", "cpu"): _cpu_thread_pct,
     ("instances", "cpu"): _cpu_instances,
-    ("bucket_mb", "cpu"): _cpu_bucket_mb,
+    ("bucket_mb", "cpu"): _bucket_mb,
+    ("batch_size", "gpu"): _gpu_batch_size,
+    ("workers", "gpu"): _cpu_workers,
+    ("thread_pct", "gpu"): _gpu_thread_pct,
+    ("instances", "gpu"): _gpu_instances,
+    ("bucket_mb", "gpu"): _bucket_mb,
 }
 
 
@@ -181,8 +243,19 @@ def _cpu_balanced(domains: Mapping[str, tuple[int, ...]], baseline: Mapping[str,
     return [{"workers": w, "thread_pct": nearest}]
 
 
+def _gpu_shared(domains: Mapping[str, tuple[int, ...]], baseline: Mapping[str, int],
+                cores: int) -> list[dict[str, int]]:
+    """Two MPS clients at half the GPU each: where AccDP's gains on one GPU typically began
+    (seed 000), and a move `one_at_a_time` never makes (it moves one knob at a time)."""
+    if 2 not in domains.get("instances", ()) or "thread_pct" not in domains:
+        return []
+    nearest = min(domains["thread_pct"], key=lambda v: (abs(v - 50), v))
+    return [{"instances": 2, "thread_pct": nearest}]
+
+
 # device kind -> extra starting configs (changes to the baseline) worth measuring first.
 DESIGN_RULES: dict[str, Callable[[Mapping[str, tuple[int, ...]], Mapping[str, int], int],
                                  list[dict[str, int]]]] = {
     "cpu": _cpu_balanced,
+    "gpu": _gpu_shared,
 }

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from autotune import flags
 from autotune.errors import UsageError
-from autotune.space.knobs import (ALIASES, KNOBS, ORDER, geometric, linear, pct_for_threads,
-                                  threads_per_rank)
+from autotune.space.knobs import (ALIASES, GPU_THREAD_PCT, KNOBS, ORDER, geometric, linear,
+                                  pct_for_threads, threads_per_rank)
 
 @dataclass(frozen=True)
 class Range:
@@ -119,8 +119,20 @@ def parse_duration(text: str) -> float:
     return total
 
 
-def _expand(r: Range, cores: int) -> tuple[int, ...]:
-    """Candidates of a user range, in the knob's own unit (threads become shares)."""
+def _expand(r: Range, cores: int, device: str = "cpu") -> tuple[int, ...]:
+    """Candidates of a user range, in the knob's own unit (threads become shares).
+
+    On GPUs ``thread_pct`` is each rank's MPS share, not a share of the cores: a range keeps its
+    ends and the `GPU_THREAD_PCT` steps between, and a thread count cannot stand for it.
+    """
+    if r.name == "thread_pct" and device == "gpu":
+        if r.alias == "threads":
+            raise UsageError(f"{r.token!r}: on GPUs thread_pct is each rank's MPS share "
+                             f"(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), not a thread count; give "
+                             f"thread_pct=25:100 or thread_pct=50 instead")
+        if r.values:
+            return r.values
+        return tuple(sorted({r.low, r.high} | {v for v in GPU_THREAD_PCT if r.low < v < r.high}))
     if r.name == "thread_pct":
         if r.alias == "threads":
             threads = r.values or linear(r.low, r.high)
