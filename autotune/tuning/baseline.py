@@ -2,16 +2,23 @@
 
 What the meter saw the script use (batch size, workers, threads, torch.distributed) and its peak
 memory, with the user's ranges and fixes and the script's explicit flags, give the space
-(`autotune.space.build`). Both are saved in the run's state, so a resume does not re-measure.
+(`autotune.space.build`). When that space searches ``bucket_mb``, allreduce is timed once on two
+ranks of this host (`autotune.allreduce`) and the measured range narrows its candidates. All of
+it is saved in the run's state, so a resume does not re-measure.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from autotune import fingerprint, launch, space
+from autotune import allreduce, fingerprint, launch, launchers, space
 from autotune.errors import AutotuneError
 from autotune.outcome import Outcome
+
+# One short allreduce sweep (4 KB .. 64 MB, x4 steps): a few seconds on two CPU ranks.
+ALLREDUCE_MAX_BYTES = 64 * allreduce.MB
+ALLREDUCE_SECONDS_PER_SIZE = 0.2
+ALLREDUCE_TIMEOUT_S = 120.0
 
 
 def placeholder_values(tuner) -> dict[str, int]:
@@ -64,6 +71,7 @@ def measure(tuner) -> None:
             + (f"\n{result.log_tail}" if result.log_tail else ""))
     base = space.Baseline.from_seen(
         result.seen, peak_rss_bytes=result.peak_rss_bytes,
+        cuda_peak_bytes=result.cuda_peak_bytes,
         placeholder_values={space.ALIASES.get(k, k): v for k, v in values.items()
                             if k != "threads"})
     if "threads" in values:
@@ -77,7 +85,13 @@ def measure(tuner) -> None:
     req = space.SpaceRequest(ranges=ranges, fixed=fixed, global_batch=tuner.s.global_batch,
                              placeholders=tuple(sorted(launch.placeholders(
                                  tuner.s.command[1:]))))
-    sp = space.build(fingerprint.machine(), base, req)
+    machine = fingerprint.machine()
+    sp = space.build(machine, base, req)
+    if "bucket_mb" in sp.domains and "bucket_mb" not in req.ranges:
+        bounds = bucket_bounds(tuner)
+        if bounds is not None:
+            sp = space.build(dataclasses.replace(machine, bucket_mb_range=bounds), base, req)
+        _tell_buckets(tuner, bounds, sp.domains.get("bucket_mb", ()))
     tuner.journal.emit("trial_finished", trial="baseline", number=None, mode=result.mode,
                        result=dataclasses.replace(result, knobs=dict(sp.baseline)))
     tuner.state["space"] = sp.to_dict()
@@ -85,3 +99,45 @@ def measure(tuner) -> None:
                                result.samples_per_s, "ci_half": result.ci_half,
                                "source": result.source, "seen": result.seen}
     tuner.save_state()
+
+
+def bucket_bounds(tuner) -> tuple[float, float] | None:
+    """(low, high) MB for ``bucket_mb`` from allreduce timed on two ranks of this host, or None
+    when the probe failed (the conventional candidates stay; tuning goes on).
+
+    CPU ranks on gloo even on a GPU host: a probe puts ranks that share a GPU on gloo (NCCL
+    refuses them), and gloo stages CUDA tensors through host memory. The result, or the
+    failure, is kept in the run's state, so a resume does not time it again.
+    """
+    saved = tuner.state.get("allreduce")
+    if saved is None:
+        try:
+            result = allreduce.measure(
+                ranks=2, log_dir=tuner.run_dir / "logs", cwd=str(tuner.run_dir),
+                launcher=getattr(tuner, "launcher", launchers.Launcher()), device="cpu",
+                max_bytes=ALLREDUCE_MAX_BYTES, seconds_per_size=ALLREDUCE_SECONDS_PER_SIZE,
+                timeout_s=ALLREDUCE_TIMEOUT_S)
+            saved = {"result": result.to_dict()}
+        except Exception as exc:  # noqa: BLE001 - a bound for one knob never fails the tuning
+            saved = {"error": str(exc) or type(exc).__name__}
+        tuner.state["allreduce"] = saved
+        tuner.save_state()
+    if "error" in saved:
+        return None
+    return allreduce.bucket_range(allreduce.parse(saved["result"]))
+
+
+def _tell_buckets(tuner, bounds: tuple[float, float] | None, candidates) -> None:
+    saved = tuner.state["allreduce"]
+    tuner.journal.emit("allreduce", **saved, candidates=list(candidates))
+    values = ", ".join(map(str, candidates))
+    if bounds is None:
+        first = saved["error"].splitlines()[0].rstrip(":")
+        tuner.note("warning", f"bucket_mb: not narrowed by a measurement: {first}; searching "
+                              f"the usual candidates {values}")
+        return
+    r = saved["result"]
+    peak = max(p["busbw_gbps"] for p in r["points"])
+    tuner.note("hint", f"bucket_mb: allreduce on {r['world_size']} {r['backend']} ranks here "
+                       f"pays off from {bounds[0]:g} to {bounds[1]:g} MB (peak bus bandwidth "
+                       f"{peak:.2f} GB/s); searching {values}")

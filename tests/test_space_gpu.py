@@ -1,0 +1,296 @@
+"""The search space on a GPU host: MPS-aware domains, thread_pct as the MPS share, recipes run on
+either device, bucket_mb narrowed by a measured allreduce (pure, with a fake probe, and real)."""
+
+import json
+
+import pytest
+
+from autotune import allreduce, fingerprint, recipes, space
+from autotune.errors import LaunchError, UsageError
+from autotune.journal import Journal, read_events
+from autotune.outcome import Outcome
+from autotune.trial import TrialResult
+from autotune.tuning import Tuner, TuneSettings
+from autotune.tuning import baseline as baseline_probe
+from autotune.tuning import tuner as tuner_module
+from conftest import SCRIPTS
+from fakes.gpu_host import BIN, fake_pynvml, gpu_uuid, write_nvml_config
+
+GIB = 2**30
+MB = allreduce.MB
+NO_MPS = "nvidia-cuda-mps-control not found on PATH"
+
+
+def gpu_machine(*, mps=True, cores=8, free=40 * GIB, **over):
+    return space.Machine(cores=cores, mem_available_bytes=64 * GIB, device="gpu", gpus=1,
+                         gpu_mem_available_bytes=free, mps=mps, mps_why="" if mps else NO_MPS,
+                         **over)
+
+
+def build(machine=None, *, ranges=(), fix=(), global_batch=None, **baseline):
+    base = dict(batch_size=32, workers=0, peak_rss_bytes=GIB, cuda_peak_bytes=2 * GIB,
+                distributed=True)
+    base.update(baseline)
+    req = space.SpaceRequest(ranges=space.parse_space(ranges), fixed=space.parse_fix(fix),
+                             global_batch=global_batch)
+    return space.build(machine or gpu_machine(), space.Baseline(**base), req)
+
+
+# -- domains ----------------------------------------------------------------------------------
+def test_ddp_script_with_mps_searches_clients_and_shares():
+    sp = build()
+    assert sp.device == "gpu"
+    assert sp.domains["instances"] == (1, 2, 3, 4)
+    assert sp.domains["thread_pct"] == (25, 50, 75, 100)
+    assert sp.domains["bucket_mb"] == space.knobs.BUCKET_MB
+    assert sp.domains["workers"] == tuple(range(9))
+    # The baseline is the script as it ran: one rank with the whole GPU.
+    assert sp.baseline == {"batch_size": 32, "workers": 0, "thread_pct": 100, "instances": 1}
+    assert not any(n.startswith(("instances", "thread_pct")) for n in sp.notes)
+
+
+def test_without_mps_one_rank_keeps_the_whole_gpu_and_says_why():
+    sp = build(gpu_machine(mps=False))
+    assert sp.fixed["instances"] == 1 and sp.fixed["thread_pct"] == 100
+    assert "instances" not in sp.domains and "thread_pct" not in sp.domains
+    assert "bucket_mb" not in sp.domains  # one rank: no gradient buckets to tune
+    for knob in ("instances: fixed at 1", "thread_pct: fixed at 100"):
+        note = next(n for n in sp.notes if n.startswith(knob))
+        assert "MPS" in note and NO_MPS in note
+    with pytest.raises(UsageError, match=f"--space asks for instances.*{NO_MPS}"):
+        build(gpu_machine(mps=False), ranges=["instances=1:2"])
+    with pytest.raises(UsageError, match=f"--fix asks for thread_pct.*{NO_MPS}"):
+        build(gpu_machine(mps=False), fix=["thread_pct=50"])
+    assert build(gpu_machine(mps=False), fix=["instances=1"]).fixed["instances"] == 1
+
+
+def test_script_without_torch_distributed_gets_one_full_rank_per_gpu():
+    sp = build(distributed=False)
+    assert sp.fixed["instances"] == 1 and sp.fixed["thread_pct"] == 100
+    assert any(n.startswith("instances: fixed at 1") and "torch.distributed" in n
+               for n in sp.notes)
+    assert any(n.startswith("thread_pct: fixed at 100") and "one rank per GPU" in n
+               for n in sp.notes)
+    forced = build(distributed=False, ranges=["instances=1:2"])
+    assert forced.domains["instances"] == (1, 2)
+    assert forced.domains["thread_pct"] == (25, 50, 75, 100)
+
+
+def test_batch_size_bounded_by_gpu_memory():
+    # 4 GiB of CUDA memory at batch 32 with 10 GiB free: at most 0.7 x 2.5 = 1.75x the batch.
+    sp = build(gpu_machine(free=10 * GIB), cuda_peak_bytes=4 * GIB)
+    assert sp.domains["batch_size"] == (8, 16, 32, 56)
+    # Host memory does not bound a batch that lives on the GPU...
+    assert max(build(peak_rss_bytes=60 * GIB).domains["batch_size"]) == 256
+    # ...unless the script never used CUDA: then it is bounded as on CPU.
+    cpu_bound = build(peak_rss_bytes=32 * GIB, cuda_peak_bytes=0)
+    assert max(cpu_bound.domains["batch_size"]) < 64
+
+
+def test_thread_pct_ranges_are_shares_on_gpus():
+    assert build(ranges=["thread_pct=30:100"]).domains["thread_pct"] == (30, 50, 75, 100)
+    assert build(ranges=["thread_pct=20,40"]).domains["thread_pct"] == (20, 40)
+    with pytest.raises(UsageError, match="MPS share.*not a thread count"):
+        build(ranges=["threads=1:4"])
+
+
+def test_initial_design_tries_two_clients_at_half_the_gpu():
+    sp = build()
+    design = sp.initial_design()
+    assert design[:len(sp.one_at_a_time())] == sp.one_at_a_time()
+    shared = {**sp.baseline, "instances": 2, "thread_pct": 50, "bucket_mb": 25}
+    assert shared in design
+    assert build(gpu_machine(mps=False)).initial_design() == \
+        build(gpu_machine(mps=False)).one_at_a_time()
+
+
+# -- what the ranks get -----------------------------------------------------------------------
+def test_trial_knobs_keep_the_mps_share_on_gpus():
+    sp = build()
+    knobs, instances = sp.trial_knobs({**sp.baseline, "instances": 2, "thread_pct": 50,
+                                       "bucket_mb": 8})
+    assert knobs == {"batch_size": 32, "workers": 0, "thread_pct": 50, "instances": 2,
+                     "bucket_mb": 8}
+    assert instances == 2
+    cpu = space.Space.from_dict({**sp.to_dict(), "device": "cpu"})
+    assert cpu.trial_knobs({"thread_pct": 50})[0] == {"threads": 4}
+
+
+def test_space_round_trip_keeps_the_device():
+    sp = build()
+    assert space.Space.from_dict(json.loads(json.dumps(sp.to_dict()))) == sp
+    old = {k: v for k, v in sp.to_dict().items() if k != "device"}  # a tune.json from before
+    assert space.Space.from_dict(old).device == "cpu"
+
+
+def recipe(gpu_count):
+    fp = fingerprint.Fingerprint(cpu_model="x", cores=8, gpu_count=gpu_count,
+                                 gpu_names=("NVIDIA A100-SXM4-40GB",) * gpu_count)
+    return recipes.Recipe(name="r", knobs={"batch_size": 64, "thread_pct": 25, "instances": 4},
+                          samples_per_s=1.0, ci_half=0.0, baseline_samples_per_s=1.0,
+                          speedup=1.0, kept_baseline=False, fingerprint=fp, script_path="t.py")
+
+
+def test_recipe_knobs_follow_where_it_was_tuned_and_where_it_runs():
+    tuned_on_gpu = recipe(gpu_count=1)
+    assert tuned_on_gpu.run_knobs(8) == ({"batch_size": 64, "thread_pct": 25,
+                                          "instances": 4}, 4)
+    assert tuned_on_gpu.run_knobs(8, gpus=2)[0]["thread_pct"] == 25
+    # On a host without GPUs the share falls back to its CPU meaning: a quarter of the cores.
+    assert tuned_on_gpu.run_knobs(8, gpus=0) == ({"batch_size": 64, "threads": 2,
+                                                  "instances": 4}, 4)
+    # A CPU recipe keeps its CPU meaning on a GPU host.
+    assert recipe(gpu_count=0).run_knobs(8, gpus=2)[0] == {"batch_size": 64, "threads": 2,
+                                                           "instances": 4}
+
+
+# -- reading the machine ----------------------------------------------------------------------
+def test_machine_sees_two_fake_gpus_and_mps(monkeypatch, tmp_path):
+    config = write_nvml_config(tmp_path, gpus=2)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("AUTOTUNE_MPS_CONTROL", str(BIN / "nvidia-cuda-mps-control"))
+    with fake_pynvml(monkeypatch, config):
+        m = fingerprint.machine()
+        assert (m.device, m.gpus, m.mps, m.mps_why) == ("gpu", 2, True, "")
+        assert m.gpu_mem_available_bytes == 38 * GIB  # the fuller GPU (2 GiB used) bounds it
+        assert m.cores == fingerprint.cores()
+        one = fingerprint.machine({"CUDA_VISIBLE_DEVICES": gpu_uuid(0), "PATH": ""})
+        assert one.gpus == 1 and one.gpu_mem_available_bytes == 39 * GIB
+        assert not one.mps and "nvidia-cuda-mps-control not found" in one.mps_why
+        assert fingerprint.machine({"CUDA_VISIBLE_DEVICES": ""}).device == "cpu"
+
+
+def test_machine_without_a_driver_is_a_cpu(monkeypatch, tmp_path):
+    monkeypatch.setenv("AUTOTUNE_MPS_CONTROL", str(BIN / "nvidia-cuda-mps-control"))
+    for config in (None, write_nvml_config(tmp_path, driver="not_loaded")):
+        with fake_pynvml(monkeypatch, config):
+            m = fingerprint.machine()
+            assert (m.device, m.gpus, m.gpu_mem_available_bytes, m.mps) == ("cpu", 0, 0, False)
+            assert m.cores == fingerprint.cores() and m.mem_available_bytes > 0
+
+
+# -- bucket_mb from a measured allreduce ------------------------------------------------------
+def synthetic(busbw_by_size):
+    return allreduce.AllreduceResult("gloo", 2, "cpu", tuple(
+        allreduce.Point(b, b / (bw * 1e9), bw, bw) for b, bw in busbw_by_size))
+
+
+SATURATES_AT_4MB = synthetic([(64 * 1024, 0.1), (MB, 0.6), (4 * MB, 0.95), (16 * MB, 1.0),
+                              (64 * MB, 0.9)])
+
+
+def test_bucket_candidates_are_the_powers_of_two_in_the_measured_range():
+    bounds = allreduce.bucket_range(SATURATES_AT_4MB)
+    assert bounds == (1.0, 16.0)
+    assert space.bucket_candidates(*bounds, 25) == (1, 2, 4, 8, 16, 25)
+    assert space.bucket_candidates(4.0, 256.0, 25) == (4, 8, 16, 25, 32, 64, 128, 256)
+    assert space.bucket_candidates(0.25, 2.0, 8) == (1, 2, 8)
+    for machine in (gpu_machine(bucket_mb_range=bounds),
+                    space.Machine(cores=2, bucket_mb_range=bounds)):
+        assert build(machine).domains["bucket_mb"] == (1, 2, 4, 8, 16, 25)
+        assert build(machine, bucket_mb=10).domains["bucket_mb"] == (1, 2, 4, 8, 10, 16)
+    # The user's own range wins over the measured one.
+    assert build(gpu_machine(bucket_mb_range=bounds),
+                 ranges=["bucket_mb=32:128"]).domains["bucket_mb"] == (32, 64, 128)
+
+
+SEEN_DDP = {"batch_size": 16, "workers": 0, "backend": "gloo"}
+
+
+def baseline_result(spec):
+    return TrialResult(
+        outcome=Outcome.OK, reason="", samples_per_s=100.0, ci_half=2.0, source="dataloader",
+        steps_per_s=6.0, measured_s=5.0, warmup_s=1.0, paused_s=0.0, duration_s=8.0,
+        peak_rss_bytes=2**28, cuda_peak_bytes=0, foreign_cores=0.0, exit_code=0,
+        log_path=str(spec.log_dir / f"{spec.name}.log"), log_tail="", seen=dict(SEEN_DDP),
+        knobs=dict(spec.knobs), mode=spec.mode)
+
+
+def tuner(tmp_path, monkeypatch, *, machine=None, **settings):
+    """A tuner whose probes are faked; only its baseline step is run by the tests."""
+    monkeypatch.setattr(tuner_module, "run_trial", lambda spec, **kw: baseline_result(spec))
+    monkeypatch.setattr(fingerprint, "machine", lambda: machine or space.Machine(cores=2))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(exist_ok=True)
+    s = TuneSettings(command=("train.py",), cwd=str(tmp_path), seconds=10.0, **settings)
+    return Tuner(s, run_dir, Journal(run_dir))
+
+
+def fake_measure(monkeypatch, answer):
+    calls = []
+
+    def measure(**kw):
+        calls.append(kw)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(baseline_probe.allreduce, "measure", measure)
+    return calls
+
+
+def allreduce_events(run_dir):
+    return [e for e in read_events(run_dir)[0] if e["event"] == "allreduce"]
+
+
+def test_baseline_step_narrows_bucket_mb_once(tmp_path, monkeypatch):
+    calls = fake_measure(monkeypatch, SATURATES_AT_4MB)
+    t = tuner(tmp_path, monkeypatch)
+    baseline_probe.measure(t)
+    assert t.state["space"]["domains"]["bucket_mb"] == [1, 2, 4, 8, 16, 25]
+    assert len(calls) == 1 and calls[0]["ranks"] == 2 and calls[0]["device"] == "cpu"
+    assert calls[0]["max_bytes"] <= 64 * MB and calls[0]["launcher"] is t.launcher
+    [event] = allreduce_events(t.run_dir)
+    assert event["candidates"] == [1, 2, 4, 8, 16, 25]
+    assert event["result"]["bucket_mb_range"] == [1.0, 16.0]
+    assert any(n.startswith("bucket_mb: allreduce on 2 gloo ranks") and "1 to 16 MB" in n
+               for n in t.notes)
+    # Saved with the run: a resumed baseline step does not time it again.
+    saved = json.loads((t.run_dir / "tune.json").read_text())
+    assert saved["allreduce"]["result"]["backend"] == "gloo"
+    again = Tuner(t.s, t.run_dir, Journal(t.run_dir), resume=True)
+    del again.state["space"]
+    baseline_probe.measure(again)
+    assert len(calls) == 1 and again.state["space"]["domains"]["bucket_mb"] == [1, 2, 4, 8, 16,
+                                                                                  25]
+
+
+def test_a_failed_allreduce_keeps_the_usual_candidates(tmp_path, monkeypatch):
+    fake_measure(monkeypatch, LaunchError("the allreduce probe failed (exit codes [1, 1]); "
+                                          "see logs/allreduce.log:\nboom"))
+    t = tuner(tmp_path, monkeypatch)
+    baseline_probe.measure(t)
+    assert tuple(t.state["space"]["domains"]["bucket_mb"]) == space.knobs.BUCKET_MB
+    assert "exit codes [1, 1]" in allreduce_events(t.run_dir)[0]["error"]
+    assert any(n.startswith("bucket_mb: not narrowed by a measurement: the allreduce probe "
+                            "failed (exit codes [1, 1]); see logs/allreduce.log; searching")
+               for n in t.notes)
+
+
+@pytest.mark.parametrize("settings", [{"space_tokens": ("bucket_mb=8:32",)},
+                                      {"fix_tokens": ("bucket_mb=8",)},
+                                      {"fix_tokens": ("instances=1",)}])
+def test_no_allreduce_when_bucket_mb_is_given_or_moot(tmp_path, monkeypatch, settings):
+    calls = fake_measure(monkeypatch, SATURATES_AT_4MB)
+    t = tuner(tmp_path, monkeypatch, **settings)
+    baseline_probe.measure(t)
+    assert calls == [] and allreduce_events(t.run_dir) == []
+    assert "allreduce" not in t.state
+
+
+@pytest.mark.slow
+def test_real_allreduce_narrows_bucket_mb_for_a_ddp_script(tmp_path, monkeypatch):
+    """Two real gloo ranks time allreduce after a real baseline probe of a DDP script."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    s = TuneSettings(command=(str(SCRIPTS / "shape_ddp.py"),), cwd=str(tmp_path), seconds=10.0,
+                     foreign_limit_cores=1e9)
+    t = Tuner(s, run_dir, Journal(run_dir))
+    baseline_probe.measure(t)
+    sp = space.Space.from_dict(t.state["space"])
+    assert sp.domains["instances"] == (1, 2)
+    result = allreduce.parse(t.state["allreduce"]["result"])
+    assert result.backend == "gloo" and result.world_size == 2
+    assert [p.bytes for p in result.points][-1] == 64 * MB
+    assert sp.domains["bucket_mb"] == space.bucket_candidates(*allreduce.bucket_range(result), 25)
+    assert allreduce_events(run_dir)[0]["candidates"] == list(sp.domains["bucket_mb"])
