@@ -1,9 +1,11 @@
 """Where a probe's figure comes from, and what the user is told about it. Pure.
 
 A probe counts DataLoader samples; without a DataLoader, steps times the samples in a step
-(`samples_per_step`); with ``--metric``, the script's own lines (`autotune.metric`). It also
-watches the user's tree for writes (`watch_env`, read by `probes.writes`). The trial runner
-(`autotune.trial`) calls these and puts their sentences in the result's reason and notes.
+(`samples_per_step`); with ``--metric``, the script's own lines (`autotune.metric`). The meters'
+ticks become one cumulative series per rank (`tick_points`), summed over ranks (`sum_series`,
+`counted_series`) and turned into a rate (`rate`). It also watches the user's tree for writes
+(`watch_env`, read by `probes.writes`). The trial runner (`autotune.trial`) calls these and puts
+their sentences in the result's reason and notes.
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-from autotune import flags
+from autotune import flags, steady
 from autotune.launch import placeholders
 from autotune.metric import MetricLog
 from probes import protocol
+
+Points = list[tuple[float, float]]  # (time_s, cumulative count), in the controller's clock
 
 DISAGREE_REL = 0.25  # --metric and autotune's own count further apart than this: said
 
@@ -88,3 +92,61 @@ def notes(*, source: str, step_note: str, metric_rate: float, counted_rate: floa
                    + (f" ({existed} existed before)" if existed else "")
                    + "; run probes elsewhere with --probe-cwd DIR")
     return out
+
+
+def tick_points(prev: Mapping, msg: Mapping, offset: float) -> tuple[Points, Points]:
+    """The points one meter tick adds to its rank's series: ``(batch_points, step_points)``.
+
+    ``prev`` is the rank's previous tick (``{}`` before the first), ``offset`` the controller's
+    clock minus the rank's. Each tick adds (first new batch, count before it) and (last batch,
+    count): the count is flat in between ticks' batches, so an idle stretch (a pause) is exact
+    in the series. Steps are optimizer steps, else backward passes when the script has none.
+    """
+    batch_points: Points = []
+    step_points: Points = []
+    if msg.get("samples", 0) > prev.get("samples", 0):
+        if msg.get("first_batch_t"):
+            batch_points.append((msg["first_batch_t"] + offset, prev.get("samples", 0)))
+        batch_points.append((msg["last_batch_t"] + offset, msg["samples"]))
+    steps = max(msg.get("steps", 0), msg.get("backwards", 0) if not msg.get("steps") else 0)
+    prev_steps = max(prev.get("steps", 0),
+                     prev.get("backwards", 0) if not prev.get("steps") else 0)
+    if steps > prev_steps:
+        if msg.get("first_step_t") and (prev.get("steps") or not msg.get("steps")):
+            step_points.append((msg["first_step_t"] + offset, prev_steps))
+        step_points.append((msg["last_step_t"] + offset, steps))
+    return batch_points, step_points
+
+
+def sum_series(per_rank: Sequence[Points]) -> Points:
+    """Sum cumulative series of several ranks at the union of their times."""
+    if len(per_rank) == 1:
+        return list(per_rank[0])
+    start = max(pts[0][0] for pts in per_rank)  # all ranks running
+    end = min(pts[-1][0] for pts in per_rank)
+    times = sorted({t for pts in per_rank for t, _ in pts if start <= t <= end})
+    return [(t, sum(steady._interp(pts, t) for pts in per_rank)) for t in times]
+
+
+def counted_series(batch_points: Sequence[Points], step_points: Sequence[Points], *,
+                   batches: int, steps: int,
+                   samples_per_step: int | None) -> tuple[Points, int, str]:
+    """What the meters counted, summed over ranks: ``(points, count, source)``.
+
+    DataLoader samples when any batch was seen, else steps times ``samples_per_step``, else
+    nothing (source "none"). ``batch_points`` and ``step_points`` hold one series per rank.
+    """
+    if batches:
+        return sum_series([pts for pts in batch_points if pts]), batches, "dataloader"
+    if steps and samples_per_step:
+        k = samples_per_step
+        per_rank = [[(t, n * k) for t, n in pts] for pts in step_points if pts]
+        return sum_series(per_rank), steps, "steps"
+    return [], 0, "none"
+
+
+def rate(points: Points, count: int) -> float:
+    """Steady samples/s of a cumulative series, or 0 when it spans fewer than three windows."""
+    est = steady.estimate(points, batches=count) if points else None
+    return est.samples_per_s if est is not None and est.windows >= 3 else 0.0
+

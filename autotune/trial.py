@@ -7,7 +7,6 @@ sweep for stragglers) and returns a frozen `TrialResult`. No process of the tria
 
 from __future__ import annotations
 
-import codecs
 import os
 import time
 import uuid
@@ -15,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune import flags, launchers, proc, sources, steady
+from autotune import flags, launchers, logs, proc, sources, steady
 from autotune.collector import Collector
 from autotune.load import FOREIGN_CORES_LIMIT, ForeignLoad
 from autotune.metric import MetricLog, parse_metric
@@ -119,24 +118,6 @@ class _Rank:
     bye: dict | None = None
 
 
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 16384))
-            text = f.read().decode(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def _last_line(tail: str) -> str:
-    for line in reversed(tail.splitlines()):
-        if line.strip():
-            return line.strip()[:300]
-    return ""
-
-
 class _Probe:
     """The state of one running trial; `run_trial` drives it."""
 
@@ -164,9 +145,7 @@ class _Probe:
         self.loader_batch: int | None = None  # batch size the script's first DataLoader got
         self.writes: dict[str, dict] = {}  # path -> {path, op, existed}: into the user's tree
         self.metric = MetricLog(parse_metric(spec.metric)) if spec.metric else None
-        self.log_path: Path | None = None
-        self.log_offset = 0
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.log: logs.Reader | None = None  # rank 0's log, from where it ended at the start
 
     # -- messages ---------------------------------------------------------------------------
     def absorb(self, received) -> None:
@@ -191,22 +170,10 @@ class _Probe:
     def _tick(self, rank: _Rank, t_recv: float, msg: dict) -> None:
         offset = t_recv - float(msg.get("t", t_recv))
         rank.offset = offset if rank.offset is None else min(rank.offset, offset)
-        prev = rank.tick
+        batch_points, step_points = sources.tick_points(rank.tick, msg, rank.offset)
         rank.tick = msg
-        # Each tick adds (first new batch, count before it) and (last batch, count): the count
-        # is flat in between ticks' batches, so an idle stretch (a pause) is exact in the series.
-        if msg.get("samples", 0) > prev.get("samples", 0):
-            if msg.get("first_batch_t"):
-                rank.batch_points.append((msg["first_batch_t"] + rank.offset,
-                                          prev.get("samples", 0)))
-            rank.batch_points.append((msg["last_batch_t"] + rank.offset, msg["samples"]))
-        steps = max(msg.get("steps", 0), msg.get("backwards", 0) if not msg.get("steps") else 0)
-        prev_steps = max(prev.get("steps", 0),
-                         prev.get("backwards", 0) if not prev.get("steps") else 0)
-        if steps > prev_steps:
-            if msg.get("first_step_t") and (prev.get("steps") or not msg.get("steps")):
-                rank.step_points.append((msg["first_step_t"] + rank.offset, prev_steps))
-            rank.step_points.append((msg["last_step_t"] + rank.offset, steps))
+        rank.batch_points.extend(batch_points)
+        rank.step_points.extend(step_points)
 
     def _seen(self, msg: dict) -> None:
         what = msg.get("what")
@@ -248,17 +215,13 @@ class _Probe:
 
     def read_log(self, *, final: bool = False) -> None:
         """Feed what rank 0 printed since the last read to ``--metric``."""
-        if self.metric is None or self.log_path is None:
+        if self.metric is None or self.log is None:
             return
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(self.log_offset)
-                data = f.read()
-                self.log_offset = f.tell()
-        except OSError:
+        text = self.log.read(final=final)
+        if text is None:
             return
         now = time.monotonic()
-        self.metric.feed(self._decoder.decode(data, final=final), now)
+        self.metric.feed(text, now)
         if final:
             self.metric.finish(now)
 
@@ -274,30 +237,15 @@ class _Probe:
     def counted_series(self) -> tuple[list[tuple[float, float]], int, str]:
         """What the meters counted: DataLoader samples, else steps times samples per step."""
         batches, steps = self.totals()
-        if batches:
-            per_rank = [r.batch_points for r in self.ranks.values() if r.batch_points]
-            return _sum_series(per_rank), batches, "dataloader"
-        if steps and self.samples_per_step:
-            k = self.samples_per_step
-            per_rank = [[(t, n * k) for t, n in r.step_points]
-                        for r in self.ranks.values() if r.step_points]
-            return _sum_series(per_rank), steps, "steps"
-        return [], 0, "none"
+        ranks = self.ranks.values()
+        return sources.counted_series([r.batch_points for r in ranks],
+                                      [r.step_points for r in ranks], batches=batches,
+                                      steps=steps, samples_per_step=self.samples_per_step)
 
     def update_estimate(self) -> None:
         points, count, source = self.series()
         self.source = source
         self.estimate = steady.estimate(points, batches=count) if points else None
-
-
-def _sum_series(per_rank: list[list[tuple[float, float]]]) -> list[tuple[float, float]]:
-    """Sum cumulative series of several ranks at the union of their times."""
-    if len(per_rank) == 1:
-        return list(per_rank[0])
-    start = max(pts[0][0] for pts in per_rank)  # all ranks running
-    end = min(pts[-1][0] for pts in per_rank)
-    times = sorted({t for pts in per_rank for t, _ in pts if start <= t <= end})
-    return [(t, sum(steady._interp(pts, t) for pts in per_rank)) for t in times]
 
 
 def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool] | None = None,
@@ -320,8 +268,7 @@ def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool]
                            marker=f"{spec.name}-{uuid.uuid4().hex[:12]}", env=base_env,
                            launcher=spec.launcher, device=spec.device, gpus=spec.gpus)
     log_path = log_path_of(ranks_spec, 0)
-    probe.log_path = log_path
-    probe.log_offset = log_path.stat().st_size if log_path.exists() else 0
+    probe.log = logs.Reader(log_path)
     try:
         group = start_group(ranks_spec, channel=collector.env())
         probe.group = group
@@ -414,7 +361,7 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
     exit_code = failing if failing is not None else (exit_codes[0] if exit_codes else None)
     if probe.stopped_by_us and failing is None and exit_code is not None and exit_code < 0:
         exit_code = None  # our own TERM/KILL at the end of the probe: the script had no say
-    tail = _tail(log_path)
+    tail = logs.tail(log_path)
     ran_s = time.monotonic() - probe.t_begin
     has_estimate = est is not None and est.windows >= 3 and est.samples_per_s > 0
     outcome, reason = classify(Observed(
@@ -422,7 +369,7 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         error_kind=error.get("kind") if error else None,
         error_text=f"{error.get('exc_type')}: {error.get('message')}" if error else "",
         batches=batches, steps=steps, has_estimate=has_estimate, hung_s=probe.hung_s,
-        ran_s=ran_s, last_log_line=_last_line(tail),
+        ran_s=ran_s, last_log_line=logs.last_line(tail),
         needs_batch_size=not probe.samples_per_step))
     if probe.metric is not None and outcome in (Outcome.NO_SIGNAL, Outcome.EXITED_EARLY):
         reason = sources.metric_reason(
@@ -438,14 +385,12 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         outcome = Outcome.FOREIGN_LOAD
         reason = (f"{foreign:.2f} cores of CPU load from other programs during the probe; "
                   f"not comparable, re-run when the machine is quiet")
-    step_rate = 0.0
-    step_points = [pts for r in probe.ranks.values() for pts in [r.step_points] if pts]
-    if step_points:
-        series = _sum_series(step_points)
-        step_est = steady.estimate(series, batches=steps)
-        step_rate = step_est.samples_per_s if step_est else 0.0
+    step_points = [r.step_points for r in probe.ranks.values() if r.step_points]
+    step_est = steady.estimate(sources.sum_series(step_points), batches=steps) \
+        if step_points else None
+    step_rate = step_est.samples_per_s if step_est else 0.0
     ticks = [r.tick for r in probe.ranks.values()]
-    counted = _counted_rate(probe) if probe.source == "metric" else 0.0
+    counted = sources.rate(*probe.counted_series()[:2]) if probe.source == "metric" else 0.0
     late = next((r.teardown for r in probe.ranks.values() if r.teardown), None)
     if late is not None:
         probe.notes.append(f"a rank failed while stopping, after the measurement (peers leave "
@@ -473,9 +418,3 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         notes=tuple(notes), knobs=dict(probe.spec.knobs), mode=probe.spec.mode,
         foreign_limit_cores=probe.spec.foreign_limit_cores, counted_samples_per_s=counted,
         window_start_t=est.start_t if est else 0.0, window_end_t=est.end_t if est else 0.0)
-
-
-def _counted_rate(probe: _Probe) -> float:
-    points, count, _ = probe.counted_series()
-    est = steady.estimate(points, batches=count) if points else None
-    return est.samples_per_s if est is not None and est.windows >= 3 else 0.0
