@@ -90,6 +90,20 @@ class RankGroup:
     def pids(self) -> set[int]:
         return {p.pid for lp in self.launched for p in lp.tree()}
 
+    def service_processes(self) -> list:
+        """Processes that work for the ranks but are not theirs: the MPS control daemon and the
+        servers it starts (their CPU time is the trial's, not foreign load)."""
+        import psutil
+
+        pid = getattr(self.mps, "pid", None)
+        if pid is None:
+            return []
+        try:
+            daemon = psutil.Process(pid)
+            return [daemon, *daemon.children(recursive=True)]
+        except psutil.Error:
+            return []
+
     def running(self) -> bool:
         return any(lp.poll() is None for lp in self.launched)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune import flags, launchers, logs, proc, sources, steady
-from autotune.collector import Collector
+from autotune.collector import Collector, for_launcher
 from autotune.load import FOREIGN_CORES_LIMIT, ForeignLoad
 from autotune.metric import MetricLog, parse_metric
 from autotune.outcome import Observed, Outcome, classify
@@ -254,7 +254,7 @@ def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool]
     log_dir = Path(spec.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     probe = _Probe(spec, on_progress)
-    collector = Collector()
+    collector = for_launcher(spec.launcher)
     load = ForeignLoad()
     base_env = dict(os.environ if spec.env is None else spec.env)
     base_env[protocol.ENV_TICK_S] = str(spec.tick_s)
@@ -301,6 +301,8 @@ def _loop(probe: _Probe, collector: Collector, load: ForeignLoad) -> None:
         probe.absorb(collector.drain())
         probe.read_log()
         tree = [p for lp in probe.launched for p in lp.tree()]
+        if probe.group is not None:
+            tree += probe.group.service_processes()
         load.sample(tree)
         codes = [lp.poll() for lp in probe.launched]
         if any(c is not None and c != 0 for c in codes) or all(c is not None for c in codes):

@@ -114,3 +114,39 @@ def test_no_gpu_means_cpu_placement_here(monkeypatch):
         assert plan_for(_spec(device="auto"), {}).device == "cpu"
         with pytest.raises(LaunchError, match="no GPU"):
             plan_for(_spec(device="gpu"), {})
+
+
+def test_the_mps_daemon_is_counted_as_the_trials_not_as_foreign_load(tmp_path):
+    """A busy MPS daemon (here a stand-in: a process with a child, both spinning) works for the
+    ranks; foreign load measured over the same window drops by its CPU time when it is sampled."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from autotune.load import ForeignLoad
+    from autotune.placement import plan
+    from autotune.ranks import RankGroup
+
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.5: pass\n"
+    daemon = subprocess.Popen([sys.executable, "-c",
+                               "import subprocess, sys\n"
+                               f"c = subprocess.Popen([sys.executable, '-c', {spin!r}])\n"
+                               f"{spin}c.wait()\n"])
+    try:
+        group = RankGroup(launched=[], plan=plan(knobs={}, instances=1, cores=[0]),
+                          launcher=launchers.Launcher(), mps=SimpleNamespace(pid=daemon.pid))
+        with_service, without = ForeignLoad(), ForeignLoad()
+        seen = set()
+        while daemon.poll() is None:
+            procs = group.service_processes()
+            seen |= {p.pid for p in procs}
+            with_service.sample(procs)
+            without.sample([])
+            time.sleep(0.05)
+        assert daemon.pid in seen and len(seen) >= 2  # the daemon and the server it started
+        assert without.cores() - with_service.cores() > 0.5
+    finally:
+        daemon.kill()
+        daemon.wait()
+    assert RankGroup(launched=[], plan=group.plan, launcher=group.launcher).service_processes() \
+        == []
