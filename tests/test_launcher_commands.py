@@ -3,6 +3,7 @@
 """
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -144,4 +145,26 @@ def test_wrap_under_mpirun_probes_and_runs_through_it(mpi, tmp_path):
     assert "ddp_toy: rank 0 done after" in p.stdout
     events, _ = read_events(run_dir)
     assert next(e for e in events if e["event"] == "run_started")["launcher"].startswith("mpirun")
+    assert live_children() == []
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_two_hosts_in_a_hostfile_are_metered_over_the_network_address(mpi, tmp_path):
+    """A hostfile of two names for this machine: mpirun puts one rank on each "host", the ranks
+    rendezvous at the first host and report to the collector at its advertised address."""
+    (tmp_path / "hosts").write_text("localhost:1\n127.0.0.1:1\n")
+    env = dict(os.environ, AUTOTUNE_RUNS_DIR=str(tmp_path / "runs"),
+               AUTOTUNE_COLLECTOR_HOST="localhost")
+    p = autotune("probe", "--json", "--modes", "full", "--seconds", "12", "--hostfile", "hosts",
+                 DDP, "--print-env", "MASTER_ADDR", "AUTOTUNE_ADDR", cwd=tmp_path, env=env,
+                 timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    full = json.loads(p.stdout.strip().splitlines()[-1])["modes"]["full"]
+    log = open(full["log_path"]).read()
+    for rank in (0, 1):
+        assert f"ddp_toy: rank {rank} of 2, started by mpirun" in log, log[-2000:]
+        assert f"ddp_toy: rank {rank} MASTER_ADDR=localhost" in log
+        assert re.search(rf"ddp_toy: rank {rank} AUTOTUNE_ADDR=localhost:\d+", log)
+    assert full["samples_per_s"] > 0 and full["seen"]["backend"] == "gloo", full
     assert live_children() == []

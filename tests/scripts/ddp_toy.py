@@ -26,12 +26,16 @@ def main():
     p.add_argument("--run-seconds", type=float, default=0.0)
     p.add_argument("--exit-code", type=int, default=0)
     p.add_argument("--fail-rank", type=int, default=-1)
+    p.add_argument("--print-env", nargs="*", default=[], metavar="NAME",
+                   help="print these environment variables at start")
     args = p.parse_args()
     mpi = "PMI_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     print(f"ddp_toy: rank {rank} of {world}, started by {'mpirun' if mpi else 'autotune'}",
           flush=True)
+    for name in args.print_env:
+        print(f"ddp_toy: rank {rank} {name}={os.environ.get(name)}", flush=True)
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(2048, 32), torch.randint(0, 4, (2048,)))
     sampler = DistributedSampler(data)
