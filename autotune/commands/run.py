@@ -50,7 +50,7 @@ def run(args) -> int:
     fp = fingerprint.current(target)
     for warning in fingerprint_warnings(recipe, fp):
         console.warning(warning)
-    knobs, instances = recipe.run_knobs(fp.cores)
+    knobs, instances = recipe.run_knobs(fp.cores, fp.gpu_count)
     root = Path(args.runs_dir).expanduser() if args.runs_dir else None
     run_dir = rundir.new_run_dir("run", target[0], root=root)
     journal = Journal(run_dir)
