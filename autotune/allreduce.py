@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune import launchers, proc
+from autotune import launchers, logs, proc
 from autotune.errors import LaunchError
 
 MB = 1024 * 1024
@@ -134,15 +134,8 @@ def measure(*, ranks: int = 2, log_dir: Path, cwd: str = ".",
     if timed_out or any(c != 0 for c in codes) or not out.exists():
         why = f"ran past {timeout_s:g} s" if timed_out else f"exit codes {codes}"
         raise LaunchError(f"the allreduce probe failed ({why}); see {log}:\n"
-                          f"{_tail(log)}")
+                          f"{logs.tail(log, 10) or '(no log)'}")
     return parse(json.loads(out.read_text()))
-
-
-def _tail(path: Path, lines: int = 10) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 def rows(result: AllreduceResult) -> list[tuple[str, str, str]]:

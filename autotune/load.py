@@ -27,6 +27,17 @@ def _proc_cpu_s(proc: psutil.Process) -> float:
     return t.user + t.system
 
 
+def cpu_s(procs) -> float:
+    """CPU seconds (user + system) the processes used so far; one that just ended counts 0."""
+    total = 0.0
+    for proc in procs:
+        try:
+            total += _proc_cpu_s(proc)
+        except psutil.Error:
+            pass
+    return total
+
+
 class ForeignLoad:
     """Accumulates our own CPU time while a probe runs; `cores()` gives the foreign rest."""
 

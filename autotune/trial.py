@@ -16,7 +16,7 @@ from pathlib import Path
 
 from autotune import flags, launchers, logs, proc, sources, steady
 from autotune.collector import Collector, for_launcher
-from autotune.load import FOREIGN_CORES_LIMIT, ForeignLoad
+from autotune.load import FOREIGN_CORES_LIMIT, ForeignLoad, cpu_s
 from autotune.metric import MetricLog, parse_metric
 from autotune.outcome import Observed, Outcome, classify
 from autotune.ranks import RanksSpec, start_group
@@ -316,7 +316,7 @@ def _loop(probe: _Probe, collector: Collector, load: ForeignLoad) -> None:
                 probe.hung_s = now - probe.last_progress_t
                 return
         elif now - probe.t_start > spec.startup_s:
-            cpu = _tree_cpu_s(tree)
+            cpu = cpu_s(tree)
             if cpu - probe.cpu_seen < 0.05 * spec.startup_s:
                 probe.hung_s = now - probe.t_start
                 return
@@ -334,17 +334,6 @@ def _loop(probe: _Probe, collector: Collector, load: ForeignLoad) -> None:
                     return
         if now - probe.t_begin > spec.max_s:
             return
-
-
-def _tree_cpu_s(tree) -> float:
-    total = 0.0
-    for p in tree:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except Exception:  # noqa: BLE001 - a process that just ended
-            pass
-    return total
 
 
 def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
