@@ -9,11 +9,12 @@ GIB = 2**30
 
 
 def build(cores=2, mem=16 * GIB, *, ranges=(), fix=(), global_batch=None, placeholders=(),
-          **baseline):
+          devices=1, **baseline):
     base = dict(batch_size=32, workers=0, peak_rss_bytes=GIB // 2)
     base.update(baseline)
     req = space.SpaceRequest(ranges=space.parse_space(ranges), fixed=space.parse_fix(fix),
-                             global_batch=global_batch, placeholders=tuple(placeholders))
+                             global_batch=global_batch, placeholders=tuple(placeholders),
+                             devices=devices)
     return space.build(space.Machine(cores=cores, mem_available_bytes=mem),
                        space.Baseline(**base), req)
 
@@ -166,6 +167,21 @@ def test_global_batch_keeps_only_divisors():
         build(global_batch=64, ranges=["batch_size=8:16"])
     with pytest.raises(UsageError, match="not divisible"):
         build(global_batch=9, fix=["instances=2"])
+
+
+def test_global_batch_is_shared_by_every_device_of_the_full_run():
+    """Two hosts (or GPUs): the world is instances x 2, and so is the divisor of the batch."""
+    sp = build(cores=4, distributed=True, global_batch=96, devices=2)
+    assert sp.domains["instances"] == (1, 2, 3, 4)
+    assert sp.baseline["batch_size"] == 48
+    assert sp.config({**sp.baseline, "instances": 3})["batch_size"] == 16
+    assert "bucket_mb" in sp.domains  # one rank per device still has a world of 2
+    assert space.Space.from_dict(sp.to_dict()) == sp
+    sp = build(cores=4, distributed=True, global_batch=12, devices=4)
+    assert sp.domains["instances"] == (1, 3) and sp.baseline["batch_size"] == 3
+    assert sp.config({**sp.baseline, "instances": 3})["batch_size"] == 1
+    with pytest.raises(UsageError, match="instances=2 x 2 devices"):
+        build(global_batch=6, fix=["instances=2"], devices=2)
 
 
 def test_placeholders_get_conventional_baseline():

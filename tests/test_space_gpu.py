@@ -294,3 +294,20 @@ def test_real_allreduce_narrows_bucket_mb_for_a_ddp_script(tmp_path, monkeypatch
     assert [p.bytes for p in result.points][-1] == 64 * MB
     assert sp.domains["bucket_mb"] == space.bucket_candidates(*allreduce.bucket_range(result), 25)
     assert allreduce_events(run_dir)[0]["candidates"] == list(sp.domains["bucket_mb"])
+
+
+def test_the_full_runs_devices_divide_a_global_batch():
+    """Probes measure one GPU's worth; the full run uses every visible GPU of every host, so a
+    global batch is split over instances x GPUs x hosts."""
+    from types import SimpleNamespace
+
+    from autotune import launchers
+
+    two_hosts = launchers.Launcher(kind="mpirun", hosts=(launchers.Host("a"), launchers.Host("b")),
+                                   mpi=launchers.MpiInfo("/x/mpirun", "mpich", "4"))
+    gpu = space.Machine(cores=8, device="gpu", gpus=2)
+    assert baseline_probe.job_devices(SimpleNamespace(launcher=two_hosts), gpu) == 4
+    assert baseline_probe.job_devices(SimpleNamespace(launcher=launchers.Launcher()), gpu) == 2
+    cpu = space.Machine(cores=8)
+    assert baseline_probe.job_devices(SimpleNamespace(launcher=two_hosts), cpu) == 2
+    assert baseline_probe.job_devices(SimpleNamespace(launcher=launchers.Launcher()), cpu) == 1

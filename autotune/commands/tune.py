@@ -51,8 +51,9 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--fix", nargs="+", action="extend", default=[], metavar="NAME=VALUE",
                    help="hold a knob at one value: workers=2")
     s.add_argument("--global-batch", type=common.positive_int, metavar="N",
-                   help="keep the global batch at N: per-rank batch = N / ranks, so only rank "
-                        "counts that divide N are tried")
+                   help="keep the full run's global batch at N: per-rank batch = N / world size "
+                        "(instances x GPUs x hosts the full run uses), so only world sizes "
+                        "that divide N are tried")
     s.add_argument("--baseline", nargs="+", action="extend", default=[], metavar="NAME=VALUE",
                    help="the script's own value of a knob you pass as a {placeholder}, for "
                         "the baseline probe (default: batch_size=32, workers=0)")

@@ -31,6 +31,7 @@ class Space:
     notes: tuple[str, ...] = ()
     placeholders: tuple[str, ...] = ()
     device: str = "cpu"
+    devices: int = 1  # what the full run spreads ranks over: GPUs x hosts (hosts on CPU)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -44,7 +45,7 @@ class Space:
         return self.canonical(cfg)
 
     def canonical(self, cfg: Mapping[str, int]) -> dict[str, int]:
-        return canonical(cfg, self.global_batch)
+        return canonical(cfg, self.global_batch, self.devices)
 
     def key(self, cfg: Mapping[str, int]) -> tuple:
         return tuple(sorted(self.canonical(cfg).items()))
@@ -121,7 +122,8 @@ class Space:
         return {"domains": {n: list(v) for n, v in self.domains.items()},
                 "fixed": dict(self.fixed), "baseline": dict(self.baseline), "cores": self.cores,
                 "global_batch": self.global_batch, "notes": list(self.notes),
-                "placeholders": list(self.placeholders), "device": self.device}
+                "placeholders": list(self.placeholders), "device": self.device,
+                "devices": self.devices}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> Space:
@@ -129,16 +131,18 @@ class Space:
                    fixed=dict(d["fixed"]), baseline=dict(d["baseline"]), cores=int(d["cores"]),
                    global_batch=d.get("global_batch"), notes=tuple(d.get("notes", ())),
                    placeholders=tuple(d.get("placeholders", ())),
-                   device=str(d.get("device", "cpu")))
+                   device=str(d.get("device", "cpu")), devices=int(d.get("devices", 1)))
 
 
-def canonical(cfg: Mapping[str, int], global_batch: int | None = None) -> dict[str, int]:
-    """Derived knobs filled in; knobs without effect dropped (bucket_mb on one rank)."""
+def canonical(cfg: Mapping[str, int], global_batch: int | None = None,
+              devices: int = 1) -> dict[str, int]:
+    """Derived knobs filled in (with a global batch, the per-rank batch for a world of
+    ``instances x devices`` ranks); knobs without effect dropped (bucket_mb on one rank)."""
     out = {n: int(cfg[n]) for n in ORDER if n in cfg}
     instances = out.get("instances", 1)
     if global_batch:
-        out["batch_size"] = global_batch // instances
-    if instances <= 1:
+        out["batch_size"] = global_batch // (instances * devices)
+    if instances * devices <= 1:
         out.pop("bucket_mb", None)
     return {n: out[n] for n in ORDER if n in out}
 
@@ -160,6 +164,7 @@ class SpaceRequest:
     fixed: Mapping[str, Range] = field(default_factory=dict)
     global_batch: int | None = None
     placeholders: tuple[str, ...] = ()
+    devices: int = 1  # GPUs x hosts the full run spreads ranks over (hosts on CPU)
 
 
 def check_request(req: SpaceRequest) -> None:
@@ -203,9 +208,9 @@ def build(machine: Machine, baseline: Baseline, req: SpaceRequest) -> Space:
         elif values:
             domains[name] = values
     if req.global_batch:
-        domains, fixed = _keep_global_batch(domains, fixed, req.global_batch)
-        base_cfg["batch_size"] = req.global_batch // base_cfg.get("instances", 1)
-    can_multi = max(domains.get("instances", (fixed.get("instances", 1),))) > 1
+        domains, fixed = _keep_global_batch(domains, fixed, req.global_batch, req.devices)
+        base_cfg["batch_size"] = req.global_batch // (base_cfg.get("instances", 1) * req.devices)
+    can_multi = max(domains.get("instances", (fixed.get("instances", 1),))) * req.devices > 1
     if not can_multi:
         domains.pop("bucket_mb", None)
         fixed.pop("bucket_mb", None)
@@ -219,9 +224,11 @@ def build(machine: Machine, baseline: Baseline, req: SpaceRequest) -> Space:
             base_cfg.setdefault(name, KNOBS[name].conventional)
         else:
             base_cfg.pop(name, None)
-    return Space(domains=domains, fixed=fixed, baseline=canonical(base_cfg, req.global_batch),
+    return Space(domains=domains, fixed=fixed,
+                 baseline=canonical(base_cfg, req.global_batch, req.devices),
                  cores=cores, global_batch=req.global_batch, notes=tuple(notes),
-                 placeholders=tuple(req.placeholders), device=machine.device)
+                 placeholders=tuple(req.placeholders), device=machine.device,
+                 devices=req.devices)
 
 
 def _baseline_config(b: Baseline, cores: int, placeholders: Sequence[str],
@@ -285,21 +292,24 @@ def _applicable(name: str, values: tuple[int, ...], b: Baseline, base_cfg: Mappi
     return values, ""
 
 
-def _keep_global_batch(domains: dict, fixed: dict, n: int) -> tuple[dict, dict]:
-    """Only rank counts that divide the global batch; batch_size follows from them."""
+def _keep_global_batch(domains: dict, fixed: dict, n: int,
+                       devices: int = 1) -> tuple[dict, dict]:
+    """Only world sizes (instances x devices) that divide the global batch; batch_size follows
+    from them."""
     domains.pop("batch_size", None)
     fixed.pop("batch_size", None)
+    over = f" x {devices} devices" if devices > 1 else ""
     if "instances" in domains:
-        ok = tuple(v for v in domains["instances"] if n % v == 0)
+        ok = tuple(v for v in domains["instances"] if n % (v * devices) == 0)
         if not ok:
-            raise UsageError(f"--global-batch {n}: no candidate rank count divides it "
-                             f"(instances {list(domains['instances'])})")
+            raise UsageError(f"--global-batch {n}: no candidate world size divides it "
+                             f"(instances {list(domains['instances'])}{over})")
         if len(ok) == 1:
             domains.pop("instances")
             fixed["instances"] = ok[0]
         else:
             domains["instances"] = ok
-    elif n % fixed.get("instances", 1):
-        raise UsageError(f"--global-batch {n} is not divisible by instances="
-                         f"{fixed.get('instances')}")
+    elif n % (fixed.get("instances", 1) * devices):
+        raise UsageError(f"--global-batch {n} is not divisible by the world size: instances="
+                         f"{fixed.get('instances', 1)}{over}")
     return domains, fixed

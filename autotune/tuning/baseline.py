@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from autotune import allreduce, fingerprint, launch, launchers, space
+from autotune import allreduce, fingerprint, launch, space
 from autotune.errors import AutotuneError
 from autotune.outcome import Outcome
 
@@ -21,7 +21,14 @@ ALLREDUCE_SECONDS_PER_SIZE = 0.2
 ALLREDUCE_TIMEOUT_S = 120.0
 
 
-def placeholder_values(tuner) -> dict[str, int]:
+def job_devices(tuner, machine: space.Machine) -> int:
+    """What the full run spreads its ranks over: every visible GPU of every host (hosts on
+    CPU). A global batch is divided by ``instances`` times this."""
+    per_host = machine.gpus if machine.device == "gpu" else 1
+    return max(1, per_host) * tuner.launcher.host_count
+
+
+def placeholder_values(tuner, devices: int = 1) -> dict[str, int]:
     """Values for the script's placeholders in the baseline probe, telling the user which
     were guessed."""
     given = {r.alias: r.values[0] for r in space.parse_fix(tuner.s.baseline_tokens).values()}
@@ -29,7 +36,7 @@ def placeholder_values(tuner) -> dict[str, int]:
     cores = fingerprint.cores()
     for name in sorted(launch.placeholders(tuner.s.command[1:])):
         if name == "batch_size" and tuner.s.global_batch:
-            out[name] = tuner.s.global_batch
+            out[name] = tuner.s.global_batch // devices
             continue
         default = cores if name == "threads" else space.KNOBS[
             space.ALIASES.get(name, name)].conventional
@@ -39,13 +46,15 @@ def placeholder_values(tuner) -> dict[str, int]:
                               f"default is unknown; using {name}={out[name]} (set it with "
                               f"--baseline {name}=N)")
     if tuner.s.global_batch:
-        out["batch_size"] = tuner.s.global_batch
+        out["batch_size"] = tuner.s.global_batch // devices
     return out
 
 
 def measure(tuner) -> None:
     """Probe the script as it is, build the space from what it used, save both."""
-    values = placeholder_values(tuner)
+    machine = fingerprint.machine()
+    devices = job_devices(tuner, machine)
+    values = placeholder_values(tuner, devices)
     result = tuner.probe(tuner.spec_for(values, 1, "baseline"), label="baseline", number=None,
                          cfg=values, finish=False)
     no_loader = result.source == "none" and result.steps_per_s > 0  # more time won't help
@@ -84,8 +93,7 @@ def measure(tuner) -> None:
         tuner.note("hint", note)
     req = space.SpaceRequest(ranges=ranges, fixed=fixed, global_batch=tuner.s.global_batch,
                              placeholders=tuple(sorted(launch.placeholders(
-                                 tuner.s.command[1:]))))
-    machine = fingerprint.machine()
+                                 tuner.s.command[1:]))), devices=devices)
     sp = space.build(machine, base, req)
     if "bucket_mb" in sp.domains and "bucket_mb" not in req.ranges:
         bounds = bucket_bounds(tuner)
@@ -114,7 +122,7 @@ def bucket_bounds(tuner) -> tuple[float, float] | None:
         try:
             result = allreduce.measure(
                 ranks=2, log_dir=tuner.run_dir / "logs", cwd=str(tuner.run_dir),
-                launcher=getattr(tuner, "launcher", launchers.Launcher()), device="cpu",
+                launcher=tuner.launcher, device="cpu",
                 max_bytes=ALLREDUCE_MAX_BYTES, seconds_per_size=ALLREDUCE_SECONDS_PER_SIZE,
                 timeout_s=ALLREDUCE_TIMEOUT_S)
             saved = {"result": result.to_dict()}
