@@ -17,7 +17,7 @@ import pytest
 from autotune import proc, recipes
 from autotune import study as studies
 from autotune.journal import read_events
-from conftest import EXAMPLES, ROOT, SCRIPTS, live_children
+from conftest import EXAMPLES, SCRIPTS, live_children
 
 TOY = str(SCRIPTS / "tune_toy.py")
 QUIET = ["--plain", "--foreign-limit", "1000"]

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune import space
+from autotune.space import Space
 from autotune.load import FOREIGN_CORES_LIMIT
 
 DEFAULT_TRIALS = 20
@@ -73,7 +73,7 @@ class Scored:
 @dataclass(frozen=True)
 class TuneReport:
     run_dir: Path
-    space: space.Space
+    space: Space
     baseline: Scored
     best: Scored
     speedup: float
