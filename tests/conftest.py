@@ -1,6 +1,8 @@
-"""Shared fixtures: paths to the tiny scripts, a private runs dir, and a leftover-process check."""
+"""Shared fixtures: paths to the tiny scripts, a private runs dir, a leftover-process check, the
+autotune command line as a user runs it, and the mpirun the tests use."""
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -47,3 +49,31 @@ def live_children() -> list[psutil.Process]:
 @pytest.fixture
 def python():
     return sys.executable
+
+
+def autotune(*args, cwd, timeout=240, env=None) -> subprocess.CompletedProcess:
+    """``python -m autotune ARGS`` in ``cwd``, output captured as text."""
+    return subprocess.run([sys.executable, "-m", "autotune", *args], cwd=cwd, text=True,
+                          capture_output=True, timeout=timeout, env=env)
+
+
+def assert_one_error_line(p: subprocess.CompletedProcess, *words) -> None:
+    """A usage error as promised: exit 2, one ``ERROR:`` line naming ``words``, no traceback."""
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert p.returncode == 2, p.stderr
+    assert len(lines) == 1, p.stderr
+    assert lines[0].startswith("ERROR: ") and "Traceback" not in p.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def mpi():
+    """The mpirun autotune would use (the one mpi4py's library belongs to); skips without it."""
+    pytest.importorskip("mpi4py")
+    from autotune import launchers
+
+    info = launchers.detect_mpi(os.environ)
+    if info is None:
+        pytest.skip("no mpirun beside Python or on PATH")
+    return info

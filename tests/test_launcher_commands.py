@@ -3,33 +3,18 @@
 """
 
 import json
-import re
 import os
-import subprocess
-import sys
+import re
 
 import pytest
 
 from autotune import fingerprint, launchers, recipes
 from autotune.journal import read_events
 from autotune.tuning import TuneSettings
-from conftest import SCRIPTS, live_children
+from conftest import SCRIPTS, assert_one_error_line, autotune, live_children
 
 DDP = str(SCRIPTS / "ddp_toy.py")
 QUIET = ["--plain", "--foreign-limit", "1000"]
-
-
-def autotune(*args, cwd, timeout=240, env=None):
-    return subprocess.run([sys.executable, "-m", "autotune", *args], cwd=cwd, text=True,
-                          capture_output=True, timeout=timeout, env=env)
-
-
-def one_error_line(p, *words):
-    lines = [line for line in p.stderr.splitlines() if line.strip()]
-    assert p.returncode == 2, p.stderr
-    assert len(lines) == 1 and lines[0].startswith("ERROR: "), p.stderr
-    for w in words:
-        assert w in lines[0], lines[0]
 
 
 def ddp_recipe(tmp_path, knobs):
@@ -46,29 +31,29 @@ def test_hostfile_needs_mpirun(tmp_path):
     for command in ("tune", "wrap"):
         p = autotune(command, "--launcher", "local", "--hostfile", str(hosts), DDP, cwd=tmp_path,
                      timeout=60)
-        one_error_line(p, "--hostfile needs --launcher mpirun", "local")
+        assert_one_error_line(p, "--hostfile needs --launcher mpirun", "local")
 
 
 def test_missing_and_empty_hostfile(tmp_path):
     recipe = ddp_recipe(tmp_path, {"instances": 2})
     p = autotune("run", "--recipe", str(recipe), "--hostfile", "nowhere", DDP, cwd=tmp_path,
                  timeout=60)
-    one_error_line(p, "--hostfile 'nowhere'", "No such file")
+    assert_one_error_line(p, "--hostfile 'nowhere'", "No such file")
     (tmp_path / "empty").write_text("# no host yet\n")
     p = autotune("tune", "--hostfile", "empty", DDP, cwd=tmp_path, timeout=60)
-    one_error_line(p, "--hostfile 'empty' lists no host")
+    assert_one_error_line(p, "--hostfile 'empty' lists no host")
 
 
 def test_srun_outside_slurm(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     p = autotune("tune", "--launcher", "srun", DDP, cwd=tmp_path, timeout=60, env=env)
-    one_error_line(p, "--launcher srun", "not inside a Slurm allocation")
+    assert_one_error_line(p, "--launcher srun", "not inside a Slurm allocation")
 
 
 def test_resume_keeps_the_runs_launcher(tmp_path):
     p = autotune("tune", "--resume", str(tmp_path), "--launcher", "mpirun", cwd=tmp_path,
                  timeout=60)
-    one_error_line(p, "--resume", "drop --launcher")
+    assert_one_error_line(p, "--resume", "drop --launcher")
 
 
 def test_settings_keep_the_launcher_for_resume(tmp_path):
@@ -93,15 +78,6 @@ def test_hostfile_path_is_made_absolute(tmp_path, monkeypatch):
 
 
 # -- a real mpirun ---------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def mpi():
-    pytest.importorskip("mpi4py")
-    info = launchers.detect_mpi(os.environ)
-    if info is None:
-        pytest.skip("no mpirun beside Python or on PATH")
-    return info
-
-
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_run_under_mpirun_streams_every_rank_and_keeps_the_exit_code(mpi, tmp_path):

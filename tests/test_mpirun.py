@@ -1,7 +1,6 @@
 """The image example as 2 DDP ranks under a real mpirun, started by autotune: identity from the
 MPI launcher's variables, placement table, meter and channel across the engine."""
 
-import os
 import time
 from pathlib import Path
 
@@ -15,15 +14,6 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "image_classifier" / "train.py"
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def mpi():
-    pytest.importorskip("mpi4py")
-    info = launchers.detect_mpi(os.environ)
-    if info is None:
-        pytest.skip("no mpirun beside Python or on PATH")
-    return info
 
 
 def test_mpi4py_and_mpirun_agree(mpi):

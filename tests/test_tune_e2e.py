@@ -17,24 +17,10 @@ import pytest
 from autotune import proc, recipes
 from autotune import study as studies
 from autotune.journal import read_events
-from conftest import EXAMPLES, SCRIPTS, live_children
+from conftest import EXAMPLES, SCRIPTS, assert_one_error_line, autotune, live_children
 
 TOY = str(SCRIPTS / "tune_toy.py")
 QUIET = ["--plain", "--foreign-limit", "1000"]
-
-
-def autotune(*args, cwd, timeout=240, env=None):
-    return subprocess.run([sys.executable, "-m", "autotune", *args], cwd=cwd, text=True,
-                          capture_output=True, timeout=timeout, env=env)
-
-
-def assert_one_error_line(p, *words):
-    lines = [line for line in p.stderr.splitlines() if line.strip()]
-    assert p.returncode == 2, p.stderr
-    assert len(lines) == 1, p.stderr
-    assert lines[0].startswith("ERROR: ") and "Traceback" not in p.stderr
-    for w in words:
-        assert w in lines[0]
 
 
 # -- usage errors: one line, exit 2, before anything runs --------------------------------------
