@@ -3,8 +3,9 @@
     ddp_toy: rank 1 of 2, started by mpirun
 
 ("mpirun" when the MPI launcher's own variables are there: PMI_RANK for MPICH's Hydra,
-OMPI_COMM_WORLD_RANK for Open MPI). Runs until stopped unless --run-seconds is given; then
-rank --fail-rank (default: every rank) exits with --exit-code.
+OMPI_COMM_WORLD_RANK for Open MPI; "srun" with Slurm's SLURM_PROCID). Runs until stopped
+unless --run-seconds is given; then rank --fail-rank (default: every rank) exits with
+--exit-code.
 """
 
 import argparse
@@ -29,11 +30,11 @@ def main():
     p.add_argument("--print-env", nargs="*", default=[], metavar="NAME",
                    help="print these environment variables at start")
     args = p.parse_args()
-    mpi = "PMI_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ
+    by = ("mpirun" if "PMI_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ
+          else "srun" if "SLURM_PROCID" in os.environ else "autotune")
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    print(f"ddp_toy: rank {rank} of {world}, started by {'mpirun' if mpi else 'autotune'}",
-          flush=True)
+    print(f"ddp_toy: rank {rank} of {world}, started by {by}", flush=True)
     for name in args.print_env:
         print(f"ddp_toy: rank {rank} {name}={os.environ.get(name)}", flush=True)
     torch.manual_seed(0)
