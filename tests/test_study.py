@@ -318,6 +318,48 @@ def test_storage_url_and_study_name(tmp_path, monkeypatch, machine):
     assert len([t for t in trials if t.state.is_finished()]) >= 3
 
 
+def test_tuners_sharing_a_storage_do_not_measure_what_another_answered(tmp_path, monkeypatch,
+                                                                       machine):
+    """While this tuner runs, another one (sharing the storage and study) finishes a config this
+    one was about to measure: it takes that answer instead of probing it again."""
+    import optuna
+
+    url = studies.sqlite_url(tmp_path / "shared.db")
+    theirs = {"batch_size": 16, "workers": 2, "thread_pct": 100, "instances": 1}
+    tuner_holder = []
+
+    class Busy(FakeProbe):
+        def __call__(self, spec, **kw):
+            if len(self.specs) == 1:  # right after the baseline: the other tuner finishes one
+                sp = tuner_holder[0].space
+                study = optuna.load_study(study_name="team", storage=url)
+                study.add_trial(optuna.trial.create_trial(
+                    params={n: sp.index(n, theirs[n]) for n in sp.names},
+                    distributions={n: optuna.distributions.IntDistribution(
+                        0, len(sp.domains[n]) - 1) for n in sp.names},
+                    value=999.0, user_attrs={"run": "another-tuner", "knobs": theirs,
+                                             "outcome": "ok", "samples_per_s": 999.0,
+                                             "ci_half": 9.0}))
+            return super().__call__(spec, **kw)
+
+    fake = Busy(surface)
+    monkeypatch.setattr(tuner_module, "run_trial", fake)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    t = Tuner(TuneSettings(command=("train.py",), cwd=str(tmp_path), seconds=10.0, seed=1,
+                           confirm_rounds=0, trials=6, storage=url, study_name="team",
+                           space_tokens=("batch_size=16:32",)), run_dir, Journal(run_dir))
+    tuner_holder.append(t)
+    t.run()
+    assert {"batch_size": 16, "workers": 2, "threads": 2, "instances": 1} not in fake.measured()
+    assert t.known[t.space.key(theirs)].value == 999.0
+    # Without the other tuner, this tuner measures that very config (the test can fail).
+    alone = FakeProbe(surface)
+    tune(tmp_path / "alone", monkeypatch, alone, trials=6, confirm_rounds=0,
+         space_tokens=("batch_size=16:32",))
+    assert {"batch_size": 16, "workers": 2, "threads": 2, "instances": 1} in alone.measured()
+
+
 def test_verdict_probes_the_winner_in_both_modes(tmp_path, monkeypatch, machine):
     fake = FakeProbe(surface)
     report, _, run_dir = tune(tmp_path, monkeypatch, fake, trials=3, confirm_rounds=0,

@@ -67,6 +67,7 @@ class Tuner:
         self.source = ""
         self.notes: list[str] = []
         self.told_busy = False
+        self._learned: set[int] = set()  # study trials whose answer is in `known`
 
     # -- bookkeeping --------------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -152,20 +153,36 @@ class Tuner:
     def _rebuild(self, handle: studies.StudyHandle) -> None:
         """What the study already knows (a resumed run): no finished trial is measured again."""
         for t in handle.trials():
-            cfg, outcome = t.user_attrs.get("knobs"), t.user_attrs.get("outcome")
-            if not cfg or outcome not in ("ok", "oom", "failed", "pruned") or \
-                    t.user_attrs.get("duplicate_of") is not None:
-                continue  # skipped for an OOM, spoiled by foreign load, or a replay
-            key = self.space.key(cfg)
-            if t.state == studies.TrialState.COMPLETE or t.state == studies.TrialState.PRUNED:
-                self.known[key] = Known(t.number, outcome, float(t.user_attrs.get(
-                    "samples_per_s", t.value or 0.0)), float(t.user_attrs.get("ci_half", 0.0)),
-                    dict(cfg))
-                if outcome == "oom":
-                    self.ooms.append(dict(cfg))
-                if not t.user_attrs.get("baseline"):
-                    self.measured += 1
-                    self.convergence.update(self.known[key].value if outcome == "ok" else None)
+            key = self._learn(t)
+            if key is not None and not t.user_attrs.get("baseline"):
+                self.measured += 1
+                outcome = self.known[key].outcome
+                self.convergence.update(self.known[key].value if outcome == "ok" else None)
+
+    def _learn_from_others(self, handle: studies.StudyHandle) -> None:
+        """Answers other tuners sharing the storage found since: not measured here again."""
+        for t in handle.trials():
+            if t.number not in self._learned and t.user_attrs.get("run") != self.run_dir.name:
+                self._learn(t)
+
+    def _learn(self, t) -> tuple | None:
+        """Take a finished trial's answer into `known`; its key, or None when it has none."""
+        cfg, outcome = t.user_attrs.get("knobs"), t.user_attrs.get("outcome")
+        if t.state not in (studies.TrialState.COMPLETE, studies.TrialState.PRUNED,
+                           studies.TrialState.FAIL):
+            return None  # still running (here or in another tuner): not an answer yet
+        self._learned.add(t.number)
+        if not cfg or outcome not in ("ok", "oom", "failed", "pruned") or \
+                t.user_attrs.get("duplicate_of") is not None or \
+                t.state == studies.TrialState.FAIL:
+            return None  # skipped for an OOM, spoiled by foreign load, a replay, interrupted
+        key = self.space.key(cfg)
+        self.known[key] = Known(t.number, outcome, float(t.user_attrs.get(
+            "samples_per_s", t.value or 0.0)), float(t.user_attrs.get("ci_half", 0.0)),
+            dict(cfg))
+        if outcome == "oom":
+            self.ooms.append(dict(cfg))
+        return key
 
     def _objective(self, handle: studies.StudyHandle):
         sp = self.space
@@ -177,6 +194,8 @@ class Tuner:
             cfg = sp.config(choice)
             key = sp.key(cfg)
             trial.set_user_attr("knobs", cfg)
+            if key not in self.known:
+                self._learn_from_others(handle)
             label = f"trial-{trial.number}"
             if key == sp.key(sp.baseline) and key not in self.known:
                 return self._record_baseline(trial, cfg)
