@@ -206,3 +206,16 @@ def test_a_trial_started_again_shows_as_running_not_as_its_first_attempt():
     row = trial_row(screen(state, now=14.0), "baseline")
     assert row.startswith("│ ▶ │") and "running" in row
     assert "foreign" not in row and "600.0" not in row and "0:02" in row
+
+
+def test_allreduce_timing_is_one_short_line():
+    done = {"t": 1, "event": "allreduce", "candidates": [1, 2, 4, 25], "result": {
+        "backend": "gloo", "world_size": 2, "device": "cpu", "bucket_mb_range": [1.0, 4.0],
+        "points": [{"bytes": 4096, "latency_s": 0.001, "algbw_gbps": 0.01,
+                    "busbw_gbps": 0.01, "iters": 300}] * 8}}
+    assert event_line(done) == ("allreduce on 2 gloo ranks, pays off from 1 to 4 MB; "
+                                "bucket_mb candidates 1, 2, 4, 25")
+    failed = {"t": 1, "event": "allreduce", "candidates": [1, 5, 25],
+              "error": "the allreduce probe failed (exit codes [1, 1]); see x.log:\ntrace"}
+    assert event_line(failed) == ("allreduce not timed (the allreduce probe failed (exit codes "
+                                  "[1, 1]); see x.log:); bucket_mb candidates 1, 5, 25")

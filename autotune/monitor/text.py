@@ -227,8 +227,21 @@ def _fullrun_progress(ev):
     return " · ".join(parts)
 
 
+def _allreduce(ev):
+    candidates = ", ".join(map(str, ev.get("candidates") or [])) or "none"
+    r = ev.get("result")
+    if not isinstance(r, dict):
+        return (f"allreduce not timed ({str(ev.get('error') or '?').splitlines()[0]}); "
+                f"bucket_mb candidates {candidates}")
+    low, high = (r.get("bucket_mb_range") or [None, None])[:2]
+    span = f", pays off from {low:g} to {high:g} MB" if low is not None else ""
+    return (f"allreduce on {r.get('world_size', '?')} {r.get('backend', '?')} ranks{span}; "
+            f"bucket_mb candidates {candidates}")
+
+
 _LINES = {
     "run_started": _run_started,
+    "allreduce": _allreduce,
     "trial_started": _trial_started,
     "trial_progress": _trial_progress,
     "trial_finished": _trial_finished,
