@@ -75,12 +75,13 @@ def _exit_code(exc: SystemExit) -> int:
 _started: dict[int, Meter] = {}  # pid -> its meter: one start per process, whoever asks
 
 
-def start(env=None) -> Meter:
+def start(env=None, *, sub: bool = False) -> Meter:
     """Connect the meter and install the hooks; used by the runner and by sitecustomize.
 
     First the rank's identity and placement (`probes.ranks_env`): under mpirun or srun the
     torchrun variables are derived from the launcher's, and thread/core settings must be in
-    place before torch loads. A second call in the same process returns the first meter.
+    place before torch loads. ``sub``: a training process the script started itself (its hello
+    says so). A second call in the same process returns the first meter.
     """
     pid = os.getpid()
     if pid in _started:
@@ -88,7 +89,7 @@ def start(env=None) -> Meter:
     ranks_env.apply(os.environ if env is None else env)
     meter = Meter(env)
     _started[pid] = meter
-    meter.connect()
+    meter.connect(sub=sub)
     Interceptor(meter, knobs_from_env(meter.env)).install()
     writes.watch(meter, meter.env)
     return meter

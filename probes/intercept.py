@@ -308,7 +308,8 @@ class Interceptor:
                 meter.send(protocol.SEEN, what="distributed",
                            requested={"backend": str(torch.distributed.get_backend()),
                                       "asked": None if asked is None else str(asked)},
-                           applied={"world_size": torch.distributed.get_world_size()}, note=note)
+                           applied={"world_size": torch.distributed.get_world_size(),
+                                    "rank": torch.distributed.get_rank()}, note=note)
                 return result
 
             torch.distributed.init_process_group = init_process_group

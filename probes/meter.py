@@ -85,6 +85,25 @@ def _at_child_exit(fn) -> None:
         pass
 
 
+def target_name(target) -> str | None:
+    """A process target as ``module.qualname`` (None for none)."""
+    if target is None:
+        return None
+    module = getattr(target, "__module__", None) or "?"
+    return f"{module}.{getattr(target, '__qualname__', type(target).__name__)}"
+
+
+def started_by_script(method: str) -> dict:
+    """The ``seen`` fields of a training process the script started itself (this one)."""
+    import multiprocessing
+
+    target = getattr(multiprocessing.current_process(), "_target", None)
+    return dict(what=protocol.SEEN_STARTED_BY_SCRIPT,
+                requested={"start_method": method, "target": target_name(target)}, applied={},
+                note=f"the script starts its own training processes (multiprocessing "
+                     f"{method!r}): each one is metered and counted")
+
+
 ORPHAN_GRACE_S = 10.0
 
 
@@ -208,6 +227,7 @@ class Meter:
             self.lock = threading.Lock()
             self.channel = None
             self.connect(sub=True)
+            self.send(protocol.SEEN, **started_by_script("fork"))
             _at_child_exit(self._close_child)
 
     def _close_child(self) -> None:

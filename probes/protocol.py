@@ -72,13 +72,22 @@ KNOB_ENV = {
 
 # --- messages ---------------------------------------------------------------------------------
 CHALLENGE = "challenge"  # controller -> rank, its first line: {nonce}
-HELLO = "hello"  # {proof, version, rank, local_rank, world_size, pid, host}
+HELLO = "hello"  # {proof, version, rank, local_rank, world_size, pid, host, sub}
+# sub: true for a training process the script started itself (forked, spawned); its rank,
+#      local_rank and world_size are the environment's, inherited from the process autotune
+#      started, so several connections may carry the same rank
 # tick: {t, samples, batches, eval_samples, steps, backwards, rss_peak_bytes, cuda_peak_bytes,
 #        last_batch_t, last_step_t, first_batch_t, first_step_t}; times are the rank's
 #        time.monotonic(); first_*: the first training batch / step since the previous tick
 #        (0: none)
 TICK = "tick"
 SEEN = "seen"  # {what, requested, applied, note}; what="writes": {paths: [{path, op, existed}]}
+# what="distributed": requested {backend, asked}, applied {world_size, rank} (torch's, once
+#      init_process_group returned)
+# what=SEEN_STARTED_BY_SCRIPT: this process trains and was started by the script itself, not by
+#      autotune: requested {start_method: "spawn"|"forkserver"|"fork", target: "module.qualname"
+#      or null}, applied {}. The script starts its own ranks (torch.multiprocessing.spawn, say).
+SEEN_STARTED_BY_SCRIPT = "started_by_script"
 ERROR = "error"  # {kind: "oom"|"exception", exc_type, message}
 BYE = "bye"  # {exit_code, stopped}
 STOP = "stop"  # controller -> rank: {reason}
