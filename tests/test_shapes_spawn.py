@@ -1,0 +1,215 @@
+"""Scripts that start their own processes with multiprocessing's spawn or forkserver method:
+ranks of ``torch.multiprocessing.spawn`` are metered (from their first DataLoader, distributed
+init, backward or optimizer step), DataLoader workers and helpers never are."""
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from autotune import launch
+from autotune.collector import Collector
+from autotune.outcome import Outcome
+from probes import autostart, protocol
+from test_shapes_e2e import agrees, log, own_rate, probe, script
+from test_shapes_probes import received
+
+ADDR = {protocol.ENV_ADDR: "127.0.0.1:1"}
+SPAWN_ARGV = ["python", "-c", "from multiprocessing.spawn import spawn_main; "
+              "spawn_main(tracker_fd=5, pipe_handle=7)", "--multiprocessing-fork"]
+FORKSERVER_ARGV = ["python", "-c", "from multiprocessing.forkserver import main; "
+                   "main(4, 5, ['__main__'], **{'sys_path': []})"]
+STARTED_NOTE = "the script starts its own training processes (multiprocessing 'spawn')"
+
+
+# -- pure decisions ----------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, plan, method", [
+    (["python", "train.py"], autostart.NOW, None),
+    (SPAWN_ARGV, autostart.WHEN_TRAINING, "spawn"),
+    (FORKSERVER_ARGV, autostart.WHEN_TRAINING, "forkserver"),
+    (["python", "-c", "from multiprocessing.resource_tracker import main;main(5)"], None, None),
+    (["python", "-m", "probes.boot", "train.py"], None, None),
+])
+def test_how_a_process_is_metered(argv, plan, method):
+    assert autostart.plan(argv, ADDR) == plan
+    assert autostart.start_method(argv) == method
+    assert autostart.plan(argv, {}) is None
+    assert autostart.should_start(argv, ADDR) is (plan == autostart.NOW)
+
+
+@pytest.mark.parametrize("bootstrapped, target, worker, role", [
+    (True, "torch.multiprocessing.spawn._wrap", False, autostart.TRAINING),
+    (True, "__mp_main__.train", False, autostart.TRAINING),
+    (True, None, False, autostart.TRAINING),  # a Process subclass with its own run()
+    (True, autostart.LOADER_WORKER_TARGET, False, autostart.HELPER),
+    (True, "__mp_main__.anything", True, autostart.HELPER),  # torch's worker info is set
+    (False, None, False, None),  # still importing the parent's main module: not yet
+    (False, autostart.LOADER_WORKER_TARGET, False, autostart.HELPER),
+])
+def test_what_a_multiprocessing_child_is(bootstrapped, target, worker, role):
+    assert autostart.role(bootstrapped=bootstrapped, target=target, loader_worker=worker) == role
+
+
+def test_how_a_child_left():
+    assert autostart.exit_status(None) == (0, None)
+    assert autostart.exit_status(SystemExit(0)) == (0, None)
+    assert autostart.exit_status(SystemExit(None)) == (0, None)
+    assert autostart.exit_status(SystemExit("bad")) == (1, None)
+    boom = RuntimeError("boom")
+    assert autostart.exit_status(boom) == (1, boom)
+    try:  # what torch.multiprocessing.spawn does with a failing rank
+        try:
+            raise boom
+        except RuntimeError:
+            sys.exit(1)
+    except SystemExit as exc:
+        assert autostart.exit_status(exc) == (1, boom)
+    assert autostart.exit_status(KeyboardInterrupt()) == (1, None)
+
+
+# -- real children, through the sitecustomize ---------------------------------------------------
+def run_script(tmp_path, code, collector, **env):
+    path = tmp_path / "main.py"
+    path.write_text(textwrap.dedent(code))
+    full = dict(os.environ)
+    for var in (*protocol.KNOB_ENV.values(), "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        full.pop(var, None)
+    full.update(collector.env(), PYTHONPATH=launch.python_path(""), **env)
+    return subprocess.run([sys.executable, str(path)], env=full, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=180)
+
+
+def by_connection(collector):
+    """{pid: (hello, [messages])}, once every connection has said goodbye."""
+    conns = {}
+    for r in received(collector):
+        conns.setdefault(r.conn_id, (r.hello, []))[1].append(r.msg)
+    return {hello["pid"]: (hello, msgs) for hello, msgs in conns.values()}
+
+
+def last_tick(msgs):
+    return [m for m in msgs if m["type"] == "tick"][-1]
+
+
+def test_spawned_children_are_metered_once_they_train(tmp_path):
+    collector = Collector()
+    try:
+        done = run_script(tmp_path, """
+            import multiprocessing as mp, os
+            import torch
+            from torch.utils.data import DataLoader
+
+            def helper():  # imports torch, never trains
+                torch.zeros(3).sum()
+                print("helper", os.getpid(), flush=True)
+
+            def loads():  # first sign of training: a DataLoader is built
+                loader = DataLoader(list(range(40)), batch_size=8)
+                print("loads", os.getpid(), loader.batch_size, torch.get_num_threads(), flush=True)
+                for batch in loader:
+                    pass
+
+            def steps():  # first sign: an optimizer step (no DataLoader, no backward)
+                optimizer = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+                for _ in range(3):
+                    optimizer.step()
+                print("steps", os.getpid(), torch.get_num_threads(), flush=True)
+
+            def fails():
+                DataLoader(list(range(8)))
+                print("fails", os.getpid(), flush=True)
+                raise RuntimeError("CUDA error: out of memory")
+
+            if __name__ == "__main__":
+                for method, target in [("spawn", helper), ("spawn", loads), ("spawn", steps),
+                                       ("spawn", fails), ("forkserver", loads),
+                                       ("fork", loads)]:
+                    p = mp.get_context(method).Process(target=target)
+                    p.start()
+                    p.join()
+                    print("exit", target.__name__, method, p.exitcode, flush=True)
+        """, collector, AUTOTUNE_BATCH_SIZE="4", AUTOTUNE_THREADS="1")
+        conns = by_connection(collector)
+    finally:
+        collector.close()
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert re.findall(r"exit (\w+) (\w+) (\d+)", out) == [
+        ("helper", "spawn", "0"), ("loads", "spawn", "0"), ("steps", "spawn", "0"),
+        ("fails", "spawn", "1"), ("loads", "forkserver", "0"), ("loads", "fork", "0")]
+    pids = {name: [int(p) for p in re.findall(rf"^{name} (\d+)", out, re.M)]
+            for name in ("helper", "loads", "steps", "fails")}
+    assert pids["helper"][0] not in conns  # never metered
+    parent = [pid for pid, (hello, _) in conns.items() if not hello.get("sub")]
+    assert len(parent) == 1 and len(conns) == 1 + 3 + 1 + 1
+    # The knobs reached the very DataLoader whose construction started the meter.
+    assert re.findall(r"^loads \d+ (\d+) (\d+)$", out, re.M) == [("4", "1")] * 3
+    assert re.findall(r"^steps \d+ (\d+)$", out, re.M) == ["1"]
+    for pid, method in zip(pids["loads"], ("spawn", "forkserver", "fork")):
+        hello, msgs = conns[pid]
+        assert hello["sub"] is True
+        assert last_tick(msgs)["samples"] == 40
+        started = next(m for m in msgs if m.get("what") == protocol.SEEN_STARTED_BY_SCRIPT)
+        assert started["requested"]["start_method"] == method
+        assert started["requested"]["target"].endswith(".loads")
+        assert msgs[-1] == {**msgs[-1], "type": "bye", "exit_code": 0}
+    _, msgs = conns[pids["steps"][0]]
+    assert last_tick(msgs)["steps"] == 3  # the step that started the meter counts too
+    _, msgs = conns[pids["fails"][0]]
+    error = next(m for m in msgs if m["type"] == "error")
+    assert error["kind"] == "oom" and error["exc_type"] == "RuntimeError"
+    assert msgs[-1]["type"] == "bye" and msgs[-1]["exit_code"] == 1
+
+
+def test_spawned_loader_workers_are_not_metered_and_keep_one_thread(tmp_path):
+    collector = Collector()
+    try:
+        done = run_script(tmp_path, """
+            import os
+            import torch
+            from torch.utils.data import DataLoader
+
+            def report(worker_id):
+                print(f"worker {os.getpid()} threads {torch.get_num_threads()}", flush=True)
+
+            # Built again in every spawned worker as it imports this file.
+            AT_IMPORT = DataLoader(list(range(8)), batch_size=4)
+
+            if __name__ == "__main__":
+                loader = DataLoader(list(range(64)), batch_size=8, num_workers=2,
+                                    multiprocessing_context="spawn", worker_init_fn=report)
+                for epoch in range(2):
+                    for batch in loader:
+                        pass
+                print("main", os.getpid(), "threads", torch.get_num_threads(), flush=True)
+        """, collector, AUTOTUNE_THREADS="2")
+        conns = by_connection(collector)
+    finally:
+        collector.close()
+    assert done.returncode == 0, done.stderr
+    workers = re.findall(r"^worker (\d+) threads (\d+)$", done.stdout, re.M)
+    assert len(workers) == 4 and {threads for _, threads in workers} == {"1"}
+    main_pid = int(re.search(r"^main (\d+) threads 2$", done.stdout, re.M).group(1))
+    assert list(conns) == [main_pid]  # metered once: the workers are not ranks
+    assert last_tick(conns[main_pid][1])["samples"] == 128
+
+
+# -- end to end ------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_ranks_started_with_torch_multiprocessing_spawn_are_measured(tmp_path):
+    r = probe(tmp_path, script("shape_spawn.py", "--procs", "2"), max_s=20.0,
+              knobs={"threads": 1, "batch_size": 8, "bucket_mb": 4})
+    assert r.outcome == Outcome.OK, r.reason
+    assert r.source == "dataloader"
+    text = log(r)
+    for rank in (0, 1):  # every knob reached each rank's first DataLoader and DDP
+        assert f"rank {rank} loader batch_size=8 num_workers=0 threads 1 bucket_mb 4.0 " \
+               f"world 2" in text
+    assert r.seen["batch_size"] == 16 and r.seen["bucket_mb"] is None
+    assert any(n.startswith(STARTED_NOTE) for n in r.notes)
+    # Both ranks carry the environment's rank 0 and are summed: the job's figure.
+    own = own_rate(text, prefix="rank 0 ") + own_rate(text, prefix="rank 1 ")
+    assert agrees(r.samples_per_s, own)  # probe() checks that no process outlived the trial
