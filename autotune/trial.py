@@ -194,6 +194,8 @@ class _Probe:
             self.seen.setdefault("backend", requested.get("backend"))
         elif what == "threads":
             self.seen.setdefault("threads", requested)
+        elif what == protocol.SEEN_STARTED_BY_SCRIPT:
+            self.seen.setdefault("started_by_script", requested.get("start_method"))
         if msg.get("note") and msg["note"] not in self.notes:
             self.notes.append(msg["note"])
 

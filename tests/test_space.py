@@ -155,6 +155,26 @@ def test_instances_searched_only_for_distributed_scripts():
     assert forced.domains["instances"] == (1, 2)
 
 
+def test_a_script_that_starts_its_own_ranks_keeps_one_instance():
+    seen = {"batch_size": 32, "workers": 0, "backend": "gloo", "started_by_script": "spawn"}
+    base = space.Baseline.from_seen(seen)
+    assert base.distributed and base.own_ranks
+    sp = space.build(space.Machine(cores=4, mem_available_bytes=16 * GIB), base,
+                     space.SpaceRequest())
+    assert sp.fixed.get("instances") == 1 and "instances" not in sp.domains
+    assert any("starts its own data-parallel ranks" in n for n in sp.notes)
+    # Its ranks' DDP buckets are searched: the job has more than one rank.
+    assert "bucket_mb" in sp.domains and sp.baseline["bucket_mb"] == 25
+    assert sp.config({**sp.baseline, "bucket_mb": 5})["bucket_mb"] == 5
+    assert space.Space.from_dict(sp.to_dict()) == sp
+    # Hogwild-style children without torch.distributed are no ranks of a job: nothing to fix.
+    assert not space.Baseline.from_seen({**seen, "backend": None}).own_ranks
+    # The user may still ask for more.
+    forced = space.build(space.Machine(cores=4, mem_available_bytes=16 * GIB), base,
+                         space.SpaceRequest(ranges=space.parse_space(["instances=1:2"])))
+    assert forced.domains["instances"] == (1, 2)
+
+
 def test_global_batch_keeps_only_divisors():
     sp = build(cores=4, distributed=True, global_batch=96)
     assert "batch_size" not in sp.domains

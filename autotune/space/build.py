@@ -32,6 +32,7 @@ class Space:
     placeholders: tuple[str, ...] = ()
     device: str = "cpu"
     devices: int = 1  # what the full run spreads ranks over: GPUs x hosts (hosts on CPU)
+    own_ranks: bool = False  # the script starts its own data-parallel ranks
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -45,7 +46,7 @@ class Space:
         return self.canonical(cfg)
 
     def canonical(self, cfg: Mapping[str, int]) -> dict[str, int]:
-        return canonical(cfg, self.global_batch, self.devices)
+        return canonical(cfg, self.global_batch, self.devices, own_ranks=self.own_ranks)
 
     def key(self, cfg: Mapping[str, int]) -> tuple:
         return tuple(sorted(self.canonical(cfg).items()))
@@ -123,7 +124,7 @@ class Space:
                 "fixed": dict(self.fixed), "baseline": dict(self.baseline), "cores": self.cores,
                 "global_batch": self.global_batch, "notes": list(self.notes),
                 "placeholders": list(self.placeholders), "device": self.device,
-                "devices": self.devices}
+                "devices": self.devices, "own_ranks": self.own_ranks}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> Space:
@@ -131,18 +132,19 @@ class Space:
                    fixed=dict(d["fixed"]), baseline=dict(d["baseline"]), cores=int(d["cores"]),
                    global_batch=d.get("global_batch"), notes=tuple(d.get("notes", ())),
                    placeholders=tuple(d.get("placeholders", ())),
-                   device=str(d.get("device", "cpu")), devices=int(d.get("devices", 1)))
+                   device=str(d.get("device", "cpu")), devices=int(d.get("devices", 1)),
+                   own_ranks=bool(d.get("own_ranks", False)))
 
 
 def canonical(cfg: Mapping[str, int], global_batch: int | None = None,
-              devices: int = 1) -> dict[str, int]:
+              devices: int = 1, *, own_ranks: bool = False) -> dict[str, int]:
     """Derived knobs filled in (with a global batch, the per-rank batch for a world of
     ``instances x devices`` ranks); knobs without effect dropped (bucket_mb on one rank)."""
     out = {n: int(cfg[n]) for n in ORDER if n in cfg}
     instances = out.get("instances", 1)
     if global_batch:
         out["batch_size"] = global_batch // (instances * devices)
-    if instances * devices <= 1:
+    if instances * devices <= 1 and not own_ranks:
         out.pop("bucket_mb", None)
     return {n: out[n] for n in ORDER if n in out}
 
@@ -210,7 +212,8 @@ def build(machine: Machine, baseline: Baseline, req: SpaceRequest) -> Space:
     if req.global_batch:
         domains, fixed = _keep_global_batch(domains, fixed, req.global_batch, req.devices)
         base_cfg["batch_size"] = req.global_batch // (base_cfg.get("instances", 1) * req.devices)
-    can_multi = max(domains.get("instances", (fixed.get("instances", 1),))) * req.devices > 1
+    can_multi = baseline.own_ranks or \
+        max(domains.get("instances", (fixed.get("instances", 1),))) * req.devices > 1
     if not can_multi:
         domains.pop("bucket_mb", None)
         fixed.pop("bucket_mb", None)
@@ -225,10 +228,11 @@ def build(machine: Machine, baseline: Baseline, req: SpaceRequest) -> Space:
         else:
             base_cfg.pop(name, None)
     return Space(domains=domains, fixed=fixed,
-                 baseline=canonical(base_cfg, req.global_batch, req.devices),
+                 baseline=canonical(base_cfg, req.global_batch, req.devices,
+                                    own_ranks=baseline.own_ranks),
                  cores=cores, global_batch=req.global_batch, notes=tuple(notes),
                  placeholders=tuple(req.placeholders), device=machine.device,
-                 devices=req.devices)
+                 devices=req.devices, own_ranks=baseline.own_ranks)
 
 
 def _baseline_config(b: Baseline, cores: int, placeholders: Sequence[str],
@@ -289,6 +293,10 @@ def _applicable(name: str, values: tuple[int, ...], b: Baseline, base_cfg: Mappi
         return (1,), ("instances: fixed at 1: the baseline probe never saw the script "
                       "initialise torch.distributed, so extra ranks would each train alone; "
                       "--space instances=1:N tries anyway")
+    if name == "instances" and b.own_ranks and not asked:
+        return (1,), ("instances: fixed at 1: the script starts its own data-parallel ranks "
+                      "(torch.multiprocessing.spawn or the like), so each rank autotune added "
+                      "would start a whole job of its own")
     return values, ""
 
 

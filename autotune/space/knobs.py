@@ -78,6 +78,7 @@ class Baseline:
     workers: int | None = None
     threads: int | None = None  # None: torch's default, all cores
     distributed: bool = False  # the script initialised torch.distributed
+    own_ranks: bool = False  # ...in processes it started itself (torch.multiprocessing.spawn)
     bucket_mb: float | None = None
     peak_rss_bytes: int = 0
     cuda_peak_bytes: int = 0  # the largest rank's torch.cuda.max_memory_allocated; 0: no CUDA
@@ -92,6 +93,7 @@ class Baseline:
                    workers=_int_or_none(given.get("workers", seen.get("workers"))),
                    threads=_int_or_none(given.get("threads", threads)),
                    distributed=bool(seen.get("backend")),
+                   own_ranks=bool(seen.get("backend") and seen.get("started_by_script")),
                    bucket_mb=seen.get("bucket_mb"), peak_rss_bytes=int(peak_rss_bytes or 0),
                    cuda_peak_bytes=int(cuda_peak_bytes or 0))
 
