@@ -192,6 +192,9 @@ class _Probe:
             self.seen.setdefault("bucket_mb", requested.get("bucket_mb"))
         elif what == "distributed":
             self.seen.setdefault("backend", requested.get("backend"))
+            world = (msg.get("applied") or {}).get("world_size")
+            if isinstance(world, int) and world > self.seen.get("world_size", 0):
+                self.seen["world_size"] = world  # torch's: counts ranks the script started
         elif what == "threads":
             self.seen.setdefault("threads", requested)
         elif what == protocol.SEEN_STARTED_BY_SCRIPT:
@@ -213,7 +216,8 @@ class _Probe:
 
     def world_size(self) -> int:
         sizes = [int(r.hello.get("world_size") or 1) for r in self.ranks.values()]
-        return max(sizes, default=max(1, self.spec.instances))
+        sizes.append(int(self.seen.get("world_size") or 0))
+        return max(max(sizes), 1) if self.ranks else max(1, self.spec.instances)
 
     def read_log(self, *, final: bool = False) -> None:
         """Feed what rank 0 printed since the last read to ``--metric``."""

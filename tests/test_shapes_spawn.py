@@ -213,3 +213,15 @@ def test_ranks_started_with_torch_multiprocessing_spawn_are_measured(tmp_path):
     # Both ranks carry the environment's rank 0 and are summed: the job's figure.
     own = own_rate(text, prefix="rank 0 ") + own_rate(text, prefix="rank 1 ")
     assert agrees(r.samples_per_s, own)  # probe() checks that no process outlived the trial
+
+
+@pytest.mark.slow
+def test_a_spawned_ranks_own_figure_scales_by_torchs_world_size(tmp_path):
+    """``--metric`` with a per-rank figure: the job's rate is it times the world torch reports,
+    not the one process autotune started."""
+    r = probe(tmp_path, script("shape_spawn.py", "--procs", "2"), max_s=20.0,
+              metric=r"rank 0 samples/s (?P<rank_samples_per_s>[\d.]+)")
+    assert r.outcome == Outcome.OK and r.source == "metric", r.reason
+    assert r.seen["world_size"] == 2
+    text = log(r)
+    assert agrees(r.samples_per_s, 2 * own_rate(text, prefix="rank 0 "))
