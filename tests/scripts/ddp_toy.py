@@ -21,6 +21,13 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 
+def say(line: str) -> None:
+    """One write per line: ranks share the launcher's stdout, and print() writes the text and
+    its newline separately, so two ranks' lines could run into each other."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--batch-size", type=int, default=16)
@@ -34,9 +41,9 @@ def main():
           else "srun" if "SLURM_PROCID" in os.environ else "autotune")
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    print(f"ddp_toy: rank {rank} of {world}, started by {by}", flush=True)
+    say(f"ddp_toy: rank {rank} of {world}, started by {by}")
     for name in args.print_env:
-        print(f"ddp_toy: rank {rank} {name}={os.environ.get(name)}", flush=True)
+        say(f"ddp_toy: rank {rank} {name}={os.environ.get(name)}")
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(2048, 32), torch.randint(0, 4, (2048,)))
     sampler = DistributedSampler(data)
@@ -56,7 +63,7 @@ def main():
         epoch += 1
         if args.run_seconds and time.monotonic() - t_first >= args.run_seconds:
             break
-    print(f"ddp_toy: rank {rank} done after {steps} steps", flush=True)
+    say(f"ddp_toy: rank {rank} done after {steps} steps")
     code = args.exit_code if args.fail_rank in (-1, rank) else 0
     if code == 0:
         dist.destroy_process_group()
