@@ -13,6 +13,8 @@ import os
 import time
 from pathlib import Path
 
+from autotune import jsontext
+
 EVENTS = "events.jsonl"
 
 
@@ -29,7 +31,7 @@ class Journal:
 
     def emit(self, name: str, /, **fields) -> dict:
         event = {"t": time.time(), "event": name, **fields}
-        line = (json.dumps(event, default=_jsonable, separators=(",", ":")) + "\n").encode()
+        line = (jsontext.dumps(event, separators=(",", ":")) + "\n").encode()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         try:
             os.write(fd, line)
@@ -46,18 +48,6 @@ def _end_torn_line(fd: int) -> None:
     size = os.fstat(fd).st_size
     if size and os.pread(fd, 1, size - 1) != b"\n":
         os.write(fd, b"\n")
-
-
-def _jsonable(obj):
-    if hasattr(obj, "to_dict"):
-        return obj.to_dict()
-    if hasattr(obj, "value"):
-        return obj.value
-    if isinstance(obj, Path):
-        return str(obj)
-    if isinstance(obj, (set, frozenset, tuple)):
-        return list(obj)
-    return str(obj)
 
 
 def read_events(run_dir: Path, *, offset: int = 0) -> tuple[list[dict], int]:

@@ -9,13 +9,12 @@ SVG (`autotune.report_svg`); the data behind them is also embedded as JSON
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from html import escape
 from pathlib import Path
 
-from autotune import report_importance, report_svg
+from autotune import jsontext, report_importance, report_svg
 from autotune.journal import read_events
 from autotune.monitor.state import RunState, TrialRow, fold
 from autotune.monitor.text import fmt_duration, fmt_knobs, fmt_rate
@@ -273,7 +272,7 @@ def build_html(run_dir: Path, state: RunState | None = None) -> str:
             "probe_modes": state.mode_rates(), "verdict": state.verdict,
             "trials": trial_data(state), "importance": imp, "importance_method": how,
             "fullrun": [[t, v] for t, v in state.fullrun.history] if state.fullrun else []}
-    blob = json.dumps(data, default=str).replace("</", "<\\/")
+    blob = jsontext.dumps(data).replace("</", "<\\/")
     parts = [summary_section(state), best_section(state), probe_section(state),
              search_section(state, imp, how), fullrun_section(state), trials_section(state)]
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"

@@ -82,3 +82,33 @@ def test_concurrent_writers_in_several_processes_never_interleave_inside_a_line(
         chr(ord("a") + w): list(range(per_writer)) for w in range(writers)}
     events, _ = read_events(tmp_path)
     assert len(events) == writers * per_writer
+
+
+def test_events_are_strict_json_an_unknown_interval_is_null(tmp_path):
+    """jq and JSON.parse reject Python's Infinity/NaN: a probe too short for an interval (its
+    half-width is infinite) is written with ci_half null."""
+    from autotune.outcome import Outcome
+    from autotune.trial import TrialResult
+
+    r = TrialResult(outcome=Outcome.OK, reason="", samples_per_s=195.0,
+                    ci_half=float("inf"), source="dataloader", steps_per_s=1.0, measured_s=2.0,
+                    warmup_s=0.5, paused_s=0.0, duration_s=16.0, peak_rss_bytes=1,
+                    cuda_peak_bytes=0, foreign_cores=float("nan"), exit_code=0,
+                    log_path=str(tmp_path / "x.log"), log_tail="", seen={}, knobs={},
+                    mode="full", foreign_limit_cores=0.3)
+    j = Journal(tmp_path)
+    j.emit("trial_finished", trial="t", result=r, path=tmp_path, knobs={"a": (1, 2)})
+    line = (tmp_path / EVENTS).read_text().strip()
+    assert "Infinity" not in line and "NaN" not in line
+    ev = json.loads(line, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+    assert ev["result"]["ci_half"] is None and ev["result"]["foreign_cores"] is None
+    assert ev["result"]["samples_per_s"] == 195.0 and ev["result"]["outcome"] == "ok"
+    assert ev["path"] == str(tmp_path) and ev["knobs"] == {"a": [1, 2]}
+
+
+def test_an_unknown_interval_reads_as_a_question_mark():
+    from autotune.monitor.text import fmt_rate
+
+    assert fmt_rate(195.0, float("inf")) == "195.0 ± ?"
+    assert fmt_rate(195.0, 3.25) == "195.0 ± 3.2"
+    assert fmt_rate(195.0, None) == "195.0"

@@ -7,13 +7,14 @@ backends. ``--json`` prints the same as one JSON object.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import shutil
 from pathlib import Path
 
 import psutil
+
+from autotune import jsontext
 
 
 def add_parser(sub):
@@ -152,7 +153,7 @@ def lines(info: dict) -> list[str]:
 def run(args) -> int:
     info = collect()
     if args.json:
-        print(json.dumps(info, default=str))
+        print(jsontext.dumps(info))
         return 0
     from autotune import console
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import json
+import math
 import os
 import sys
 
-from autotune import console, launchers, rundir, verdict
+from autotune import console, jsontext, launchers, rundir, verdict
 from autotune.commands import common
 from autotune.journal import Journal
 from autotune.outcome import Outcome
@@ -88,7 +88,7 @@ def run(args) -> int:
             }
             if args.allreduce:
                 summary["allreduce"] = _allreduce(run_dir, cwd, say)
-            rundir.write_atomic(run_dir / "probe.json", json.dumps(summary, indent=2, default=str))
+            rundir.write_atomic(run_dir / "probe.json", jsontext.dumps(summary, indent=2))
             journal.emit("probe_verdict", verdict=summary["verdict"])
             code = 0 if all(_measured(r) for r in results.values()) else 1
             journal.emit("run_ended", exit_code=code)
@@ -97,7 +97,7 @@ def run(args) -> int:
                      error=f"{type(exc).__name__}: {exc}")
         raise
     if args.json:
-        print(json.dumps(summary, default=str))
+        print(jsontext.dumps(summary))
     else:
         _print_table(results, v, run_dir, plain=args.plain)
         _print_allreduce(summary.get("allreduce"), plain=args.plain)
@@ -166,7 +166,8 @@ def _print_table(results, v, run_dir, *, plain: bool) -> None:
         table.add_column(col, justify="right" if col in ("samples/s", "± 95% CI") else "left")
     for mode, r in results.items():
         rate = f"{r.samples_per_s:.1f}" if _measured(r) else "-"
-        ci = (f"{r.ci_half:.1f} ({r.ci_half / r.samples_per_s:.1%})" if _measured(r) else "-")
+        ci = (f"{r.ci_half:.1f} ({r.ci_half / r.samples_per_s:.1%})"
+              if _measured(r) and math.isfinite(r.ci_half) else "-")
         note = r.reason or (f"foreign load {r.foreign_cores:.2f} cores" if r.foreign_flagged
                             else "")
         table.add_row(mode, rate, ci, r.source, r.outcome.value, note)

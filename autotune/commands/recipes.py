@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from autotune import console, fingerprint, recipes
+from autotune import console, fingerprint, jsontext, recipes
 from autotune.errors import RecipeError, UsageError
 
 
@@ -71,7 +70,7 @@ def run(args) -> int:
     if action == "show":
         recipe = recipes.load(resolve(args.recipe, args.recipe_dir))
         if args.json:
-            print(json.dumps(recipe.to_toml(), default=str))
+            print(jsontext.dumps(recipe.to_toml()))
             return 0
         _show(recipe, out)
         return 0
@@ -82,7 +81,7 @@ def run(args) -> int:
         rows = [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb))
                 if fa.get(k) != fb.get(k)]
         if args.json:
-            print(json.dumps([{"field": k, "a": x, "b": y} for k, x, y in rows], default=str))
+            print(jsontext.dumps([{"field": k, "a": x, "b": y} for k, x, y in rows]))
             return 0
         if not rows:
             out.print(f"{a.path} and {b.path} hold the same recipe")
@@ -110,8 +109,8 @@ def _cell(v) -> str:
 def _list(args, out) -> int:
     found = recipes.listing(Path(args.recipe_dir))
     if args.json:
-        print(json.dumps([{"path": str(p), "error": str(r)} if isinstance(r, RecipeError)
-                          else {"path": str(p), **r.to_toml()} for p, r in found], default=str))
+        print(jsontext.dumps([{"path": str(p), "error": str(r)} if isinstance(r, RecipeError)
+                              else {"path": str(p), **r.to_toml()} for p, r in found]))
         return 0
     if not found:
         out.print(f"no recipes in {args.recipe_dir} (autotune tune writes them)")

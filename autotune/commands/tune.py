@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune import console, fingerprint, launch, launchers, recipes, rundir, space
+from autotune import (console, fingerprint, jsontext, launch, launchers, recipes, rundir,
+                      space)
 from autotune.commands import common
 from autotune.errors import AutotuneError, UsageError
 from autotune.journal import Journal
@@ -269,7 +269,7 @@ def run(args) -> int:
         console.hint(f"resume with: autotune tune --resume {prep.run_dir}")
         raise
     if args.json:
-        print(json.dumps(summary(report, path), default=str))
+        print(jsontext.dumps(summary(report, path)))
     else:
         print_summary(report, path, plain=args.plain)
     return 0

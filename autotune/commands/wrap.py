@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
 
-from autotune import console, fingerprint, fullrun
+from autotune import console, fingerprint, fullrun, jsontext
 from autotune.commands import tune
 
 
@@ -47,7 +46,7 @@ def run(args) -> int:
     if args.json:
         out = tune.summary(report, path)
         out["exit_code"] = code
-        print(json.dumps(out, default=str))
+        print(jsontext.dumps(out))
     if code:
         console.error(f"the script exited with code {code}; its output is in "
                       f"{prep.run_dir / 'logs' / 'fullrun.log'}")

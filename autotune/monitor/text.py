@@ -6,6 +6,8 @@ live view fails.
 
 from __future__ import annotations
 
+import math
+
 import os
 import time
 
@@ -28,7 +30,8 @@ def fmt_rate(samples_per_s: float | None, ci_half: float | None = None) -> str:
         return "-"
     text = f"{samples_per_s:,.1f}"
     if ci_half is not None and ci_half > 0:
-        text += f" ± {ci_half:,.1f}"
+        # An infinite half-width: too few batches for an interval yet.
+        text += f" ± {ci_half:,.1f}" if math.isfinite(ci_half) else " ± ?"
     return text
 
 

@@ -8,9 +8,8 @@ robust; `autotune.decide.decide` keeps the baseline unless the gain is real.
 
 from __future__ import annotations
 
-import json
 
-from autotune import decide, rundir, verdict
+from autotune import decide, jsontext, rundir, verdict
 from autotune.decide import Measured
 
 CONFIRM_TARGET_REL = 0.02  # tight enough that a confirmation probe measures its whole window
@@ -114,5 +113,5 @@ def finish(tuner, handle):
         stop_reason=tuner.stop_reason, source=tuner.source, verdict=verdict_info,
         notes=tuple(tuner.notes))
     rundir.write_atomic(tuner.run_dir / "summary.json",
-                        json.dumps(report.to_dict(), indent=2, default=str))
+                        jsontext.dumps(report.to_dict(), indent=2))
     return report
