@@ -106,3 +106,15 @@ class Known:
     value: float
     ci_half: float
     cfg: dict
+
+    @classmethod
+    def of_trial(cls, t) -> Known | None:
+        """The answer a finished study trial holds in its user attrs, or None: skipped for an
+        OOM, spoiled by foreign load, a replay of another trial, or interrupted (failed)."""
+        attrs = t.user_attrs
+        cfg, outcome = attrs.get("knobs"), attrs.get("outcome")
+        if not cfg or outcome not in ("ok", "oom", "failed", "pruned") or \
+                attrs.get("duplicate_of") is not None or t.state.name == "FAIL":
+            return None
+        return cls(t.number, outcome, float(attrs.get("samples_per_s", t.value or 0.0)),
+                   float(attrs.get("ci_half", 0.0)), dict(cfg))

@@ -167,21 +167,16 @@ class Tuner:
 
     def _learn(self, t) -> tuple | None:
         """Take a finished trial's answer into `known`; its key, or None when it has none."""
-        cfg, outcome = t.user_attrs.get("knobs"), t.user_attrs.get("outcome")
-        if t.state not in (studies.TrialState.COMPLETE, studies.TrialState.PRUNED,
-                           studies.TrialState.FAIL):
+        if not t.state.is_finished():
             return None  # still running (here or in another tuner): not an answer yet
         self._learned.add(t.number)
-        if not cfg or outcome not in ("ok", "oom", "failed", "pruned") or \
-                t.user_attrs.get("duplicate_of") is not None or \
-                t.state == studies.TrialState.FAIL:
-            return None  # skipped for an OOM, spoiled by foreign load, a replay, interrupted
-        key = self.space.key(cfg)
-        self.known[key] = Known(t.number, outcome, float(t.user_attrs.get(
-            "samples_per_s", t.value or 0.0)), float(t.user_attrs.get("ci_half", 0.0)),
-            dict(cfg))
-        if outcome == "oom":
-            self.ooms.append(dict(cfg))
+        known = Known.of_trial(t)
+        if known is None:
+            return None
+        key = self.space.key(known.cfg)
+        self.known[key] = known
+        if known.outcome == "oom":
+            self.ooms.append(dict(known.cfg))
         return key
 
     def _objective(self, handle: studies.StudyHandle):
