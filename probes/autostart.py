@@ -89,11 +89,6 @@ def plan(argv: list[str], env) -> str | None:
     return None if os.path.basename(first_script) == "torchrun" else NOW
 
 
-def should_start(argv: list[str], env) -> bool:
-    """Whether a process with this command line and env is metered from its torch import. Pure."""
-    return plan(argv, env) == NOW
-
-
 def role(*, bootstrapped: bool, target: str | None, loader_worker: bool) -> str | None:
     """What a spawn/forkserver child is, asked when it first does what training does.
 

@@ -119,8 +119,9 @@ def test_write_watch_in_a_process(tmp_path):
     (["python", "-c", "from multiprocessing.resource_tracker import main;main(5)"], False),
 ])
 def test_which_processes_the_sitecustomize_meters(argv, started):
-    assert autostart.should_start(argv, {protocol.ENV_ADDR: "127.0.0.1:1"}) is started
-    assert autostart.should_start(argv, {}) is False
+    assert (autostart.plan(argv, {protocol.ENV_ADDR: "127.0.0.1:1"}) == autostart.NOW) \
+        is started
+    assert autostart.plan(argv, {}) is None
 
 
 def test_python_path_puts_the_site_dir_first():

@@ -37,7 +37,6 @@ def test_how_a_process_is_metered(argv, plan, method):
     assert autostart.plan(argv, ADDR) == plan
     assert autostart.start_method(argv) == method
     assert autostart.plan(argv, {}) is None
-    assert autostart.should_start(argv, ADDR) is (plan == autostart.NOW)
 
 
 @pytest.mark.parametrize("bootstrapped, target, worker, role", [
