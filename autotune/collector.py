@@ -89,6 +89,20 @@ class Collector:
             except queue.Empty:
                 return out
 
+    def settle(self, timeout_s: float = 2.0) -> bool:
+        """Once the ranks have exited: wait until every connection has been read to its end, so
+        that ``drain`` holds all they sent (a goodbye written just before exit, say). At most
+        ``timeout_s``: a DataLoader worker that outlived its rank may still hold a socket open.
+        True when every connection was closed."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                if not self._conns:
+                    return True
+            if time.monotonic() >= deadline or self._closed.is_set():
+                return False
+            time.sleep(0.01)
+
     def stop_ranks(self, reason: str = "probe over") -> int:
         """Ask every connected rank to leave at its next batch boundary; returns how many."""
         data = protocol.encode(protocol.STOP, reason=reason)

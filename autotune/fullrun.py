@@ -5,6 +5,11 @@ streamed to our stdout (and kept in the run's logs), and the meter keeps reporti
 gets ``fullrun_progress`` with live samples/s. SIGINT and SIGTERM are forwarded to every rank's
 process group; a second one escalates to TERM-grace-KILL. When a rank fails, the others are
 stopped, as torchrun does, and its exit code is the run's (the earliest failure is the cause).
+Under an engine (mpirun, srun) there is one process for every rank, and the engine's own code
+says little: MPICH's Hydra, for one, ORs every rank's status into its own, and it lets the
+other ranks run on after one has failed. So a rank's goodbye on the channel, with its exit
+code, is what tells: the engine is stopped then, and that code is the run's, with the engine's
+kept beside it in the journal.
 """
 
 from __future__ import annotations
@@ -57,11 +62,18 @@ class _Meter:
         self.samples_per_step = samples_per_step
         self.ticks: dict[int, dict] = {}
         self.last: tuple[float, int] | None = None
+        self.failed: tuple[int, int] | None = None  # (rank, exit code) of the first to fail
 
     def absorb(self, received) -> None:
         for r in received:
-            if r.msg.get("type") == protocol.TICK:
+            kind = r.msg.get("type")
+            if kind == protocol.TICK:
                 self.ticks[r.conn_id] = r.msg
+            elif (kind == protocol.BYE and self.failed is None and not r.msg.get("stopped")
+                  and not r.hello.get("sub")):  # a spawned child's failure is its parent's
+                code = r.msg.get("exit_code")
+                if isinstance(code, int) and code != 0:
+                    self.failed = (int(r.hello.get("rank", -1)), code)
 
     def totals(self) -> tuple[int, int]:
         """(samples over every rank, the job's steps)."""
@@ -135,28 +147,33 @@ def run_full(spec: FullRunSpec, journal: Journal, *, out=None) -> int:
                  launcher=launchers.describe(spec.launcher))
     signals = _Signals()
     signals.install()
-    code = 1
+    code, ended = 1, {}
     try:
         signals.launched = start_ranks(
             ranks, channel=collector.env(), extra_env={"PYTHONUNBUFFERED": "1"},
             pipe_output=True, on_output=on_output)
-        code = _supervise(spec, signals, collector, journal)
+        code, ended = _supervise(spec, signals, collector, journal)
     finally:
         for lp in signals.launched:
             proc.stop(lp, grace_s=spec.grace_s)
         signals.restore()
         collector.close()
-        journal.emit("fullrun_ended", exit_code=code)
+        journal.emit("fullrun_ended", exit_code=code, **ended)
     return code
 
 
 def _supervise(spec: FullRunSpec, signals: _Signals, collector: Collector,
-               journal: Journal) -> int:
+               journal: Journal) -> tuple[int, dict]:
+    """Waits for every process; returns the run's exit status and what ``fullrun_ended`` adds:
+    ``rank`` (the first to fail, when a rank said so) and ``launcher_exit_code`` (an engine's
+    own status, when it differs from the rank's)."""
     meter = _Meter(spec.samples_per_step)
     launched = signals.launched
     next_report = time.monotonic() + spec.progress_every_s
     meter.rate(time.monotonic())
     first_failure: int | None = None
+    stopping = False
+    engine = spec.launcher.kind != "local"
     reported = 0
     while True:
         time.sleep(POLL_S)
@@ -170,9 +187,11 @@ def _supervise(spec: FullRunSpec, signals: _Signals, collector: Collector,
                              samples=samples)
                 reported = samples
         codes = [lp.poll() for lp in launched]
-        if first_failure is None:
+        if not stopping:
             first_failure = next((c for c in codes if c not in (None, 0)), None)
-            if first_failure is not None:
+            # an engine runs on while one of its ranks has failed: that rank's goodbye says so
+            if first_failure is not None or (engine and meter.failed is not None):
+                stopping = True
                 for lp, c in zip(launched, codes):
                     if c is None:  # a rank failed: the others would wait on it forever
                         proc.signal_group(lp, signal.SIGTERM)
@@ -181,11 +200,23 @@ def _supervise(spec: FullRunSpec, signals: _Signals, collector: Collector,
                 proc.stop(lp, grace_s=spec.grace_s)
             signals.escalate.clear()
         if all(c is not None for c in codes):
+            collector.settle()
             meter.absorb(collector.drain())
             rate, steps, samples = meter.rate(time.monotonic())
             if samples > reported and rate:  # the last stretch, when it holds news
                 journal.emit("fullrun_progress", samples_per_s=rate, steps=steps,
                              samples=samples)
-            if first_failure is not None:
-                return exit_status(first_failure)
-            return exit_status(next((c for c in codes if c != 0), 0))
+            code = exit_status(first_failure if first_failure is not None
+                               else next((c for c in codes if c != 0), 0))
+            return _rank_said(spec, meter.failed, code)
+
+
+def _rank_said(spec: FullRunSpec, failed: tuple[int, int] | None, code: int) -> tuple[int, dict]:
+    if failed is None or code == 0:
+        return code, {}
+    rank, rank_code = failed
+    if rank_code == code:
+        return code, {"rank": rank}
+    if spec.launcher.kind == "local":  # our own processes' codes are the ranks' already
+        return code, {}
+    return rank_code, {"rank": rank, "launcher_exit_code": code}

@@ -292,7 +292,7 @@ def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool]
                 time.sleep(0.05)
                 probe.absorb(collector.drain())
         exit_codes = [proc.stop(lp, grace_s=spec.grace_s) for lp in probe.launched]
-        time.sleep(0.05)
+        collector.settle()
         probe.absorb(collector.drain())
         collector.close()
     return _result(probe, exit_codes, load, log_path)

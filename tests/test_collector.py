@@ -159,3 +159,33 @@ def test_ranks_on_other_hosts_get_a_routable_address():
     finally:
         local.close()
         named.close()
+
+
+def test_settle_waits_for_everything_a_closed_rank_sent():
+    col = Collector()
+    try:
+        chans = [Channel(col.addr, col.token) for _ in range(3)]
+        for i, ch in enumerate(chans):
+            assert ch.open(rank=i, pid=100 + i)
+        for i, ch in enumerate(chans):  # written just before exit, as a goodbye is
+            ch.send(protocol.BYE, exit_code=i, stopped=False)
+            ch.close()
+        assert col.settle(timeout_s=5)
+        byes = [r for r in col.drain() if r.msg["type"] == protocol.BYE]
+        assert sorted((r.hello["rank"], r.msg["exit_code"]) for r in byes) == [
+            (0, 0), (1, 1), (2, 2)]
+    finally:
+        col.close()
+
+
+def test_settle_gives_up_on_a_connection_still_open():
+    col = Collector()
+    try:
+        ch = Channel(col.addr, col.token)
+        assert ch.open(rank=0, pid=1)
+        t0 = time.monotonic()
+        assert col.settle(timeout_s=0.3) is False
+        assert time.monotonic() - t0 >= 0.3
+        ch.close()
+    finally:
+        col.close()

@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from autotune import fingerprint, launchers, recipes
+from autotune import fingerprint, fullrun, launchers, recipes
+from autotune.collector import Received
 from autotune.journal import read_events
 from autotune.tuning import TuneSettings
 from conftest import SCRIPTS, assert_one_error_line, autotune, live_children
@@ -77,6 +78,31 @@ def test_hostfile_path_is_made_absolute(tmp_path, monkeypatch):
     assert launchers.describe(lz) == "mpirun (openmpi) on 2 hosts"
 
 
+def bye(rank, code, *, stopped=False, conn=1):
+    return Received(t=0.0, conn_id=conn, hello={"type": "hello", "rank": rank},
+                    msg={"type": "bye", "exit_code": code, "stopped": stopped})
+
+
+@pytest.mark.parametrize("kind, engine_code, byes, want", [
+    # Hydra stopped rank 0 with SIGTERM and returned 15: rank 1's own 5 is the run's
+    ("mpirun", 15, [bye(1, 5), bye(0, 0, conn=2)], (5, {"rank": 1, "launcher_exit_code": 15})),
+    ("srun", 5, [bye(1, 5)], (5, {"rank": 1})),
+    # a rank killed by a signal says nothing: the engine's code stands
+    ("mpirun", 137, [bye(0, 0)], (137, {})),
+    # ranks stopped by us at the controller's request are not failures
+    ("mpirun", 1, [bye(0, 0, stopped=True)], (1, {})),
+    # our own processes: their codes are already the ranks'
+    ("local", 3, [bye(0, 7)], (3, {})),
+    ("local", 7, [bye(0, 7)], (7, {"rank": 0})),
+    ("mpirun", 0, [], (0, {})),
+])
+def test_the_first_failing_rank_s_own_code_is_the_run_s(kind, engine_code, byes, want):
+    meter = fullrun._Meter(None)
+    meter.absorb(byes)
+    spec = fullrun.FullRunSpec(command=("x",), launcher=launchers.Launcher(kind=kind))
+    assert fullrun._rank_said(spec, meter.failed, engine_code) == want
+
+
 # -- a real mpirun ---------------------------------------------------------------------------------
 @pytest.mark.mpi
 @pytest.mark.slow
@@ -95,6 +121,30 @@ def test_run_under_mpirun_streams_every_rank_and_keeps_the_exit_code(mpi, tmp_pa
     events, _ = read_events(run_dir)
     started = next(e for e in events if e["event"] == "fullrun_started")
     assert started["launcher"].startswith("mpirun")
+    # the failing rank's own code, whatever mpirun folded into its own after stopping rank 0
+    ended = next(e for e in events if e["event"] == "fullrun_ended")
+    assert ended["exit_code"] == 5 and ended["rank"] == 1, ended
+    assert ended.get("launcher_exit_code") != 5, ended  # there only when it differs
+    assert "full run ended: exit code 5 (rank 1" in p.stderr
+    assert live_children() == []
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_failed_rank_stops_the_mpirun_job_as_torchrun_would(mpi, tmp_path):
+    """Hydra lets rank 0 wait out its 10 minutes after rank 1 failed; autotune hears rank 1's
+    goodbye and stops the job, and rank 1's code is the run's."""
+    recipe = ddp_recipe(tmp_path, {"instances": 2, "thread_pct": 50})
+    env = dict(os.environ, AUTOTUNE_RUNS_DIR=str(tmp_path / "runs"))
+    p = autotune("run", "--plain", "--launcher", "mpirun", "--recipe", str(recipe), DDP,
+                 "--run-seconds", "2", "--exit-code", "5", "--fail-rank", "1", "--linger", "600",
+                 cwd=tmp_path, env=env, timeout=120)
+    assert p.returncode == 5, p.stderr[-3000:]
+    run_dir, = (tmp_path / "runs").iterdir()
+    events, _ = read_events(run_dir)
+    ended = next(e for e in events if e["event"] == "fullrun_ended")
+    assert ended["rank"] == 1 and ended["launcher_exit_code"] != 5, ended
+    assert "ddp_toy: rank 0 done after" in p.stdout  # rank 0 had finished and was lingering
     assert live_children() == []
 
 

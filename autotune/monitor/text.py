@@ -230,6 +230,15 @@ def _fullrun_progress(ev):
     return " · ".join(parts)
 
 
+def _fullrun_ended(ev):
+    line = f"full run ended: exit code {ev.get('exit_code')}"
+    if ev.get("rank") is None:
+        return line
+    engine = ev.get("launcher_exit_code")
+    return line + (f" (rank {ev['rank']}; the launcher returned {engine})" if engine is not None
+                   else f" (rank {ev['rank']})")
+
+
 def _allreduce(ev):
     candidates = ", ".join(map(str, ev.get("candidates") or [])) or "none"
     r = ev.get("result")
@@ -255,7 +264,7 @@ _LINES = {
     "probe_verdict": _verdict,
     "fullrun_started": _fullrun_started,
     "fullrun_progress": _fullrun_progress,
-    "fullrun_ended": lambda ev: f"full run ended: exit code {ev.get('exit_code')}",
+    "fullrun_ended": _fullrun_ended,
     "device_sample": lambda ev: f"device: {device_summary(ev)}",
     "run_ended": lambda ev: f"run ended: exit code {ev.get('exit_code')}",
 }

@@ -5,7 +5,8 @@
 ("mpirun" when the MPI launcher's own variables are there: PMI_RANK for MPICH's Hydra,
 OMPI_COMM_WORLD_RANK for Open MPI; "srun" with Slurm's SLURM_PROCID). Runs until stopped
 unless --run-seconds is given; then rank --fail-rank (default: every rank) exits with
---exit-code.
+--exit-code, and the other ranks wait --linger seconds before they leave (a launcher that
+stops the rest when one rank fails has to stop them).
 """
 
 import argparse
@@ -34,6 +35,7 @@ def main():
     p.add_argument("--run-seconds", type=float, default=0.0)
     p.add_argument("--exit-code", type=int, default=0)
     p.add_argument("--fail-rank", type=int, default=-1)
+    p.add_argument("--linger", type=float, default=0.0)
     p.add_argument("--print-env", nargs="*", default=[], metavar="NAME",
                    help="print these environment variables at start")
     args = p.parse_args()
@@ -65,6 +67,8 @@ def main():
             break
     say(f"ddp_toy: rank {rank} done after {steps} steps")
     code = args.exit_code if args.fail_rank in (-1, rank) else 0
+    if code == 0 and args.linger:
+        time.sleep(args.linger)
     if code == 0:
         dist.destroy_process_group()
     sys.exit(code)
