@@ -2,6 +2,7 @@
 ranks of ``torch.multiprocessing.spawn`` are metered (from their first DataLoader, distributed
 init, backward or optimizer step), DataLoader workers and helpers never are."""
 
+import json
 import os
 import re
 import subprocess
@@ -12,8 +13,10 @@ import pytest
 
 from autotune import launch
 from autotune.collector import Collector
+from autotune.journal import read_events
 from autotune.outcome import Outcome
 from probes import autostart, protocol
+from conftest import autotune
 from test_shapes_e2e import agrees, log, own_rate, probe, script
 from test_shapes_probes import received
 
@@ -224,3 +227,28 @@ def test_a_spawned_ranks_own_figure_scales_by_torchs_world_size(tmp_path):
     assert r.seen["world_size"] == 2
     text = log(r)
     assert agrees(r.samples_per_s, 2 * own_rate(text, prefix="rank 0 "))
+
+
+@pytest.mark.slow
+def test_a_global_batch_is_divided_by_the_world_the_script_starts(tmp_path):
+    """--global-batch 32 for a script that spawns 2 ranks itself: each rank's loader gets 16,
+    and the baseline is measured again with it (the first probe could not know the world)."""
+    runs = tmp_path / "runs"
+    p = autotune("tune", "--plain", "--json", "--foreign-limit", "1000", "--global-batch", "32",
+                 "--trials", "1", "--seconds", "12", "--confirm-rounds", "0",
+                 "--fix", "threads=1", "workers=0", "--recipe-dir", str(tmp_path / "recipes"),
+                 "--", *script("shape_spawn.py", "--procs", "2"), cwd=tmp_path,
+                 env=dict(os.environ, AUTOTUNE_RUNS_DIR=str(runs)), timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "the script starts its own 2 ranks, so each rank's batch is 16" in p.stderr
+    run_dir, = runs.iterdir()
+    state = json.loads((run_dir / "tune.json").read_text())
+    assert state["baseline"]["knobs"]["batch_size"] == 16
+    assert state["space"]["devices"] == 2 and "batch_size" not in state["space"]["domains"]
+    baselines = [e for e in read_events(run_dir)[0]
+                 if e["event"] == "trial_finished" and e["trial"] == "baseline"]
+    assert len(baselines) == 2  # the first at 32 per rank, then again at 16
+    logs = sorted((run_dir / "logs").glob("baseline*.log"))
+    assert "rank 1 loader batch_size=16 " in logs[-1].read_text()
+    summary = json.loads(p.stdout.strip().splitlines()[-1])
+    assert summary["best"]["knobs"]["batch_size"] == 16

@@ -28,6 +28,19 @@ def job_devices(tuner, machine: space.Machine) -> int:
     return max(1, per_host) * tuner.launcher.host_count
 
 
+def own_world(tuner, result, devices: int) -> int:
+    """The world a global batch is divided by: a script that starts its own ranks has the one
+    torch reported, not the ranks autotune started."""
+    world = int(result.seen.get("world_size") or 1)
+    own = space.Baseline.from_seen(result.seen).own_ranks
+    if not (own and tuner.s.global_batch and world > devices):
+        return devices
+    tuner.note("hint", f"--global-batch {tuner.s.global_batch}: the script starts its own "
+                       f"{world} ranks, so each rank's batch is "
+                       f"{tuner.s.global_batch // world}; measuring the baseline again with it")
+    return world
+
+
 def placeholder_values(tuner, devices: int = 1) -> dict[str, int]:
     """Values for the script's placeholders in the baseline probe, telling the user which
     were guessed."""
@@ -68,6 +81,14 @@ def measure(tuner) -> None:
                            mode=result.mode, result=result)
         result = tuner.probe(tuner.spec_for(values, 1, "baseline", max_s=2 * tuner.s.seconds),
                              label="baseline", number=None, cfg=values, finish=False)
+    world = own_world(tuner, result, devices) \
+        if result.ok or result.outcome == Outcome.FOREIGN_LOAD else devices
+    if world != devices:
+        devices, values = world, {**values, "batch_size": tuner.s.global_batch // world}
+        tuner.journal.emit("trial_finished", trial="baseline", number=None,
+                           mode=result.mode, result=result)
+        result = tuner.probe(tuner.spec_for(values, 1, "baseline"), label="baseline",
+                             number=None, cfg=values, finish=False)
     if result.outcome == Outcome.FOREIGN_LOAD:
         tuner.note("warning", "baseline: measured under foreign CPU load; its number is "
                               "only a guide, the confirmation re-measures it")
