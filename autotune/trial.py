@@ -16,6 +16,7 @@ from pathlib import Path
 
 from autotune import flags, launchers, logs, proc, sources, steady
 from autotune.collector import Collector, for_launcher
+from autotune.seen import Seen
 from autotune.load import FOREIGN_CORES_LIMIT, ForeignLoad, cpu_s
 from autotune.metric import MetricLog, parse_metric
 from autotune.outcome import Observed, Outcome, classify
@@ -125,7 +126,9 @@ class _Probe:
         self.spec = spec
         self.on_progress = on_progress
         self.ranks: dict[int, _Rank] = {}
-        self.seen: dict = {}
+        self.script = Seen()  # what the ranks said about the script
+        self.failed: dict | None = None  # the first rank's goodbye with a failing exit code
+        self.exited_first: int | None = None  # a process's failing code, before any stop of ours
         self.notes: list[str] = []
         self.launched: list[proc.Launched] = []
         self.group = None  # autotune.ranks.RankGroup once started
@@ -142,8 +145,6 @@ class _Probe:
         self.cpu_seen = 0.0
         self.samples_per_step, self.step_note = sources.samples_per_step(
             spec.command, spec.knobs, spec.samples_per_step)
-        self.loader_batch: int | None = None  # batch size the script's first DataLoader got
-        self.writes: dict[str, dict] = {}  # path -> {path, op, existed}: into the user's tree
         self.metric = MetricLog(parse_metric(spec.metric)) if spec.metric else None
         self.log: logs.Reader | None = None  # rank 0's log, from where it ended at the start
 
@@ -166,6 +167,10 @@ class _Probe:
                     rank.error = rank.error or msg
             elif kind == protocol.BYE:
                 rank.bye = msg
+                code = msg.get("exit_code")
+                if self.failed is None and code and not msg.get("stopped") \
+                        and not r.hello.get("sub"):  # a spawned child's failure is its parent's
+                    self.failed = msg
 
     def _tick(self, rank: _Rank, t_recv: float, msg: dict) -> None:
         offset = t_recv - float(msg.get("t", t_recv))
@@ -176,29 +181,7 @@ class _Probe:
         rank.step_points.extend(step_points)
 
     def _seen(self, msg: dict) -> None:
-        what = msg.get("what")
-        requested = msg.get("requested") or {}
-        if what == "dataloader" and msg.get("tag") == 0:
-            self.seen.setdefault("batch_size", requested.get("batch_size"))
-            self.seen.setdefault("workers", requested.get("workers"))
-            if self.loader_batch is None:
-                self.loader_batch = (msg.get("applied") or {}).get("batch_size")
-        elif what == "writes":
-            for write in msg.get("paths") or []:
-                if isinstance(write, dict) and write.get("path"):
-                    self.writes.setdefault(write["path"], write)
-        elif what == "ddp":
-            self.seen.setdefault("ddp", True)
-            self.seen.setdefault("bucket_mb", requested.get("bucket_mb"))
-        elif what == "distributed":
-            self.seen.setdefault("backend", requested.get("backend"))
-            world = (msg.get("applied") or {}).get("world_size")
-            if isinstance(world, int) and world > self.seen.get("world_size", 0):
-                self.seen["world_size"] = world  # torch's: counts ranks the script started
-        elif what == "threads":
-            self.seen.setdefault("threads", requested)
-        elif what == protocol.SEEN_STARTED_BY_SCRIPT:
-            self.seen.setdefault("started_by_script", requested.get("start_method"))
+        self.script.fold(msg)
         if msg.get("note") and msg["note"] not in self.notes:
             self.notes.append(msg["note"])
 
@@ -216,7 +199,7 @@ class _Probe:
 
     def world_size(self) -> int:
         sizes = [int(r.hello.get("world_size") or 1) for r in self.ranks.values()]
-        sizes.append(int(self.seen.get("world_size") or 0))
+        sizes.append(self.script.world_size())
         return max(max(sizes), 1) if self.ranks else max(1, self.spec.instances)
 
     def read_log(self, *, final: bool = False) -> None:
@@ -235,7 +218,7 @@ class _Probe:
         """Samples summed over ranks as one cumulative series, its point count, its source."""
         if self.metric is not None:
             factor = self.metric.metric.scale(
-                batch_size=self.samples_per_step or self.loader_batch, ranks=self.world_size())
+                batch_size=self.samples_per_step or self.script.loader_batch, ranks=self.world_size())
             points = self.metric.series(factor) if factor else []
             return points, len(points), "metric"
         return self.counted_series()
@@ -311,8 +294,12 @@ def _loop(probe: _Probe, collector: Collector, load: ForeignLoad) -> None:
             tree += probe.group.service_processes()
         load.sample(tree)
         codes = [lp.poll() for lp in probe.launched]
-        if any(c is not None and c != 0 for c in codes) or all(c is not None for c in codes):
-            return  # a rank failed (the rest will be stopped) or all ended on their own
+        probe.exited_first = next((c for c in codes if c not in (None, 0)), None)
+        # a rank failed (the rest will be stopped; an engine would run on, but the rank's
+        # goodbye says so), or all ended on their own
+        if probe.exited_first is not None or probe.failed is not None \
+                or all(c is not None for c in codes):
+            return
         progress = probe.progress()
         if progress != probe.last_progress:
             probe.last_progress = progress
@@ -351,10 +338,14 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
     error = next((r.error for r in probe.ranks.values() if r.error), None)
     stopped_clean = all((r.bye and r.bye.get("stopped")) or r.teardown
                         for r in probe.ranks.values()) and probe.ranks
+    # A rank that failed before we stopped anything: its own code, from its goodbye (an engine
+    # folds it into its own) or from its process. Everything stopped after it is our doing.
+    own = int(probe.failed["exit_code"]) if probe.failed is not None else probe.exited_first
     failing = next((c for c in exit_codes if c not in (0, None)), None)
     if probe.stopped_by_us and failing is not None and (stopped_clean or failing < 0) \
             and error is None:
         failing = None  # our own TERM/KILL, not the script's failure
+    failing = own if own is not None else failing
     exit_code = failing if failing is not None else (exit_codes[0] if exit_codes else None)
     if probe.stopped_by_us and failing is None and exit_code is not None and exit_code < 0:
         exit_code = None  # our own TERM/KILL at the end of the probe: the script had no say
@@ -362,7 +353,7 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
     ran_s = time.monotonic() - probe.t_begin
     has_estimate = est is not None and est.windows >= 3 and est.samples_per_s > 0
     outcome, reason = classify(Observed(
-        exit_code=exit_code, stopped_by_us=probe.stopped_by_us,
+        exit_code=exit_code, stopped_by_us=probe.stopped_by_us and own is None,
         error_kind=error.get("kind") if error else None,
         error_text=f"{error.get('exc_type')}: {error.get('message')}" if error else "",
         batches=batches, steps=steps, has_estimate=has_estimate, hung_s=probe.hung_s,
@@ -370,7 +361,7 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         needs_batch_size=not probe.samples_per_step))
     if probe.metric is not None and outcome in (Outcome.NO_SIGNAL, Outcome.EXITED_EARLY):
         reason = sources.metric_reason(
-            probe.metric, batch_known=bool(probe.samples_per_step or probe.loader_batch),
+            probe.metric, batch_known=bool(probe.samples_per_step or probe.script.loader_batch),
             ran_s=ran_s, log_path=log_path)
     if probe.spec.mode == "io" and outcome == Outcome.OK and probe.source != "dataloader":
         outcome, reason = Outcome.NO_SIGNAL, ("io mode drains a DataLoader, and the script "
@@ -397,10 +388,8 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
     notes = list(probe.notes) + group_notes + sources.notes(
         source=probe.source, step_note=probe.step_note, counted_rate=counted,
         metric_rate=est.samples_per_s if has_estimate and probe.source == "metric" else 0.0,
-        writes=probe.writes)
-    seen = dict(probe.seen)
-    if probe.writes:
-        seen["writes"] = sorted(probe.writes.values(), key=lambda w: w["path"])
+        writes=probe.script.writes)
+    seen = probe.script.result()
     return TrialResult(
         outcome=outcome, reason=reason,
         samples_per_s=est.samples_per_s if has_estimate else 0.0,

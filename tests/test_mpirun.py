@@ -81,3 +81,26 @@ def test_probe_under_mpirun_is_measured_and_leaves_nothing(mpi, tmp_path):
     assert r.source == "dataloader" and r.samples_per_s > 0
     assert r.seen.get("backend") == "gloo"
     assert trial_processes("mpiprobe") == [] and live_children() == []
+
+
+@pytest.mark.parametrize("kind", ["mpirun", "local"])
+def test_a_probe_whose_rank_fails_is_a_crash_with_that_rank_s_code(kind, mpi, tmp_path):
+    """Rank 1 exits 5 while rank 0 lingers: mpirun would let rank 0 wait out its 10 minutes
+    and fold its own signal into the code; locally we stop rank 0 ourselves. Either way the
+    probe ends at once, as a crash with rank 1's code, not as our own stop."""
+    from autotune.outcome import Outcome
+    from autotune.trial import TrialSpec, run_trial
+    from conftest import SCRIPTS, live_children, trial_processes
+
+    name = f"fail{kind}"
+    r = run_trial(TrialSpec(
+        command=(str(SCRIPTS / "ddp_toy.py"), "--run-seconds", "4", "--exit-code", "5",
+                 "--fail-rank", "1", "--linger", "600"),
+        instances=2, cwd=str(tmp_path), log_dir=tmp_path / "logs", name=name,
+        launcher=launchers.Launcher(kind=kind, mpi=mpi if kind == "mpirun" else None),
+        device="cpu", max_s=120.0, min_measure_s=120.0, hang_s=100.0, grace_s=3.0,
+        foreign_limit_cores=1e9))
+    assert r.outcome == Outcome.CRASHED and r.exit_code == 5, (r.reason, r.log_tail)
+    assert r.reason.startswith("exited with code 5"), r.reason
+    assert r.duration_s < 60, r.duration_s  # not rank 0's 600 s, nor the probe's 120 s
+    assert trial_processes(name) == [] and live_children() == []
