@@ -2,6 +2,7 @@
 autotune command line as a user runs it, and the mpirun the tests use."""
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "tests" / "scripts"
 EXAMPLES = ROOT / "examples"
+
+
+# A suite started in the background (`nohup`, `cmd &` in a script) starts with SIGINT or SIGHUP
+# ignored, and every process it starts would inherit that: the tests that send those signals
+# (Ctrl-C to the controller, a hang-up) would wait on processes that cannot hear them. A handled
+# signal is reset to its default across exec, so handling them here gives children the defaults.
+for _sig, _handler in ((signal.SIGINT, signal.default_int_handler),
+                       (signal.SIGHUP, signal.SIG_DFL)):
+    if signal.getsignal(_sig) == signal.SIG_IGN:
+        signal.signal(_sig, _handler)
 
 
 @pytest.fixture(autouse=True)
