@@ -16,6 +16,8 @@ Layout (schema version 1)::
                    kept_baseline, trials, source, reason
     [baseline]     the script's own knobs
     [verdict]      bottleneck, text, bound_samples_per_s (only when known)
+    [job]          global_batch (only when tuned with --global-batch: a run on another number
+                   of hosts or GPUs divides it again over its own world)
     [fingerprint]  cpu_model, cores, gpu_names, gpu_count, gpu_driver, torch_version,
                    script_sha256, args
 """
@@ -71,19 +73,32 @@ class Recipe:
     created: str = ""
     autotune_version: str = __version__
     path: Path | None = None  # where it was loaded from or saved to
+    global_batch: int | None = None  # the job's batch, kept whatever the world
 
-    def run_knobs(self, cores: int, gpus: int | None = None) -> tuple[dict[str, float], int]:
-        """Knobs for the ranks on a host with ``cores`` cores and ``gpus`` GPUs (None: as many
-        as the recipe was tuned on).
+    def run_knobs(self, cores: int, gpus: int | None = None,
+                  hosts: int | None = None) -> tuple[dict[str, float], int]:
+        """Knobs for the ranks of a run on ``hosts`` hosts of ``cores`` cores and ``gpus`` GPUs
+        each (None: as many as the recipe was tuned on).
 
         ``thread_pct`` keeps the meaning it was tuned with where it can: tuned on GPUs and run
         on GPUs, each rank's MPS share; otherwise (a GPU recipe on a host without GPUs, or a CPU
-        recipe anywhere) the CPU meaning, a share of the cores turned into threads.
+        recipe anywhere) the CPU meaning, a share of the cores turned into threads. A recipe
+        with a global batch divides it over the run's world (instances x GPUs x hosts) when
+        ``hosts`` is given; a world that does not divide it is a `RecipeError`.
         """
         here = self.fingerprint.gpu_count if gpus is None else gpus
         device = "gpu" if self.fingerprint.gpu_count and here else "cpu"
+        devices = (here if device == "gpu" else 1) * max(1, hosts or 1)
+        world = self.knobs.get("instances", 1) * devices
+        keep = self.global_batch if hosts is not None else None
+        if keep and keep % world:
+            raise _fail(self.path or Path(f"{self.name}.toml"),
+                        f"its global batch of {keep} does not divide over this run's {world} "
+                        f"ranks ({self.knobs.get('instances', 1)} instances x {devices} "
+                        f"devices); run on a world that divides it, or tune again here")
         return space.Space(domains={}, fixed=dict(self.knobs), baseline={}, cores=cores,
-                           device=device).trial_knobs(self.knobs)
+                           device=device, global_batch=keep,
+                           devices=devices).trial_knobs(self.knobs)
 
     def to_toml(self) -> dict:
         doc = {"schema_version": SCHEMA_VERSION, "name": self.name,
@@ -102,6 +117,8 @@ class Recipe:
                "fingerprint": self.fingerprint.to_dict()}
         if self.verdict:
             doc["verdict"] = {k: v for k, v in self.verdict.items() if v is not None}
+        if self.global_batch:
+            doc["job"] = {"global_batch": int(self.global_batch)}
         return doc
 
 
@@ -155,6 +172,12 @@ def _check(doc: dict, path: Path) -> None:
             raise _fail(path, f"field 'knobs.{name}' must be a whole number >= 0, got {value!r}")
     if not all(isinstance(a, str) for a in doc["script"]["args"]):
         raise _fail(path, "field 'script.args' must be a list of strings")
+    job = doc.get("job", {})
+    if not isinstance(job, dict):
+        raise _fail(path, "[job] must be a table")
+    gb = job.get("global_batch", 1)
+    if not isinstance(gb, int) or isinstance(gb, bool) or gb < 1:
+        raise _fail(path, f"field 'job.global_batch' must be a whole number >= 1, got {gb!r}")
 
 
 def load(path: Path | str) -> Recipe:
@@ -187,7 +210,8 @@ def load(path: Path | str) -> Recipe:
         trials=int(result.get("trials", 0)), source=str(result.get("source", "")),
         reason=str(result.get("reason", "")), verdict=verdict,
         created=str(doc.get("created", "")),
-        autotune_version=str(doc.get("autotune_version", "")), path=path)
+        autotune_version=str(doc.get("autotune_version", "")), path=path,
+        global_batch=doc.get("job", {}).get("global_batch"))
 
 
 def listing(recipe_dir: Path) -> list[tuple[Path, Recipe | RecipeError]]:

@@ -18,11 +18,11 @@ DDP = str(SCRIPTS / "ddp_toy.py")
 QUIET = ["--plain", "--foreign-limit", "1000"]
 
 
-def ddp_recipe(tmp_path, knobs):
+def ddp_recipe(tmp_path, knobs, **over):
     return recipes.save(recipes.Recipe(
         name="ddp", knobs=knobs, samples_per_s=1.0, ci_half=0.1, baseline_samples_per_s=1.0,
         speedup=1.0, kept_baseline=True, fingerprint=fingerprint.current([DDP]),
-        script_path=DDP), tmp_path)
+        script_path=DDP, **over), tmp_path)
 
 
 # -- usage errors --------------------------------------------------------------------------------
@@ -194,3 +194,48 @@ def test_two_hosts_in_a_hostfile_are_metered_over_the_network_address(mpi, tmp_p
         assert re.search(rf"ddp_toy: rank {rank} AUTOTUNE_ADDR=localhost:\d+", log)
     assert full["samples_per_s"] > 0 and full["seen"]["backend"] == "gloo", full
     assert live_children() == []
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_recipe_s_global_batch_is_divided_over_the_hosts_of_the_run(mpi, tmp_path):
+    """Tuned on one host with --global-batch 64 (one rank of 64), run on two: 32 per rank."""
+    (tmp_path / "hosts").write_text("localhost:1\n127.0.0.1:1\n")
+    recipe = ddp_recipe(tmp_path, {"batch_size": 64, "instances": 1}, global_batch=64)
+    env = dict(os.environ, AUTOTUNE_RUNS_DIR=str(tmp_path / "runs"),
+               AUTOTUNE_COLLECTOR_HOST="localhost")
+    p = autotune("run", "--plain", "--hostfile", "hosts", "--recipe", str(recipe), DDP,
+                 "--run-seconds", "1", "--print-env", "AUTOTUNE_BATCH_SIZE", cwd=tmp_path,
+                 env=env, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"ddp_toy: rank {rank} AUTOTUNE_BATCH_SIZE=32\n" in p.stdout, p.stdout[-2000:]
+    assert "global batch of 64 is kept: batch_size=32 per rank on this run's 2 ranks" in p.stderr
+    # a world that does not divide it: one line, exit 2, nothing started
+    odd = ddp_recipe(tmp_path / "odd", {"batch_size": 32, "instances": 1}, global_batch=33)
+    runs_before = sorted((tmp_path / "runs").iterdir())
+    p = autotune("run", "--hostfile", "hosts", "--recipe", str(odd), DDP, cwd=tmp_path, env=env,
+                 timeout=60)
+    assert_one_error_line(p, str(odd), "global batch of 33 does not divide over this run's 2")
+    assert sorted((tmp_path / "runs").iterdir()) == runs_before  # no run directory either
+
+
+@pytest.mark.slow
+def test_tune_with_a_global_batch_keeps_it_in_every_trial_and_the_recipe(tmp_path):
+    """--global-batch 32 over instances 1..2: every probe's ranks share 32, and the recipe keeps
+    the global batch for runs on other worlds."""
+    env = dict(os.environ, AUTOTUNE_RUNS_DIR=str(tmp_path / "runs"))
+    p = autotune("tune", *QUIET, "--json", "--global-batch", "32", "--space", "instances=1:2",
+                 "--fix", "threads=1", "workers=0", "--trials", "3", "--seconds", "8",
+                 "--confirm-rounds", "0", "--recipe-dir", str(tmp_path / "recipes"), "--", DDP,
+                 cwd=tmp_path, env=env, timeout=400)
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads(p.stdout.strip().splitlines()[-1])
+    recipe = recipes.load(summary["recipe"])
+    assert recipe.global_batch == 32
+    assert recipe.knobs["batch_size"] * recipe.knobs.get("instances", 1) == 32
+    run_dir, = (tmp_path / "runs").iterdir()
+    events, _ = read_events(run_dir)
+    started = [e["knobs"] for e in events if e["event"] == "trial_started"]
+    assert {k.get("instances", 1) for k in started} == {1, 2}, started
+    assert all(k["batch_size"] * k.get("instances", 1) == 32 for k in started), started

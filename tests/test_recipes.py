@@ -42,6 +42,34 @@ def test_run_knobs_turn_the_share_into_threads():
     assert instances == 1
 
 
+def test_a_global_batch_is_kept_over_the_run_s_world(tmp_path):
+    """Tuned with --global-batch 128 on one host as 2 ranks of 64: two hosts give 32 per rank,
+    and a world that does not divide it is an error naming the recipe, before anything runs."""
+    r = recipe(knobs={"batch_size": 64, "thread_pct": 50, "instances": 2}, global_batch=128)
+    loaded = recipes.load(recipes.save(r, tmp_path))
+    assert loaded.global_batch == 128 and "[job]" in loaded.path.read_text()
+    assert loaded.run_knobs(8)[0]["batch_size"] == 64  # the world it was tuned on
+    assert loaded.run_knobs(8, hosts=1) == ({"batch_size": 64, "threads": 4, "instances": 2}, 2)
+    assert loaded.run_knobs(8, hosts=2)[0]["batch_size"] == 32
+    with pytest.raises(RecipeError) as e:
+        loaded.run_knobs(8, hosts=3)
+    assert str(loaded.path) in str(e.value)
+    assert "global batch of 128 does not divide over this run's 6 ranks" in str(e.value)
+    # without a global batch the per-rank batch is the recipe's, whatever the world
+    assert recipe().run_knobs(8, hosts=3)[0]["batch_size"] == 64
+    assert "[job]" not in recipes.save(recipe(), tmp_path / "plain").read_text()
+
+
+def test_a_gpu_recipe_s_global_batch_counts_every_gpu():
+    gpu = fingerprint.Fingerprint(cpu_model="x", cores=16, gpu_names=("NVIDIA H100",) * 2,
+                                  gpu_count=2)
+    r = recipe(knobs={"batch_size": 32, "thread_pct": 50, "instances": 2}, fingerprint=gpu,
+               global_batch=128)  # 2 MPS clients x 2 GPUs
+    assert r.run_knobs(16, hosts=1)[0]["batch_size"] == 32
+    assert r.run_knobs(16, gpus=4, hosts=1)[0]["batch_size"] == 16
+    assert r.run_knobs(16, gpus=2, hosts=2)[0]["batch_size"] == 16
+
+
 def test_name_from_script_and_hardware():
     assert recipes.recipe_name("path/to/train.py", FP) == "train-cpu2-amd-epyc"
     gpu = fingerprint.Fingerprint(cpu_model="x", cores=64, gpu_names=("NVIDIA A100-SXM4-40GB",),
@@ -69,6 +97,9 @@ def good_text(tmp_path):
      ["field 'result.kept_baseline' must be bool"]),
     (lambda t: t.replace("workers = 2\n", "wrokers = 2\n", 1), ["unknown knob 'knobs.wrokers'"]),
     (lambda t: t.replace("[fingerprint]", "[fingerprints]"), ["missing table [fingerprint]"]),
+    (lambda t: t + "\n[job]\nglobal_batch = 0\n", ["field 'job.global_batch' must be a whole"]),
+    (lambda t: t + '\n[job]\nglobal_batch = "256"\n', ["'job.global_batch'", "'256'"]),
+    (lambda t: t.replace("name = ", "job = 3\nname = ", 1), ["[job] must be a table"]),
 ])
 def test_validation_names_file_and_field(tmp_path, edit, words):
     path = write(tmp_path, edit(good_text(tmp_path / "src")))

@@ -135,6 +135,8 @@ def _show(r: recipes.Recipe, out) -> None:
         f"recipe:    {r.path}",
         f"script:    {r.script_path} {' '.join(r.script_args)}".rstrip(),
         f"knobs:     {_knobs(r.knobs)}",
+        f"global batch: {r.global_batch} (a run divides it over its own world)"
+        if r.global_batch else "",
         f"per rank:  {_knobs(knobs)} ({instances} rank(s) per host)",
         f"measured:  {r.samples_per_s:.1f} ± {r.ci_half:.1f} samples/s ({r.source or '?'})",
         f"baseline:  {r.baseline_samples_per_s:.1f} ± {r.baseline_ci_half:.1f} samples/s with "

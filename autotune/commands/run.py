@@ -50,7 +50,12 @@ def run(args) -> int:
     fp = fingerprint.current(target)
     for warning in fingerprint_warnings(recipe, fp):
         console.warning(warning)
-    knobs, instances = recipe.run_knobs(fp.cores, fp.gpu_count)
+    knobs, instances = recipe.run_knobs(fp.cores, fp.gpu_count, hosts=launcher.host_count)
+    if recipe.global_batch and knobs.get("batch_size") != recipe.knobs.get("batch_size"):
+        console.hint(f"the recipe's global batch of {recipe.global_batch} is kept: "
+                     f"batch_size={knobs['batch_size']} per rank on this run's "
+                     f"{recipe.global_batch // knobs['batch_size']} ranks (the recipe has "
+                     f"{recipe.knobs.get('batch_size')} for the world it was tuned on)")
     root = Path(args.runs_dir).expanduser() if args.runs_dir else None
     run_dir = rundir.new_run_dir("run", target[0], root=root)
     journal = Journal(run_dir)

@@ -212,13 +212,16 @@ def tune_in(prep: Prepared) -> tuple[TuneReport, recipes.Recipe, Path]:
     if not prep.resume:
         tuner.state.update({"run_command": list(prep.target), "run_cwd": prep.run_cwd})
     report = tuner.run()
-    recipe = build_recipe(report, prep)
+    # kept for runs on other worlds; a script that starts its own ranks has a world of its own
+    recipe = build_recipe(report, prep, global_batch=None if tuner.space and tuner.space.own_ranks
+                          else prep.settings.global_batch)
     path = recipes.save(recipe, prep.recipe_dir)
     prep.journal.emit("recipe_saved", path=str(path))
     return report, recipe, path
 
 
-def build_recipe(report: TuneReport, prep: Prepared) -> recipes.Recipe:
+def build_recipe(report: TuneReport, prep: Prepared,
+                 global_batch: int | None = None) -> recipes.Recipe:
     target = prep.target
     return recipes.Recipe(
         name=recipes.recipe_name(target[0], prep.fp), knobs=dict(report.best.knobs),
@@ -227,7 +230,8 @@ def build_recipe(report: TuneReport, prep: Prepared) -> recipes.Recipe:
         baseline_ci_half=report.baseline.ci_half, baseline_knobs=dict(report.baseline.knobs),
         speedup=report.speedup, kept_baseline=report.kept_baseline, fingerprint=prep.fp,
         script_path=target[0], script_args=tuple(target[1:]), trials=report.trials_measured,
-        source=report.source, reason=report.reason, verdict=report.verdict)
+        source=report.source, reason=report.reason, verdict=report.verdict,
+        global_batch=global_batch)
 
 
 def summary(report: TuneReport, recipe_path: Path) -> dict:

@@ -32,7 +32,8 @@ def run(args) -> int:
                 tune.print_summary(report, path, plain=args.plain)
             console.hint(f"full run: {' '.join(prep.target)} with "
                          f"{' '.join(f'{k}={v}' for k, v in recipe.knobs.items())}")
-            knobs, instances = recipe.run_knobs(fingerprint.cores(), prep.fp.gpu_count)
+            knobs, instances = recipe.run_knobs(fingerprint.cores(), prep.fp.gpu_count,
+                                                hosts=prep.launcher.host_count)
             code = fullrun.run_full(fullrun.FullRunSpec(
                 command=prep.target, knobs=knobs, instances=instances, cwd=prep.run_cwd,
                 log_dir=prep.run_dir / "logs", journal_knobs=dict(recipe.knobs),
