@@ -169,8 +169,8 @@ class _Probe:
                 rank.bye = msg
                 code = msg.get("exit_code")
                 if self.failed is None and code and not msg.get("stopped") \
-                        and not r.hello.get("sub"):  # a spawned child's failure is its parent's
-                    self.failed = msg
+                        and not r.hello.get("sub") and (self.stop_t is None or r.t < self.stop_t):
+                    self.failed = msg  # on its own (a spawned child's failure is its parent's)
 
     def _tick(self, rank: _Rank, t_recv: float, msg: dict) -> None:
         offset = t_recv - float(msg.get("t", t_recv))
@@ -336,8 +336,11 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
     est = probe.estimate
     batches, steps = probe.totals()
     error = next((r.error for r in probe.ranks.values() if r.error), None)
-    stopped_clean = all((r.bye and r.bye.get("stopped")) or r.teardown
-                        for r in probe.ranks.values()) and probe.ranks
+    # Every rank left on our stop request, or one was pulled out of a collective by a peer that
+    # left first (and took its parent, mp.spawn's say, down with it): the stop's doing.
+    stopped_clean = probe.ranks and (
+        any(r.teardown for r in probe.ranks.values())
+        or all(r.bye and r.bye.get("stopped") for r in probe.ranks.values()))
     # A rank that failed before we stopped anything: its own code, from its goodbye (an engine
     # folds it into its own) or from its process. Everything stopped after it is our doing.
     own = int(probe.failed["exit_code"]) if probe.failed is not None else probe.exited_first

@@ -13,6 +13,7 @@ import pytest
 from autotune import launch, sources, trial
 from autotune.collector import Collector
 from autotune.launch import PROJECT_ROOT, SITE_DIR
+from autotune.outcome import Outcome
 from autotune.trial import TrialSpec
 from autotune.metric import MetricLog, parse_metric
 from probes import autostart, protocol, writes
@@ -316,3 +317,47 @@ def test_an_error_after_the_stop_is_teardown_unless_out_of_memory():
     assert probe.ranks[1].error is not None  # before the stop: the script's own failure
     assert probe.ranks[2].error is None and probe.ranks[2].teardown is not None
     assert probe.ranks[3].error is not None  # out of memory says something about the config
+
+
+def ended(tmp_path, exit_codes, messages, *, stop_t=None, launcher="local"):
+    """A probe's result from what its ranks said (``(t, conn, hello, msg)``) and how its
+    processes ended, as `run_trial` computes it at the end."""
+    from autotune import launchers
+    from autotune.collector import Received
+    from autotune.load import ForeignLoad
+
+    probe = trial._Probe(spec(foreign_limit_cores=1e9,
+                              launcher=launchers.Launcher(kind=launcher)), None)
+    probe.stop_t = stop_t
+    probe.stopped_by_us = stop_t is not None
+    probe.absorb([Received(t=t, conn_id=c, hello=h, msg=m) for t, c, h, m in messages])
+    (tmp_path / "t.log").write_text("")
+    return trial._result(probe, exit_codes, ForeignLoad(), tmp_path / "t.log")
+
+
+PARENT = {"rank": 0}
+CHILD = {"rank": 0, "sub": True}
+GLOO = {"type": "error", "kind": "exception", "exc_type": "RuntimeError",
+        "message": "Connection closed by peer"}
+
+
+def bye(code, stopped=False):
+    return {"type": "bye", "exit_code": code, "stopped": stopped}
+
+
+def test_a_spawned_rank_pulled_out_by_our_stop_does_not_make_its_parent_a_crash(tmp_path):
+    # child 1 left on the stop, child 2 was in an allreduce with it; mp.spawn then raised
+    r = ended(tmp_path, [1], [(11.0, 2, CHILD, bye(0, stopped=True)),
+                              (11.1, 3, CHILD, GLOO), (11.2, 3, CHILD, bye(1)),
+                              (11.5, 1, PARENT, bye(1))], stop_t=10.0)
+    assert r.outcome != Outcome.CRASHED and "exited" not in r.reason, (r.outcome, r.reason)
+
+
+def test_a_rank_that_failed_before_the_stop_is_a_crash_with_its_own_code(tmp_path):
+    # under mpirun: rank 1 exited 5 on its own; Hydra folded SIGTERM into its own 15
+    r = ended(tmp_path, [15], [(9.0, 2, {"rank": 1}, bye(5)), (10.5, 1, {"rank": 0}, bye(0))],
+              stop_t=10.0, launcher="mpirun")
+    assert r.outcome == Outcome.CRASHED and r.exit_code == 5, (r.outcome, r.reason)
+    # a spawned child's failure is its parent's to report, not the job's code by itself
+    r = ended(tmp_path, [0], [(9.0, 2, CHILD, bye(3))], stop_t=10.0)
+    assert r.exit_code == 0 and r.outcome != Outcome.CRASHED, (r.outcome, r.reason)
