@@ -26,6 +26,7 @@ time since the previous log line.
 
 import argparse
 import csv
+import gc
 import os
 import shutil
 import sys
@@ -245,11 +246,14 @@ def train(args):
     ensure_dataset(data_dir, args.num_images, wait_for_peer_s=600.0 if local_rank > 0 else 0.0)
 
     rank, local_rank, world_size = init_distributed()
-    try:
-        run_training(args, data_dir, rank, local_rank, world_size)
-    finally:
-        if world_size > 1:
-            dist.destroy_process_group()
+    run_training(args, data_dir, rank, local_rank, world_size)
+    if world_size > 1:
+        # DDP's model sits in reference cycles that keep the process group alive until the
+        # interpreter shuts down, where tearing down gloo's threads can abort the process: free
+        # it now, then leave together.
+        gc.collect()
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def run_training(args, data_dir, rank, local_rank, world_size):

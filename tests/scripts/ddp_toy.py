@@ -10,6 +10,7 @@ stops the rest when one rank fails has to stop them).
 """
 
 import argparse
+import gc
 import os
 import sys
 import time
@@ -70,6 +71,8 @@ def main():
     if code == 0 and args.linger:
         time.sleep(args.linger)
     if code == 0:
+        del model, opt  # DDP's cycles would keep the process group until the interpreter's
+        gc.collect()  # shutdown, where gloo's teardown can abort the process
         dist.destroy_process_group()
     sys.exit(code)
 
