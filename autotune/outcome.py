@@ -35,6 +35,30 @@ class Observed:
     needs_batch_size: bool = False  # it stepped, but no DataLoader says how many samples a step is
 
 
+def script_exit_code(exit_codes: list[int | None], *, own: int | None, stopped_by_us: bool,
+                     stopped_clean: bool, error: bool) -> int | None:
+    """The exit code a probe reports: the script's failure where there was one, else rank 0's
+    (None when our own signal ended it).
+
+    ``own``: the code of a rank that failed before we stopped anything, from its goodbye (an
+    engine folds it into its own status) or from its process; it wins. ``stopped_clean``: every
+    rank left on our stop request, or one was pulled out of a collective by a peer that left
+    first (taking its parent, mp.spawn's say, down with it): a failing code after that is the
+    stop's doing, as is a signal, unless a rank reported an ``error`` before the stop.
+    """
+    if own is not None:
+        return own
+    failing = next((c for c in exit_codes if c not in (0, None)), None)
+    if stopped_by_us and failing is not None and (stopped_clean or failing < 0) and not error:
+        failing = None  # our own TERM/KILL, not the script's failure
+    if failing is not None:
+        return failing
+    code = exit_codes[0] if exit_codes else None
+    if stopped_by_us and code is not None and code < 0:
+        return None  # our own TERM/KILL at the end of the probe: the script had no say
+    return code
+
+
 def _signal_name(code: int) -> str:
     try:
         return signal.Signals(-code).name

@@ -19,7 +19,7 @@ from autotune.collector import Collector, for_launcher
 from autotune.seen import Seen
 from autotune.load import FOREIGN_CORES_LIMIT, ForeignLoad, cpu_s
 from autotune.metric import MetricLog, parse_metric
-from autotune.outcome import Observed, Outcome, classify
+from autotune.outcome import Observed, Outcome, classify, script_exit_code
 from autotune.ranks import RanksSpec, start_group
 from autotune.ranks import log_path as log_path_of
 from probes import protocol
@@ -336,22 +336,12 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
     est = probe.estimate
     batches, steps = probe.totals()
     error = next((r.error for r in probe.ranks.values() if r.error), None)
-    # Every rank left on our stop request, or one was pulled out of a collective by a peer that
-    # left first (and took its parent, mp.spawn's say, down with it): the stop's doing.
-    stopped_clean = probe.ranks and (
-        any(r.teardown for r in probe.ranks.values())
-        or all(r.bye and r.bye.get("stopped") for r in probe.ranks.values()))
-    # A rank that failed before we stopped anything: its own code, from its goodbye (an engine
-    # folds it into its own) or from its process. Everything stopped after it is our doing.
+    ranks = probe.ranks.values()
     own = int(probe.failed["exit_code"]) if probe.failed is not None else probe.exited_first
-    failing = next((c for c in exit_codes if c not in (0, None)), None)
-    if probe.stopped_by_us and failing is not None and (stopped_clean or failing < 0) \
-            and error is None:
-        failing = None  # our own TERM/KILL, not the script's failure
-    failing = own if own is not None else failing
-    exit_code = failing if failing is not None else (exit_codes[0] if exit_codes else None)
-    if probe.stopped_by_us and failing is None and exit_code is not None and exit_code < 0:
-        exit_code = None  # our own TERM/KILL at the end of the probe: the script had no say
+    exit_code = script_exit_code(
+        exit_codes, own=own, stopped_by_us=probe.stopped_by_us, error=error is not None,
+        stopped_clean=bool(ranks) and (any(r.teardown for r in ranks)
+                                       or all(r.bye and r.bye.get("stopped") for r in ranks)))
     tail = logs.tail(log_path)
     ran_s = time.monotonic() - probe.t_begin
     has_estimate = est is not None and est.windows >= 3 and est.samples_per_s > 0

@@ -2,7 +2,9 @@
 
 import signal
 
-from autotune.outcome import Observed, Outcome, classify
+import pytest
+
+from autotune.outcome import Observed, Outcome, classify, script_exit_code
 from autotune.verdict import decide
 
 
@@ -84,3 +86,18 @@ def test_verdict_compute_bound_and_balanced():
 def test_verdict_unknown_when_mode_failed():
     v = decide(50.0, None, 100.0)
     assert v.bottleneck == "unknown" and "synthetic" in v.text
+
+
+@pytest.mark.parametrize("codes, kw, want", [
+    ([5, -15], dict(own=None, stopped_by_us=False), 5),  # the first failure, ours came after
+    ([15], dict(own=5, stopped_by_us=True), 5),  # the rank's own code beats the engine's
+    ([-15, 0], dict(own=None, stopped_by_us=True), None),  # our TERM at the probe's end
+    ([0, 1], dict(own=None, stopped_by_us=True, stopped_clean=True), 0),  # pulled out by it
+    ([1, 0], dict(own=None, stopped_by_us=True, stopped_clean=True, error=True), 1),
+    ([1, 0], dict(own=None, stopped_by_us=True), 1),  # not explained by our stop
+    ([0, 0], dict(own=None, stopped_by_us=False), 0),
+    ([], dict(own=None, stopped_by_us=True), None),
+])
+def test_the_scripts_exit_code_is_told_from_our_stop(codes, kw, want):
+    kw = {"stopped_clean": False, "error": False, **kw}
+    assert script_exit_code(codes, **kw) == want
