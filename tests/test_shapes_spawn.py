@@ -77,7 +77,10 @@ def run_script(tmp_path, code, collector, **env):
     path = tmp_path / "main.py"
     path.write_text(textwrap.dedent(code))
     full = dict(os.environ)
-    for var in (*protocol.KNOB_ENV.values(), "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+    # Unbuffered, print() writes a line's text and its newline apart, and another process's
+    # line can land between them on the shared pipe; buffered, a flushed print is one write.
+    for var in (*protocol.KNOB_ENV.values(), "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                "PYTHONUNBUFFERED"):
         full.pop(var, None)
     full.update(collector.env(), PYTHONPATH=launch.python_path(""), **env)
     return subprocess.run([sys.executable, str(path)], env=full, cwd=tmp_path,
