@@ -47,6 +47,15 @@ class Received:
     hello: dict = field(hash=False)
     msg: dict = field(hash=False)
 
+    def failed_code(self) -> int | None:
+        """The exit code when this is the goodbye of a rank that failed on its own (not on our
+        stop request; a spawned child's failure is its parent's to report), else None."""
+        code = self.msg.get("exit_code")
+        if self.msg.get("type") != protocol.BYE or self.msg.get("stopped") \
+                or self.hello.get("sub") or not isinstance(code, int) or code == 0:
+            return None
+        return code
+
 
 class Collector:
     """Accepts ranks, checks their token, and queues their messages."""

@@ -66,14 +66,10 @@ class _Meter:
 
     def absorb(self, received) -> None:
         for r in received:
-            kind = r.msg.get("type")
-            if kind == protocol.TICK:
+            if r.msg.get("type") == protocol.TICK:
                 self.ticks[r.conn_id] = r.msg
-            elif (kind == protocol.BYE and self.failed is None and not r.msg.get("stopped")
-                  and not r.hello.get("sub")):  # a spawned child's failure is its parent's
-                code = r.msg.get("exit_code")
-                if isinstance(code, int) and code != 0:
-                    self.failed = (int(r.hello.get("rank", -1)), code)
+            elif self.failed is None and r.failed_code() is not None:
+                self.failed = (int(r.hello.get("rank", -1)), r.failed_code())
 
     def totals(self) -> tuple[int, int]:
         """(samples over every rank, the job's steps)."""

@@ -127,7 +127,7 @@ class _Probe:
         self.on_progress = on_progress
         self.ranks: dict[int, _Rank] = {}
         self.script = Seen()  # what the ranks said about the script
-        self.failed: dict | None = None  # the first rank's goodbye with a failing exit code
+        self.failed: int | None = None  # exit code of the first rank failing on its own
         self.exited_first: int | None = None  # a process's failing code, before any stop of ours
         self.notes: list[str] = []
         self.launched: list[proc.Launched] = []
@@ -167,10 +167,9 @@ class _Probe:
                     rank.error = rank.error or msg
             elif kind == protocol.BYE:
                 rank.bye = msg
-                code = msg.get("exit_code")
-                if self.failed is None and code and not msg.get("stopped") \
-                        and not r.hello.get("sub") and (self.stop_t is None or r.t < self.stop_t):
-                    self.failed = msg  # on its own (a spawned child's failure is its parent's)
+                if self.failed is None and r.failed_code() is not None \
+                        and (self.stop_t is None or r.t < self.stop_t):
+                    self.failed = r.failed_code()  # before anything was stopped
 
     def _tick(self, rank: _Rank, t_recv: float, msg: dict) -> None:
         offset = t_recv - float(msg.get("t", t_recv))
@@ -337,7 +336,7 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
     batches, steps = probe.totals()
     error = next((r.error for r in probe.ranks.values() if r.error), None)
     ranks = probe.ranks.values()
-    own = int(probe.failed["exit_code"]) if probe.failed is not None else probe.exited_first
+    own = probe.failed if probe.failed is not None else probe.exited_first
     exit_code = script_exit_code(
         exit_codes, own=own, stopped_by_us=probe.stopped_by_us, error=error is not None,
         stopped_clean=bool(ranks) and (any(r.teardown for r in ranks)
