@@ -30,6 +30,14 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
+def time_is_up(t_first: float, run_seconds: float) -> bool:
+    """Whether any rank's time is up: every rank must leave after the same epoch, or the one that
+    trains on waits in an allreduce for peers that are gone."""
+    up = torch.tensor([float(time.monotonic() - t_first >= run_seconds)])
+    dist.all_reduce(up, op=dist.ReduceOp.MAX)
+    return bool(up.item())
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--batch-size", type=int, default=16)
@@ -64,7 +72,7 @@ def main():
             opt.step()
             steps += 1
         epoch += 1
-        if args.run_seconds and time.monotonic() - t_first >= args.run_seconds:
+        if args.run_seconds and time_is_up(t_first, args.run_seconds):
             break
     say(f"ddp_toy: rank {rank} done after {steps} steps")
     code = args.exit_code if args.fail_rank in (-1, rank) else 0

@@ -26,6 +26,14 @@ KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES",
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "AUTOTUNE_TRIAL")
 
 
+def time_is_up(t_first: float, run_seconds: float) -> bool:
+    """Whether any rank's time is up: every rank must leave after the same epoch, or the one that
+    trains on waits in an allreduce for peers that are gone."""
+    up = torch.tensor([float(time.monotonic() - t_first >= run_seconds)])
+    dist.all_reduce(up, op=dist.ReduceOp.MAX)
+    return bool(up.item())
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--run-seconds", type=float, default=0.0)
@@ -53,7 +61,7 @@ def main():
             nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
         epoch += 1
-        if args.run_seconds and time.monotonic() - t_first >= args.run_seconds:
+        if args.run_seconds and time_is_up(t_first, args.run_seconds):
             break
     print(f"fake_gpu_train: rank {dist.get_rank()} done", flush=True)
     dist.destroy_process_group()
