@@ -88,7 +88,7 @@ class Recipe:
         """
         here = self.fingerprint.gpu_count if gpus is None else gpus
         device = "gpu" if self.fingerprint.gpu_count and here else "cpu"
-        devices = (here if device == "gpu" else 1) * max(1, hosts or 1)
+        devices = space.job_devices(device, here, hosts or 1)
         world = self.knobs.get("instances", 1) * devices
         keep = self.global_batch if hosts is not None else None
         if keep and keep % world:

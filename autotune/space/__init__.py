@@ -13,8 +13,10 @@ the thread count a rank gets. On GPUs it is each rank's MPS share of its GPU
 
 from __future__ import annotations
 
-from autotune.space.build import Space, SpaceRequest, build, canonical, check_request
-from autotune.space.knobs import (ALIASES, DESIGN_RULES, DOMAIN_RULES, KNOBS, ORDER, Baseline, Knob, Machine,
+from autotune.space.build import (Space, SpaceRequest, build, canonical, check_request,
+                                  job_devices)
+from autotune.space.knobs import (ALIASES, DESIGN_RULES, DOMAIN_RULES, KNOBS, ORDER, Baseline,
+                                  Knob, Machine,
                                   bucket_candidates, divisors, geometric, linear, pct_for_threads,
                                   threads_per_rank)
 from autotune.space.parse import (Range, explicit_fixes, parse_duration, parse_fix,
@@ -22,5 +24,5 @@ from autotune.space.parse import (Range, explicit_fixes, parse_duration, parse_f
 
 __all__ = ["ALIASES", "DESIGN_RULES", "DOMAIN_RULES", "KNOBS", "ORDER", "Baseline", "Knob",
            "Machine", "Range", "Space", "SpaceRequest", "bucket_candidates", "build", "canonical",
-           "check_request", "divisors", "explicit_fixes", "geometric", "linear", "parse_duration",
-           "parse_fix", "parse_space", "pct_for_threads", "threads_per_rank"]
+           "check_request", "divisors", "explicit_fixes", "geometric", "job_devices", "linear",
+           "parse_duration", "parse_fix", "parse_space", "pct_for_threads", "threads_per_rank"]

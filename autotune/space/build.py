@@ -136,6 +136,12 @@ class Space:
                    own_ranks=bool(d.get("own_ranks", False)))
 
 
+def job_devices(device: str, gpus: int, hosts: int) -> int:
+    """What a job spreads its ranks over, and a global batch is divided by (times
+    ``instances``): every GPU of every host on GPUs, the hosts on CPU."""
+    return max(1, gpus if device == "gpu" else 1) * max(1, hosts)
+
+
 def canonical(cfg: Mapping[str, int], global_batch: int | None = None,
               devices: int = 1, *, own_ranks: bool = False) -> dict[str, int]:
     """Derived knobs filled in (with a global batch, the per-rank batch for a world of

@@ -24,8 +24,7 @@ ALLREDUCE_TIMEOUT_S = 120.0
 def job_devices(tuner, machine: space.Machine) -> int:
     """What the full run spreads its ranks over: every visible GPU of every host (hosts on
     CPU). A global batch is divided by ``instances`` times this."""
-    per_host = machine.gpus if machine.device == "gpu" else 1
-    return max(1, per_host) * tuner.launcher.host_count
+    return space.job_devices(machine.device, machine.gpus, tuner.launcher.host_count)
 
 
 def own_world(tuner, result, devices: int) -> int:
