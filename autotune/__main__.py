@@ -1,5 +1,5 @@
 import sys
 
-from autotune.cli import main
+from autotune.commands.cli import main
 
 sys.exit(main())

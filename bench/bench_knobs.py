@@ -1,7 +1,7 @@
 """Effect of the placement knobs on the DDP image example, side by side: instances (1 vs 2 ranks),
 thread share per rank, and the DDP fusion bucket size (bucket_mb).
 
-Each configuration is one `autotune.trial.run_trial` probe of
+Each configuration is one `autotune.measuring.trial.run_trial` probe of
 ``examples/image_classifier/train.py`` (PNG decode + augment in the Dataset, DDP over gloo when
 there are 2 ranks). Rounds are interleaved (A B C ... then again in a rotated order), because
 variance on this kind of machine lives between processes more than within one; the table gives
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from autotune.trial import TrialSpec, run_trial
+from autotune.measuring.trial import TrialSpec, run_trial
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "image_classifier" / "train.py"

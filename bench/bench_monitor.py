@@ -28,7 +28,7 @@ import psutil
 import torch
 from rich.console import Console
 
-from autotune.journal import Journal
+from autotune.store.journal import Journal
 from autotune.monitor import Monitor, sampler
 from autotune.monitor.sampler import Sampler
 

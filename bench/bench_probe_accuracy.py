@@ -27,8 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune.load import ForeignLoad  # noqa: E402
-from autotune.trial import TrialSpec, run_trial  # noqa: E402
+from autotune.measuring.foreign_load import ForeignLoad  # noqa: E402
+from autotune.measuring.trial import TrialSpec, run_trial  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "image_classifier" / "train.py"
 LINE = re.compile(r"samples/s ([0-9.]+)$")

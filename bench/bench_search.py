@@ -1,7 +1,7 @@
 """Search benchmark: exhaustive grid vs ``autotune tune --budget`` on the image example.
 
 1. A baseline probe of the example (its own settings) gives the space ``autotune tune`` would
-   search by default (`autotune.space.build`), or the one given with ``--space``.
+   search by default (`autotune.tuning.space.build`), or the one given with ``--space``.
 2. Grid: every config of that space probed once, with the same probes the tuner uses
    (`run_trial`, same time limit); its best single measurement is "grid-best". Its wall time is
    what an exhaustive search costs.
@@ -32,10 +32,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune import decide, fingerprint, space  # noqa: E402
-from autotune.load import FOREIGN_CORES_LIMIT  # noqa: E402
-from autotune.steady import t975  # noqa: E402
-from autotune.trial import TrialSpec, run_trial  # noqa: E402
+from autotune.tuning import decision, space
+from autotune.store import fingerprint  # noqa: E402
+from autotune.measuring.foreign_load import FOREIGN_CORES_LIMIT  # noqa: E402
+from autotune.measuring.steady import t975  # noqa: E402
+from autotune.measuring.trial import TrialSpec, run_trial  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "image_classifier" / "train.py"
 
@@ -160,7 +161,7 @@ def main() -> int:
     # 4. side by side, interleaved
     entries = {"default": dict(sp.baseline), "grid-best": grid_best, "tuned": tuned}
     rates: dict[str, list[float]] = {n: [] for n in entries}
-    for rnd, name in decide.interleave(list(entries), args.rounds):
+    for rnd, name in decision.interleave(list(entries), args.rounds):
         r = probe(args, work, entries[name], sp, f"final{rnd}-{name}", args.final_seconds)
         rates[name].append(r.samples_per_s)
         say(f"final round {rnd} {name:9s} {r.samples_per_s:8.1f} ± {r.ci_half:6.1f} "

@@ -82,9 +82,9 @@ def assert_one_error_line(p: subprocess.CompletedProcess, *words) -> None:
 def mpi():
     """The mpirun autotune would use (the one mpi4py's library belongs to); skips without it."""
     pytest.importorskip("mpi4py")
-    from autotune import launchers
+    from autotune.launching import engines
 
-    info = launchers.detect_mpi(os.environ)
+    info = engines.detect_mpi(os.environ)
     if info is None:
         pytest.skip("no mpirun beside Python or on PATH")
     return info

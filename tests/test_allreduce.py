@@ -2,7 +2,7 @@
 
 import pytest
 
-from autotune import allreduce
+from autotune.launching import allreduce
 from autotune.errors import LaunchError
 from probes import allreduce as rank_side
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.launch import PROJECT_ROOT
+from autotune.launching.rank_command import PROJECT_ROOT
 from probes import protocol
 
 

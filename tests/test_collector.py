@@ -4,8 +4,8 @@ import json
 import socket
 import time
 
-from autotune import launchers
-from autotune.collector import Collector, for_launcher
+from autotune.launching import engines
+from autotune.launching.collector import Collector, for_launcher
 from probes import protocol
 from probes.channel import Channel
 
@@ -140,10 +140,10 @@ def test_a_channel_without_a_challenge_stays_off():
 
 
 def test_ranks_on_other_hosts_get_a_routable_address():
-    local = for_launcher(launchers.Launcher())
-    hosts = (launchers.Host("node1"), launchers.Host("node2"))
-    multi = launchers.Launcher(kind="mpirun", hosts=hosts,
-                               mpi=launchers.MpiInfo("/x/mpirun", "mpich", "4"))
+    local = for_launcher(engines.Launcher())
+    hosts = (engines.Host("node1"), engines.Host("node2"))
+    multi = engines.Launcher(kind="mpirun", hosts=hosts,
+                               mpi=engines.MpiInfo("/x/mpirun", "mpich", "4"))
     named = for_launcher(multi, env={"AUTOTUNE_COLLECTOR_HOST": "localhost"})
     try:
         assert local.addr.startswith("127.0.0.1:")

@@ -2,34 +2,34 @@
 
 import math
 
-from autotune import decide
-from autotune.decide import Measured
+from autotune.tuning import decision
+from autotune.tuning.decision import Measured
 
 
 def test_oom_rules_out_larger_batches_and_more_ranks():
     ooms = [{"batch_size": 128, "instances": 1}]
-    assert decide.oom_blocks({"batch_size": 128, "instances": 1}, ooms) == ooms[0]
-    assert decide.oom_blocks({"batch_size": 256, "instances": 2}, ooms) == ooms[0]
-    assert decide.oom_blocks({"batch_size": 64, "instances": 2}, ooms) is None
+    assert decision.oom_blocks({"batch_size": 128, "instances": 1}, ooms) == ooms[0]
+    assert decision.oom_blocks({"batch_size": 256, "instances": 2}, ooms) == ooms[0]
+    assert decision.oom_blocks({"batch_size": 64, "instances": 2}, ooms) is None
     two_ranks = [{"batch_size": 128, "instances": 2}]
-    assert decide.oom_blocks({"batch_size": 256, "instances": 1}, two_ranks) is None
-    assert decide.oom_blocks({"workers": 2}, ooms) is None
+    assert decision.oom_blocks({"batch_size": 256, "instances": 1}, two_ranks) is None
+    assert decision.oom_blocks({"workers": 2}, ooms) is None
 
 
 def test_cannot_reach():
-    assert decide.cannot_reach(50.0, 5.0, 100.0)  # 55 < 90
-    assert not decide.cannot_reach(85.0, 6.0, 100.0)  # 91 >= 90: might still get there
-    assert not decide.cannot_reach(10.0, math.inf, 100.0)  # interval not known yet
-    assert not decide.cannot_reach(10.0, 1.0, None)  # nothing to compare with
+    assert decision.cannot_reach(50.0, 5.0, 100.0)  # 55 < 90
+    assert not decision.cannot_reach(85.0, 6.0, 100.0)  # 91 >= 90: might still get there
+    assert not decision.cannot_reach(10.0, math.inf, 100.0)  # interval not known yet
+    assert not decision.cannot_reach(10.0, 1.0, None)  # nothing to compare with
 
 
 def test_convergence_waits_for_patience():
-    c = decide.Convergence(patience=3, rel=0.05, min_trials=4)
+    c = decision.Convergence(patience=3, rel=0.05, min_trials=4)
     assert not c.update(100.0)
     assert not c.update(102.0)  # +2%: not an improvement
     assert not c.update(None)  # a failed probe counts as no gain
     assert c.update(101.0)  # 3 without gain, 4 seen
-    c = decide.Convergence(patience=2, rel=0.05, min_trials=2)
+    c = decision.Convergence(patience=2, rel=0.05, min_trials=2)
     c.update(100.0)
     c.update(99.0)
     assert not c.update(120.0)  # a real gain resets the count
@@ -37,7 +37,7 @@ def test_convergence_waits_for_patience():
 
 
 def test_interleave_order():
-    assert decide.interleave(["A", "B", "C"], 2) == [
+    assert decision.interleave(["A", "B", "C"], 2) == [
         (1, "A"), (1, "B"), (1, "C"), (2, "A"), (2, "B"), (2, "C")]
 
 
@@ -46,7 +46,7 @@ def m(x, ci=1.0):
 
 
 def test_winner_must_win_every_round_beyond_noise():
-    d = decide.decide({"baseline": [m(100), m(104)], "t1": [m(150), m(146)],
+    d = decision.decide({"baseline": [m(100), m(104)], "t1": [m(150), m(146)],
                        "t2": [m(120), m(125)]}, "baseline")
     assert d.winner == "t1" and not d.kept_baseline
     assert d.speedup == (150 + 146) / (100 + 104)
@@ -54,53 +54,53 @@ def test_winner_must_win_every_round_beyond_noise():
 
 
 def test_gain_within_noise_keeps_baseline():
-    d = decide.decide({"baseline": [m(100), m(100)], "t1": [m(102), m(102)]}, "baseline")
+    d = decision.decide({"baseline": [m(100), m(100)], "t1": [m(102), m(102)]}, "baseline")
     assert d.kept_baseline and d.winner == "baseline" and d.speedup == 1.0
     assert "within the noise" in d.reason
 
 
 def test_lost_one_round_keeps_baseline():
-    d = decide.decide({"baseline": [m(100), m(130)], "t1": [m(150), m(120)]}, "baseline")
+    d = decision.decide({"baseline": [m(100), m(130)], "t1": [m(150), m(120)]}, "baseline")
     assert d.kept_baseline and "did not win every round" in d.reason
 
 
 def test_wide_intervals_raise_the_bar():
     # +10% would pass with tight intervals, not with +-20% ones.
-    tight = decide.decide({"baseline": [m(100, 1)], "t1": [m(110, 1)]}, "baseline")
-    loose = decide.decide({"baseline": [m(100, 20)], "t1": [m(110, 20)]}, "baseline")
+    tight = decision.decide({"baseline": [m(100, 1)], "t1": [m(110, 1)]}, "baseline")
+    loose = decision.decide({"baseline": [m(100, 20)], "t1": [m(110, 20)]}, "baseline")
     assert not tight.kept_baseline and loose.kept_baseline
 
 
 def test_failed_candidate_and_baseline():
-    d = decide.decide({"baseline": [m(100), m(100)], "t1": [None, None],
+    d = decision.decide({"baseline": [m(100), m(100)], "t1": [None, None],
                        "t2": [m(130), m(131)]}, "baseline")
     assert d.winner == "t2"
-    d = decide.decide({"baseline": [None], "t1": [m(130)]}, "baseline")
+    d = decision.decide({"baseline": [None], "t1": [m(130)]}, "baseline")
     assert d.kept_baseline and "could not be re-measured" in d.reason
 
 
 def test_three_rounds_use_the_spread_of_ratios():
-    noisy = decide.decide({"baseline": [m(100), m(100), m(100)],
+    noisy = decision.decide({"baseline": [m(100), m(100), m(100)],
                            "t1": [m(160), m(101), m(110)]}, "baseline")
-    steady = decide.decide({"baseline": [m(100), m(100), m(100)],
+    steady = decision.decide({"baseline": [m(100), m(100), m(100)],
                             "t1": [m(121), m(119), m(120)]}, "baseline")
     assert noisy.kept_baseline and not steady.kept_baseline
 
 
 def test_summarize():
-    s = decide.summarize([m(10, 1), m(12, 1)])
+    s = decision.summarize([m(10, 1), m(12, 1)])
     assert s.samples_per_s == 11 and s.rounds == 2
     assert s.ci_half >= math.sqrt(2) / 2  # at least the probes' own intervals
-    assert decide.summarize([]).rounds == 0
+    assert decision.summarize([]).rounds == 0
 
 
 def test_combine_joins_the_moves_that_paid_off():
     base = {"batch_size": 32, "workers": 0, "thread_pct": 100}
     moves = [({**base, "batch_size": 256}, 130.0), ({**base, "workers": 2}, 200.0),
              ({**base, "thread_pct": 50}, 101.0), ({**base, "bucket_mb": 5}, None)]
-    assert decide.combine(base, 100.0, moves) == {"batch_size": 256, "workers": 2,
+    assert decision.combine(base, 100.0, moves) == {"batch_size": 256, "workers": 2,
                                                   "thread_pct": 100}
-    assert decide.combine(base, 100.0, moves[1:]) is None  # one move alone is measured already
+    assert decision.combine(base, 100.0, moves[1:]) is None  # one move alone is measured already
 
 
 def test_confirmation_fits_what_is_left_of_the_budget():

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune import mps, nvml, proc
-from autotune.ranks import RanksSpec, start_group
+from autotune.hardware import mps, nvml
+from autotune.launching import proc
+from autotune.launching.group import RanksSpec, start_group
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 

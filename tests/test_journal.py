@@ -4,11 +4,11 @@ import json
 import subprocess
 import sys
 
-from autotune.journal import EVENTS, Journal, read_events
+from autotune.store.journal import EVENTS, Journal, read_events
 
 WRITER = r"""
 import sys
-from autotune.journal import Journal
+from autotune.store.journal import Journal
 run_dir, who, n, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 journal = Journal(run_dir)
 for i in range(n):
@@ -87,8 +87,8 @@ def test_concurrent_writers_in_several_processes_never_interleave_inside_a_line(
 def test_events_are_strict_json_an_unknown_interval_is_null(tmp_path):
     """jq and JSON.parse reject Python's Infinity/NaN: a probe too short for an interval (its
     half-width is infinite) is written with ci_half null."""
-    from autotune.outcome import Outcome
-    from autotune.trial import TrialResult
+    from autotune.measuring.outcome import Outcome
+    from autotune.measuring.trial import TrialResult
 
     r = TrialResult(outcome=Outcome.OK, reason="", samples_per_s=195.0,
                     ci_half=float("inf"), source="dataloader", steps_per_s=1.0, measured_s=2.0,

@@ -8,9 +8,10 @@ import re
 
 import pytest
 
-from autotune import fingerprint, fullrun, launchers, recipes
-from autotune.collector import Received
-from autotune.journal import read_events
+from autotune.store import fingerprint, recipes
+from autotune.launching import fullrun, engines
+from autotune.launching.collector import Received
+from autotune.store.journal import read_events
 from autotune.tuning import TuneSettings
 from conftest import SCRIPTS, assert_one_error_line, autotune, live_children
 
@@ -70,12 +71,12 @@ def test_settings_keep_the_launcher_for_resume(tmp_path):
 def test_hostfile_path_is_made_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "hosts").write_text("node1 slots=2\nnode2 slots=2\n")
-    monkeypatch.setattr(launchers, "detect_mpi",
-                        lambda env: launchers.MpiInfo("/x/mpirun", "openmpi", "5.0"))
-    lz = launchers.resolve(None, "hosts", env={})
+    monkeypatch.setattr(engines, "detect_mpi",
+                        lambda env: engines.MpiInfo("/x/mpirun", "openmpi", "5.0"))
+    lz = engines.resolve(None, "hosts", env={})
     assert lz.kind == "mpirun" and lz.hostfile == str(tmp_path / "hosts")
     assert [h.name for h in lz.hosts] == ["node1", "node2"]
-    assert launchers.describe(lz) == "mpirun (openmpi) on 2 hosts"
+    assert engines.describe(lz) == "mpirun (openmpi) on 2 hosts"
 
 
 def bye(rank, code, *, stopped=False, conn=1):
@@ -99,7 +100,7 @@ def bye(rank, code, *, stopped=False, conn=1):
 def test_the_first_failing_rank_s_own_code_is_the_run_s(kind, engine_code, byes, want):
     meter = fullrun._Meter(None)
     meter.absorb(byes)
-    spec = fullrun.FullRunSpec(command=("x",), launcher=launchers.Launcher(kind=kind))
+    spec = fullrun.FullRunSpec(command=("x",), launcher=engines.Launcher(kind=kind))
     assert fullrun._rank_said(spec, meter.failed, engine_code) == want
 
 

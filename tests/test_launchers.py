@@ -4,9 +4,9 @@ import argparse
 
 import pytest
 
-from autotune import launchers
+from autotune.launching import engines
 from autotune.errors import UsageError
-from autotune.launchers import Host, MpiInfo
+from autotune.launching.engines import Host, MpiInfo
 
 ARGV = ["/venv/bin/python", "-m", "probes.boot", "train.py", "--epochs", "1"]
 MPICH = MpiInfo("/venv/bin/mpirun", "mpich", "5.0.2")
@@ -14,22 +14,22 @@ OMPI = MpiInfo("/usr/bin/mpirun", "openmpi", "4.1.6")
 
 
 def test_mpich_localhost_is_plain():
-    assert launchers.mpirun_argv(mpi=MPICH, ranks=2, ranks_per_host=2, rank_argv=ARGV) == \
+    assert engines.mpirun_argv(mpi=MPICH, ranks=2, ranks_per_host=2, rank_argv=ARGV) == \
         ["/venv/bin/mpirun", "-n", "2", *ARGV]
 
 
 def test_mpich_hosts_and_hostfile():
     hosts = [Host("a"), Host("b")]
-    argv = launchers.mpirun_argv(mpi=MPICH, ranks=4, ranks_per_host=2, hosts=hosts,
+    argv = engines.mpirun_argv(mpi=MPICH, ranks=4, ranks_per_host=2, hosts=hosts,
                                  rank_argv=ARGV)
     assert argv[:7] == ["/venv/bin/mpirun", "-n", "4", "-hosts", "a,b", "-ppn", "2"]
-    argv = launchers.mpirun_argv(mpi=MPICH, ranks=4, ranks_per_host=2, hosts=hosts,
+    argv = engines.mpirun_argv(mpi=MPICH, ranks=4, ranks_per_host=2, hosts=hosts,
                                  hostfile="hf", rank_argv=ARGV)
     assert argv[3:7] == ["-f", "hf", "-ppn", "2"]
 
 
 def test_openmpi_unbinds_oversubscribes_and_forwards_env():
-    argv = launchers.mpirun_argv(mpi=OMPI, ranks=4, ranks_per_host=2,
+    argv = engines.mpirun_argv(mpi=OMPI, ranks=4, ranks_per_host=2,
                                  hosts=[Host("a"), Host("b")], forward=["AUTOTUNE_TOKEN", "X"],
                                  as_root=True, rank_argv=ARGV)
     joined = " ".join(argv)
@@ -38,17 +38,17 @@ def test_openmpi_unbinds_oversubscribes_and_forwards_env():
     assert "--host a:2,b:2" in joined and "--map-by ppr:2:node" in joined
     assert "-x AUTOTUNE_TOKEN -x X" in joined
     assert argv[-len(ARGV):] == ARGV
-    local = launchers.mpirun_argv(mpi=OMPI, ranks=2, ranks_per_host=2, rank_argv=ARGV)
+    local = engines.mpirun_argv(mpi=OMPI, ranks=2, ranks_per_host=2, rank_argv=ARGV)
     assert "--allow-run-as-root" not in local and "--map-by" not in local
 
 
 def test_mpirun_refuses_zero_ranks():
     with pytest.raises(ValueError, match="ranks >= 1"):
-        launchers.mpirun_argv(mpi=MPICH, ranks=0, ranks_per_host=1, rank_argv=ARGV)
+        engines.mpirun_argv(mpi=MPICH, ranks=0, ranks_per_host=1, rank_argv=ARGV)
 
 
 def test_srun_argv():
-    argv = launchers.srun_argv(ranks=8, ranks_per_host=4, nodes=2, cpus_per_task=3,
+    argv = engines.srun_argv(ranks=8, ranks_per_host=4, nodes=2, cpus_per_task=3,
                                rank_argv=ARGV)
     assert argv[:7] == ["srun", "--ntasks=8", "--ntasks-per-node=4", "--nodes=2",
                         "--kill-on-bad-exit=1", "--export=ALL", "--cpu-bind=none"]
@@ -57,7 +57,7 @@ def test_srun_argv():
 
 def test_hostfiles_of_both_flavours():
     text = "# cluster\nnode1 slots=4\nnode2:2  # mpich style\n\nnode3\n"
-    assert launchers.parse_hostfile(text) == [Host("node1", 4), Host("node2", 2),
+    assert engines.parse_hostfile(text) == [Host("node1", 4), Host("node2", 2),
                                               Host("node3", None)]
 
 
@@ -68,12 +68,12 @@ def test_hostfiles_of_both_flavours():
     ("a1,b2", ["a1", "b2"]),
 ])
 def test_slurm_nodelist(text, names):
-    assert launchers.expand_nodelist(text) == names
+    assert engines.expand_nodelist(text) == names
 
 
 def test_slurm_allocation_from_env():
-    assert launchers.slurm_allocation({}) is None
-    alloc = launchers.slurm_allocation({"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "c[1-2]",
+    assert engines.slurm_allocation({}) is None
+    alloc = engines.slurm_allocation({"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "c[1-2]",
                                         "SLURM_CPUS_ON_NODE": "32", "SLURM_NTASKS": "8",
                                         "SLURM_GPUS_ON_NODE": "4"})
     assert alloc.job_id == "42" and alloc.nodes == ("c1", "c2")
@@ -87,13 +87,13 @@ def test_slurm_allocation_from_env():
     ("something else", "unknown"),
 ])
 def test_mpi_flavor(text, flavor):
-    assert launchers.mpi_flavor(text) == flavor
+    assert engines.mpi_flavor(text) == flavor
 
 
 def test_forwarded_names_only_what_ranks_need():
     env = {"AUTOTUNE_TOKEN": "t", "MASTER_PORT": "1", "OMP_NUM_THREADS": "2", "HOME": "/root",
            "PYTHONPATH": "/x", "CUDA_VISIBLE_DEVICES": "0"}
-    assert launchers.forwarded(env) == ["AUTOTUNE_TOKEN", "CUDA_VISIBLE_DEVICES", "MASTER_PORT",
+    assert engines.forwarded(env) == ["AUTOTUNE_TOKEN", "CUDA_VISIBLE_DEVICES", "MASTER_PORT",
                                         "OMP_NUM_THREADS", "PYTHONPATH"]
 
 
@@ -102,23 +102,23 @@ def _args(**kw):
 
 
 def test_from_args_defaults_and_errors(tmp_path):
-    assert launchers.from_args(_args(), env={}).kind == "local"
+    assert engines.from_args(_args(), env={}).kind == "local"
     with pytest.raises(UsageError, match="Slurm allocation"):
-        launchers.from_args(_args(launcher="srun"), env={})
-    alloc = launchers.from_args(_args(launcher="srun"),
+        engines.from_args(_args(launcher="srun"), env={})
+    alloc = engines.from_args(_args(launcher="srun"),
                                 env={"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n[1-2]"})
     assert alloc.kind == "srun" and [h.name for h in alloc.hosts] == ["n1", "n2"]
     empty = tmp_path / "hosts"
     empty.write_text("# nothing\n")
     with pytest.raises(UsageError, match="lists no host"):
-        launchers.from_args(_args(launcher="mpirun", hostfile=str(empty)), env={})
+        engines.from_args(_args(launcher="mpirun", hostfile=str(empty)), env={})
     with pytest.raises(UsageError, match="needs --launcher mpirun"):
-        launchers.from_args(_args(launcher="local", hostfile=str(empty)), env={})
+        engines.from_args(_args(launcher="local", hostfile=str(empty)), env={})
     with pytest.raises(UsageError, match="no mpirun found"):
-        launchers.from_args(_args(launcher="mpirun"),
+        engines.from_args(_args(launcher="mpirun"),
                             env={"AUTOTUNE_MPIRUN": str(tmp_path / "missing")})
 
 
 def test_launcher_kind_is_checked():
     with pytest.raises(ValueError, match="launcher must be one of"):
-        launchers.Launcher(kind="pbs")
+        engines.Launcher(kind="pbs")

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 
-from autotune.journal import Journal
+from autotune.store.journal import Journal
 
 JOURNALS = Path(__file__).parent / "data" / "journals"
 ESC = "\x1b"

@@ -16,7 +16,7 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from autotune.journal import Journal, read_events
+from autotune.store.journal import Journal, read_events
 from autotune.monitor import Monitor, use_plain, watch
 from autotune.monitor import view
 from autotune.monitor.sampler import GpuSource, run_processes
@@ -188,7 +188,7 @@ def _fake_pynvml(monkeypatch, tmp_path, devices):
                                   "devices": devices}))
     monkeypatch.setenv("FAKE_PYNVML_CONFIG", str(config))
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    nvml = pytest.importorskip("autotune.nvml")
+    nvml = pytest.importorskip("autotune.hardware.nvml")
     nvml.shutdown()
     return nvml
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune import launchers, proc
-from autotune.collector import Collector
-from autotune.ranks import RanksSpec, start_group
+from autotune.launching import engines, proc
+from autotune.launching.collector import Collector
+from autotune.launching.group import RanksSpec, start_group
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "image_classifier" / "train.py"
@@ -18,9 +18,9 @@ pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
 def test_mpi4py_and_mpirun_agree(mpi):
     """Mixing MPI libraries gives singleton ranks: the launcher must match mpi4py's library."""
-    library = launchers.mpi4py_library()
+    library = engines.mpi4py_library()
     assert library, "mpi4py is installed but its MPI library does not load"
-    assert launchers.mpi_flavor(library) == mpi.flavor, (library, mpi)
+    assert engines.mpi_flavor(library) == mpi.flavor, (library, mpi)
 
 
 def test_image_example_as_two_ddp_ranks_under_mpirun(mpi, tmp_path):
@@ -30,7 +30,7 @@ def test_image_example_as_two_ddp_ranks_under_mpirun(mpi, tmp_path):
                  "--max-steps", "12", "--epochs", "3", "--data-dir", str(tmp_path / "data"), "--log-interval",
                  "4"),
         knobs={"bucket_mb": 2}, instances=2, cwd=str(tmp_path), log_dir=tmp_path / "logs",
-        name="mpi", marker="mpitest", launcher=launchers.Launcher(kind="mpirun", mpi=mpi),
+        name="mpi", marker="mpitest", launcher=engines.Launcher(kind="mpirun", mpi=mpi),
         device="cpu")
     group = start_group(spec, channel=collector.env())
     try:
@@ -67,15 +67,15 @@ def test_image_example_as_two_ddp_ranks_under_mpirun(mpi, tmp_path):
 
 def test_probe_under_mpirun_is_measured_and_leaves_nothing(mpi, tmp_path):
     """The whole trial path under mpirun: two DDP ranks probed, summed, stopped, swept."""
-    from autotune.outcome import Outcome
-    from autotune.trial import TrialSpec, run_trial
+    from autotune.measuring.outcome import Outcome
+    from autotune.measuring.trial import TrialSpec, run_trial
     from conftest import live_children, trial_processes
 
     r = run_trial(TrialSpec(
         command=(str(EXAMPLE), "--num-images", "128", "--batch-size", "8", "--epochs", "1000",
                  "--data-dir", str(tmp_path / "data")),
         instances=2, cwd=str(tmp_path), log_dir=tmp_path / "logs", name="mpiprobe",
-        launcher=launchers.Launcher(kind="mpirun", mpi=mpi), device="cpu", max_s=60.0,
+        launcher=engines.Launcher(kind="mpirun", mpi=mpi), device="cpu", max_s=60.0,
         min_measure_s=4.0, foreign_limit_cores=1e9))
     assert r.outcome == Outcome.OK, (r.reason, r.log_tail)
     assert r.source == "dataloader" and r.samples_per_s > 0
@@ -88,8 +88,8 @@ def test_a_probe_whose_rank_fails_is_a_crash_with_that_rank_s_code(kind, mpi, tm
     """Rank 1 exits 5 while rank 0 lingers: mpirun would let rank 0 wait out its 10 minutes
     and fold its own signal into the code; locally we stop rank 0 ourselves. Either way the
     probe ends at once, as a crash with rank 1's code, not as our own stop."""
-    from autotune.outcome import Outcome
-    from autotune.trial import TrialSpec, run_trial
+    from autotune.measuring.outcome import Outcome
+    from autotune.measuring.trial import TrialSpec, run_trial
     from conftest import SCRIPTS, live_children, trial_processes
 
     name = f"fail{kind}"
@@ -97,7 +97,7 @@ def test_a_probe_whose_rank_fails_is_a_crash_with_that_rank_s_code(kind, mpi, tm
         command=(str(SCRIPTS / "ddp_toy.py"), "--run-seconds", "4", "--exit-code", "5",
                  "--fail-rank", "1", "--linger", "600"),
         instances=2, cwd=str(tmp_path), log_dir=tmp_path / "logs", name=name,
-        launcher=launchers.Launcher(kind=kind, mpi=mpi if kind == "mpirun" else None),
+        launcher=engines.Launcher(kind=kind, mpi=mpi if kind == "mpirun" else None),
         device="cpu", max_s=120.0, min_measure_s=120.0, hang_s=100.0, grace_s=3.0,
         foreign_limit_cores=1e9))
     assert r.outcome == Outcome.CRASHED and r.exit_code == 5, (r.reason, r.log_tail)

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autotune import mps
+from autotune.hardware import mps
 from fakes import fake_cuda
 from fakes.gpu_host import MPS_CONTROL, ROOT
 
@@ -130,7 +130,7 @@ def test_client_env_checks_the_share():
 
 HOLDER = """
 import sys, time
-from autotune import mps
+from autotune.hardware import mps
 d = mps.MpsDaemon(base_dir=sys.argv[1]).start()
 print(d.pid, flush=True)
 time.sleep(120)

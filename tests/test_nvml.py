@@ -1,10 +1,10 @@
-"""autotune.nvml against the fake pynvml (documented NVML behaviour) and the real module."""
+"""autotune.hardware.nvml against the fake pynvml (documented NVML behaviour) and the real module."""
 
 import json
 
 import pytest
 
-from autotune import nvml
+from autotune.hardware import nvml
 from fakes.gpu_host import fake_pynvml, gpu_uuid, load_fake_pynvml, write_nvml_config
 
 

@@ -4,8 +4,8 @@ import signal
 
 import pytest
 
-from autotune.outcome import Observed, Outcome, classify, script_exit_code
-from autotune.verdict import decide
+from autotune.measuring.outcome import Observed, Outcome, classify, script_exit_code
+from autotune.measuring.bottleneck import decide
 
 
 def test_ok_with_estimate():

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from autotune import placement
-from autotune.placement import Gpu, plan
+from autotune.launching import placement
+from autotune.launching.placement import Gpu, plan
 from probes import protocol
 
 GPUS = [Gpu(0, "GPU-aaaa-0", "A100"), Gpu(1, "GPU-bbbb-1", "A100")]

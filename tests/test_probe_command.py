@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from autotune.trial import TrialSpec, run_trial
+from autotune.measuring.trial import TrialSpec, run_trial
 from conftest import SCRIPTS
 
 

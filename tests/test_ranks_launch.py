@@ -1,4 +1,4 @@
-"""autotune.ranks: placed local ranks for real, engine commands for mpirun/srun, refusals."""
+"""autotune.launching.group: placed local ranks for real, engine commands for mpirun/srun, refusals."""
 
 import json
 import os
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune import launchers, proc
+from autotune.launching import engines, proc
 from autotune.errors import LaunchError
-from autotune.ranks import RanksSpec, engine_argv, engine_env, plan_for, start_group
+from autotune.launching.group import RanksSpec, engine_argv, engine_env, plan_for, start_group
 from fakes.gpu_host import fake_pynvml, write_nvml_config
 from probes import protocol
 
@@ -53,8 +53,8 @@ def _spec(**kw):
 
 
 def test_srun_engine_leaves_identity_to_the_ranks():
-    spec = _spec(launcher=launchers.Launcher(kind="srun", hosts=(launchers.Host("n1"),
-                                                                 launchers.Host("n2"))))
+    spec = _spec(launcher=engines.Launcher(kind="srun", hosts=(engines.Host("n1"),
+                                                                 engines.Host("n2"))))
     plan = plan_for(spec, spec.env)
     knobs = {**spec.knobs, "threads": plan.threads}
     env = engine_env(spec, plan, dict(spec.env), knobs, set(),
@@ -71,8 +71,8 @@ def test_srun_engine_leaves_identity_to_the_ranks():
 
 
 def test_mpirun_engine_command():
-    mpi = launchers.MpiInfo("/x/mpirun", "mpich", "5")
-    spec = _spec(launcher=launchers.Launcher(kind="mpirun", mpi=mpi))
+    mpi = engines.MpiInfo("/x/mpirun", "mpich", "5")
+    spec = _spec(launcher=engines.Launcher(kind="mpirun", mpi=mpi))
     plan = plan_for(spec, spec.env)
     argv = engine_argv(spec, plan, ["python", "t.py"], {})
     assert argv == ["/x/mpirun", "-n", "2", "python", "t.py"]
@@ -101,9 +101,9 @@ def test_gpu_placement_seen_through_nvml(monkeypatch, tmp_path):
 
 
 def test_shared_gpus_on_several_hosts_are_refused(monkeypatch, tmp_path):
-    hosts = (launchers.Host("a"), launchers.Host("b"))
-    spec = _spec(device="gpu", instances=2, launcher=launchers.Launcher(
-        kind="mpirun", hosts=hosts, mpi=launchers.MpiInfo("/x/mpirun", "openmpi", "4")))
+    hosts = (engines.Host("a"), engines.Host("b"))
+    spec = _spec(device="gpu", instances=2, launcher=engines.Launcher(
+        kind="mpirun", hosts=hosts, mpi=engines.MpiInfo("/x/mpirun", "openmpi", "4")))
     with fake_pynvml(monkeypatch, write_nvml_config(tmp_path, gpus=1)):
         with pytest.raises(LaunchError, match="MPS daemon on every host"):
             start_group(spec, channel={})
@@ -123,9 +123,9 @@ def test_the_mps_daemon_is_counted_as_the_trials_not_as_foreign_load(tmp_path):
     import sys
     from types import SimpleNamespace
 
-    from autotune.load import ForeignLoad
-    from autotune.placement import plan
-    from autotune.ranks import RankGroup
+    from autotune.measuring.foreign_load import ForeignLoad
+    from autotune.launching.placement import plan
+    from autotune.launching.group import RankGroup
 
     spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.5: pass\n"
     daemon = subprocess.Popen([sys.executable, "-c",
@@ -134,7 +134,7 @@ def test_the_mps_daemon_is_counted_as_the_trials_not_as_foreign_load(tmp_path):
                                f"{spin}c.wait()\n"])
     try:
         group = RankGroup(launched=[], plan=plan(knobs={}, instances=1, cores=[0]),
-                          launcher=launchers.Launcher(), mps=SimpleNamespace(pid=daemon.pid))
+                          launcher=engines.Launcher(), mps=SimpleNamespace(pid=daemon.pid))
         with_service, without = ForeignLoad(), ForeignLoad()
         seen = set()
         while daemon.poll() is None:

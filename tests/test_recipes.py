@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from autotune import fingerprint, recipes
-from autotune.cli import main
+from autotune.store import fingerprint, recipes
+from autotune.commands.cli import main
 from autotune.errors import RecipeError
 
 FP = fingerprint.Fingerprint(cpu_model="AMD EPYC", cores=2, torch_version="2.13.0",

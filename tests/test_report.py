@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cli import main
-from autotune.report_importance import from_study, from_trials
+from autotune.commands.cli import main
+from autotune.report.importance import from_study, from_trials
 
 JOURNALS = Path(__file__).parent / "data" / "journals"
 RECIPE = 'schema = 1\n[knobs]\nbatch_size = 192\nworkers = 2\n'

@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autotune.outcome import Outcome
-from autotune.trial import TrialSpec, run_trial
+from autotune.measuring.outcome import Outcome
+from autotune.measuring.trial import TrialSpec, run_trial
 from conftest import ROOT, SCRIPTS, live_children, trial_processes
 
 pytestmark = pytest.mark.slow

@@ -2,7 +2,7 @@
 
 import pytest
 
-from autotune.flags import explicit_knobs, split_knobs
+from autotune.launching.script_flags import explicit_knobs, split_knobs
 
 
 def found(*args):

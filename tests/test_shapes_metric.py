@@ -2,8 +2,8 @@
 
 import pytest
 
-from autotune import steady
-from autotune.metric import MetricLog, parse_metric
+from autotune.measuring import steady
+from autotune.measuring.metric import MetricLog, parse_metric
 
 
 def test_named_group_required():

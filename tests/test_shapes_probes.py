@@ -10,12 +10,13 @@ import time
 
 import pytest
 
-from autotune import launch, sources, trial
-from autotune.collector import Collector
-from autotune.launch import PROJECT_ROOT, SITE_DIR
-from autotune.outcome import Outcome
-from autotune.trial import TrialSpec
-from autotune.metric import MetricLog, parse_metric
+from autotune.launching import rank_command
+from autotune.measuring import series, trial
+from autotune.launching.collector import Collector
+from autotune.launching.rank_command import PROJECT_ROOT, SITE_DIR
+from autotune.measuring.outcome import Outcome
+from autotune.measuring.trial import TrialSpec
+from autotune.measuring.metric import MetricLog, parse_metric
 from probes import autostart, protocol, writes
 
 
@@ -126,14 +127,14 @@ def test_which_processes_the_sitecustomize_meters(argv, started):
 
 
 def test_python_path_puts_the_site_dir_first():
-    assert launch.python_path("") == os.pathsep.join([str(SITE_DIR), str(PROJECT_ROOT)])
+    assert rank_command.python_path("") == os.pathsep.join([str(SITE_DIR), str(PROJECT_ROOT)])
     user = os.pathsep.join(["/a", str(PROJECT_ROOT), "/b"])
-    assert launch.python_path(user) == os.pathsep.join([str(SITE_DIR), str(PROJECT_ROOT),
+    assert rank_command.python_path(user) == os.pathsep.join([str(SITE_DIR), str(PROJECT_ROOT),
                                                         "/a", "/b"])
 
 
 def site_env(collector, *extra):
-    return {**collector.env(), "PYTHONPATH": os.pathsep.join([launch.python_path(""), *extra])}
+    return {**collector.env(), "PYTHONPATH": os.pathsep.join([rank_command.python_path(""), *extra])}
 
 
 def test_sitecustomize_meters_a_torch_process_once(tmp_path):
@@ -237,27 +238,27 @@ def spec(*args, **over):
 
 
 def test_samples_per_step_sources():
-    assert sources.samples_per_step(("t.py", "--bs", "8"), {}, 12)[0] == 12
-    n, note = sources.samples_per_step(("t.py", "--batch-size", "{batch_size}"),
+    assert series.samples_per_step(("t.py", "--bs", "8"), {}, 12)[0] == 12
+    n, note = series.samples_per_step(("t.py", "--batch-size", "{batch_size}"),
                                        {"batch_size": 64}, None)
     assert n == 64 and "{batch_size}" in note
-    n, note = sources.samples_per_step(("t.py", "--trainer.batch_size=24"), {}, None)
+    n, note = series.samples_per_step(("t.py", "--trainer.batch_size=24"), {}, None)
     assert n == 24 and "'--trainer.batch_size=24'" in note
-    assert sources.samples_per_step(("t.py", "--bs", "auto"), {}, None) == (None, "")
-    assert sources.samples_per_step(("t.py", "--lr", "3"), {}, None) == (None, "")
+    assert series.samples_per_step(("t.py", "--bs", "auto"), {}, None) == (None, "")
+    assert series.samples_per_step(("t.py", "--lr", "3"), {}, None) == (None, "")
 
 
 def test_watch_env(tmp_path):
     script = tmp_path / "code" / "train.py"
     script.parent.mkdir()
     script.write_text("")
-    env = sources.watch_env((str(script),), str(tmp_path), None)
+    env = series.watch_env((str(script),), str(tmp_path), None)
     assert env[protocol.ENV_WATCH_DIRS].split(os.pathsep) == [str(tmp_path.resolve()),
                                                              str(script.parent.resolve())]
     assert env[protocol.ENV_SCRATCH_DIR] == ""
     area = tmp_path / "probe"
     area.mkdir()
-    env = sources.watch_env((str(script),), str(area), (str(tmp_path),))
+    env = series.watch_env((str(script),), str(area), (str(tmp_path),))
     assert env[protocol.ENV_WATCH_DIRS] == str(tmp_path.resolve())
     assert env[protocol.ENV_SCRATCH_DIR] == str(area.resolve())
 
@@ -279,33 +280,33 @@ def test_ticks_bound_idle_stretches_with_first_batch_points():
 
 def test_metric_reasons():
     log = MetricLog(parse_metric(r"(?P<ms_per_step>\d+) ms"))
-    reason = sources.metric_reason(log, batch_known=False, ran_s=12.0, log_path="/r/t.log")
+    reason = series.metric_reason(log, batch_known=False, ran_s=12.0, log_path="/r/t.log")
     assert "matched no line" in reason and "/r/t.log" in reason
     log.feed("step 1 20 ms\nstep 2 20 ms\n", 1.0)
-    reason = sources.metric_reason(log, batch_known=False, ran_s=12.0, log_path="/r/t.log")
+    reason = series.metric_reason(log, batch_known=False, ran_s=12.0, log_path="/r/t.log")
     assert "put {batch_size} in the script's args" in reason
-    reason = sources.metric_reason(log, batch_known=True, ran_s=12.0, log_path="/r/t.log")
+    reason = series.metric_reason(log, batch_known=True, ran_s=12.0, log_path="/r/t.log")
     assert "only 2 lines matched" in reason
 
 
 def test_notes_on_sources_disagreement_and_writes():
-    assert sources.notes(source="steps", step_note="samples per step: 8", metric_rate=0,
+    assert series.notes(source="steps", step_note="samples per step: 8", metric_rate=0,
                          counted_rate=0, writes={}) == ["samples per step: 8"]
-    assert sources.notes(source="dataloader", step_note="samples per step: 8", metric_rate=0,
+    assert series.notes(source="dataloader", step_note="samples per step: 8", metric_rate=0,
                          counted_rate=0, writes={}) == []
-    agree = sources.notes(source="metric", step_note="", metric_rate=110.0, counted_rate=100.0,
+    agree = series.notes(source="metric", step_note="", metric_rate=110.0, counted_rate=100.0,
                           writes={})
-    twice = sources.notes(source="metric", step_note="", metric_rate=200.0, counted_rate=100.0,
+    twice = series.notes(source="metric", step_note="", metric_rate=200.0, counted_rate=100.0,
                           writes={})
     assert agree == [] and "rank_samples_per_s" in twice[0]
     written = {"/t/a": {"existed": True}, "/t/b": {"existed": False}}
-    note, = sources.notes(source="dataloader", step_note="", metric_rate=0, counted_rate=0,
+    note, = series.notes(source="dataloader", step_note="", metric_rate=0, counted_rate=0,
                           writes=written)
     assert "/t/a, /t/b (1 existed before)" in note and "--probe-cwd" in note
 
 
 def test_an_error_after_the_stop_is_teardown_unless_out_of_memory():
-    from autotune.collector import Received
+    from autotune.launching.collector import Received
 
     probe = trial._Probe(spec(), None)
     gloo = {"type": "error", "kind": "exception", "exc_type": "RuntimeError",
@@ -322,12 +323,12 @@ def test_an_error_after_the_stop_is_teardown_unless_out_of_memory():
 def ended(tmp_path, exit_codes, messages, *, stop_t=None, launcher="local"):
     """A probe's result from what its ranks said (``(t, conn, hello, msg)``) and how its
     processes ended, as `run_trial` computes it at the end."""
-    from autotune import launchers
-    from autotune.collector import Received
-    from autotune.load import ForeignLoad
+    from autotune.launching import engines
+    from autotune.launching.collector import Received
+    from autotune.measuring.foreign_load import ForeignLoad
 
     probe = trial._Probe(spec(foreign_limit_cores=1e9,
-                              launcher=launchers.Launcher(kind=launcher)), None)
+                              launcher=engines.Launcher(kind=launcher)), None)
     probe.stop_t = stop_t
     probe.stopped_by_us = stop_t is not None
     probe.absorb([Received(t=t, conn_id=c, hello=h, msg=m) for t, c, h, m in messages])

@@ -11,10 +11,10 @@ import textwrap
 
 import pytest
 
-from autotune import launch
-from autotune.collector import Collector
-from autotune.journal import read_events
-from autotune.outcome import Outcome
+from autotune.launching import rank_command
+from autotune.launching.collector import Collector
+from autotune.store.journal import read_events
+from autotune.measuring.outcome import Outcome
 from probes import autostart, protocol
 from conftest import autotune
 from test_shapes_e2e import agrees, log, own_rate, probe, script
@@ -82,7 +82,7 @@ def run_script(tmp_path, code, collector, **env):
     for var in (*protocol.KNOB_ENV.values(), "RANK", "WORLD_SIZE", "LOCAL_RANK",
                 "PYTHONUNBUFFERED"):
         full.pop(var, None)
-    full.update(collector.env(), PYTHONPATH=launch.python_path(""), **env)
+    full.update(collector.env(), PYTHONPATH=rank_command.python_path(""), **env)
     return subprocess.run([sys.executable, str(path)], env=full, cwd=tmp_path,
                           capture_output=True, text=True, timeout=180)
 

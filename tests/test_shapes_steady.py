@@ -2,7 +2,7 @@
 
 import pytest
 
-from autotune import steady
+from autotune.measuring import steady
 
 
 def meter_points(batch_times, tick_s=0.25, batch=16):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from autotune import space
+from autotune.tuning import space
 from autotune.errors import UsageError
 
 GIB = 2**30

@@ -5,11 +5,13 @@ import json
 
 import pytest
 
-from autotune import allreduce, fingerprint, recipes, space
+from autotune.launching import allreduce
+from autotune.store import fingerprint, recipes
+from autotune.tuning import space
 from autotune.errors import LaunchError, UsageError
-from autotune.journal import Journal, read_events
-from autotune.outcome import Outcome
-from autotune.trial import TrialResult
+from autotune.store.journal import Journal, read_events
+from autotune.measuring.outcome import Outcome
+from autotune.measuring.trial import TrialResult
 from autotune.tuning import Tuner, TuneSettings
 from autotune.tuning import baseline as baseline_probe
 from autotune.tuning import tuner as tuner_module
@@ -301,13 +303,13 @@ def test_the_full_runs_devices_divide_a_global_batch():
     global batch is split over instances x GPUs x hosts."""
     from types import SimpleNamespace
 
-    from autotune import launchers
+    from autotune.launching import engines
 
-    two_hosts = launchers.Launcher(kind="mpirun", hosts=(launchers.Host("a"), launchers.Host("b")),
-                                   mpi=launchers.MpiInfo("/x/mpirun", "mpich", "4"))
+    two_hosts = engines.Launcher(kind="mpirun", hosts=(engines.Host("a"), engines.Host("b")),
+                                   mpi=engines.MpiInfo("/x/mpirun", "mpich", "4"))
     gpu = space.Machine(cores=8, device="gpu", gpus=2)
     assert baseline_probe.job_devices(SimpleNamespace(launcher=two_hosts), gpu) == 4
-    assert baseline_probe.job_devices(SimpleNamespace(launcher=launchers.Launcher()), gpu) == 2
+    assert baseline_probe.job_devices(SimpleNamespace(launcher=engines.Launcher()), gpu) == 2
     cpu = space.Machine(cores=8)
     assert baseline_probe.job_devices(SimpleNamespace(launcher=two_hosts), cpu) == 2
-    assert baseline_probe.job_devices(SimpleNamespace(launcher=launchers.Launcher()), cpu) == 1
+    assert baseline_probe.job_devices(SimpleNamespace(launcher=engines.Launcher()), cpu) == 1

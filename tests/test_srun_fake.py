@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from autotune import fingerprint, recipes
-from autotune.journal import read_events
+from autotune.store import fingerprint, recipes
+from autotune.store.journal import read_events
 from conftest import ROOT, SCRIPTS, autotune, live_children
 
 DDP = str(SCRIPTS / "ddp_toy.py")

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from autotune import steady
+from autotune.measuring import steady
 
 
 def counter(rates, dt=0.1, t0=0.0):

@@ -8,12 +8,13 @@ import json
 
 import pytest
 
-from autotune import fingerprint, space
-from autotune import study as studies
-from autotune.journal import Journal, read_events
-from autotune.outcome import Outcome
-from autotune.steady import Estimate
-from autotune.trial import TrialResult
+from autotune.store import fingerprint
+from autotune.tuning import space
+from autotune.tuning import study as studies
+from autotune.store.journal import Journal, read_events
+from autotune.measuring.outcome import Outcome
+from autotune.measuring.steady import Estimate
+from autotune.measuring.trial import TrialResult
 from autotune.tuning import Tuner, TuneSettings, tuner as tuner_module
 
 SEEN = {"batch_size": 16, "workers": 0}

@@ -4,8 +4,8 @@ import uuid
 
 import pytest
 
-from autotune.outcome import Outcome
-from autotune.trial import TrialSpec, run_trial
+from autotune.measuring.outcome import Outcome
+from autotune.measuring.trial import TrialSpec, run_trial
 from conftest import SCRIPTS, live_children, trial_processes
 
 pytestmark = pytest.mark.slow

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from autotune import proc, recipes
-from autotune import study as studies
-from autotune.journal import read_events
+from autotune.launching import proc
+from autotune.store import recipes
+from autotune.tuning import study as studies
+from autotune.store.journal import read_events
 from conftest import EXAMPLES, SCRIPTS, assert_one_error_line, autotune, live_children
 
 TOY = str(SCRIPTS / "tune_toy.py")
@@ -168,7 +169,7 @@ def test_kill_controller_then_resume(tmp_path):
 @pytest.mark.slow
 def test_run_forwards_ctrl_c_and_meters(tmp_path):
     """run --recipe: live samples/s in the journal; SIGINT reaches the script, which ends."""
-    from autotune import fingerprint
+    from autotune.store import fingerprint
 
     here = fingerprint.current([TOY])
     path = recipes.save(recipes.Recipe(

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from autotune.errors import UsageError
-from autotune.launch import is_python_script
+from autotune.launching.rank_command import is_python_script
 
 
 def add_script_args(p: argparse.ArgumentParser) -> None:
@@ -38,7 +38,7 @@ def add_probe_args(p: argparse.ArgumentParser) -> None:
 
 def metric_pattern(text: str) -> str:
     """``--metric``: checked here, so a bad pattern is a usage error before anything runs."""
-    from autotune.metric import parse_metric
+    from autotune.measuring.metric import parse_metric
 
     try:
         parse_metric(text)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from autotune import jsontext
+from autotune.store import jsontext
 
 
 def add_parser(sub):
@@ -42,7 +42,8 @@ def numa_nodes(root: str = "/sys/devices/system/node") -> list[dict]:
 
 def collect(env=None) -> dict:
     """Everything `autotune env` reports, as plain data."""
-    from autotune import launchers, mps, nvml
+    from autotune.launching import engines
+    from autotune.hardware import mps, nvml
 
     env = dict(os.environ if env is None else env)
     vm = psutil.virtual_memory()
@@ -52,9 +53,9 @@ def collect(env=None) -> dict:
         affinity = list(range(os.cpu_count() or 1))
     gpus_ok, gpus_why = nvml.available()
     mps_ok, mps_why = mps.available(env)
-    mpi = launchers.detect_mpi(env)
-    library = launchers.mpi4py_library()
-    alloc = launchers.slurm_allocation(env)
+    mpi = engines.detect_mpi(env)
+    library = engines.mpi4py_library()
+    alloc = engines.slurm_allocation(env)
     mpi_info = {"mpirun": mpi.path if mpi else None, "flavor": mpi.flavor if mpi else None,
                 "version": mpi.version if mpi else None, "mpi4py_library": library,
                 "match": None, "why_not": ""}
@@ -62,11 +63,11 @@ def collect(env=None) -> dict:
         mpi_info["why_not"] = ("no mpirun beside Python or on PATH (pip install "
                                "'autotune[mpi]' for mpi4py + mpich)")
     if mpi and library:
-        mpi_info["match"] = launchers.mpi_flavor(library) == mpi.flavor
+        mpi_info["match"] = engines.mpi_flavor(library) == mpi.flavor
         if not mpi_info["match"]:
             mpi_info["why_not"] = (f"mpirun is {mpi.flavor} but mpi4py loads "
-                                   f"{launchers.mpi_flavor(library)}: ranks would start as "
-                                   f"singletons; set {launchers.MPIRUN_ENV}")
+                                   f"{engines.mpi_flavor(library)}: ranks would start as "
+                                   f"singletons; set {engines.MPIRUN_ENV}")
     return {
         "host": {"name": platform.node(), "os": platform.platform(),
                  "python": platform.python_version()},
@@ -155,7 +156,7 @@ def run(args) -> int:
     if args.json:
         print(jsontext.dumps(info))
         return 0
-    from autotune import console
+    from autotune.monitor import console
 
     out = console.make_console(plain=args.plain)
     for line in lines(info):

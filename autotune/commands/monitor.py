@@ -5,9 +5,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from autotune import console, rundir
+from autotune.monitor import console
+from autotune.store import rundir
 from autotune.errors import UsageError
-from autotune.journal import EVENTS
+from autotune.store.journal import EVENTS
 
 
 def add_parser(sub):

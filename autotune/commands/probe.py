@@ -7,12 +7,15 @@ import math
 import os
 import sys
 
-from autotune import console, jsontext, launchers, rundir, verdict
+from autotune.monitor import console
+from autotune.store import jsontext, rundir
+from autotune.launching import engines
+from autotune.measuring import bottleneck
 from autotune.commands import common
-from autotune.journal import Journal
-from autotune.outcome import Outcome
+from autotune.store.journal import Journal
+from autotune.measuring.outcome import Outcome
 from autotune.monitor import watch
-from autotune.trial import TrialSpec, run_trial
+from autotune.measuring.trial import TrialSpec, run_trial
 from probes import protocol
 
 
@@ -30,7 +33,7 @@ def add_parser(sub):
                         "and show the bucket_mb range it suggests")
     p.add_argument("--instances", type=common.positive_int, default=1, metavar="N",
                    help="data-parallel ranks to start (torchrun-style env; default 1)")
-    launchers.add_launcher_args(p)
+    engines.add_launcher_args(p)
     common.add_probe_args(p)
     common.add_script_args(p)
     return p
@@ -44,7 +47,7 @@ def run(args) -> int:
         from autotune.errors import UsageError
         raise UsageError(f"--modes: unknown mode {bad[0] if bad else args.modes!r}; "
                          f"choose from {','.join(protocol.MODES)}")
-    launcher = launchers.from_args(args)
+    launcher = engines.from_args(args)
     knobs = _placeholder_values(target, say=lambda m: print(m, file=sys.stderr, flush=True))
     watched = common.watch_dirs(target)
     cwd = common.probe_cwd(args)
@@ -76,7 +79,7 @@ def run(args) -> int:
             # A probe flagged for foreign load still measured something: the verdict uses it and
             # says so, rather than giving none on a busy machine.
             rate = {m: (r.samples_per_s if _measured(r) else None) for m, r in results.items()}
-            v = verdict.decide(rate.get("full"), rate.get("synthetic"), rate.get("io"))
+            v = bottleneck.decide(rate.get("full"), rate.get("synthetic"), rate.get("io"))
             if any(r.outcome == Outcome.FOREIGN_LOAD for r in results.values()):
                 v = dataclasses.replace(v, text=v.text + " (WARNING: measured while other "
                                         "programs loaded the CPU; re-run on a quiet machine)")
@@ -110,8 +113,8 @@ def _measured(r) -> bool:
 
 def _placeholder_values(target, *, say) -> dict:
     """Values for ``{knob}`` placeholders in the script's args: the knobs' conventional ones."""
-    from autotune.launch import placeholders
-    from autotune.space.knobs import KNOBS
+    from autotune.launching.rank_command import placeholders
+    from autotune.tuning.space.knobs import KNOBS
 
     values = {}
     for name in sorted(placeholders(target[1:])):
@@ -128,7 +131,7 @@ def _placeholder_values(target, *, say) -> dict:
 
 def _allreduce(run_dir, cwd, say) -> dict:
     """``--allreduce``: the probe's result as a dict, or {"error": ...} (the probe goes on)."""
-    from autotune import allreduce
+    from autotune.launching import allreduce
     from autotune.errors import LaunchError
 
     say("autotune: timing allreduce by message size on 2 ranks...")
@@ -146,7 +149,7 @@ def _print_allreduce(data, *, plain: bool) -> None:
     if "error" in data:
         out.print(f"allreduce: failed: {data['error']}")
         return
-    from autotune import allreduce
+    from autotune.launching import allreduce
 
     result = allreduce.parse(data)
     table = console.Table(title=f"allreduce · {result.backend} · {result.world_size} ranks")

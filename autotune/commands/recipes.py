@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from autotune import console, fingerprint, jsontext, recipes
+from autotune.monitor import console
+from autotune.store import fingerprint, jsontext, recipes
 from autotune.errors import RecipeError, UsageError
 
 

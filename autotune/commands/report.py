@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from autotune.commands.monitor import add_run_dir_args, resolve_run_dir
 from autotune.errors import UsageError
-from autotune.journal import EVENTS
+from autotune.store.journal import EVENTS
 
 
 def add_parser(sub):
@@ -21,7 +21,7 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from autotune.report import write_report
+    from autotune.report.html import write_report
 
     run_dir = resolve_run_dir(args)
     if not (run_dir / EVENTS).is_file():

@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from autotune import console, fingerprint, fullrun, launchers, recipes, rundir
+from autotune.monitor import console
+from autotune.store import fingerprint, recipes, rundir
+from autotune.launching import fullrun, engines
 from autotune.commands import common, tune
-from autotune.journal import Journal
+from autotune.store.journal import Journal
 
 
 def add_parser(sub):
@@ -24,7 +26,7 @@ def add_parser(sub):
     p.add_argument("--samples-per-step", type=int, metavar="N",
                    help="samples in one optimizer step, for scripts without a DataLoader")
     p.add_argument("--plain", action="store_true", help="plain log lines, no live display")
-    launchers.add_launcher_args(p)
+    engines.add_launcher_args(p)
     common.add_script_args(p)
     return p
 
@@ -46,7 +48,7 @@ def run(args) -> int:
 
     recipe = recipes.load(args.recipe)
     target = common.resolve_target(args)
-    launcher = launchers.from_args(args)
+    launcher = engines.from_args(args)
     fp = fingerprint.current(target)
     for warning in fingerprint_warnings(recipe, fp):
         console.warning(warning)
@@ -61,7 +63,7 @@ def run(args) -> int:
     journal = Journal(run_dir)
     journal.emit("run_started", kind="run", command=list(target), cwd=os.getcwd(),
                  hardware=fingerprint.summary(fp), recipe=str(recipe.path),
-                 launcher=launchers.describe(launcher))
+                 launcher=engines.describe(launcher))
     with watch(run_dir, plain=args.plain,
                title=f"autotune run · {os.path.basename(target[0])}"), \
             tune.ending(journal) as status:

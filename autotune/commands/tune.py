@@ -12,11 +12,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune import (console, fingerprint, jsontext, launch, launchers, recipes, rundir,
-                      space)
+from autotune.monitor import console
+from autotune.store import fingerprint, jsontext, recipes, rundir
+from autotune.launching import rank_command, engines
+from autotune.tuning import space
 from autotune.commands import common
 from autotune.errors import AutotuneError, UsageError
-from autotune.journal import Journal
+from autotune.store.journal import Journal
 from autotune.tuning import TuneReport, TuneSettings, Tuner, check_not_running, load_state
 
 
@@ -81,7 +83,7 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
                    help="where recipes are saved and looked up (default ./recipes)")
     r.add_argument("--no-warm-start", action="store_true",
                    help="do not try a matching recipe's knobs first")
-    launchers.add_launcher_args(p.add_argument_group("ranks"))
+    engines.add_launcher_args(p.add_argument_group("ranks"))
     common.add_probe_args(p)
     common.add_script_args(p)
 
@@ -99,13 +101,13 @@ class Prepared:
     fp: fingerprint.Fingerprint
     recipe_dir: Path
     resume: bool
-    launcher: launchers.Launcher = launchers.Launcher()
+    launcher: engines.Launcher = engines.Launcher()
     warm_start: dict | None = None
     warm_note: str = ""
 
 
 def _settings(args, target: tuple[str, ...], cwd: str,
-              launcher: launchers.Launcher) -> TuneSettings:
+              launcher: engines.Launcher) -> TuneSettings:
     ranges = space.parse_space(args.space)
     fixed = space.parse_fix(args.fix)
     space.parse_fix(args.baseline)
@@ -156,15 +158,15 @@ def prepare(args, kind: str) -> Prepared:
         return Prepared(kind, run_dir, journal, settings, target,
                         state.get("run_cwd") or settings.cwd,
                         fingerprint.current(settings.command), recipe_dir, True,
-                        launchers.resolve(settings.launcher, settings.hostfile))
+                        engines.resolve(settings.launcher, settings.hostfile))
     target = common.resolve_target(args)
-    launcher = launchers.from_args(args)
+    launcher = engines.from_args(args)
     cwd = common.probe_cwd(args)
     probe_target = common.absolute_script(target, cwd)
     settings = _settings(args, probe_target, cwd, launcher)
     fp = fingerprint.current(target)
     warm, note = (None, "")
-    if not args.no_warm_start and launch.is_python_script(target[0]):
+    if not args.no_warm_start and rank_command.is_python_script(target[0]):
         warm, note = recipes.warm_start_candidate(recipe_dir, target, fp)
     root = Path(args.runs_dir).expanduser() if args.runs_dir else None
     run_dir = rundir.new_run_dir(kind, target[0], root=root)
@@ -182,7 +184,7 @@ def start_journal(prep: Prepared) -> None:
     prep.journal.emit("run_started", kind=prep.kind, command=list(s.command), cwd=s.cwd,
                       budget_s=s.budget_s, trials=s.max_trials,
                       hardware=fingerprint.summary(prep.fp), resumed=prep.resume,
-                      launcher=launchers.describe(prep.launcher),
+                      launcher=engines.describe(prep.launcher),
                       space={"space": list(s.space_tokens), "fix": list(s.fix_tokens)})
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 
-from autotune import console, fingerprint, fullrun, jsontext
+from autotune.monitor import console
+from autotune.store import fingerprint, jsontext
+from autotune.launching import fullrun
 from autotune.commands import tune
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.live import Live
 
-from autotune.journal import EVENTS, read_events
+from autotune.store.journal import EVENTS, read_events
 from autotune.monitor.above import Above
 from autotune.monitor import text, view
 from autotune.monitor.state import RunState

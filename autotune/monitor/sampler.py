@@ -1,7 +1,7 @@
 """The device sampler: a thread that appends ``device_sample`` events to the run's journal.
 
 CPU per core, memory, and the run's own processes (ranks and their DataLoader workers) through
-psutil; GPUs through `autotune.nvml` when that module exists and reports devices. A reading that
+psutil; GPUs through `autotune.hardware.nvml` when that module exists and reports devices. A reading that
 fails is left out, never raised: sampling must not slow or fail the run.
 """
 
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import psutil
 
-from autotune.journal import Journal
+from autotune.store.journal import Journal
 
 INTERVAL_S = 2.0
 FIRST_AFTER_S = 0.5
-RANK_MARK = "probes.boot"  # in the argv of every Python rank (autotune.launch.rank_argv)
+RANK_MARK = "probes.boot"  # in the argv of every Python rank (autotune.launching.rank_command.rank_argv)
 
 
 def _alive(p: psutil.Process) -> bool:
@@ -64,9 +64,9 @@ def _ppid(p: psutil.Process) -> int | None:
 
 
 class GpuSource:
-    """GPU readings through `autotune.nvml`, imported lazily; empty when it is absent or fails.
+    """GPU readings through `autotune.hardware.nvml`, imported lazily; empty when it is absent or fails.
 
-    Uses ``autotune.nvml.available()`` once and then ``autotune.nvml.sample()`` (dicts with
+    Uses ``autotune.hardware.nvml.available()`` once and then ``autotune.hardware.nvml.sample()`` (dicts with
     index, name, util_pct, mem_used_bytes, mem_total_bytes, power_w, pids); the pids of our
     ranks become the ``ranks`` field (rank numbers from each rank's ``RANK``).
     """
@@ -79,7 +79,7 @@ class GpuSource:
     def _load(self) -> None:
         self._tried = True
         try:
-            mod = importlib.import_module("autotune.nvml")
+            mod = importlib.import_module("autotune.hardware.nvml")
             ok, _why = mod.available()
             self._sample = mod.sample if ok else None
         except Exception:  # noqa: BLE001 - absent, or no driver: no GPU panel

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from autotune.tuning.records import DEFAULT_TRIALS, Known, Scored, TuneReport, TuneSettings
-from autotune.tuning.rundata import check_not_running, load_state
+from autotune.tuning.state import check_not_running, load_state
 from autotune.tuning.tuner import Tuner
 
 __all__ = ["DEFAULT_TRIALS", "Known", "Scored", "TuneReport", "TuneSettings", "Tuner",

@@ -2,8 +2,8 @@
 
 What the meter saw the script use (batch size, workers, threads, torch.distributed) and its peak
 memory, with the user's ranges and fixes and the script's explicit flags, give the space
-(`autotune.space.build`). When that space searches ``bucket_mb``, allreduce is timed once on two
-ranks of this host (`autotune.allreduce`) and the measured range narrows its candidates. All of
+(`autotune.tuning.space.build`). When that space searches ``bucket_mb``, allreduce is timed once on two
+ranks of this host (`autotune.launching.allreduce`) and the measured range narrows its candidates. All of
 it is saved in the run's state, so a resume does not re-measure.
 """
 
@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from autotune import allreduce, fingerprint, launch, space
+from autotune.launching import allreduce, rank_command
+from autotune.store import fingerprint
+from autotune.tuning import space
 from autotune.errors import AutotuneError
-from autotune.outcome import Outcome
+from autotune.measuring.outcome import Outcome
 
 # One short allreduce sweep (4 KB .. 64 MB, x4 steps): a few seconds on two CPU ranks.
 ALLREDUCE_MAX_BYTES = 64 * allreduce.MB
@@ -46,7 +48,7 @@ def placeholder_values(tuner, devices: int = 1) -> dict[str, int]:
     given = {r.alias: r.values[0] for r in space.parse_fix(tuner.s.baseline_tokens).values()}
     out = {}
     cores = fingerprint.cores()
-    for name in sorted(launch.placeholders(tuner.s.command[1:])):
+    for name in sorted(rank_command.placeholders(tuner.s.command[1:])):
         if name == "batch_size" and tuner.s.global_batch:
             out[name] = tuner.s.global_batch // devices
             continue
@@ -112,7 +114,7 @@ def measure(tuner) -> None:
     for note in notes:
         tuner.note("hint", note)
     req = space.SpaceRequest(ranges=ranges, fixed=fixed, global_batch=tuner.s.global_batch,
-                             placeholders=tuple(sorted(launch.placeholders(
+                             placeholders=tuple(sorted(rank_command.placeholders(
                                  tuner.s.command[1:]))), devices=devices)
     sp = space.build(machine, base, req)
     if "bucket_mb" in sp.domains and "bucket_mb" not in req.ranges:

@@ -3,14 +3,16 @@
 The best two configs of the search and the baseline are re-measured in separate processes,
 interleaved (A B C A B C), with longer probes than the search's. Variance lives between
 processes more than within one, so this, not a longer single window, is what makes the decision
-robust; `autotune.decide.decide` keeps the baseline unless the gain is real.
+robust; `autotune.tuning.decision.decide` keeps the baseline unless the gain is real.
 """
 
 from __future__ import annotations
 
 
-from autotune import decide, jsontext, rundir, verdict
-from autotune.decide import Measured
+from autotune.tuning import decision
+from autotune.store import jsontext, rundir
+from autotune.measuring import bottleneck
+from autotune.tuning.decision import Measured
 
 CONFIRM_TARGET_REL = 0.02  # tight enough that a confirmation probe measures its whole window
 
@@ -39,7 +41,7 @@ def fit(rounds: int, window_s: float, configs: int, left_s: float | None,
 def _remeasure(tuner, entries, rounds: int, window_s: float) -> dict[str, list]:
     cfgs = dict(entries)
     results: dict[str, list] = {name: [] for name in cfgs}
-    for rnd, name in decide.interleave(list(cfgs), rounds):
+    for rnd, name in decision.interleave(list(cfgs), rounds):
         cfg = cfgs[name]
         spec = tuner.spec(cfg, f"confirm{rnd}-{name}", max_s=window_s,
                            min_measure_s=0.6 * window_s, target_rel=CONFIRM_TARGET_REL)
@@ -61,7 +63,7 @@ def _probe_verdict(tuner, cfg: dict, full: float) -> dict:
         label = f"verdict-{mode}"
         r = tuner.probe(tuner.spec(cfg, label, mode=mode), label=label, number=None, cfg=cfg)
         rates[mode] = r.samples_per_s if r.ok else None
-    v = verdict.decide(full, rates["synthetic"], rates["io"])
+    v = bottleneck.decide(full, rates["synthetic"], rates["io"])
     out = {"bottleneck": v.bottleneck, "bound_samples_per_s": v.bound_samples_per_s,
            "full_share_of_bound": v.full_share_of_bound, "text": v.text}
     tuner.journal.emit("probe_verdict", verdict=out)
@@ -90,9 +92,9 @@ def finish(tuner, handle):
         for name, cfg in entries[1:]:
             k = tuner.known[tuner.space.key(cfg)]
             results[name] = [Measured(k.value, k.ci_half)]
-    d = decide.decide(results, "baseline")
+    d = decision.decide(results, "baseline")
     if len(entries) == 1:
-        d = decide.Decision("baseline", True, 1.0, d.baseline_summary, d.baseline_summary, 0.0,
+        d = decision.Decision("baseline", True, 1.0, d.baseline_summary, d.baseline_summary, 0.0,
                             "kept the script's defaults: no other config completed a probe")
     best_cfg = cfgs[d.winner]
     best = Scored(best_cfg, d.winner_summary.samples_per_s, d.winner_summary.ci_half)

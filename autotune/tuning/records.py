@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune.space import Space
-from autotune.load import FOREIGN_CORES_LIMIT
+from autotune.tuning.space import Space
+from autotune.measuring.foreign_load import FOREIGN_CORES_LIMIT
 
 DEFAULT_TRIALS = 20
 

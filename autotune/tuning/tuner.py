@@ -1,8 +1,8 @@
 """A tuning run: the baseline, the search, the confirmation. Returns a `TuneReport`.
 
 1. **Baseline**: the script as it is (its own batch size, workers, threads), probed first. What the
-   meter saw it use, and its memory, shape the space (`autotune.space.build`).
-2. **Search**: an Optuna study (`autotune.study`). Each trial is a probe (`run_trial`); a config
+   meter saw it use, and its memory, shape the space (`autotune.tuning.space.build`).
+2. **Search**: an Optuna study (`autotune.tuning.study`). Each trial is a probe (`run_trial`); a config
    measured once is not measured again, a batch size at or above a known OOM is not tried, a
    probe taken under foreign load is re-run (then left out, never compared), and a probe whose
    interval cannot reach the best is pruned. Stops on trials, budget, convergence, or when the
@@ -21,13 +21,15 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from autotune import decide, launch, launchers, rundir, space
-from autotune import study as studies
-from autotune.journal import Journal
-from autotune.outcome import Outcome
-from autotune.trial import TrialResult, TrialSpec, run_trial
+from autotune.tuning import decision, space
+from autotune.launching import rank_command, engines
+from autotune.store import rundir
+from autotune.tuning import study as studies
+from autotune.store.journal import Journal
+from autotune.measuring.outcome import Outcome
+from autotune.measuring.trial import TrialResult, TrialSpec, run_trial
 from autotune.tuning import baseline as baseline_probe
-from autotune.tuning import rundata
+from autotune.tuning import state
 from autotune.tuning.records import Known, Scored, TuneReport, TuneSettings
 
 DUPLICATE_STREAK = 8  # proposals in a row of configs already known: the sampler has converged
@@ -43,23 +45,23 @@ class Tuner:
     def __init__(self, settings: TuneSettings, run_dir: Path, journal: Journal, *,
                  notify: Notify | None = None, warm_start: Mapping[str, int] | None = None,
                  kind: str = "tune", resume: bool = False,
-                 launcher: launchers.Launcher | None = None):
+                 launcher: engines.Launcher | None = None):
         self.s = settings
-        self.launcher = launcher or launchers.resolve(settings.launcher, settings.hostfile)
+        self.launcher = launcher or engines.resolve(settings.launcher, settings.hostfile)
         self.run_dir = Path(run_dir)
         self.journal = journal
         self.notify = notify or (lambda level, msg: None)
         self.kind = kind
         self.resume = resume
-        self.state = rundata.load_state(run_dir) if resume else {}
+        self.state = state.load_state(run_dir) if resume else {}
         self.state.setdefault("warm_start", dict(warm_start) if warm_start else None)
         self.t0 = time.monotonic()
-        self.spent_before = rundata.spent_s(run_dir) if resume else 0.0
+        self.spent_before = state.spent_s(run_dir) if resume else 0.0
         self.known: dict[tuple, Known] = {}
         self.ooms: list[dict] = []
         self.measured = 0
         self.duplicate_streak = 0
-        self.convergence = decide.Convergence()
+        self.convergence = decision.Convergence()
         self.stop_reason = ""
         self.space: space.Space | None = None
         self.size = 0
@@ -76,7 +78,7 @@ class Tuner:
     def save_state(self) -> None:
         self.state.update({"kind": self.kind, "settings": self.s.to_dict(),
                            "run_id": self.run_dir.name})
-        rundir.write_atomic(self.run_dir / rundata.STATE,
+        rundir.write_atomic(self.run_dir / state.STATE,
                             json.dumps(self.state, indent=2, default=str))
 
     def note(self, level: str, message: str) -> None:
@@ -90,7 +92,7 @@ class Tuner:
 
     def spec_for(self, knobs: Mapping, instances: int, name: str, **over) -> TrialSpec:
         per_step = self.s.samples_per_step
-        if per_step is None and "batch_size" in launch.placeholders(self.s.command[1:]):
+        if per_step is None and "batch_size" in rank_command.placeholders(self.s.command[1:]):
             per_step = int(knobs.get("batch_size", 0)) or None
         spec = dict(command=tuple(self.s.command), knobs=dict(knobs), instances=instances,
                     cwd=self.s.cwd, log_dir=self.run_dir / "logs", name=name,
@@ -101,7 +103,7 @@ class Tuner:
         return TrialSpec(**spec)
 
     def _on_start(self, launched) -> None:
-        rundata.mark_live(self.run_dir, [lp.spec.marker for lp in launched])
+        state.mark_live(self.run_dir, [lp.spec.marker for lp in launched])
 
     def probe(self, spec: TrialSpec, *, label: str, number: int | None, cfg: Mapping,
               on_progress=None, events: bool = True, finish: bool = True) -> TrialResult:
@@ -123,7 +125,7 @@ class Tuner:
                 return bool(on_progress and on_progress(est))
 
             result = run_trial(spec, on_progress=progress, on_start=self._on_start)
-            rundata.mark_live(self.run_dir, [])
+            state.mark_live(self.run_dir, [])
             result = dataclasses.replace(result, knobs=dict(cfg))
             spoiled = result.outcome in (Outcome.OK, Outcome.PRUNED, Outcome.FOREIGN_LOAD) \
                 and result.foreign_flagged
@@ -196,7 +198,7 @@ class Tuner:
                 return self._record_baseline(trial, cfg)
             if key in self.known:
                 return self._replay(trial, self.known[key])
-            blocker = decide.oom_blocks(cfg, self.ooms)
+            blocker = decision.oom_blocks(cfg, self.ooms)
             if blocker is not None:
                 self.duplicate_streak += 1
                 trial.set_user_attr("outcome", "oom-skipped")
@@ -315,7 +317,7 @@ class Tuner:
         sp = self.space
         count = 0
         for cfg in sp.configs():
-            if sp.key(cfg) not in self.known and decide.oom_blocks(cfg, self.ooms):
+            if sp.key(cfg) not in self.known and decision.oom_blocks(cfg, self.ooms):
                 count += 1
         return count
 
@@ -346,10 +348,10 @@ class Tuner:
         moves = sp.one_at_a_time()
         base = self.known.get(sp.key(sp.baseline))
         answered = [self.known.get(sp.key(c)) for c in moves]
-        if base is None or not all(a is not None or decide.oom_blocks(c, self.ooms)
+        if base is None or not all(a is not None or decision.oom_blocks(c, self.ooms)
                                    for a, c in zip(answered, moves)):
             return
-        combo = decide.combine(sp.baseline, base.value, [
+        combo = decision.combine(sp.baseline, base.value, [
             (c, a.value if a is not None and a.outcome in ("ok", "pruned") else None)
             for c, a in zip(moves, answered)])
         if combo is not None and sp.key(combo) not in self.known:
@@ -382,9 +384,9 @@ class Tuner:
     def run(self) -> TuneReport:
         from autotune.tuning import confirm
 
-        rundata.mark_controller(self.run_dir)
+        state.mark_controller(self.run_dir)
         if self.resume:
-            killed = rundata.sweep_orphans(self.run_dir)
+            killed = state.sweep_orphans(self.run_dir)
             if killed:
                 self.notify("info", f"resume: stopped {killed} process(es) the killed run left")
         else:

@@ -57,8 +57,8 @@ def load_fake_pynvml():
 
 @contextlib.contextmanager
 def fake_pynvml(monkeypatch, config=None):
-    """``import pynvml`` gives the fake in this process; autotune.nvml starts afresh."""
-    from autotune import nvml
+    """``import pynvml`` gives the fake in this process; autotune.hardware.nvml starts afresh."""
+    from autotune.hardware import nvml
 
     if config is None:
         monkeypatch.delenv("FAKE_PYNVML_CONFIG", raising=False)

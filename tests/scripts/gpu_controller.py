@@ -11,7 +11,7 @@ import logging
 import sys
 from pathlib import Path
 
-from autotune.trial import TrialSpec, run_trial
+from autotune.measuring.trial import TrialSpec, run_trial
 
 HERE = Path(__file__).resolve().parent
 

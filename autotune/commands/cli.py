@@ -1,0 +1,74 @@
+"""``autotune`` command line: parse, dispatch to `autotune.commands`, turn errors into one line.
+
+Usage errors exit 2 with one line and no traceback; other autotune errors exit 1 with one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import signal
+import sys
+
+from autotune.monitor import console
+from autotune.errors import AutotuneError, Terminated, UsageError
+
+COMMANDS = ("probe", "tune", "wrap", "run", "monitor", "recipes", "report", "env")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing usage and exiting."""
+
+    def error(self, message):
+        raise UsageError(f"{self.prog}: {message} (see '{self.prog} --help')")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="autotune", description=(
+        "Measure an unmodified PyTorch training script, tune its system knobs, run it."))
+    from autotune import __version__
+    parser.add_argument("--version", action="version", version=f"autotune {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"autotune.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"autotune.commands.{name}":
+                continue  # not built yet
+            raise
+        p = module.add_parser(sub)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def _terminate(signum, frame):
+    raise Terminated(signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    # A closed terminal (SIGHUP) or a kill (SIGTERM) must clean up like Ctrl-C does; commands
+    # that forward signals to a run install their own handlers for its duration.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _terminate)
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "_run", None):
+            parser.print_help()
+            return 2
+        return int(args._run(args) or 0)
+    except AutotuneError as exc:
+        console.error(str(exc))
+        return exc.exit_code
+    except Terminated as exc:
+        console.error(f"stopped by {signal.Signals(exc.signum).name}; every process of the run "
+                      f"was stopped")
+        return 128 + exc.signum
+    except KeyboardInterrupt:
+        console.error("interrupted; every process of the run was stopped")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""The full run: the user's script with a recipe's knobs, streamed, metered, and stopped cleanly.
+
+Ranks start through `autotune.launching.group.start_ranks` (the same path as probes), their output is
+streamed to our stdout (and kept in the run's logs), and the meter keeps reporting: the journal
+gets ``fullrun_progress`` with live samples/s. SIGINT and SIGTERM are forwarded to every rank's
+process group; a second one escalates to TERM-grace-KILL. When a rank fails, the others are
+stopped, as torchrun does, and its exit code is the run's (the earliest failure is the cause).
+Under an engine (mpirun, srun) there is one process for every rank, and the engine's own code
+says little: MPICH's Hydra, for one, ORs every rank's status into its own, and it lets the
+other ranks run on after one has failed. So a rank's goodbye on the channel, with its exit
+code, is what tells: the engine is stopped then, and that code is the run's, with the engine's
+kept beside it in the journal.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autotune.launching import engines, proc
+from autotune.launching.collector import Collector, for_launcher
+from autotune.store.journal import Journal
+from autotune.launching.group import RanksSpec, start_ranks
+from probes import protocol
+
+POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class FullRunSpec:
+    command: tuple[str, ...]
+    knobs: Mapping[str, float] = field(default_factory=dict)  # what the ranks get (threads...)
+    instances: int = 1
+    cwd: str = "."
+    log_dir: Path = Path(".")
+    journal_knobs: Mapping[str, int] = field(default_factory=dict)  # the recipe's, for display
+    progress_every_s: float = 5.0
+    grace_s: float = 10.0
+    samples_per_step: int | None = None
+    env: Mapping[str, str] | None = None
+    launcher: engines.Launcher = engines.Launcher()
+    gpus: int | None = None  # GPUs to spread the ranks over; None: every visible one
+
+
+def exit_status(code: int | None) -> int:
+    """A process's return code as a shell would report it (killed by signal N: 128 + N)."""
+    if code is None:
+        return 1
+    return 128 - code if code < 0 else code
+
+
+class _Meter:
+    """Live samples/s of the run from the ranks' cumulative ticks."""
+
+    def __init__(self, samples_per_step: int | None):
+        self.samples_per_step = samples_per_step
+        self.ticks: dict[int, dict] = {}
+        self.last: tuple[float, int] | None = None
+        self.failed: tuple[int, int] | None = None  # (rank, exit code) of the first to fail
+
+    def absorb(self, received) -> None:
+        for r in received:
+            if r.msg.get("type") == protocol.TICK:
+                self.ticks[r.conn_id] = r.msg
+            elif self.failed is None and r.failed_code() is not None:
+                self.failed = (int(r.hello.get("rank", -1)), r.failed_code())
+
+    def totals(self) -> tuple[int, int]:
+        """(samples over every rank, the job's steps)."""
+        samples = sum(int(t.get("samples", 0)) for t in self.ticks.values())
+        per_rank = [int(t.get("steps", 0) or t.get("backwards", 0)) for t in self.ticks.values()]
+        if not samples and per_rank and self.samples_per_step:
+            samples = sum(per_rank) * self.samples_per_step
+        steps = max(per_rank, default=0)  # data-parallel ranks step together
+        return samples, steps
+
+    def rate(self, now: float) -> tuple[float | None, int, int]:
+        samples, steps = self.totals()
+        prev, self.last = self.last, (now, samples)
+        if prev is None or now <= prev[0]:
+            return None, steps, samples
+        return (samples - prev[1]) / (now - prev[0]), steps, samples
+
+
+class _Signals:
+    """Forwards SIGINT/SIGTERM to the ranks while installed (main thread only)."""
+
+    def __init__(self):
+        self.launched: list[proc.Launched] = []
+        self.count = 0
+        self.escalate = threading.Event()
+        self._old: dict[int, object] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
+
+    def _handle(self, signum, frame) -> None:
+        self.count += 1
+        if self.count > 1:
+            self.escalate.set()
+            return
+        for lp in self.launched:
+            proc.signal_group(lp, signum)
+
+
+def run_full(spec: FullRunSpec, journal: Journal, *, out=None) -> int:
+    """Run the script to its end; returns its exit status (0 when every rank succeeded)."""
+    collector = for_launcher(spec.launcher)
+    lock = threading.Lock()
+    # Ranks started here are streamed one by one and labelled when there are several; an engine
+    # (mpirun, srun) merges its ranks' output into its own, which is passed on as it is.
+    label = spec.launcher.kind == "local" and spec.instances > 1
+
+    def on_output(rank: int, line: str) -> None:
+        stream = out or sys.stdout
+        with lock:
+            try:
+                stream.write(f"[rank {rank}] {line}" if label else line)
+                stream.flush()
+            except (OSError, ValueError):
+                pass  # our stdout went away; the log file still has it
+
+    ranks = RanksSpec(command=spec.command, knobs=dict(spec.knobs), instances=spec.instances,
+                      mode="full", cwd=spec.cwd, log_dir=spec.log_dir, name="fullrun",
+                      marker=f"fullrun-{uuid.uuid4().hex[:12]}", env=spec.env,
+                      launcher=spec.launcher, gpus=spec.gpus)
+    journal.emit("fullrun_started", command=list(spec.command),
+                 knobs=dict(spec.journal_knobs or spec.knobs), instances=spec.instances,
+                 launcher=engines.describe(spec.launcher))
+    signals = _Signals()
+    signals.install()
+    code, ended = 1, {}
+    try:
+        signals.launched = start_ranks(
+            ranks, channel=collector.env(), extra_env={"PYTHONUNBUFFERED": "1"},
+            pipe_output=True, on_output=on_output)
+        code, ended = _supervise(spec, signals, collector, journal)
+    finally:
+        for lp in signals.launched:
+            proc.stop(lp, grace_s=spec.grace_s)
+        signals.restore()
+        collector.close()
+        journal.emit("fullrun_ended", exit_code=code, **ended)
+    return code
+
+
+def _supervise(spec: FullRunSpec, signals: _Signals, collector: Collector,
+               journal: Journal) -> tuple[int, dict]:
+    """Waits for every process; returns the run's exit status and what ``fullrun_ended`` adds:
+    ``rank`` (the first to fail, when a rank said so) and ``launcher_exit_code`` (an engine's
+    own status, when it differs from the rank's)."""
+    meter = _Meter(spec.samples_per_step)
+    launched = signals.launched
+    next_report = time.monotonic() + spec.progress_every_s
+    meter.rate(time.monotonic())
+    first_failure: int | None = None
+    stopping = False
+    engine = spec.launcher.kind != "local"
+    reported = 0
+    while True:
+        time.sleep(POLL_S)
+        meter.absorb(collector.drain())
+        now = time.monotonic()
+        if now >= next_report:
+            next_report = now + spec.progress_every_s
+            rate, steps, samples = meter.rate(now)
+            if rate is not None and samples:
+                journal.emit("fullrun_progress", samples_per_s=rate, steps=steps,
+                             samples=samples)
+                reported = samples
+        codes = [lp.poll() for lp in launched]
+        if not stopping:
+            first_failure = next((c for c in codes if c not in (None, 0)), None)
+            # an engine runs on while one of its ranks has failed: that rank's goodbye says so
+            if first_failure is not None or (engine and meter.failed is not None):
+                stopping = True
+                for lp, c in zip(launched, codes):
+                    if c is None:  # a rank failed: the others would wait on it forever
+                        proc.signal_group(lp, signal.SIGTERM)
+        if signals.escalate.is_set():
+            for lp in launched:
+                proc.stop(lp, grace_s=spec.grace_s)
+            signals.escalate.clear()
+        if all(c is not None for c in codes):
+            collector.settle()
+            meter.absorb(collector.drain())
+            rate, steps, samples = meter.rate(time.monotonic())
+            if samples > reported and rate:  # the last stretch, when it holds news
+                journal.emit("fullrun_progress", samples_per_s=rate, steps=steps,
+                             samples=samples)
+            code = exit_status(first_failure if first_failure is not None
+                               else next((c for c in codes if c != 0), 0))
+            return _rank_said(spec, meter.failed, code)
+
+
+def _rank_said(spec: FullRunSpec, failed: tuple[int, int] | None, code: int) -> tuple[int, dict]:
+    if failed is None or code == 0:
+        return code, {}
+    rank, rank_code = failed
+    if rank_code == code:
+        return code, {"rank": rank}
+    if spec.launcher.kind == "local":  # our own processes' codes are the ranks' already
+        return code, {}
+    return rank_code, {"rank": rank, "launcher_exit_code": code}

@@ -1,0 +1,252 @@
+"""Pure: where each rank of one host runs, and what that puts in its environment.
+
+The knobs ``instances`` and ``thread_pct`` mean different things by device (DESIGN.md, "The
+knobs"):
+
+* **CPU**: ``instances`` ranks per host; each gets ``max(1, cores x thread_pct / 100)`` torch/OMP
+  threads (default: the cores split evenly), and with ``pin=1`` a disjoint set of cores
+  (``AUTOTUNE_CPUS``, applied by `probes.ranks_env` in the rank before torch loads; its
+  DataLoader workers inherit the same cores).
+* **GPU**: ``instances`` ranks (MPS clients) per GPU, ranks placed in blocks (ranks 0..k-1 on the
+  first GPU); ``thread_pct`` becomes ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (the sum over a GPU
+  may exceed 100). CPU threads are the cores split over all ranks of the host.
+
+Device selection. Every GPU rank gets ``CUDA_VISIBLE_DEVICES`` as GPU UUIDs (the MPS guide
+recommends UUIDs: indices are remapped by the MPS server). When a GPU holds one rank, every rank
+sees all the host's GPUs in NVML order and ``LOCAL_RANK`` indexes them, exactly as under
+torchrun. When ranks share a GPU (instances > 1), each rank sees only its own GPU and gets
+``LOCAL_RANK=0``, so a script that calls ``torch.cuda.set_device(LOCAL_RANK)`` or builds
+``cuda:{LOCAL_RANK}`` lands on the right device; its position on the host is kept in
+``AUTOTUNE_HOST_LOCAL_RANK``. The price: such a script sees every co-located rank as its
+host's local rank 0 (all of them may, say, prepare the dataset).
+
+Backend. NCCL >= 2.5 refuses two ranks on one GPU in one communicator ("Duplicate GPU
+detected"), so co-located GPU ranks get ``AUTOTUNE_BACKEND_OVERRIDE=gloo``; the probes replace
+an NCCL request with it and report that as a ``seen`` note.
+
+Fusion buckets. ``bucket_mb`` reaches DDP through its constructor (`probes.intercept`) and
+Horovod through ``HOROVOD_FUSION_THRESHOLD`` (bytes).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from probes import protocol
+
+MPS_THREAD_PCT_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+HOROVOD_FUSION_ENV = "HOROVOD_FUSION_THRESHOLD"
+DEVICES = ("auto", "cpu", "gpu")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """A GPU as NVML lists it."""
+
+    index: int
+    uuid: str
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class Slot:
+    """The place of one host-local rank."""
+
+    local_rank: int  # position among the ranks of its host
+    gpu: Gpu | None
+    threads: int | None  # None: left to torch (a single CPU rank with no thread knob)
+    cpus: tuple[int, ...]  # cores it is pinned to; empty: not pinned
+    thread_pct: float | None  # GPU only: its MPS active thread percentage
+    env: dict[str, str] = field(default_factory=dict)  # what this rank adds to its environment
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where every rank of one host runs."""
+
+    device: str  # "cpu" | "gpu"
+    instances: int  # per GPU, or per host on CPU
+    slots: tuple[Slot, ...]
+    needs_mps: bool
+    backend_override: str | None
+    common_env: dict[str, str]  # the same for every rank
+    notes: tuple[str, ...] = ()
+
+    @property
+    def local_world_size(self) -> int:
+        return len(self.slots)
+
+    @property
+    def threads(self) -> int | None:
+        return self.slots[0].threads if self.slots else None
+
+    def table(self) -> str:
+        """``AUTOTUNE_PLACEMENT``: every slot's env, by host-local rank, for launchers that start
+        ranks themselves (mpirun, srun); `probes.ranks_env` applies the rank's own entry."""
+        return json.dumps([slot.env for slot in self.slots], separators=(",", ":"))
+
+
+def _number(knobs: Mapping[str, float], name: str) -> float | None:
+    value = knobs.get(name)
+    return None if value is None else float(value)
+
+
+def threads_for_share(cores: int, thread_pct: float) -> int:
+    """Threads of a rank given its share of the host's cores: ``max(1, floor(cores x pct))``."""
+    if not 0 < thread_pct <= 100:
+        raise ValueError(f"0 < thread_pct <= 100 must hold, but got {thread_pct}")
+    return max(1, math.floor(cores * thread_pct / 100.0 + 1e-9))
+
+
+def pin_sets(cores: Sequence[int], ranks: int, threads: int) -> list[tuple[int, ...]]:
+    """Cores for each rank: consecutive blocks of ``threads`` cores, disjoint while they fit,
+    wrapping around (and so shared) when ``ranks x threads`` exceeds the cores."""
+    if not cores:
+        return [() for _ in range(ranks)]
+    n = len(cores)
+    per = min(threads, n)
+    return [tuple(sorted({cores[(r * per + j) % n] for j in range(per)})) for r in range(ranks)]
+
+
+def horovod_env(knobs: Mapping[str, float]) -> dict[str, str]:
+    """``HOROVOD_FUSION_THRESHOLD`` in bytes from ``bucket_mb``; empty without the knob."""
+    bucket_mb = _number(knobs, "bucket_mb")
+    if not bucket_mb:
+        return {}
+    if bucket_mb < 0:
+        raise ValueError(f"bucket_mb >= 0 must hold, but got {bucket_mb}")
+    return {HOROVOD_FUSION_ENV: str(int(bucket_mb * 1024 * 1024))}
+
+
+def plan(*, knobs: Mapping[str, float], instances: int, cores: Sequence[int],
+         gpus: Sequence[Gpu] = (), device: str = "auto") -> Plan:
+    """The placement of one host's ranks. ``cores``: the cores we may use (our affinity);
+    ``gpus``: the GPUs to use, in the order ranks should fill them."""
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {', '.join(DEVICES)}, but got {device!r}")
+    if int(instances) != instances or instances < 1:
+        raise ValueError(f"instances >= 1 (a whole number) must hold, but got {instances}")
+    instances = int(instances)
+    use_gpu = device == "gpu" or (device == "auto" and bool(gpus))
+    if use_gpu and not gpus:
+        raise ValueError("device 'gpu' was asked for, but no GPU was found")
+    pct = _number(knobs, "thread_pct")
+    if pct is not None and not 0 < pct <= 100:
+        raise ValueError(f"0 < thread_pct <= 100 must hold, but got {pct}")
+    explicit_threads = _number(knobs, "threads")
+    pin = bool(_number(knobs, "pin"))
+    common = horovod_env(knobs)
+    if use_gpu:
+        return _gpu_plan(instances, pct, explicit_threads, pin, cores, gpus, common)
+    return _cpu_plan(instances, pct, explicit_threads, pin, cores, common)
+
+
+def _cpu_plan(instances, pct, explicit_threads, pin, cores, common) -> Plan:
+    n = max(1, len(cores))
+    if explicit_threads:
+        threads = max(1, int(explicit_threads))
+    elif pct is not None:
+        threads = threads_for_share(n, pct)
+    elif instances > 1:
+        threads = max(1, n // instances)
+    else:
+        threads = None  # one rank, no thread knob: the script's own default (the baseline)
+    notes = []
+    if threads is not None and threads * instances > n:
+        notes.append(f"{instances} ranks x {threads} threads oversubscribe {n} cores")
+    cpus = pin_sets(cores, instances, threads or n) if pin else [() for _ in range(instances)]
+    slots = []
+    for r in range(instances):
+        env = {protocol.ENV_HOST_LOCAL_RANK: str(r)}
+        if cpus[r]:
+            env[protocol.ENV_CPUS] = ",".join(map(str, cpus[r]))
+        slots.append(Slot(local_rank=r, gpu=None, threads=threads, cpus=cpus[r],
+                          thread_pct=None, env=env))
+    return Plan(device="cpu", instances=instances, slots=tuple(slots), needs_mps=False,
+                backend_override=None, common_env=common, notes=tuple(notes))
+
+
+def _gpu_plan(instances, pct, explicit_threads, pin, cores, gpus, common) -> Plan:
+    world = instances * len(gpus)
+    n = max(1, len(cores))
+    threads = max(1, int(explicit_threads)) if explicit_threads else max(1, n // world)
+    colocated = instances > 1
+    needs_mps = colocated or (pct is not None and pct < 100)
+    cpus = pin_sets(cores, world, threads) if pin else [() for _ in range(world)]
+    all_uuids = ",".join(g.uuid for g in gpus)
+    notes = []
+    common = dict(common)
+    if colocated:
+        common[protocol.ENV_BACKEND_OVERRIDE] = "gloo"
+        notes.append(f"{instances} ranks share each GPU: NCCL refuses two ranks on one GPU, "
+                     f"so collectives use gloo")
+    slots = []
+    for r in range(world):
+        gpu = gpus[r // instances]
+        env = {protocol.ENV_HOST_LOCAL_RANK: str(r)}
+        if colocated:
+            env["CUDA_VISIBLE_DEVICES"] = gpu.uuid
+            env["LOCAL_RANK"] = "0"
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = all_uuids
+        if pct is not None:
+            env[MPS_THREAD_PCT_ENV] = f"{pct:g}"
+        if cpus[r]:
+            env[protocol.ENV_CPUS] = ",".join(map(str, cpus[r]))
+        slots.append(Slot(local_rank=r, gpu=gpu, threads=threads, cpus=cpus[r],
+                          thread_pct=pct, env=env))
+    return Plan(device="gpu", instances=instances, slots=tuple(slots), needs_mps=needs_mps,
+                backend_override="gloo" if colocated else None, common_env=common,
+                notes=tuple(notes))
+
+
+def visible_gpus(gpus: Sequence[Gpu], cuda_visible_devices: str | None) -> list[Gpu]:
+    """The GPUs a user's ``CUDA_VISIBLE_DEVICES`` leaves, in its order (indices, UUIDs or UUID
+    prefixes, as CUDA accepts); all of them when it is unset. CUDA stops at the first entry it
+    cannot match; so does this."""
+    if cuda_visible_devices is None:
+        return list(gpus)
+    chosen: list[Gpu] = []
+    for entry in (e.strip() for e in cuda_visible_devices.split(",")):
+        if not entry:
+            break
+        match = None
+        if entry.isdigit():
+            match = next((g for g in gpus if g.index == int(entry)), None)
+        else:
+            hits = [g for g in gpus if g.uuid.startswith(entry)]
+            match = hits[0] if len(hits) == 1 else None
+        if match is None or match in chosen:
+            break
+        chosen.append(match)
+    return chosen
+
+
+# -- what the search should know (issue 3 hooks this into autotune.tuning.space) ----------------------
+def knob_ranges(*, cores: int, gpus: int) -> dict[str, dict]:
+    """Bounds and meaning of the placement knobs on this host, for the search space.
+
+    GPU: ``instances`` 1..4 MPS clients per GPU (AccDP's gains came at 2-4), ``thread_pct``
+    10..100 as ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``. CPU: ``instances`` 1..min(cores, 8) ranks,
+    ``thread_pct`` from one core's share to all cores. ``bucket_mb`` matters only when the world
+    size is above 1 (see `autotune.launching.allreduce.bucket_range` for bounds measured on this host).
+    """
+    if gpus:
+        return {
+            "instances": {"low": 1, "high": 4, "meaning": "MPS clients (ranks) per GPU"},
+            "thread_pct": {"low": 10, "high": 100, "step": 10,
+                           "meaning": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE of each client"},
+            "bucket_mb": {"low": 1, "high": 256, "log": True,
+                          "meaning": "DDP bucket_cap_mb / HOROVOD_FUSION_THRESHOLD"},
+        }
+    cores = max(1, cores)
+    return {
+        "instances": {"low": 1, "high": max(1, min(cores, 8)), "meaning": "ranks per host"},
+        "thread_pct": {"low": max(1.0, round(100.0 / cores, 2)), "high": 100,
+                       "meaning": "share of the host's cores per rank (torch/OMP threads)"},
+        "bucket_mb": {"low": 1, "high": 256, "log": True,
+                      "meaning": "DDP bucket_cap_mb / HOROVOD_FUSION_THRESHOLD"},
+    }

@@ -1,0 +1,153 @@
+"""Where a probe's figure comes from, and what the user is told about it. Pure.
+
+A probe counts DataLoader samples; without a DataLoader, steps times the samples in a step
+(`samples_per_step`); with ``--metric``, the script's own lines (`autotune.measuring.metric`). The meters'
+ticks become one cumulative series per rank (`tick_points`), summed over ranks (`sum_series`,
+`counted_series`) and turned into a rate (`rate`). It also watches the user's tree for writes
+(`watch_env`, read by `probes.writes`). The trial runner (`autotune.measuring.trial`) calls these and puts
+their sentences in the result's reason and notes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+from autotune.launching import script_flags
+from autotune.measuring import steady
+from autotune.launching.rank_command import placeholders
+from autotune.measuring.metric import MetricLog
+from probes import protocol
+
+Points = list[tuple[float, float]]  # (time_s, cumulative count), in the controller's clock
+
+DISAGREE_REL = 0.25  # --metric and autotune's own count further apart than this: said
+
+
+def samples_per_step(command: Sequence[str], knobs: Mapping[str, float],
+                     given: int | None) -> tuple[int | None, str]:
+    """Samples in one step of one rank, for scripts without a DataLoader, and where it came from.
+
+    ``--samples-per-step`` (``given``), else the value of the ``{batch_size}`` placeholder, else
+    the user's own explicit batch-size flag (`autotune.launching.script_flags`). Scripts that accumulate gradients
+    over several batches per optimizer step need ``--samples-per-step`` or ``--metric``.
+    """
+    if given:
+        return int(given), f"samples per step: {int(given)}, from --samples-per-step"
+    args = list(command[1:])
+    if "batch_size" in placeholders(args) and "batch_size" in knobs:
+        n = int(knobs["batch_size"])
+        return n, f"samples per step: {n}, the value of {{batch_size}}"
+    explicit = script_flags.explicit_knobs(args).get("batch_size")
+    if explicit is not None and explicit.number and explicit.number > 0:
+        return explicit.number, f"samples per step: {explicit.number}, from '{explicit.typed}'"
+    return None, ""
+
+
+def watch_env(command: Sequence[str], cwd: str,
+              watch_dirs: Sequence[str] | None) -> dict[str, str]:
+    """Where writes are reported: the user's tree (default: ``cwd`` and the script's directory)
+    minus the probe's own directory when it runs elsewhere (``--probe-cwd``)."""
+    here = os.path.realpath(cwd)
+    if watch_dirs is not None:
+        watch = [os.path.realpath(d) for d in watch_dirs]
+    else:
+        watch = [here]
+        script = os.path.join(cwd, command[0]) if command else ""
+        if script and os.path.isfile(script):
+            watch.append(os.path.realpath(os.path.dirname(script)))
+    watch = list(dict.fromkeys(watch))
+    return {protocol.ENV_WATCH_DIRS: os.pathsep.join(watch),
+            protocol.ENV_SCRATCH_DIR: "" if here in watch else here}
+
+
+def metric_reason(log: MetricLog, *, batch_known: bool, ran_s: float, log_path) -> str:
+    """Why ``--metric`` gave no estimate."""
+    if log.lines == 0:
+        return (f"--metric matched no line of rank 0's output in {ran_s:.0f} s (log: "
+                f"{log_path}); check the pattern against the log, or allow more --seconds")
+    if log.metric.per_step and not batch_known:
+        return (f"--metric gives {log.metric.group}, but the samples in one step are unknown: "
+                f"put {{batch_size}} in the script's args or pass --samples-per-step N")
+    return (f"only {log.lines} lines matched --metric in {ran_s:.0f} s: too few to measure; "
+            f"print more often or allow more --seconds")
+
+
+def notes(*, source: str, step_note: str, metric_rate: float, counted_rate: float,
+          writes: Mapping[str, dict]) -> list[str]:
+    """What the user should know about how a probe was measured and what it touched."""
+    out = []
+    if source == "steps" and step_note:
+        out.append(step_note)
+    if metric_rate > 0 and counted_rate > 0 \
+            and abs(metric_rate - counted_rate) > DISAGREE_REL * counted_rate:
+        out.append(f"WARNING: --metric says {metric_rate:.1f} samples/s, autotune counted "
+                   f"{counted_rate:.1f}; check that the group means what its name says "
+                   f"(samples_per_s is the whole job's figure as rank 0 prints it; a per-rank "
+                   f"figure is rank_samples_per_s)")
+    if writes:
+        paths = sorted(writes)
+        existed = sum(1 for p in paths if writes[p].get("existed"))
+        shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+        out.append(f"WARNING: the probe wrote into your tree: {shown}"
+                   + (f" ({existed} existed before)" if existed else "")
+                   + "; run probes elsewhere with --probe-cwd DIR")
+    return out
+
+
+def tick_points(prev: Mapping, msg: Mapping, offset: float) -> tuple[Points, Points]:
+    """The points one meter tick adds to its rank's series: ``(batch_points, step_points)``.
+
+    ``prev`` is the rank's previous tick (``{}`` before the first), ``offset`` the controller's
+    clock minus the rank's. Each tick adds (first new batch, count before it) and (last batch,
+    count): the count is flat in between ticks' batches, so an idle stretch (a pause) is exact
+    in the series. Steps are optimizer steps, else backward passes when the script has none.
+    """
+    batch_points: Points = []
+    step_points: Points = []
+    if msg.get("samples", 0) > prev.get("samples", 0):
+        if msg.get("first_batch_t"):
+            batch_points.append((msg["first_batch_t"] + offset, prev.get("samples", 0)))
+        batch_points.append((msg["last_batch_t"] + offset, msg["samples"]))
+    steps = max(msg.get("steps", 0), msg.get("backwards", 0) if not msg.get("steps") else 0)
+    prev_steps = max(prev.get("steps", 0),
+                     prev.get("backwards", 0) if not prev.get("steps") else 0)
+    if steps > prev_steps:
+        if msg.get("first_step_t") and (prev.get("steps") or not msg.get("steps")):
+            step_points.append((msg["first_step_t"] + offset, prev_steps))
+        step_points.append((msg["last_step_t"] + offset, steps))
+    return batch_points, step_points
+
+
+def sum_series(per_rank: Sequence[Points]) -> Points:
+    """Sum cumulative series of several ranks at the union of their times."""
+    if len(per_rank) == 1:
+        return list(per_rank[0])
+    start = max(pts[0][0] for pts in per_rank)  # all ranks running
+    end = min(pts[-1][0] for pts in per_rank)
+    times = sorted({t for pts in per_rank for t, _ in pts if start <= t <= end})
+    return [(t, sum(steady._interp(pts, t) for pts in per_rank)) for t in times]
+
+
+def counted_series(batch_points: Sequence[Points], step_points: Sequence[Points], *,
+                   batches: int, steps: int,
+                   samples_per_step: int | None) -> tuple[Points, int, str]:
+    """What the meters counted, summed over ranks: ``(points, count, source)``.
+
+    DataLoader samples when any batch was seen, else steps times ``samples_per_step``, else
+    nothing (source "none"). ``batch_points`` and ``step_points`` hold one series per rank.
+    """
+    if batches:
+        return sum_series([pts for pts in batch_points if pts]), batches, "dataloader"
+    if steps and samples_per_step:
+        k = samples_per_step
+        per_rank = [[(t, n * k) for t, n in pts] for pts in step_points if pts]
+        return sum_series(per_rank), steps, "steps"
+    return [], 0, "none"
+
+
+def rate(points: Points, count: int) -> float:
+    """Steady samples/s of a cumulative series, or 0 when it spans fewer than three windows."""
+    est = steady.estimate(points, batches=count) if points else None
+    return est.samples_per_s if est is not None and est.windows >= 3 else 0.0
+

@@ -1,0 +1,399 @@
+"""Run one configuration of a script as a short probe and measure it.
+
+`run_trial(spec)` starts the ranks, listens to their meters, ends the probe once the 95% interval
+of samples/s is tight or the time is up, stops the script cleanly (then TERM, then KILL, then a
+sweep for stragglers) and returns a frozen `TrialResult`. No process of the trial outlives it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autotune.launching import script_flags, engines, proc
+from autotune.measuring import logs, series, steady
+from autotune.launching.collector import Collector, for_launcher
+from autotune.measuring.script_facts import Seen
+from autotune.measuring.foreign_load import FOREIGN_CORES_LIMIT, ForeignLoad, cpu_s
+from autotune.measuring.metric import MetricLog, parse_metric
+from autotune.measuring.outcome import Observed, Outcome, classify, script_exit_code
+from autotune.launching.group import RanksSpec, start_group
+from autotune.launching.group import log_path as log_path_of
+from probes import protocol
+
+POLL_S = 0.2
+ESTIMATE_EVERY_S = 1.0
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """One configuration to probe. Times in seconds."""
+
+    command: tuple[str, ...]  # the user's command: script and its args (placeholders allowed)
+    knobs: Mapping[str, float] = field(default_factory=dict)
+    cwd: str = "."
+    log_dir: Path = Path(".")
+    name: str = "trial"
+    mode: str = "full"
+    instances: int = 1
+    max_s: float = 60.0  # whole probe, start-up included
+    min_measure_s: float = 5.0
+    target_rel: float = 0.05
+    hang_s: float = 30.0  # no progress this long after the first batch: hung
+    startup_s: float = 120.0  # no batch and no CPU use this long from the start: hung
+    grace_s: float = 5.0
+    samples_per_step: int | None = None  # when the script has no DataLoader
+    metric: str | None = None  # --metric REGEX: throughput from rank 0's output (autotune.measuring.metric)
+    watch_dirs: tuple[str, ...] | None = None  # writes here are reported (default: cwd, script dir)
+    env: Mapping[str, str] | None = None  # base environment (default: ours)
+    tick_s: float = protocol.DEFAULT_TICK_S
+    foreign_limit_cores: float = FOREIGN_CORES_LIMIT  # more foreign load than this: flagged
+    launcher: engines.Launcher = engines.Launcher()  # local ranks, mpirun or srun
+    device: str = "auto"  # "cpu" | "gpu" | "auto" (GPUs when NVML sees any)
+    gpus: int | None = 1  # GPUs a probe spreads its ranks over (None: every visible one)
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """What one probe measured, and how it ended."""
+
+    outcome: Outcome
+    reason: str
+    samples_per_s: float
+    ci_half: float
+    source: str  # "dataloader" | "steps" | "metric" | "none"
+    steps_per_s: float
+    measured_s: float
+    warmup_s: float
+    paused_s: float
+    duration_s: float
+    peak_rss_bytes: int
+    cuda_peak_bytes: int
+    foreign_cores: float
+    exit_code: int | None
+    log_path: str
+    log_tail: str
+    seen: dict  # what the script asked for: {"batch_size": .., "workers": .., ...}
+    notes: tuple[str, ...] = ()
+    knobs: Mapping[str, float] = field(default_factory=dict)
+    mode: str = "full"
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == Outcome.OK
+
+    foreign_limit_cores: float = FOREIGN_CORES_LIMIT
+    counted_samples_per_s: float = 0.0  # with source "metric": autotune's own count, to compare
+    # The span the estimate stands on, in time.monotonic() of this host (ranks on this host
+    # share that clock, so a script's own timestamps can be compared).
+    window_start_t: float = 0.0
+    window_end_t: float = 0.0
+
+    @property
+    def foreign_flagged(self) -> bool:
+        return self.foreign_cores > self.foreign_limit_cores
+
+    def to_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["outcome"] = self.outcome.value
+        d["notes"] = list(self.notes)
+        d["knobs"] = dict(self.knobs)
+        d["foreign_flagged"] = self.foreign_flagged
+        return d
+
+
+@dataclass
+class _Rank:
+    """What one connection has told us so far."""
+
+    hello: dict
+    offset: float | None = None  # controller clock minus rank clock
+    tick: dict = field(default_factory=dict)
+    batch_points: list = field(default_factory=list)  # (t, cumulative samples)
+    step_points: list = field(default_factory=list)  # (t, cumulative steps)
+    error: dict | None = None
+    teardown: dict | None = None  # an error after we asked it to stop (a peer left first)
+    bye: dict | None = None
+
+
+class _Probe:
+    """The state of one running trial; `run_trial` drives it."""
+
+    def __init__(self, spec: TrialSpec, on_progress):
+        self.spec = spec
+        self.on_progress = on_progress
+        self.ranks: dict[int, _Rank] = {}
+        self.script = Seen()  # what the ranks said about the script
+        self.failed: int | None = None  # exit code of the first rank failing on its own
+        self.exited_first: int | None = None  # a process's failing code, before any stop of ours
+        self.notes: list[str] = []
+        self.launched: list[proc.Launched] = []
+        self.group = None  # autotune.launching.group.RankGroup once started
+        self.t_begin = time.monotonic()
+        self.t_start = self.t_begin  # start of the current start-up allowance
+        self.last_progress_t = self.t_start
+        self.last_progress = (0, 0, 0)
+        self.estimate: steady.Estimate | None = None
+        self.source = "none"
+        self.hung_s: float | None = None
+        self.stopped_by_us = False
+        self.stop_t: float | None = None  # when we asked the ranks to stop
+        self.pruned = False
+        self.cpu_seen = 0.0
+        self.samples_per_step, self.step_note = series.samples_per_step(
+            spec.command, spec.knobs, spec.samples_per_step)
+        self.metric = MetricLog(parse_metric(spec.metric)) if spec.metric else None
+        self.log: logs.Reader | None = None  # rank 0's log, from where it ended at the start
+
+    # -- messages ---------------------------------------------------------------------------
+    def absorb(self, received) -> None:
+        for r in received:
+            rank = self.ranks.setdefault(r.conn_id, _Rank(hello=r.hello))
+            msg = r.msg
+            kind = msg["type"]
+            if kind == protocol.TICK:
+                self._tick(rank, r.t, msg)
+            elif kind == protocol.SEEN:
+                self._seen(msg)
+            elif kind == protocol.ERROR:
+                # Ranks leave at their own next batch: one that left may pull a peer out of a
+                # collective. After the stop, the measurement is over; only OOM still counts.
+                if self.stop_t is not None and r.t >= self.stop_t and msg.get("kind") != "oom":
+                    rank.teardown = rank.teardown or msg
+                else:
+                    rank.error = rank.error or msg
+            elif kind == protocol.BYE:
+                rank.bye = msg
+                if self.failed is None and r.failed_code() is not None \
+                        and (self.stop_t is None or r.t < self.stop_t):
+                    self.failed = r.failed_code()  # before anything was stopped
+
+    def _tick(self, rank: _Rank, t_recv: float, msg: dict) -> None:
+        offset = t_recv - float(msg.get("t", t_recv))
+        rank.offset = offset if rank.offset is None else min(rank.offset, offset)
+        batch_points, step_points = series.tick_points(rank.tick, msg, rank.offset)
+        rank.tick = msg
+        rank.batch_points.extend(batch_points)
+        rank.step_points.extend(step_points)
+
+    def _seen(self, msg: dict) -> None:
+        self.script.fold(msg)
+        if msg.get("note") and msg["note"] not in self.notes:
+            self.notes.append(msg["note"])
+
+    # -- totals ------------------------------------------------------------------------------
+    def totals(self) -> tuple[int, int]:
+        batches = sum(r.tick.get("batches", 0) for r in self.ranks.values())
+        steps = sum(max(r.tick.get("steps", 0), r.tick.get("backwards", 0))
+                    for r in self.ranks.values())
+        return batches, steps
+
+    def progress(self) -> tuple[int, int, int]:
+        """What moves while the script works: batches, steps, matching metric lines."""
+        batches, steps = self.totals()
+        return batches, steps, self.metric.lines if self.metric is not None else 0
+
+    def world_size(self) -> int:
+        sizes = [int(r.hello.get("world_size") or 1) for r in self.ranks.values()]
+        sizes.append(self.script.world_size())
+        return max(max(sizes), 1) if self.ranks else max(1, self.spec.instances)
+
+    def read_log(self, *, final: bool = False) -> None:
+        """Feed what rank 0 printed since the last read to ``--metric``."""
+        if self.metric is None or self.log is None:
+            return
+        text = self.log.read(final=final)
+        if text is None:
+            return
+        now = time.monotonic()
+        self.metric.feed(text, now)
+        if final:
+            self.metric.finish(now)
+
+    def series(self) -> tuple[list[tuple[float, float]], int, str]:
+        """Samples summed over ranks as one cumulative series, its point count, its source."""
+        if self.metric is not None:
+            factor = self.metric.metric.scale(
+                batch_size=self.samples_per_step or self.script.loader_batch, ranks=self.world_size())
+            points = self.metric.series(factor) if factor else []
+            return points, len(points), "metric"
+        return self.counted_series()
+
+    def counted_series(self) -> tuple[list[tuple[float, float]], int, str]:
+        """What the meters counted: DataLoader samples, else steps times samples per step."""
+        batches, steps = self.totals()
+        ranks = self.ranks.values()
+        return series.counted_series([r.batch_points for r in ranks],
+                                      [r.step_points for r in ranks], batches=batches,
+                                      steps=steps, samples_per_step=self.samples_per_step)
+
+    def update_estimate(self) -> None:
+        points, count, source = self.series()
+        self.source = source
+        self.estimate = steady.estimate(points, batches=count) if points else None
+
+
+def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool] | None = None,
+              on_start: Callable[[list[proc.Launched]], None] | None = None) -> TrialResult:
+    """Probe one configuration. ``on_progress(estimate)`` returning True prunes the trial."""
+    log_dir = Path(spec.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    probe = _Probe(spec, on_progress)
+    collector = for_launcher(spec.launcher)
+    load = ForeignLoad()
+    base_env = dict(os.environ if spec.env is None else spec.env)
+    base_env[protocol.ENV_TICK_S] = str(spec.tick_s)
+    base_env.update(series.watch_env(spec.command, spec.cwd, spec.watch_dirs))
+    if spec.metric:
+        base_env["PYTHONUNBUFFERED"] = "1"  # lines are timed when they reach the log
+    knobs, won = script_flags.split_knobs(spec.knobs, spec.command[1:])
+    probe.notes.extend(e.note() for e in won)
+    ranks_spec = RanksSpec(command=spec.command, knobs=knobs, instances=spec.instances,
+                           mode=spec.mode, cwd=spec.cwd, log_dir=log_dir, name=spec.name,
+                           marker=f"{spec.name}-{uuid.uuid4().hex[:12]}", env=base_env,
+                           launcher=spec.launcher, device=spec.device, gpus=spec.gpus)
+    log_path = log_path_of(ranks_spec, 0)
+    probe.log = logs.Reader(log_path)
+    try:
+        group = start_group(ranks_spec, channel=collector.env())
+        probe.group = group
+        probe.launched.extend(group.launched)
+        if on_start is not None:
+            on_start(probe.launched)
+        _loop(probe, collector, load)
+    finally:
+        if any(lp.poll() is None for lp in probe.launched):
+            probe.stopped_by_us = True
+            probe.stop_t = time.monotonic()
+            collector.stop_ranks()
+            deadline = time.monotonic() + spec.grace_s
+            while time.monotonic() < deadline and any(lp.poll() is None for lp in probe.launched):
+                time.sleep(0.05)
+                probe.absorb(collector.drain())
+        exit_codes = [proc.stop(lp, grace_s=spec.grace_s) for lp in probe.launched]
+        collector.settle()
+        probe.absorb(collector.drain())
+        collector.close()
+    return _result(probe, exit_codes, load, log_path)
+
+
+def _loop(probe: _Probe, collector: Collector, load: ForeignLoad) -> None:
+    spec = probe.spec
+    next_estimate = time.monotonic() + ESTIMATE_EVERY_S
+    while True:
+        time.sleep(POLL_S)
+        now = time.monotonic()
+        probe.absorb(collector.drain())
+        probe.read_log()
+        tree = [p for lp in probe.launched for p in lp.tree()]
+        if probe.group is not None:
+            tree += probe.group.service_processes()
+        load.sample(tree)
+        codes = [lp.poll() for lp in probe.launched]
+        probe.exited_first = next((c for c in codes if c not in (None, 0)), None)
+        # a rank failed (the rest will be stopped; an engine would run on, but the rank's
+        # goodbye says so), or all ended on their own
+        if probe.exited_first is not None or probe.failed is not None \
+                or all(c is not None for c in codes):
+            return
+        progress = probe.progress()
+        if progress != probe.last_progress:
+            probe.last_progress = progress
+            probe.last_progress_t = now
+        elif any(progress):
+            if now - probe.last_progress_t > spec.hang_s:
+                probe.hung_s = now - probe.last_progress_t
+                return
+        elif now - probe.t_start > spec.startup_s:
+            cpu = cpu_s(tree)
+            if cpu - probe.cpu_seen < 0.05 * spec.startup_s:
+                probe.hung_s = now - probe.t_start
+                return
+            probe.cpu_seen = cpu
+            probe.t_start = now  # busy, just slow: give it another start-up period
+        if now >= next_estimate:
+            next_estimate = now + ESTIMATE_EVERY_S
+            probe.update_estimate()
+            est = probe.estimate
+            if est is not None:
+                if est.tight(spec.target_rel, spec.min_measure_s):
+                    return
+                if probe.on_progress is not None and probe.on_progress(est):
+                    probe.pruned = True
+                    return
+        if now - probe.t_begin > spec.max_s:
+            return
+
+
+def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
+            log_path: Path) -> TrialResult:
+    probe.read_log(final=True)
+    probe.update_estimate()
+    est = probe.estimate
+    batches, steps = probe.totals()
+    error = next((r.error for r in probe.ranks.values() if r.error), None)
+    ranks = probe.ranks.values()
+    own = probe.failed if probe.failed is not None else probe.exited_first
+    exit_code = script_exit_code(
+        exit_codes, own=own, stopped_by_us=probe.stopped_by_us, error=error is not None,
+        stopped_clean=bool(ranks) and (any(r.teardown for r in ranks)
+                                       or all(r.bye and r.bye.get("stopped") for r in ranks)))
+    tail = logs.tail(log_path)
+    ran_s = time.monotonic() - probe.t_begin
+    has_estimate = est is not None and est.windows >= 3 and est.samples_per_s > 0
+    outcome, reason = classify(Observed(
+        exit_code=exit_code, stopped_by_us=probe.stopped_by_us and own is None,
+        error_kind=error.get("kind") if error else None,
+        error_text=f"{error.get('exc_type')}: {error.get('message')}" if error else "",
+        batches=batches, steps=steps, has_estimate=has_estimate, hung_s=probe.hung_s,
+        ran_s=ran_s, last_log_line=logs.last_line(tail),
+        needs_batch_size=not probe.samples_per_step))
+    if probe.metric is not None and outcome in (Outcome.NO_SIGNAL, Outcome.EXITED_EARLY):
+        reason = series.metric_reason(
+            probe.metric, batch_known=bool(probe.samples_per_step or probe.script.loader_batch),
+            ran_s=ran_s, log_path=log_path)
+    if probe.spec.mode == "io" and outcome == Outcome.OK and probe.source != "dataloader":
+        outcome, reason = Outcome.NO_SIGNAL, ("io mode drains a DataLoader, and the script "
+                                              "fed no batch through one")
+    if probe.pruned and outcome == Outcome.OK:
+        outcome, reason = Outcome.PRUNED, "its interval could not reach the best so far"
+    foreign = load.cores()
+    if outcome == Outcome.OK and foreign > probe.spec.foreign_limit_cores:
+        outcome = Outcome.FOREIGN_LOAD
+        reason = (f"{foreign:.2f} cores of CPU load from other programs during the probe; "
+                  f"not comparable, re-run when the machine is quiet")
+    step_points = [r.step_points for r in probe.ranks.values() if r.step_points]
+    step_est = steady.estimate(series.sum_series(step_points), batches=steps) \
+        if step_points else None
+    step_rate = step_est.samples_per_s if step_est else 0.0
+    ticks = [r.tick for r in probe.ranks.values()]
+    counted = series.rate(*probe.counted_series()[:2]) if probe.source == "metric" else 0.0
+    late = next((r.teardown for r in probe.ranks.values() if r.teardown), None)
+    if late is not None:
+        probe.notes.append(f"a rank failed while stopping, after the measurement (peers leave "
+                           f"at their own next batch): {late.get('exc_type')}: "
+                           f"{str(late.get('message'))[:200]}")
+    group_notes = probe.group.notes() if probe.group is not None else []
+    notes = list(probe.notes) + group_notes + series.notes(
+        source=probe.source, step_note=probe.step_note, counted_rate=counted,
+        metric_rate=est.samples_per_s if has_estimate and probe.source == "metric" else 0.0,
+        writes=probe.script.writes)
+    seen = probe.script.result()
+    return TrialResult(
+        outcome=outcome, reason=reason,
+        samples_per_s=est.samples_per_s if has_estimate else 0.0,
+        ci_half=est.ci_half if has_estimate else 0.0,
+        source=probe.source, steps_per_s=step_rate,
+        measured_s=est.measured_s if est else 0.0, warmup_s=est.warmup_s if est else 0.0,
+        paused_s=est.paused_s if est else 0.0, duration_s=ran_s,
+        peak_rss_bytes=sum(t.get("rss_peak_bytes", 0) for t in ticks),
+        cuda_peak_bytes=max((t.get("cuda_peak_bytes", 0) for t in ticks), default=0),
+        foreign_cores=foreign, exit_code=exit_code, log_path=str(log_path),
+        log_tail="" if outcome == Outcome.OK else tail, seen=seen,
+        notes=tuple(notes), knobs=dict(probe.spec.knobs), mode=probe.spec.mode,
+        foreign_limit_cores=probe.spec.foreign_limit_cores, counted_samples_per_s=counted,
+        window_start_t=est.start_t if est else 0.0, window_end_t=est.end_t if est else 0.0)

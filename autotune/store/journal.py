@@ -1,0 +1,71 @@
+"""The run journal: ``events.jsonl`` in every run directory, append-only, one event a line.
+
+Each event is written with a single ``write`` on a file opened ``O_APPEND``, so concurrent writers
+never interleave inside a line. A crash can at worst leave a last line without its newline;
+`read_events` skips any line that is incomplete or does not parse, so readers never break, and
+a new `Journal` on that file ends the torn line first so the next event stands on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from autotune.store import jsontext
+
+EVENTS = "events.jsonl"
+
+
+class Journal:
+    """Appends events to ``<run_dir>/events.jsonl``."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / EVENTS
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            _end_torn_line(fd)
+        finally:
+            os.close(fd)
+
+    def emit(self, name: str, /, **fields) -> dict:
+        event = {"t": time.time(), "event": name, **fields}
+        line = (jsontext.dumps(event, separators=(",", ":")) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+        return event
+
+
+def _end_torn_line(fd: int) -> None:
+    """A writer that died mid-line left no newline: end that line, so our first event is not
+    glued to it (readers skip the torn line). A line still being copied in by a live writer
+    looks the same; the newline then lands after it (appends are serialised) as an empty
+    line, which readers skip too."""
+    size = os.fstat(fd).st_size
+    if size and os.pread(fd, 1, size - 1) != b"\n":
+        os.write(fd, b"\n")
+
+
+def read_events(run_dir: Path, *, offset: int = 0) -> tuple[list[dict], int]:
+    """Complete events from byte ``offset`` on, and the offset to continue from."""
+    path = Path(run_dir) / EVENTS
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return [], offset
+    events = []
+    end = data.rfind(b"\n") + 1  # an unterminated last line is not complete yet
+    for line in data[:end].splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+    return events, offset + end

@@ -1,0 +1,250 @@
+"""Recipes: the winning knobs of a tuning run as a TOML file, with what they were measured on.
+
+A recipe is read with `tomllib` and written with `tomli_w`, atomically. Loading validates
+everything a later run relies on; a file that is not TOML, lacks a field, has a value of the wrong
+type or an unknown ``schema_version`` raises `RecipeError` naming the file and the field (exit 2).
+
+Layout (schema version 1)::
+
+    schema_version = 1
+    name = "train-cpu2-amd-epyc"
+    created = "2026-11-21T23:59:00Z"
+    autotune_version = "0.1.0"
+    [script]       path, args, sha256
+    [knobs]        batch_size, workers, thread_pct, instances, bucket_mb (those that were tuned)
+    [result]       samples_per_s, ci_half, baseline_samples_per_s, baseline_ci_half, speedup,
+                   kept_baseline, trials, source, reason
+    [baseline]     the script's own knobs
+    [verdict]      bottleneck, text, bound_samples_per_s (only when known)
+    [job]          global_batch (only when tuned with --global-batch: a run on another number
+                   of hosts or GPUs divides it again over its own world)
+    [fingerprint]  cpu_model, cores, gpu_names, gpu_count, gpu_driver, torch_version,
+                   script_sha256, args
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tomli_w
+
+from autotune import __version__
+from autotune.store import fingerprint, rundir
+from autotune.tuning import space
+from autotune.errors import RecipeError
+
+SCHEMA_VERSION = 1
+DEFAULT_DIR = "recipes"
+
+# section -> field -> allowed types (bool is checked apart: it is an int in Python)
+_REQUIRED: dict[str, dict[str, tuple[type, ...]]] = {
+    "": {"schema_version": (int,), "name": (str,)},
+    "script": {"path": (str,), "args": (list,), "sha256": (str,)},
+    "result": {"samples_per_s": (int, float), "ci_half": (int, float),
+               "baseline_samples_per_s": (int, float), "speedup": (int, float),
+               "kept_baseline": (bool,)},
+    "fingerprint": {"cpu_model": (str,), "cores": (int,), "gpu_names": (list,),
+                    "gpu_count": (int,), "torch_version": (str,), "script_sha256": (str,),
+                    "args": (list,)},
+}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    knobs: Mapping[str, int]
+    samples_per_s: float
+    ci_half: float
+    baseline_samples_per_s: float
+    speedup: float
+    kept_baseline: bool
+    fingerprint: fingerprint.Fingerprint
+    script_path: str
+    script_args: tuple[str, ...] = ()
+    baseline_ci_half: float = 0.0
+    baseline_knobs: Mapping[str, int] = field(default_factory=dict)
+    trials: int = 0
+    source: str = ""
+    reason: str = ""
+    verdict: Mapping | None = None
+    created: str = ""
+    autotune_version: str = __version__
+    path: Path | None = None  # where it was loaded from or saved to
+    global_batch: int | None = None  # the job's batch, kept whatever the world
+
+    def run_knobs(self, cores: int, gpus: int | None = None,
+                  hosts: int | None = None) -> tuple[dict[str, float], int]:
+        """Knobs for the ranks of a run on ``hosts`` hosts of ``cores`` cores and ``gpus`` GPUs
+        each (None: as many as the recipe was tuned on).
+
+        ``thread_pct`` keeps the meaning it was tuned with where it can: tuned on GPUs and run
+        on GPUs, each rank's MPS share; otherwise (a GPU recipe on a host without GPUs, or a CPU
+        recipe anywhere) the CPU meaning, a share of the cores turned into threads. A recipe
+        with a global batch divides it over the run's world (instances x GPUs x hosts) when
+        ``hosts`` is given; a world that does not divide it is a `RecipeError`.
+        """
+        here = self.fingerprint.gpu_count if gpus is None else gpus
+        device = "gpu" if self.fingerprint.gpu_count and here else "cpu"
+        devices = space.job_devices(device, here, hosts or 1)
+        world = self.knobs.get("instances", 1) * devices
+        keep = self.global_batch if hosts is not None else None
+        if keep and keep % world:
+            raise _fail(self.path or Path(f"{self.name}.toml"),
+                        f"its global batch of {keep} does not divide over this run's {world} "
+                        f"ranks ({self.knobs.get('instances', 1)} instances x {devices} "
+                        f"devices); run on a world that divides it, or tune again here")
+        return space.Space(domains={}, fixed=dict(self.knobs), baseline={}, cores=cores,
+                           device=device, global_batch=keep,
+                           devices=devices).trial_knobs(self.knobs)
+
+    def to_toml(self) -> dict:
+        doc = {"schema_version": SCHEMA_VERSION, "name": self.name,
+               "created": self.created or _now(), "autotune_version": self.autotune_version,
+               "script": {"path": self.script_path, "args": list(self.script_args),
+                          "sha256": self.fingerprint.script_sha256},
+               "knobs": {k: int(v) for k, v in self.knobs.items()},
+               "result": {"samples_per_s": float(self.samples_per_s),
+                          "ci_half": float(self.ci_half),
+                          "baseline_samples_per_s": float(self.baseline_samples_per_s),
+                          "baseline_ci_half": float(self.baseline_ci_half),
+                          "speedup": float(self.speedup), "kept_baseline": self.kept_baseline,
+                          "trials": int(self.trials), "source": self.source,
+                          "reason": self.reason},
+               "baseline": {k: int(v) for k, v in self.baseline_knobs.items()},
+               "fingerprint": self.fingerprint.to_dict()}
+        if self.verdict:
+            doc["verdict"] = {k: v for k, v in self.verdict.items() if v is not None}
+        if self.global_batch:
+            doc["job"] = {"global_batch": int(self.global_batch)}
+        return doc
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def recipe_name(script: str, fp: fingerprint.Fingerprint) -> str:
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(script).stem)[:40] or "script"
+    return f"{stem}-{fingerprint.hardware_slug(fp)}"
+
+
+def save(recipe: Recipe, recipe_dir: Path) -> Path:
+    """Write ``<recipe_dir>/<name>.toml`` atomically; returns the path."""
+    recipe_dir = Path(recipe_dir)
+    recipe_dir.mkdir(parents=True, exist_ok=True)
+    path = recipe_dir / f"{recipe.name}.toml"
+    rundir.write_atomic(path, tomli_w.dumps(recipe.to_toml()))
+    return path
+
+
+def _fail(path: Path, what: str) -> RecipeError:
+    return RecipeError(f"recipe {path}: {what}")
+
+
+def _check(doc: dict, path: Path) -> None:
+    version = doc.get("schema_version")
+    if isinstance(version, int) and not isinstance(version, bool) and version != SCHEMA_VERSION:
+        raise _fail(path, f"unknown schema_version {version} (this autotune reads "
+                          f"{SCHEMA_VERSION}); re-tune or upgrade autotune")
+    for section, fields in _REQUIRED.items():
+        table = doc if not section else doc.get(section)
+        where = f"[{section}]" if section else "top level"
+        if not isinstance(table, dict):
+            raise _fail(path, f"missing table [{section}]")
+        for name, types in fields.items():
+            label = f"{section}.{name}" if section else name
+            if name not in table:
+                raise _fail(path, f"missing field '{label}' ({where})")
+            value = table[name]
+            if (bool in types) != isinstance(value, bool) or not isinstance(value, types):
+                want = " or ".join(t.__name__ for t in types)
+                raise _fail(path, f"field '{label}' must be {want}, got {value!r}")
+    knobs = doc.get("knobs")
+    if not isinstance(knobs, dict):
+        raise _fail(path, "missing table [knobs]")
+    for name, value in knobs.items():
+        if name not in space.KNOBS:
+            raise _fail(path, f"unknown knob 'knobs.{name}'; knobs: {', '.join(space.ORDER)}")
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise _fail(path, f"field 'knobs.{name}' must be a whole number >= 0, got {value!r}")
+    if not all(isinstance(a, str) for a in doc["script"]["args"]):
+        raise _fail(path, "field 'script.args' must be a list of strings")
+    job = doc.get("job", {})
+    if not isinstance(job, dict):
+        raise _fail(path, "[job] must be a table")
+    gb = job.get("global_batch", 1)
+    if not isinstance(gb, int) or isinstance(gb, bool) or gb < 1:
+        raise _fail(path, f"field 'job.global_batch' must be a whole number >= 1, got {gb!r}")
+
+
+def load(path: Path | str) -> Recipe:
+    """Read and validate one recipe; `RecipeError` (exit 2) on anything unusable."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise RecipeError(f"recipe {path} not found; 'autotune recipes list' shows the saved "
+                          f"ones") from None
+    except OSError as exc:
+        raise _fail(path, f"cannot read it: {exc.strerror}") from None
+    try:
+        doc = tomllib.loads(data.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise _fail(path, f"not valid TOML: {exc}") from None
+    _check(doc, path)
+    result, fp = doc["result"], doc["fingerprint"]
+    baseline = doc.get("baseline") if isinstance(doc.get("baseline"), dict) else {}
+    verdict = doc.get("verdict") if isinstance(doc.get("verdict"), dict) else None
+    return Recipe(
+        name=doc["name"], knobs=dict(doc["knobs"]), samples_per_s=float(result["samples_per_s"]),
+        ci_half=float(result["ci_half"]),
+        baseline_samples_per_s=float(result["baseline_samples_per_s"]),
+        speedup=float(result["speedup"]), kept_baseline=result["kept_baseline"],
+        fingerprint=fingerprint.Fingerprint.from_dict(fp), script_path=doc["script"]["path"],
+        script_args=tuple(doc["script"]["args"]),
+        baseline_ci_half=float(result.get("baseline_ci_half", 0.0)),
+        baseline_knobs={k: v for k, v in baseline.items() if isinstance(v, int)},
+        trials=int(result.get("trials", 0)), source=str(result.get("source", "")),
+        reason=str(result.get("reason", "")), verdict=verdict,
+        created=str(doc.get("created", "")),
+        autotune_version=str(doc.get("autotune_version", "")), path=path,
+        global_batch=doc.get("job", {}).get("global_batch"))
+
+
+def listing(recipe_dir: Path) -> list[tuple[Path, Recipe | RecipeError]]:
+    """Every ``*.toml`` in the directory, loaded, or the error that loading it gave."""
+    out: list[tuple[Path, Recipe | RecipeError]] = []
+    for path in sorted(Path(recipe_dir).glob("*.toml")):
+        try:
+            out.append((path, load(path)))
+        except RecipeError as exc:
+            out.append((path, exc))
+    return out
+
+
+def warm_start_candidate(recipe_dir: Path, command: tuple[str, ...],
+                         fp: fingerprint.Fingerprint) -> tuple[Recipe | None, str]:
+    """The recipe for this script on this hardware, if its fingerprint matches; and why not.
+
+    Arguments may differ (a longer run of the same script); hardware, torch and the script's
+    contents must not.
+    """
+    path = Path(recipe_dir) / f"{recipe_name(command[0], fp)}.toml"
+    if not path.is_file():
+        return None, ""
+    try:
+        recipe = load(path)
+    except RecipeError as exc:
+        return None, f"not warm-starting: {exc}"
+    differences = fingerprint.diff(fp, recipe.fingerprint,
+                                   fields=(*fingerprint.HARDWARE, *fingerprint.SOFTWARE,
+                                           *fingerprint.SCRIPT))
+    if differences:
+        return None, (f"not warm-starting from {path}: its fingerprint differs ("
+                      f"{fingerprint.describe(differences)})")
+    return recipe, f"warm start: trying {path}'s knobs first"

@@ -1,0 +1,327 @@
+"""The space itself: searched knobs with their candidates, fixed knobs, the baseline config.
+
+Pure. `build` joins the machine, what the baseline probe saw and what the user asked for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from autotune.errors import UsageError
+from autotune.tuning.space.knobs import (ALIASES, DESIGN_RULES, DOMAIN_RULES, KNOBS, ORDER, Baseline, Machine, pct_for_threads, threads_per_rank)
+from autotune.tuning.space.parse import Range, _expand
+
+# Knobs that only CUDA MPS can move on a GPU, and their value without it (one rank, whole GPU).
+_MPS_KNOBS = {"instances": (1, "ranks sharing a GPU need CUDA MPS"),
+              "thread_pct": (100, "a GPU share below 100% is set through CUDA MPS")}
+
+@dataclass(frozen=True)
+class Space:
+    """Searched knobs with their candidates, fixed knobs, and the baseline as a config."""
+
+    domains: Mapping[str, tuple[int, ...]]
+    fixed: Mapping[str, int]
+    baseline: Mapping[str, int]
+    cores: int
+    global_batch: int | None = None
+    notes: tuple[str, ...] = ()
+    placeholders: tuple[str, ...] = ()
+    device: str = "cpu"
+    devices: int = 1  # what the full run spreads ranks over: GPUs x hosts (hosts on CPU)
+    own_ranks: bool = False  # the script starts its own data-parallel ranks
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n in ORDER if n in self.domains)
+
+    def config(self, choice: Mapping[str, int]) -> dict[str, int]:
+        """A full, canonical config from values of the searched knobs."""
+        cfg = {n: int(self.fixed[n]) for n in ORDER if n in self.fixed}
+        for n in self.names:  # a knob the choice lacks (bucket_mb on one rank) keeps its default
+            cfg[n] = int(choice.get(n, self.baseline.get(n, KNOBS[n].conventional)))
+        return self.canonical(cfg)
+
+    def canonical(self, cfg: Mapping[str, int]) -> dict[str, int]:
+        return canonical(cfg, self.global_batch, self.devices, own_ranks=self.own_ranks)
+
+    def key(self, cfg: Mapping[str, int]) -> tuple:
+        return tuple(sorted(self.canonical(cfg).items()))
+
+    def index(self, name: str, value: int) -> int:
+        """Position of ``value`` among the candidates of ``name``; the nearest when absent."""
+        values = self.domains[name]
+        return min(range(len(values)), key=lambda i: (abs(values[i] - value), i))
+
+    def choice_from_config(self, cfg: Mapping[str, int]) -> dict[str, int]:
+        """The searched knobs' positions for a config (nearest candidate where needed)."""
+        base = {**self.baseline, **cfg}
+        return {n: self.index(n, int(base[n])) for n in self.names if n in base}
+
+    def one_at_a_time(self) -> list[dict[str, int]]:
+        """The baseline with one knob moved to its far end: the first configs worth measuring.
+
+        With a handful of noisy probes, learning each knob's direction first beats random
+        starting points; `autotune.tuning.decision.combine` then joins the moves that paid off.
+        """
+        out = []
+        for n in self.names:
+            values = self.domains[n]
+            i = self.index(n, self.baseline.get(n, values[0]))
+            far = values[-1] if i < (len(values) - 1) / 2 else values[0]
+            cfg = self.config({**self.baseline, n: far})
+            if self.key(cfg) != self.key(self.baseline) and cfg not in out:
+                out.append(cfg)
+        return out
+
+    def initial_design(self) -> list[dict[str, int]]:
+        """What to measure right after the baseline: `one_at_a_time`, then the device's
+        informed starting points (`DESIGN_RULES`: on CPU, workers and threads sharing the
+        cores)."""
+        out = self.one_at_a_time()
+        rule = DESIGN_RULES.get(self.device)
+        for change in (rule(self.domains, self.baseline, self.cores) if rule else []):
+            cfg = self.config({**self.baseline, **change})
+            if self.key(cfg) != self.key(self.baseline) and \
+                    all(self.key(cfg) != self.key(o) for o in out):
+                out.append(cfg)
+        return out
+
+    def configs(self) -> list[dict[str, int]]:
+        """Every distinct config of the space, canonical."""
+        out: dict[tuple, dict[str, int]] = {}
+        for pos in _product([range(len(self.domains[n])) for n in self.names]):
+            cfg = self.config({n: self.domains[n][i] for n, i in zip(self.names, pos)})
+            out.setdefault(self.key(cfg), cfg)
+        return list(out.values())
+
+    def size(self) -> int:
+        """How many distinct configs the space holds."""
+        return len(self.configs())
+
+    def trial_knobs(self, cfg: Mapping[str, int]) -> tuple[dict[str, float], int]:
+        """What a probe or a run gets: knobs for the ranks and instances.
+
+        On CPU the share of cores becomes a thread count; on GPUs ``thread_pct`` stays, and
+        `autotune.launching.placement` makes it each rank's MPS share (CPU threads: the cores split over
+        the ranks).
+        """
+        c = self.canonical(cfg)
+        instances = c.get("instances", 1)
+        knobs: dict[str, float] = {}
+        for name, value in c.items():
+            if name == "thread_pct" and self.device != "gpu":
+                knobs["threads"] = threads_per_rank(value, self.cores)
+            else:
+                knobs[name] = value
+        return knobs, instances
+
+    def to_dict(self) -> dict:
+        return {"domains": {n: list(v) for n, v in self.domains.items()},
+                "fixed": dict(self.fixed), "baseline": dict(self.baseline), "cores": self.cores,
+                "global_batch": self.global_batch, "notes": list(self.notes),
+                "placeholders": list(self.placeholders), "device": self.device,
+                "devices": self.devices, "own_ranks": self.own_ranks}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> Space:
+        return cls(domains={n: tuple(v) for n, v in d["domains"].items()},
+                   fixed=dict(d["fixed"]), baseline=dict(d["baseline"]), cores=int(d["cores"]),
+                   global_batch=d.get("global_batch"), notes=tuple(d.get("notes", ())),
+                   placeholders=tuple(d.get("placeholders", ())),
+                   device=str(d.get("device", "cpu")), devices=int(d.get("devices", 1)),
+                   own_ranks=bool(d.get("own_ranks", False)))
+
+
+def job_devices(device: str, gpus: int, hosts: int) -> int:
+    """What a job spreads its ranks over, and a global batch is divided by (times
+    ``instances``): every GPU of every host on GPUs, the hosts on CPU."""
+    return max(1, gpus if device == "gpu" else 1) * max(1, hosts)
+
+
+def canonical(cfg: Mapping[str, int], global_batch: int | None = None,
+              devices: int = 1, *, own_ranks: bool = False) -> dict[str, int]:
+    """Derived knobs filled in (with a global batch, the per-rank batch for a world of
+    ``instances x devices`` ranks); knobs without effect dropped (bucket_mb on one rank)."""
+    out = {n: int(cfg[n]) for n in ORDER if n in cfg}
+    instances = out.get("instances", 1)
+    if global_batch:
+        out["batch_size"] = global_batch // (instances * devices)
+    if instances * devices <= 1 and not own_ranks:
+        out.pop("bucket_mb", None)
+    return {n: out[n] for n in ORDER if n in out}
+
+
+def _product(ranges: Sequence[range]):
+    if not ranges:
+        yield ()
+        return
+    for i in ranges[0]:
+        for rest in _product(ranges[1:]):
+            yield (i, *rest)
+
+
+@dataclass(frozen=True)
+class SpaceRequest:
+    """What the user asked for on the command line."""
+
+    ranges: Mapping[str, Range] = field(default_factory=dict)
+    fixed: Mapping[str, Range] = field(default_factory=dict)
+    global_batch: int | None = None
+    placeholders: tuple[str, ...] = ()
+    devices: int = 1  # GPUs x hosts the full run spreads ranks over (hosts on CPU)
+
+
+def check_request(req: SpaceRequest) -> None:
+    """Conflicts visible before anything runs."""
+    both = sorted(set(req.ranges) & set(req.fixed))
+    if both:
+        raise UsageError(f"{both[0]} is both in --space and in --fix; keep one")
+    if req.global_batch is not None:
+        if req.global_batch < 1:
+            raise UsageError(f"--global-batch must be >= 1, but got {req.global_batch}")
+        if "batch_size" in req.ranges or "batch_size" in req.fixed:
+            raise UsageError("--global-batch sets the per-rank batch size (global / ranks); "
+                             "drop batch_size from --space/--fix")
+
+
+def build(machine: Machine, baseline: Baseline, req: SpaceRequest) -> Space:
+    """The space for this script on this machine, with the user's ranges and fixes applied."""
+    check_request(req)
+    cores = machine.cores
+    notes: list[str] = []
+    base_cfg = _baseline_config(baseline, cores, req.placeholders, machine.device)
+    domains: dict[str, tuple[int, ...]] = {}
+    fixed: dict[str, int] = {}
+    for name in ORDER:
+        if name in req.fixed:
+            fixed[name] = _expand(req.fixed[name], cores, machine.device)[0]
+            _check_mps(name, (fixed[name],), machine, "--fix")
+            continue
+        if name in req.ranges:
+            values = _expand(req.ranges[name], cores, machine.device)
+            _check_mps(name, values, machine, "--space")
+        else:
+            rule = DOMAIN_RULES.get((name, machine.device))
+            values = rule(machine, _with_placeholders(baseline, base_cfg)) if rule else ()
+        values, note = _applicable(name, values, baseline, base_cfg, req, name in req.ranges,
+                                   machine)
+        if note:
+            notes.append(note)
+        if len(values) == 1:
+            fixed[name] = values[0]
+        elif values:
+            domains[name] = values
+    if req.global_batch:
+        domains, fixed = _keep_global_batch(domains, fixed, req.global_batch, req.devices)
+        base_cfg["batch_size"] = req.global_batch // (base_cfg.get("instances", 1) * req.devices)
+    can_multi = baseline.own_ranks or \
+        max(domains.get("instances", (fixed.get("instances", 1),))) * req.devices > 1
+    if not can_multi:
+        domains.pop("bucket_mb", None)
+        fixed.pop("bucket_mb", None)
+        if machine.device == "gpu" and "thread_pct" in domains and "thread_pct" not in req.ranges:
+            del domains["thread_pct"]
+            fixed["thread_pct"] = 100
+            notes.append("thread_pct: fixed at 100: one rank per GPU gains nothing from a "
+                         "smaller MPS share")
+    for name in ORDER:  # the baseline config holds every knob the space has
+        if name in domains or name in fixed:
+            base_cfg.setdefault(name, KNOBS[name].conventional)
+        else:
+            base_cfg.pop(name, None)
+    return Space(domains=domains, fixed=fixed,
+                 baseline=canonical(base_cfg, req.global_batch, req.devices,
+                                    own_ranks=baseline.own_ranks),
+                 cores=cores, global_batch=req.global_batch, notes=tuple(notes),
+                 placeholders=tuple(req.placeholders), device=machine.device,
+                 devices=req.devices, own_ranks=baseline.own_ranks)
+
+
+def _baseline_config(b: Baseline, cores: int, placeholders: Sequence[str],
+                     device: str) -> dict[str, int]:
+    """The script as it ran: on GPUs one rank with the whole GPU (no MPS share)."""
+    cfg: dict[str, int] = {"instances": 1}
+    if b.batch_size is not None:
+        cfg["batch_size"] = b.batch_size
+    if b.workers is not None:
+        cfg["workers"] = b.workers
+    cfg["thread_pct"] = 100 if device == "gpu" else \
+        pct_for_threads(min(b.threads or cores, cores), cores)
+    if b.bucket_mb:
+        cfg["bucket_mb"] = int(b.bucket_mb)
+    for name in placeholders:
+        name = ALIASES.get(name, name)
+        if name in KNOBS:
+            cfg.setdefault(name, KNOBS[name].conventional)
+    return cfg
+
+
+def _with_placeholders(b: Baseline, cfg: Mapping[str, int]) -> Baseline:
+    return dataclasses.replace(b, batch_size=cfg.get("batch_size", b.batch_size),
+                               workers=cfg.get("workers", b.workers))
+
+
+def _check_mps(name: str, values: Sequence[int], machine: Machine, flag: str) -> None:
+    """Asking for what only MPS can do on a GPU host without MPS: a usage error, before any
+    probe would fail to start it."""
+    if machine.device != "gpu" or machine.mps or name not in _MPS_KNOBS:
+        return
+    alone, why = _MPS_KNOBS[name]
+    if any(v != alone for v in values):
+        raise UsageError(f"{flag} asks for {name} other than {alone}, but {why}, which is not "
+                         f"available here: {machine.mps_why}")
+
+
+def _applicable(name: str, values: tuple[int, ...], b: Baseline, base_cfg: Mapping[str, int],
+                req: SpaceRequest, asked: bool, machine: Machine) \
+        -> tuple[tuple[int, ...], str]:
+    """Drop knobs the script or the host cannot take, with a note that says why."""
+    if name == "batch_size" and "batch_size" not in base_cfg and not req.global_batch:
+        if asked:
+            raise UsageError("cannot tune batch_size: the script builds no DataLoader with a "
+                             "batch size; put {batch_size} in its arguments")
+        return (), ("batch_size: not tuned: the script builds no DataLoader with a batch size "
+                    "and has no {batch_size} placeholder in its arguments")
+    if name == "workers" and "workers" not in base_cfg:
+        if asked:
+            raise UsageError("cannot tune workers: the script builds no DataLoader; put "
+                             "{workers} in its arguments")
+        return (), "workers: not tuned: the script builds no DataLoader"
+    if machine.device == "gpu" and not machine.mps and name in _MPS_KNOBS and not asked:
+        alone, why = _MPS_KNOBS[name]
+        return (alone,), f"{name}: fixed at {alone}: {why}, which is not available here: " \
+                         f"{machine.mps_why}"
+    if name == "instances" and not b.distributed and not asked:
+        return (1,), ("instances: fixed at 1: the baseline probe never saw the script "
+                      "initialise torch.distributed, so extra ranks would each train alone; "
+                      "--space instances=1:N tries anyway")
+    if name == "instances" and b.own_ranks and not asked:
+        return (1,), ("instances: fixed at 1: the script starts its own data-parallel ranks "
+                      "(torch.multiprocessing.spawn or the like), so each rank autotune added "
+                      "would start a whole job of its own")
+    return values, ""
+
+
+def _keep_global_batch(domains: dict, fixed: dict, n: int,
+                       devices: int = 1) -> tuple[dict, dict]:
+    """Only world sizes (instances x devices) that divide the global batch; batch_size follows
+    from them."""
+    domains.pop("batch_size", None)
+    fixed.pop("batch_size", None)
+    over = f" x {devices} devices" if devices > 1 else ""
+    if "instances" in domains:
+        ok = tuple(v for v in domains["instances"] if n % (v * devices) == 0)
+        if not ok:
+            raise UsageError(f"--global-batch {n}: no candidate world size divides it "
+                             f"(instances {list(domains['instances'])}{over})")
+        if len(ok) == 1:
+            domains.pop("instances")
+            fixed["instances"] = ok[0]
+        else:
+            domains["instances"] = ok
+    elif n % (fixed.get("instances", 1) * devices):
+        raise UsageError(f"--global-batch {n} is not divisible by the world size: instances="
+                         f"{fixed.get('instances', 1)}{over}")
+    return domains, fixed

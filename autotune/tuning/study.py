@@ -1,0 +1,173 @@
+"""The one place Optuna enters: the study of a tuning run, its sampler, pruner and recovery.
+
+One study per run, maximising samples/s. Storage is SQLite in the run directory unless the user
+gives any Optuna storage URL (several tuners may share one, e.g. PostgreSQL). Trial parameters
+are each knob's *position* in its ordered candidate list (`autotune.tuning.space`), so TPE sees the order
+of uneven values like batch sizes; the knob values themselves are in ``user_attrs["knobs"]``.
+
+Trials that ran out of memory or failed are completed with value 0 and a positive constraint
+(``trial.set_constraint``), which TPE treats as infeasible. A study left with a RUNNING trial by a
+controller that was killed is recovered by `open_study`: the trial is marked FAIL and its
+parameters are queued again, so it is re-run and no finished trial is lost or repeated.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import optuna
+from optuna.pruners import BasePruner
+from optuna.trial import FrozenTrial, Trial, TrialState
+
+from autotune.tuning import decision
+
+__all__ = ["StudyHandle", "IntervalPruner", "Trial", "FrozenTrial", "TrialState", "TrialPruned",
+           "open_study", "sqlite_url", "comparable", "best_comparable", "best_floor"]
+
+TrialPruned = optuna.TrialPruned
+OK = "ok"  # user_attrs["outcome"] of a trial whose throughput can be compared
+
+optuna.logging.set_verbosity(optuna.logging.ERROR)
+logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+def sqlite_url(path: Path) -> str:
+    return f"sqlite:///{Path(path).resolve()}"
+
+
+def comparable(t: FrozenTrial) -> bool:
+    """A finished trial whose throughput counts: complete, feasible, measured cleanly."""
+    return (t.state == TrialState.COMPLETE and t.user_attrs.get("outcome") == OK
+            and all(v <= 0 for v in t.constraints.values()) and t.value is not None)
+
+
+def best_comparable(trials: list[FrozenTrial]) -> FrozenTrial | None:
+    ok = [t for t in trials if comparable(t)]
+    return max(ok, key=lambda t: t.value, default=None)
+
+
+def best_floor(trials: list[FrozenTrial]) -> float | None:
+    """The highest lower end of a comparable trial's interval: what a probe must be able to
+    reach. A lucky high reading with a wide (or unknown) interval sets no bar."""
+    floors = []
+    for t in trials:
+        if comparable(t):
+            ci = t.user_attrs.get("ci_half")
+            if isinstance(ci, (int, float)) and ci == ci and ci != float("inf"):
+                floors.append(t.value - ci)
+    return max(floors, default=None)
+
+
+class IntervalPruner(BasePruner):
+    """Prunes a probe whose interval cannot reach the best comparable trial's interval.
+
+    Optuna hands pruners the reported values only; the interval of each report comes through
+    `observe`, called just before ``trial.report``.
+    """
+
+    def __init__(self, *, margin_rel: float = decision.PRUNE_MARGIN_REL, min_measure_s: float = 2.0):
+        self.margin_rel = margin_rel
+        self.min_measure_s = min_measure_s
+        self._latest: dict[int, tuple[float, float]] = {}  # number -> (ci_half, measured_s)
+
+    def observe(self, number: int, ci_half: float, measured_s: float) -> None:
+        self._latest[number] = (ci_half, measured_s)
+
+    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
+        step = trial.last_step
+        if step is None or trial.number not in self._latest:
+            return False
+        ci_half, measured_s = self._latest[trial.number]
+        if measured_s < self.min_measure_s:
+            return False
+        floor = best_floor(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+        return decision.cannot_reach(trial.intermediate_values[step], ci_half, floor,
+                                   margin_rel=self.margin_rel)
+
+
+@dataclass
+class StudyHandle:
+    """The live study plus what `open_study` found on the way."""
+
+    study: optuna.Study
+    url: str
+    name: str
+    pruner: IntervalPruner
+    recovered: list[int] = field(default_factory=list)  # numbers of interrupted trials re-queued
+
+    def trials(self, states=None) -> list[FrozenTrial]:
+        return self.study.get_trials(deepcopy=False, states=states)
+
+    def enqueue(self, params: dict, user_attrs: dict | None = None) -> None:
+        self.study.enqueue_trial(params, user_attrs=user_attrs, skip_if_exists=False)
+
+    def optimize(self, objective: Callable[[Trial], float],
+                 callbacks: list[Callable[[optuna.Study, FrozenTrial], None]]) -> None:
+        self.study.optimize(objective, callbacks=callbacks, gc_after_trial=False,
+                            catch=(NotComparable,))
+
+    def stop(self) -> None:
+        self.study.stop()
+
+
+class NotComparable(Exception):
+    """Raised by an objective for a probe taken under foreign load: the trial becomes FAIL."""
+
+
+def _storage(url: str):
+    try:
+        return optuna.storages.RDBStorage(url)
+    except Exception as exc:  # noqa: BLE001 - sqlalchemy raises many kinds; all mean the same
+        from autotune.errors import UsageError
+        raise UsageError(f"--storage: cannot open {url!r}: {exc}".splitlines()[0]) from None
+
+
+def _fail_interrupted(storage, name: str, run_id: str) -> list[FrozenTrial]:
+    """Mark this run's RUNNING trials FAIL (their controller is gone); return them."""
+    try:
+        study_id = storage.get_study_id_from_name(name)
+    except KeyError:
+        return []
+    running = [t for t in storage.get_all_trials(study_id, deepcopy=False,
+                                                 states=(TrialState.RUNNING,))
+               if t.user_attrs.get("run") == run_id]
+    for t in running:
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
+        storage.set_trial_user_attr(trial_id, "interrupted", True)
+        storage.set_trial_state_values(trial_id, TrialState.FAIL)
+    return running
+
+
+def open_study(url: str, name: str, *, run_id: str, seed: int | None = None,
+               n_startup_trials: int = 4, min_measure_s: float = 2.0,
+               requeue: bool = False) -> StudyHandle:
+    """Create or load the study; with ``requeue``, re-queue this run's interrupted trials.
+
+    ``run_id`` tags trials (``user_attrs["run"]``) so a resumed run touches only its own
+    RUNNING trials, never those of another tuner sharing the storage.
+    """
+    storage = _storage(url)
+    interrupted = _fail_interrupted(storage, name, run_id) if requeue else []
+    pruner = IntervalPruner(min_measure_s=min_measure_s)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        sampler = optuna.samplers.TPESampler(multivariate=True, n_startup_trials=n_startup_trials,
+                                             seed=seed)
+    study = optuna.create_study(storage=storage, study_name=name, direction="maximize",
+                                sampler=sampler, pruner=pruner, load_if_exists=True)
+    handle = StudyHandle(study=study, url=url, name=name, pruner=pruner)
+    if requeue:
+        # Also trials stopped by Ctrl-C: optimize() marks those FAIL, the objective tags them.
+        stopped = [t for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+                   if t.user_attrs.get("run") == run_id and t.user_attrs.get("interrupted")]
+        retried = {t.user_attrs.get("retry_of") for t in study.get_trials(deepcopy=False)}
+        for t in {t.number: t for t in [*interrupted, *stopped]}.values():
+            if t.number in retried or not t.params:
+                continue
+            handle.enqueue(dict(t.params), {"retry_of": t.number})
+            handle.recovered.append(t.number)
+    return handle
