@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 from pathlib import Path
@@ -56,12 +57,13 @@ def watch_dirs(target: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0 (``nan`` and ``inf`` would be probes without a limit)."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
     return value
 
 
@@ -86,6 +88,9 @@ def resolve_target(args: argparse.Namespace) -> tuple[str, ...]:
                          f"{args.command} [OPTIONS] SCRIPT [ARGS...]")
     first = target[0]
     if first.endswith(".py") or os.sep in first or os.path.exists(first):
+        if os.path.isdir(first):
+            raise UsageError(f"{first!r} is a directory, not a script; give the training "
+                             f"script inside it, e.g. {os.path.join(first, 'train.py')!r}")
         if not os.path.isfile(first):
             raise UsageError(f"script {first!r} not found (looked in {os.getcwd()}); "
                              f"check the path")

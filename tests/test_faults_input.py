@@ -1,0 +1,28 @@
+"""The fault matrix, bad input: numbers from the command line are finite and in range, a
+directory given as the script is named for what it is. Each is one ERROR line, exit 2, before any
+probe runs."""
+
+import pytest
+
+from conftest import SCRIPTS, assert_one_error_line, autotune
+
+
+@pytest.mark.parametrize("argv, word", [
+    (("probe", "--seconds", "nan"), "nan"),
+    (("probe", "--seconds", "inf"), "inf"),
+    (("tune", "--seconds", "nan"), "nan"),
+    (("tune", "--confirm-seconds", "nan"), "nan"),
+    (("tune", "--foreign-limit", "inf"), "inf"),
+    (("tune", "--confirm-seconds", "-1"), "-1"),
+])
+def test_non_finite_or_negative_numbers_are_usage_errors(tmp_path, argv, word):
+    p = autotune(*argv, str(SCRIPTS / "ok.py"), cwd=tmp_path, timeout=60)
+    assert_one_error_line(p, word)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_directory_given_as_the_script_is_called_a_directory(tmp_path):
+    (tmp_path / "proj").mkdir()
+    p = autotune("probe", "proj", cwd=tmp_path, timeout=60)
+    assert_one_error_line(p, "'proj'", "is a directory")
+    assert "not found" not in p.stderr
