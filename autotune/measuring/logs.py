@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 
 TAIL_BYTES = 16384  # how far back from the end `tail` reads
+KEEP_HEAD_BYTES = 1 << 20  # what a capped probe log keeps of its start ...
+KEEP_TAIL_BYTES = 1 << 20  # ... and of its end
 
 
 def tail(path: Path, lines: int = 15) -> str:
@@ -56,3 +58,34 @@ class Reader:
         except OSError:
             return None
         return self._decoder.decode(data, final=final)
+
+
+def cap(path: Path, *, head_bytes: int = KEEP_HEAD_BYTES, tail_bytes: int = KEEP_TAIL_BYTES) -> int:
+    """Shrink a finished log to its first ``head_bytes`` and last ``tail_bytes``, cut at line ends,
+    with one line between them that says how much was dropped. Returns the bytes dropped (0 when
+    the log was small enough or cannot be read). Call it only once nothing writes the log."""
+    try:
+        size = path.stat().st_size
+        if size <= head_bytes + tail_bytes:
+            return 0
+        with open(path, "rb") as f:
+            head = f.read(head_bytes)
+            f.seek(size - tail_bytes)
+            tail = f.read()
+    except OSError:
+        return 0
+    cut = head.rfind(b"\n")
+    head = head[:cut + 1] if cut >= 0 else head
+    start = tail.find(b"\n")
+    tail = tail[start + 1:] if 0 <= start < len(tail) - 1 else tail
+    dropped = size - len(head) - len(tail)
+    note = (f"[autotune: {dropped} bytes of this log dropped here; it keeps its first "
+            f"{len(head)} and last {len(tail)} bytes]\n").encode()
+    tmp = path.with_name(path.name + ".capped")
+    try:
+        tmp.write_bytes(head + note + tail)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        return 0
+    return dropped
