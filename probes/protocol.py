@@ -46,7 +46,7 @@ ENV_THREADS = "AUTOTUNE_THREADS"  # torch intra-op threads to apply
 ENV_BUCKET_MB = "AUTOTUNE_BUCKET_MB"  # DDP bucket_cap_mb to apply
 ENV_SYNTHETIC_BATCHES = "AUTOTUNE_SYNTHETIC_BATCHES"  # batches cached for synthetic replay
 
-# Placement (set by autotune.placement / autotune.ranks, applied by probes.ranks_env at start-up)
+# Placement (set by autotune.launching.placement / autotune.launching.group, applied by probes.ranks_env at start-up)
 ENV_PLACEMENT = "AUTOTUNE_PLACEMENT"  # JSON list, by host-local rank, of env entries to apply
 ENV_LAUNCHER = "AUTOTUNE_LAUNCHER"  # "local" | "mpirun" | "srun": where rank identity comes from
 ENV_LOCAL_WORLD_SIZE = "AUTOTUNE_LOCAL_WORLD_SIZE"  # ranks per host, for launchers that omit it

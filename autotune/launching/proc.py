@@ -233,15 +233,7 @@ def sweep(launched: Launched) -> list[int]:
             pass
     victims.update({p.pid: p for p in marked(launched.spec.marker)})
     victims.pop(os.getpid(), None)
-    killed = []
-    for proc in victims.values():
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE:
-                killed.append(proc.pid)
-            proc.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(list(victims.values()), timeout=5)  # reaps those that are our children
+    killed = _kill_all(list(victims.values()))
     reap_adopted()
     return killed
 
@@ -251,7 +243,11 @@ def sweep_marker(marker: str) -> list[int]:
 
     For what `run_command` leaves behind (a daemon and the servers it forked).
     """
-    victims = marked(marker)
+    return _kill_all(marked(marker))
+
+
+def _kill_all(victims: list[psutil.Process]) -> list[int]:
+    """SIGKILL each process and reap those that are our children; the pids that were alive."""
     killed = []
     for p in victims:
         try:
