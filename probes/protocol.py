@@ -51,7 +51,7 @@ ENV_PLACEMENT = "AUTOTUNE_PLACEMENT"  # JSON list, by host-local rank, of env en
 ENV_LAUNCHER = "AUTOTUNE_LAUNCHER"  # "local" | "mpirun" | "srun": where rank identity comes from
 ENV_LOCAL_WORLD_SIZE = "AUTOTUNE_LOCAL_WORLD_SIZE"  # ranks per host, for launchers that omit it
 ENV_HOST_LOCAL_RANK = "AUTOTUNE_HOST_LOCAL_RANK"  # position on the host (LOCAL_RANK may be 0)
-ENV_CPUS = "AUTOTUNE_CPUS"  # "0,1": cores to pin this rank to (os.sched_setaffinity)
+ENV_CPUS = "AUTOTUNE_CPUS"  # "0,2-3": cores to pin this rank to (read by `parse_cpus`)
 ENV_BACKEND_OVERRIDE = "AUTOTUNE_BACKEND_OVERRIDE"  # e.g. "gloo": replaces an NCCL request
 
 # The user's tree (probes.writes): writes under these are reported, except in the scratch dir
@@ -98,6 +98,18 @@ MAX_LINE_BYTES = 64 * 1024
 def proof(token: str, nonce: str) -> str:
     """What a rank sends to show it holds the run's token, without sending the token."""
     return hmac.new(token.encode(), nonce.encode(), hashlib.sha256).hexdigest()
+
+
+def parse_cpus(text: str) -> set[int]:
+    """A CPU list as ``AUTOTUNE_CPUS`` and Linux's sysfs write it: ``"0,2-3"`` -> {0, 2, 3}."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
 
 
 def encode(kind: str, /, **fields) -> bytes:
