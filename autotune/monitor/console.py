@@ -1,7 +1,8 @@
-"""The one place rich enters: terminal output for the CLI and the monitor.
+"""The CLI's terminal: commands get their consoles, tables and ERROR/WARNING/HINT lines here.
 
-Plain output (no control codes) when stdout is not a terminal, with ``--plain``, or when
-``NO_COLOR`` is set. Core logic never prints; it returns values that these helpers render.
+rich stays inside `autotune.monitor` (see there). Plain output (no control codes) when stdout
+is not a terminal, with ``--plain``, or when ``NO_COLOR`` is set. Core logic never prints; it
+returns values that these helpers render.
 """
 
 from __future__ import annotations

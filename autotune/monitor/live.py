@@ -198,7 +198,7 @@ class Monitor:
             except Exception:  # noqa: BLE001
                 pass
         self.plain = True
-        self._write(f"WARNING: live monitor failed ({self.failed}); plain lines from here")
+        self.write(f"WARNING: live monitor failed ({self.failed}); plain lines from here")
 
     def _print_lines(self, events: list[dict]) -> None:
         for ev in events:
@@ -212,9 +212,10 @@ class Monitor:
                 ev = {**ev, "number": row.number}
             line = text.timed_line(ev)
             if line:
-                self._write(line)
+                self.write(line)
 
-    def _write(self, line: str) -> None:
+    def write(self, line: str) -> None:
+        """One plain line on the stream; a stream that fails once is written to no more."""
         if self._dead:
             return
         try:
