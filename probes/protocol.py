@@ -76,11 +76,22 @@ HELLO = "hello"  # {proof, version, rank, local_rank, world_size, pid, host, sub
 # sub: true for a training process the script started itself (forked, spawned); its rank,
 #      local_rank and world_size are the environment's, inherited from the process autotune
 #      started, so several connections may carry the same rank
-# tick: {t, samples, batches, eval_samples, steps, backwards, rss_peak_bytes, cuda_peak_bytes,
-#        last_batch_t, last_step_t, first_batch_t, first_step_t}; times are the rank's
-#        time.monotonic(); first_*: the first training batch / step since the previous tick
-#        (0: none)
-TICK = "tick"
+TICK = "tick"  # its fields, written by probes.meter and read by the controller, are TICK_*:
+TICK_T = "t"  # when the tick was sent; every time is the rank's time.monotonic()
+TICK_SAMPLES = "samples"  # cumulative: samples of training batches (autograd on)
+TICK_BATCHES = "batches"  # training batches
+TICK_EVAL_SAMPLES = "eval_samples"  # samples fetched with autograd off (evaluation)
+TICK_STEPS = "steps"  # optimizer steps
+TICK_BACKWARDS = "backwards"  # backward passes (the steps of a script without an optimizer)
+TICK_RSS_PEAK_BYTES = "rss_peak_bytes"
+TICK_CUDA_PEAK_BYTES = "cuda_peak_bytes"
+TICK_LAST_BATCH_T = "last_batch_t"  # the latest training batch (0: none yet)
+TICK_LAST_STEP_T = "last_step_t"
+TICK_FIRST_BATCH_T = "first_batch_t"  # the first training batch since the previous tick (0: none)
+TICK_FIRST_STEP_T = "first_step_t"
+TICK_FIELDS = (TICK_T, TICK_SAMPLES, TICK_BATCHES, TICK_EVAL_SAMPLES, TICK_STEPS, TICK_BACKWARDS,
+               TICK_RSS_PEAK_BYTES, TICK_CUDA_PEAK_BYTES, TICK_LAST_BATCH_T, TICK_LAST_STEP_T,
+               TICK_FIRST_BATCH_T, TICK_FIRST_STEP_T)
 SEEN = "seen"  # {what, requested, applied, note}; what="writes": {paths: [{path, op, existed}]}
 # what="distributed": requested {backend, asked}, applied {world_size, rank} (torch's, once
 #      init_process_group returned)
