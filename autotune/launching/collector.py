@@ -3,7 +3,10 @@
 One thread with a selector; messages land in a queue stamped with the controller's monotonic
 clock (ranks on other hosts have other clocks). Each connection is first sent a fresh nonce; one
 whose first line is not a hello proving the run's token on it (`probes.protocol.proof`) is
-dropped and counted, never read further.
+dropped and counted, never read further. So is a rank that proves the token but speaks another
+`probes.protocol.VERSION` (its probes come from another autotune install): its messages could
+mean something else here, so it is refused with a warning, and an ``error`` message saying why
+is queued in its name, so that the probe fails with that reason instead of measuring nonsense.
 
 Ranks on this host reach us on loopback. Ranks on other hosts (mpirun with a hostfile, srun on
 several nodes) need an address they can route to: `for_launcher` then listens on every interface
@@ -13,6 +16,7 @@ and tells the ranks ``$AUTOTUNE_COLLECTOR_HOST`` or this host's name.
 from __future__ import annotations
 
 import hmac
+import logging
 import os
 import queue
 import secrets
@@ -26,6 +30,9 @@ from probes import protocol
 
 HELLO_TIMEOUT_S = 5.0
 HOST_ENV = "AUTOTUNE_COLLECTOR_HOST"  # the address remote ranks use to reach the controller
+VERSION_MISMATCH = "ProtocolVersionMismatch"  # exc_type of the error queued for a refused rank
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -210,7 +217,11 @@ class Collector:
                 if not self._authentic(msg, conn.nonce):
                     self._reject(conn)
                     return
-                conn.hello = {k: v for k, v in msg.items() if k != "proof"}
+                hello = {k: v for k, v in msg.items() if k != "proof"}
+                if hello.get("version") != protocol.VERSION:
+                    self._refuse(conn, hello, now)
+                    return
+                conn.hello = hello
             self.inbox.put(Received(t=now, conn_id=conn.conn_id, hello=conn.hello,
                                     msg={k: v for k, v in msg.items() if k != "proof"}))
 
@@ -219,6 +230,15 @@ class Collector:
         return (msg.get("type") == protocol.HELLO and isinstance(proof, str)
                 and hmac.compare_digest(proof.encode(),
                                         protocol.proof(self.token, nonce).encode()))
+
+    def _refuse(self, conn: _Conn, hello: dict, now: float) -> None:
+        """Drop an authentic rank of another protocol version, saying why in its name."""
+        why = version_mismatch(hello)
+        log.warning("autotune: refused a rank: %s", why)
+        self.inbox.put(Received(t=now, conn_id=conn.conn_id, hello=hello, msg={
+            "type": protocol.ERROR, "kind": "exception", "exc_type": VERSION_MISMATCH,
+            "message": why}))
+        self._reject(conn)
 
     def _reject(self, conn: _Conn) -> None:
         self.rejected += 1
@@ -229,6 +249,14 @@ class Collector:
         for conn in list(self._conns.values()):
             if conn.hello is None and now - conn.opened_t > HELLO_TIMEOUT_S:
                 self._reject(conn)
+
+
+def version_mismatch(hello: dict) -> str:
+    """Why a rank whose hello carries another protocol version cannot be measured."""
+    who = f"rank {hello.get('rank')} (pid {hello.get('pid')} on {hello.get('host')})"
+    return (f"{who} speaks measurement protocol version {hello.get('version')!r}, this autotune "
+            f"speaks {protocol.VERSION}: its probes come from another autotune install; install "
+            f"the same autotune for the Python that runs the ranks, on every host")
 
 
 def for_launcher(launcher, env=None) -> Collector:
