@@ -25,13 +25,14 @@ from optuna.pruners import BasePruner
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from autotune.tuning import decision
+from autotune.measuring.outcome import Outcome
 
 __all__ = ["StudyHandle", "IntervalPruner", "Trial", "FrozenTrial", "TrialState", "TrialPruned",
            "open_study", "sqlite_url", "comparable", "best_comparable", "best_floor",
            "importances"]
 
 TrialPruned = optuna.TrialPruned
-OK = "ok"  # user_attrs["outcome"] of a trial whose throughput can be compared
+OK = Outcome.OK.value  # user_attrs["outcome"] of a trial whose throughput can be compared
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 logging.getLogger("alembic").setLevel(logging.WARNING)
