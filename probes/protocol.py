@@ -14,7 +14,8 @@ Channel, in order:
    connection whose first line is not a hello with the right proof, so no other user can inject
    measurements: the token lives only in the env of our own processes, which ``/proc`` keeps
    private to their owner, and never crosses the network (ranks on other hosts reach the
-   controller over it), so seeing one conversation does not help to open another.
+   controller over it), so seeing one conversation does not help to open another. A hello whose
+   ``version`` is not `VERSION` (a rank of another autotune install) is refused, saying so.
 2. The rank sends ``tick`` messages with *cumulative* counters every ``AUTOTUNE_TICK_S``. A lost
    or late tick loses nothing: the next one carries the totals.
 3. ``seen`` reports what the script asked for (its own batch size, worker count...) and what the
@@ -89,9 +90,6 @@ TICK_LAST_BATCH_T = "last_batch_t"  # the latest training batch (0: none yet)
 TICK_LAST_STEP_T = "last_step_t"
 TICK_FIRST_BATCH_T = "first_batch_t"  # the first training batch since the previous tick (0: none)
 TICK_FIRST_STEP_T = "first_step_t"
-TICK_FIELDS = (TICK_T, TICK_SAMPLES, TICK_BATCHES, TICK_EVAL_SAMPLES, TICK_STEPS, TICK_BACKWARDS,
-               TICK_RSS_PEAK_BYTES, TICK_CUDA_PEAK_BYTES, TICK_LAST_BATCH_T, TICK_LAST_STEP_T,
-               TICK_FIRST_BATCH_T, TICK_FIRST_STEP_T)
 SEEN = "seen"  # {what, requested, applied, note}; what="writes": {paths: [{path, op, existed}]}
 # what="distributed": requested {backend, asked}, applied {world_size, rank} (torch's, once
 #      init_process_group returned)

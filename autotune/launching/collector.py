@@ -3,10 +3,8 @@
 One thread with a selector; messages land in a queue stamped with the controller's monotonic
 clock (ranks on other hosts have other clocks). Each connection is first sent a fresh nonce; one
 whose first line is not a hello proving the run's token on it (`probes.protocol.proof`) is
-dropped and counted, never read further. So is a rank that proves the token but speaks another
-`probes.protocol.VERSION` (its probes come from another autotune install): its messages could
-mean something else here, so it is refused with a warning, and an ``error`` message saying why
-is queued in its name, so that the probe fails with that reason instead of measuring nonsense.
+dropped and counted, never read further. So is one of another `probes.protocol.VERSION` (another
+autotune install), with a warning and an ``error`` saying why queued in its name.
 
 Ranks on this host reach us on loopback. Ranks on other hosts (mpirun with a hostfile, srun on
 several nodes) need an address they can route to: `for_launcher` then listens on every interface
@@ -232,8 +230,12 @@ class Collector:
                                         protocol.proof(self.token, nonce).encode()))
 
     def _refuse(self, conn: _Conn, hello: dict, now: float) -> None:
-        """Drop an authentic rank of another protocol version, saying why in its name."""
-        why = version_mismatch(hello)
+        """Drop an authentic rank of another protocol version (its messages could mean something
+        else here), saying why in its name: the probe fails with that reason."""
+        why = (f"rank {hello.get('rank')} (pid {hello.get('pid')} on {hello.get('host')}) speaks "
+               f"measurement protocol version {hello.get('version')!r}, this autotune speaks "
+               f"{protocol.VERSION}: its probes come from another autotune install; install the "
+               f"same autotune for the Python that runs the ranks, on every host")
         log.warning("autotune: refused a rank: %s", why)
         self.inbox.put(Received(t=now, conn_id=conn.conn_id, hello=hello, msg={
             "type": protocol.ERROR, "kind": "exception", "exc_type": VERSION_MISMATCH,
@@ -249,14 +251,6 @@ class Collector:
         for conn in list(self._conns.values()):
             if conn.hello is None and now - conn.opened_t > HELLO_TIMEOUT_S:
                 self._reject(conn)
-
-
-def version_mismatch(hello: dict) -> str:
-    """Why a rank whose hello carries another protocol version cannot be measured."""
-    who = f"rank {hello.get('rank')} (pid {hello.get('pid')} on {hello.get('host')})"
-    return (f"{who} speaks measurement protocol version {hello.get('version')!r}, this autotune "
-            f"speaks {protocol.VERSION}: its probes come from another autotune install; install "
-            f"the same autotune for the Python that runs the ranks, on every host")
 
 
 def for_launcher(launcher, env=None) -> Collector:

@@ -5,11 +5,9 @@ journal (``events.jsonl``) is the monitor's only source; `RunState` is folded fr
 `render` draws it, so views are tested from recorded journals. A monitor error never fails or
 slows the run: the live view degrades to plain lines, and a failing sampler stops sampling.
 
-This is the terminal package, and rich enters the code here and nowhere else: only modules of
-`autotune.monitor` import rich (`live`, `view`, `above` draw the monitor; `console` is the CLI's
-terminal). Commands write to the terminal through `autotune.monitor.console` (``make_console``,
-``Table``, ``error``/``warning``/``hint``) or through `watch` and `follow`; ``tests/test_layout.py``
-holds the rule.
+The terminal package: rich is imported by modules of `autotune.monitor` only, nowhere else
+(``tests/test_layout.py``); commands reach the terminal through `autotune.monitor.console` or
+`watch` / `follow`.
 """
 
 from __future__ import annotations

@@ -7,18 +7,19 @@ returns values that these helpers render.
 
 from __future__ import annotations
 
-import os
 import sys
 
 from rich.console import Console
 from rich.table import Table
+
+from autotune.monitor.live import use_plain
 
 __all__ = ["Console", "Table", "make_console", "error", "warning", "hint"]
 
 
 def make_console(*, plain: bool = False, stderr: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
-    plain = plain or bool(os.environ.get("NO_COLOR")) or not stream.isatty()
+    plain = use_plain(stream, plain)
     return Console(file=stream, no_color=plain, highlight=False, soft_wrap=plain,
                    force_terminal=False if plain else None, emoji=False,
                    width=120 if plain else None)
