@@ -236,7 +236,7 @@ class Collector:
                f"measurement protocol version {hello.get('version')!r}, this autotune speaks "
                f"{protocol.VERSION}: its probes come from another autotune install; install the "
                f"same autotune for the Python that runs the ranks, on every host")
-        log.warning("autotune: refused a rank: %s", why)
+        log.warning("WARNING: refused a rank: %s", why)
         self.inbox.put(Received(t=now, conn_id=conn.conn_id, hello=hello, msg={
             "type": protocol.ERROR, "kind": "exception", "exc_type": VERSION_MISMATCH,
             "message": why}))
