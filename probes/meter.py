@@ -196,14 +196,17 @@ class Meter:
         if not self._ours():
             return
         with self.lock:
-            fields = dict(t=time.monotonic(), samples=self.samples, batches=self.batches,
-                          eval_samples=self.eval_samples, steps=self.steps,
-                          backwards=self.backwards, last_batch_t=self.last_batch_t,
-                          last_step_t=self.last_step_t, first_batch_t=self.tick_first_batch_t,
-                          first_step_t=self.tick_first_step_t)
+            fields = {protocol.TICK_T: time.monotonic(), protocol.TICK_SAMPLES: self.samples,
+                      protocol.TICK_BATCHES: self.batches,
+                      protocol.TICK_EVAL_SAMPLES: self.eval_samples,
+                      protocol.TICK_STEPS: self.steps, protocol.TICK_BACKWARDS: self.backwards,
+                      protocol.TICK_LAST_BATCH_T: self.last_batch_t,
+                      protocol.TICK_LAST_STEP_T: self.last_step_t,
+                      protocol.TICK_FIRST_BATCH_T: self.tick_first_batch_t,
+                      protocol.TICK_FIRST_STEP_T: self.tick_first_step_t}
             self.tick_first_batch_t = self.tick_first_step_t = 0.0
-        fields["rss_peak_bytes"] = _read_vm_hwm_bytes()
-        fields["cuda_peak_bytes"] = _cuda_peak_bytes()
+        fields[protocol.TICK_RSS_PEAK_BYTES] = _read_vm_hwm_bytes()
+        fields[protocol.TICK_CUDA_PEAK_BYTES] = _cuda_peak_bytes()
         self.channel.send(protocol.TICK, **fields)
 
     def send(self, kind: str, /, **fields) -> None:

@@ -14,7 +14,8 @@ Channel, in order:
    connection whose first line is not a hello with the right proof, so no other user can inject
    measurements: the token lives only in the env of our own processes, which ``/proc`` keeps
    private to their owner, and never crosses the network (ranks on other hosts reach the
-   controller over it), so seeing one conversation does not help to open another.
+   controller over it), so seeing one conversation does not help to open another. A hello whose
+   ``version`` is not `VERSION` (a rank of another autotune install) is refused, saying so.
 2. The rank sends ``tick`` messages with *cumulative* counters every ``AUTOTUNE_TICK_S``. A lost
    or late tick loses nothing: the next one carries the totals.
 3. ``seen`` reports what the script asked for (its own batch size, worker count...) and what the
@@ -51,7 +52,7 @@ ENV_PLACEMENT = "AUTOTUNE_PLACEMENT"  # JSON list, by host-local rank, of env en
 ENV_LAUNCHER = "AUTOTUNE_LAUNCHER"  # "local" | "mpirun" | "srun": where rank identity comes from
 ENV_LOCAL_WORLD_SIZE = "AUTOTUNE_LOCAL_WORLD_SIZE"  # ranks per host, for launchers that omit it
 ENV_HOST_LOCAL_RANK = "AUTOTUNE_HOST_LOCAL_RANK"  # position on the host (LOCAL_RANK may be 0)
-ENV_CPUS = "AUTOTUNE_CPUS"  # "0,1": cores to pin this rank to (os.sched_setaffinity)
+ENV_CPUS = "AUTOTUNE_CPUS"  # "0,2-3": cores to pin this rank to (read by `parse_cpus`)
 ENV_BACKEND_OVERRIDE = "AUTOTUNE_BACKEND_OVERRIDE"  # e.g. "gloo": replaces an NCCL request
 
 # The user's tree (probes.writes): writes under these are reported, except in the scratch dir
@@ -76,11 +77,19 @@ HELLO = "hello"  # {proof, version, rank, local_rank, world_size, pid, host, sub
 # sub: true for a training process the script started itself (forked, spawned); its rank,
 #      local_rank and world_size are the environment's, inherited from the process autotune
 #      started, so several connections may carry the same rank
-# tick: {t, samples, batches, eval_samples, steps, backwards, rss_peak_bytes, cuda_peak_bytes,
-#        last_batch_t, last_step_t, first_batch_t, first_step_t}; times are the rank's
-#        time.monotonic(); first_*: the first training batch / step since the previous tick
-#        (0: none)
-TICK = "tick"
+TICK = "tick"  # its fields, written by probes.meter and read by the controller, are TICK_*:
+TICK_T = "t"  # when the tick was sent; every time is the rank's time.monotonic()
+TICK_SAMPLES = "samples"  # cumulative: samples of training batches (autograd on)
+TICK_BATCHES = "batches"  # training batches
+TICK_EVAL_SAMPLES = "eval_samples"  # samples fetched with autograd off (evaluation)
+TICK_STEPS = "steps"  # optimizer steps
+TICK_BACKWARDS = "backwards"  # backward passes (the steps of a script without an optimizer)
+TICK_RSS_PEAK_BYTES = "rss_peak_bytes"
+TICK_CUDA_PEAK_BYTES = "cuda_peak_bytes"
+TICK_LAST_BATCH_T = "last_batch_t"  # the latest training batch (0: none yet)
+TICK_LAST_STEP_T = "last_step_t"
+TICK_FIRST_BATCH_T = "first_batch_t"  # the first training batch since the previous tick (0: none)
+TICK_FIRST_STEP_T = "first_step_t"
 SEEN = "seen"  # {what, requested, applied, note}; what="writes": {paths: [{path, op, existed}]}
 # what="distributed": requested {backend, asked}, applied {world_size, rank} (torch's, once
 #      init_process_group returned)
@@ -98,6 +107,18 @@ MAX_LINE_BYTES = 64 * 1024
 def proof(token: str, nonce: str) -> str:
     """What a rank sends to show it holds the run's token, without sending the token."""
     return hmac.new(token.encode(), nonce.encode(), hashlib.sha256).hexdigest()
+
+
+def parse_cpus(text: str) -> set[int]:
+    """A CPU list as ``AUTOTUNE_CPUS`` and Linux's sysfs write it: ``"0,2-3"`` -> {0, 2, 3}."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
 
 
 def encode(kind: str, /, **fields) -> bytes:

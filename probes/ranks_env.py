@@ -94,18 +94,6 @@ def placement_entry(env) -> dict[str, str]:
     return {str(k): str(v) for k, v in table[host_local].items()}
 
 
-def parse_cpus(text: str) -> set[int]:
-    """``"0,2-3"`` -> {0, 2, 3}."""
-    cpus: set[int] = set()
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        cpus.update(range(int(lo), int(hi or lo) + 1))
-    return cpus
-
-
 def apply(env=None) -> list[str]:
     """Complete this rank's environment in place and pin it; returns warnings (also printed)."""
     env = os.environ if env is None else env
@@ -122,7 +110,7 @@ def apply(env=None) -> list[str]:
     cpus = env.get(protocol.ENV_CPUS)
     if cpus and hasattr(os, "sched_setaffinity"):
         try:
-            os.sched_setaffinity(0, parse_cpus(cpus))
+            os.sched_setaffinity(0, protocol.parse_cpus(cpus))
         except (OSError, ValueError) as exc:
             warnings.append(f"cannot pin to cores {cpus}: {exc}")
     for w in warnings:

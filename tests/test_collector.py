@@ -5,7 +5,8 @@ import socket
 import time
 
 from autotune.launching import engines
-from autotune.launching.collector import Collector, for_launcher
+from autotune.launching.collector import VERSION_MISMATCH, Collector, for_launcher
+from autotune.measuring.outcome import Observed, Outcome, classify
 from probes import protocol
 from probes.channel import Channel
 
@@ -64,6 +65,36 @@ def test_garbage_first_line_is_rejected():
         col.close()
 
 
+def test_a_rank_of_another_protocol_version_is_refused_saying_why(caplog):
+    """A rank whose probes come from another autotune install proves the token but speaks
+    another protocol: refused, and the probe fails with the reason instead of measuring."""
+    col = Collector()
+    try:
+        host, port = col.addr.rsplit(":", 1)
+        with socket.create_connection((host, int(port))) as s:
+            nonce = json.loads(s.makefile("rb").readline())["nonce"]
+            s.sendall(protocol.encode(protocol.HELLO, proof=protocol.proof(col.token, nonce),
+                                      version=protocol.VERSION - 1, rank=3, pid=42, host="n7"))
+            s.sendall(protocol.encode(protocol.TICK, samples=5))
+            wait_for(lambda: col.rejected == 1)
+        [r] = col.drain()  # the reason in the rank's name; its tick was never read
+        assert r.hello["rank"] == 3 and r.msg["type"] == protocol.ERROR
+        assert r.msg["exc_type"] == VERSION_MISMATCH
+        assert f"version {protocol.VERSION - 1}" in r.msg["message"]
+        assert "another autotune install" in r.msg["message"]
+        assert "rank 3 (pid 42 on n7)" in caplog.text
+        outcome, reason = classify(Observed(
+            exit_code=0, stopped_by_us=False, error_kind=r.msg["kind"],
+            error_text=f"{r.msg['exc_type']}: {r.msg['message']}"))
+        assert outcome == Outcome.CRASHED and "another autotune install" in reason
+        ch = Channel(col.addr, col.token)  # a rank of this install is still welcome
+        assert ch.open(rank=0, pid=1)
+        wait_for(col.drain)
+        ch.close()
+    finally:
+        col.close()
+
+
 def test_dead_rank_does_not_break_the_others():
     col = Collector()
     try:
@@ -97,7 +128,7 @@ def test_the_token_never_crosses_the_wire_and_a_seen_proof_opens_nothing():
     col = Collector()
     try:
         good, nonce, sent = raw_hello(col.addr, proof=lambda n: protocol.proof(col.token, n),
-                                      rank=0)
+                                      version=protocol.VERSION, rank=0)
         wait_for(lambda: col.drain())
         assert col.token.encode() not in sent
         # Someone who saw that conversation replays the proof: a new nonce makes it worthless.

@@ -11,6 +11,7 @@ from autotune.monitor import event_line, fold, render
 from autotune.monitor.view import eta_s, trials_table
 from autotune.monitor.state import RunState
 from autotune.monitor.text import sparkline
+from autotune.measuring.outcome import Outcome
 
 JOURNALS = Path(__file__).parent / "data" / "journals"
 
@@ -169,6 +170,12 @@ def test_every_recorded_event_has_a_readable_plain_line(name):
     for ev in events(name):
         line = event_line(ev)
         assert line and "\x1b" not in line and "{" not in line, (ev, line)
+
+
+def test_a_row_status_is_an_outcome_as_the_journal_writes_it(mixed):
+    statuses = {r.status for r in mixed.rows}
+    assert {Outcome.OK, Outcome.OOM, Outcome.CRASHED, Outcome.PRUNED} <= statuses
+    assert all(type(s) is str and f"{s}" == Outcome(s).value for s in statuses)
 
 
 def test_plain_lines_say_outcomes_and_reasons():

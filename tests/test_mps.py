@@ -55,7 +55,6 @@ def test_start_command_verify_stop(env, base_dir, monkeypatch):
         assert len(str(daemon.pipe_dir)) <= mps.MAX_DIR_CHARS
         assert (daemon.pipe_dir / mps.PID_FILE).read_text().strip() == str(daemon.pid)
         assert daemon.server_list() == []
-        daemon.set_default_thread_pct(40)
         for key, value in mps.client_env(daemon, 40).items():
             monkeypatch.setenv(key, value)
         client = fake_cuda.connect()  # what the CUDA driver does at cuInit
@@ -67,8 +66,7 @@ def test_start_command_verify_stop(env, base_dir, monkeypatch):
         daemon.stop()
     assert not daemon_alive(daemon.pid)
     log = daemon.control_log.read_text()
-    for command in ("get_server_list", "set_default_active_thread_percentage 40",
-                    f"get_client_list {check.servers[0]}", "quit"):
+    for command in ("get_server_list", f"get_client_list {check.servers[0]}", "quit"):
         assert f"Cmd:{command}\n" in log
     assert log.rstrip().endswith("Exit")
     assert daemon.commands[0] == "get_server_list" and daemon.commands[-1] == "quit"

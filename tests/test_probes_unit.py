@@ -5,7 +5,7 @@ import torch
 from probes import protocol
 from probes.boot import is_oom
 from probes.intercept import apply_loader_knobs, knobs_from_env
-from probes.meter import batch_len
+from probes.meter import Meter, batch_len
 
 
 def test_batch_len_shapes():
@@ -80,3 +80,20 @@ def test_protocol_roundtrip_and_rejects():
         except ValueError:
             continue
         raise AssertionError(f"{bad!r} was accepted")
+
+
+def test_a_tick_carries_the_fields_the_protocol_names():
+    class Sent:
+        def send(self, kind, **fields):
+            self.kind, self.fields = kind, fields
+
+    meter = Meter(env={})
+    meter.channel = Sent()
+    meter.count_batch(torch.zeros(4, 2), training=True)
+    meter.count_step()
+    meter.send_tick()
+    assert meter.channel.kind == protocol.TICK
+    named = {v for k, v in vars(protocol).items() if k.startswith("TICK_")}
+    assert set(meter.channel.fields) == named and len(named) == 12
+    assert meter.channel.fields[protocol.TICK_SAMPLES] == 4
+    assert meter.channel.fields[protocol.TICK_STEPS] == 1

@@ -81,7 +81,7 @@ def test_more_ranks_than_planned_is_a_warning(capsys):
 
 
 def test_parse_cpus():
-    assert ranks_env.parse_cpus("0,2-3, 7") == {0, 2, 3, 7}
+    assert protocol.parse_cpus("0,2-3, 7") == {0, 2, 3, 7}
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux only")

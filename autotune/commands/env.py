@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 
 from autotune.store import jsontext
+from probes import protocol
 
 
 def add_parser(sub):
@@ -28,12 +29,10 @@ def add_parser(sub):
 
 def numa_nodes(root: str = "/sys/devices/system/node") -> list[dict]:
     """NUMA nodes and their CPUs, from sysfs (empty where there is none)."""
-    from probes.ranks_env import parse_cpus
-
     nodes = []
     for path in sorted(Path(root).glob("node[0-9]*"), key=lambda p: int(p.name[4:])):
         try:
-            cpus = sorted(parse_cpus((path / "cpulist").read_text().strip()))
+            cpus = sorted(protocol.parse_cpus((path / "cpulist").read_text().strip()))
         except (OSError, ValueError):
             continue
         nodes.append({"node": int(path.name[4:]), "cpus": cpus})

@@ -3,7 +3,8 @@
 One thread with a selector; messages land in a queue stamped with the controller's monotonic
 clock (ranks on other hosts have other clocks). Each connection is first sent a fresh nonce; one
 whose first line is not a hello proving the run's token on it (`probes.protocol.proof`) is
-dropped and counted, never read further.
+dropped and counted, never read further. So is one of another `probes.protocol.VERSION` (another
+autotune install), with a warning and an ``error`` saying why queued in its name.
 
 Ranks on this host reach us on loopback. Ranks on other hosts (mpirun with a hostfile, srun on
 several nodes) need an address they can route to: `for_launcher` then listens on every interface
@@ -13,6 +14,7 @@ and tells the ranks ``$AUTOTUNE_COLLECTOR_HOST`` or this host's name.
 from __future__ import annotations
 
 import hmac
+import logging
 import os
 import queue
 import secrets
@@ -26,6 +28,9 @@ from probes import protocol
 
 HELLO_TIMEOUT_S = 5.0
 HOST_ENV = "AUTOTUNE_COLLECTOR_HOST"  # the address remote ranks use to reach the controller
+VERSION_MISMATCH = "ProtocolVersionMismatch"  # exc_type of the error queued for a refused rank
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -210,7 +215,11 @@ class Collector:
                 if not self._authentic(msg, conn.nonce):
                     self._reject(conn)
                     return
-                conn.hello = {k: v for k, v in msg.items() if k != "proof"}
+                hello = {k: v for k, v in msg.items() if k != "proof"}
+                if hello.get("version") != protocol.VERSION:
+                    self._refuse(conn, hello, now)
+                    return
+                conn.hello = hello
             self.inbox.put(Received(t=now, conn_id=conn.conn_id, hello=conn.hello,
                                     msg={k: v for k, v in msg.items() if k != "proof"}))
 
@@ -219,6 +228,19 @@ class Collector:
         return (msg.get("type") == protocol.HELLO and isinstance(proof, str)
                 and hmac.compare_digest(proof.encode(),
                                         protocol.proof(self.token, nonce).encode()))
+
+    def _refuse(self, conn: _Conn, hello: dict, now: float) -> None:
+        """Drop an authentic rank of another protocol version (its messages could mean something
+        else here), saying why in its name: the probe fails with that reason."""
+        why = (f"rank {hello.get('rank')} (pid {hello.get('pid')} on {hello.get('host')}) speaks "
+               f"measurement protocol version {hello.get('version')!r}, this autotune speaks "
+               f"{protocol.VERSION}: its probes come from another autotune install; install the "
+               f"same autotune for the Python that runs the ranks, on every host")
+        log.warning("WARNING: refused a rank: %s", why)
+        self.inbox.put(Received(t=now, conn_id=conn.conn_id, hello=hello, msg={
+            "type": protocol.ERROR, "kind": "exception", "exc_type": VERSION_MISMATCH,
+            "message": why}))
+        self._reject(conn)
 
     def _reject(self, conn: _Conn) -> None:
         self.rejected += 1

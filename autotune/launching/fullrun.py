@@ -73,8 +73,9 @@ class _Meter:
 
     def totals(self) -> tuple[int, int]:
         """(samples over every rank, the job's steps)."""
-        samples = sum(int(t.get("samples", 0)) for t in self.ticks.values())
-        per_rank = [int(t.get("steps", 0) or t.get("backwards", 0)) for t in self.ticks.values()]
+        samples = sum(int(t.get(protocol.TICK_SAMPLES, 0)) for t in self.ticks.values())
+        per_rank = [int(t.get(protocol.TICK_STEPS, 0) or t.get(protocol.TICK_BACKWARDS, 0))
+                    for t in self.ticks.values()]
         if not samples and per_rank and self.samples_per_step:
             samples = sum(per_rank) * self.samples_per_step
         steps = max(per_rank, default=0)  # data-parallel ranks step together

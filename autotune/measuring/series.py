@@ -105,17 +105,17 @@ def tick_points(prev: Mapping, msg: Mapping, offset: float) -> tuple[Points, Poi
     """
     batch_points: Points = []
     step_points: Points = []
-    if msg.get("samples", 0) > prev.get("samples", 0):
-        if msg.get("first_batch_t"):
-            batch_points.append((msg["first_batch_t"] + offset, prev.get("samples", 0)))
-        batch_points.append((msg["last_batch_t"] + offset, msg["samples"]))
-    steps = max(msg.get("steps", 0), msg.get("backwards", 0) if not msg.get("steps") else 0)
-    prev_steps = max(prev.get("steps", 0),
-                     prev.get("backwards", 0) if not prev.get("steps") else 0)
+    samples, steps_, backwards = protocol.TICK_SAMPLES, protocol.TICK_STEPS, protocol.TICK_BACKWARDS
+    if msg.get(samples, 0) > prev.get(samples, 0):
+        if msg.get(protocol.TICK_FIRST_BATCH_T):
+            batch_points.append((msg[protocol.TICK_FIRST_BATCH_T] + offset, prev.get(samples, 0)))
+        batch_points.append((msg[protocol.TICK_LAST_BATCH_T] + offset, msg[samples]))
+    steps = max(msg.get(steps_, 0), msg.get(backwards, 0) if not msg.get(steps_) else 0)
+    prev_steps = max(prev.get(steps_, 0), prev.get(backwards, 0) if not prev.get(steps_) else 0)
     if steps > prev_steps:
-        if msg.get("first_step_t") and (prev.get("steps") or not msg.get("steps")):
-            step_points.append((msg["first_step_t"] + offset, prev_steps))
-        step_points.append((msg["last_step_t"] + offset, steps))
+        if msg.get(protocol.TICK_FIRST_STEP_T) and (prev.get(steps_) or not msg.get(steps_)):
+            step_points.append((msg[protocol.TICK_FIRST_STEP_T] + offset, prev_steps))
+        step_points.append((msg[protocol.TICK_LAST_STEP_T] + offset, steps))
     return batch_points, step_points
 
 

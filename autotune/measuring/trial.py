@@ -173,7 +173,7 @@ class _Probe:
                     self.failed = r.failed_code()  # before anything was stopped
 
     def _tick(self, rank: _Rank, t_recv: float, msg: dict) -> None:
-        offset = t_recv - float(msg.get("t", t_recv))
+        offset = t_recv - float(msg.get(protocol.TICK_T, t_recv))
         rank.offset = offset if rank.offset is None else min(rank.offset, offset)
         batch_points, step_points = series.tick_points(rank.tick, msg, rank.offset)
         rank.tick = msg
@@ -187,8 +187,8 @@ class _Probe:
 
     # -- totals ------------------------------------------------------------------------------
     def totals(self) -> tuple[int, int]:
-        batches = sum(r.tick.get("batches", 0) for r in self.ranks.values())
-        steps = sum(max(r.tick.get("steps", 0), r.tick.get("backwards", 0))
+        batches = sum(r.tick.get(protocol.TICK_BATCHES, 0) for r in self.ranks.values())
+        steps = sum(max(r.tick.get(protocol.TICK_STEPS, 0), r.tick.get(protocol.TICK_BACKWARDS, 0))
                     for r in self.ranks.values())
         return batches, steps
 
@@ -390,8 +390,8 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         source=probe.source, steps_per_s=step_rate,
         measured_s=est.measured_s if est else 0.0, warmup_s=est.warmup_s if est else 0.0,
         paused_s=est.paused_s if est else 0.0, duration_s=ran_s,
-        peak_rss_bytes=sum(t.get("rss_peak_bytes", 0) for t in ticks),
-        cuda_peak_bytes=max((t.get("cuda_peak_bytes", 0) for t in ticks), default=0),
+        peak_rss_bytes=sum(t.get(protocol.TICK_RSS_PEAK_BYTES, 0) for t in ticks),
+        cuda_peak_bytes=max((t.get(protocol.TICK_CUDA_PEAK_BYTES, 0) for t in ticks), default=0),
         foreign_cores=foreign, exit_code=exit_code, log_path=str(log_path),
         log_tail="" if outcome == Outcome.OK else tail, seen=seen,
         notes=tuple(notes), knobs=dict(probe.spec.knobs), mode=probe.spec.mode,

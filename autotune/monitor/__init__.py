@@ -4,6 +4,10 @@ Commands wrap their work in `watch`; ``autotune monitor`` attaches to a run with
 journal (``events.jsonl``) is the monitor's only source; `RunState` is folded from its events and
 `render` draws it, so views are tested from recorded journals. A monitor error never fails or
 slows the run: the live view degrades to plain lines, and a failing sampler stops sampling.
+
+The terminal package: rich is imported by modules of `autotune.monitor` only, nowhere else
+(``tests/test_layout.py``); commands reach the terminal through `autotune.monitor.console` or
+`watch` / `follow`.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ def watch(run_dir, *, plain: bool = False, title: str = "", stream=None,
         monitor = Monitor(run_dir, plain=plain, title=title,
                           stream=stream if stream is not None else sys.stderr)
         if monitor.plain and title:
-            monitor._write(f"autotune: {title}")
+            monitor.write(f"autotune: {title}")
         monitor.start_live()
         monitor.start_thread()
     except Exception:  # noqa: BLE001 - no monitor is better than a failed run

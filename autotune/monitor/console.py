@@ -1,23 +1,25 @@
-"""The one place rich enters: terminal output for the CLI and the monitor.
+"""The CLI's terminal: commands get their consoles, tables and ERROR/WARNING/HINT lines here.
 
-Plain output (no control codes) when stdout is not a terminal, with ``--plain``, or when
-``NO_COLOR`` is set. Core logic never prints; it returns values that these helpers render.
+rich stays inside `autotune.monitor` (see there). Plain output (no control codes) when stdout
+is not a terminal, with ``--plain``, or when ``NO_COLOR`` is set. Core logic never prints; it
+returns values that these helpers render.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 
 from rich.console import Console
 from rich.table import Table
+
+from autotune.monitor.live import use_plain
 
 __all__ = ["Console", "Table", "make_console", "error", "warning", "hint"]
 
 
 def make_console(*, plain: bool = False, stderr: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
-    plain = plain or bool(os.environ.get("NO_COLOR")) or not stream.isatty()
+    plain = use_plain(stream, plain)
     return Console(file=stream, no_color=plain, highlight=False, soft_wrap=plain,
                    force_terminal=False if plain else None, emoji=False,
                    width=120 if plain else None)

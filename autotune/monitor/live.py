@@ -29,21 +29,16 @@ DEVICE_LINE_EVERY_S = 30.0
 STALE_S = 30.0  # journal silent this long, though the sampler writes every 2 s: the run is gone  # plain lines: one device summary per this many seconds of run time
 
 
-def use_plain(stream, plain: bool) -> bool:
-    """Plain lines for pipes and files, with ``--plain``, or when ``NO_COLOR`` is set."""
-    if plain or os.environ.get("NO_COLOR"):
-        return True
-    try:
-        return not stream.isatty()
-    except (AttributeError, ValueError):
-        return True
-
-
 def _isatty(stream) -> bool:
     try:
         return bool(stream.isatty())
     except (AttributeError, ValueError):
         return False
+
+
+def use_plain(stream, plain: bool) -> bool:
+    """Plain lines for pipes and files, with ``--plain``, or when ``NO_COLOR`` is set."""
+    return plain or bool(os.environ.get("NO_COLOR")) or not _isatty(stream)
 
 
 class Monitor:
@@ -198,7 +193,7 @@ class Monitor:
             except Exception:  # noqa: BLE001
                 pass
         self.plain = True
-        self._write(f"WARNING: live monitor failed ({self.failed}); plain lines from here")
+        self.write(f"WARNING: live monitor failed ({self.failed}); plain lines from here")
 
     def _print_lines(self, events: list[dict]) -> None:
         for ev in events:
@@ -212,9 +207,10 @@ class Monitor:
                 ev = {**ev, "number": row.number}
             line = text.timed_line(ev)
             if line:
-                self._write(line)
+                self.write(line)
 
-    def _write(self, line: str) -> None:
+    def write(self, line: str) -> None:
+        """One plain line on the stream; a stream that fails once is written to no more."""
         if self._dead:
             return
         try:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from autotune.measuring.outcome import Outcome
+
 RUNNING = "running"
 HISTORY_MAX = 600  # full-run throughput points kept for the sparkline
 
@@ -24,7 +26,7 @@ class TrialRow:
     mode: str = "full"
     started_t: float | None = None
     finished_t: float | None = None
-    status: str = RUNNING  # "running" or an Outcome value ("ok", "oom", "pruned", ...)
+    status: str = RUNNING  # RUNNING or an `Outcome` value, as the journal has it
     reason: str = ""
     samples_per_s: float | None = None  # final when finished, live while running
     ci_half: float | None = None
@@ -40,7 +42,7 @@ class TrialRow:
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status == Outcome.OK
 
     @property
     def label(self) -> str:
@@ -242,7 +244,7 @@ def _trial_finished(s: RunState, ev: dict, t) -> None:
     row = s._row(ev)
     res = ev.get("result") or {}
     row.finished_t = t
-    row.status = str(res.get("outcome") or "ok")
+    row.status = str(res.get("outcome") or Outcome.OK.value)
     row.reason = str(res.get("reason") or "")
     if res.get("knobs"):
         row.knobs = dict(res["knobs"])
@@ -261,7 +263,7 @@ def _trial_finished(s: RunState, ev: dict, t) -> None:
 
 def _trial_pruned(s: RunState, ev: dict, t) -> None:
     row = s._row(ev)
-    row.status = "pruned"
+    row.status = Outcome.PRUNED.value
     row.reason = str(ev.get("reason") or row.reason or "")
     if row.finished_t is None:
         row.finished_t = t

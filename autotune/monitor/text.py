@@ -11,6 +11,8 @@ import math
 import os
 import time
 
+from autotune.measuring.outcome import Outcome
+
 GIB = 1024 ** 3
 SPARK = "▁▂▃▄▅▆▇█"
 
@@ -179,7 +181,7 @@ def _trial_finished(ev):
     knobs = _knobs_part(r.get("knobs"), ev.get("mode") or r.get("mode"))
     knobs = f" · {knobs}" if knobs else ""
     dur = fmt_duration(r.get("duration_s"))
-    if outcome == "ok":
+    if outcome == Outcome.OK:
         flag = " [foreign load: not comparable]" if r.get("foreign_flagged") else ""
         return (f"{head}: {fmt_rate(r.get('samples_per_s'), r.get('ci_half'))} samples/s "
                 f"in {dur}{knobs}{flag}")

@@ -11,11 +11,12 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from autotune.measuring.outcome import Outcome
 from autotune.monitor import text as fmt
-from autotune.monitor.state import RunState, TrialRow
+from autotune.monitor.state import RUNNING, RunState, TrialRow
 
-OUTCOME_STYLE = {"ok": "green", "running": "yellow", "pruned": "magenta",
-                 "foreign-load": "yellow"}  # every other outcome is a failure: red
+OUTCOME_STYLE = {Outcome.OK.value: "green", RUNNING: "yellow", Outcome.PRUNED.value: "magenta",
+                 Outcome.FOREIGN_LOAD.value: "yellow"}  # every other outcome is a failure: red
 
 
 def render(state: RunState, *, now: float, title: str = "", max_rows: int = 12) -> Group:
@@ -150,7 +151,7 @@ def outcome_text(row: TrialRow) -> Text:
     style = OUTCOME_STYLE.get(row.status, "red")
     text = Text(row.status, style=style)
     if row.reason:
-        text.append(f": {row.reason}", style=style if row.status != "ok" else "")
+        text.append(f": {row.reason}", style=style if row.status != Outcome.OK else "")
     elif row.foreign_flagged:
         text.append(": foreign load, not comparable", style="yellow")
     return text
@@ -184,7 +185,7 @@ def trials_table(state: RunState, *, now: float, max_rows: int = 12) -> Table:
         if show_knobs:
             cells.append(fmt.fmt_knobs(r.knobs) if r.knobs or r.mode == "full" else "")
         cells += [rate, outcome_text(r), fmt.fmt_duration(dur)]
-        table.add_row(*cells, style="bold" if is_best else ("dim" if r.status == "pruned"
+        table.add_row(*cells, style="bold" if is_best else ("dim" if r.status == Outcome.PRUNED
                                                             else None))
     return table
 
@@ -193,7 +194,7 @@ def trials_table(state: RunState, *, now: float, max_rows: int = 12) -> Table:
 def history(state: RunState) -> list[float | None]:
     """Throughput of finished full-mode trials in order (None for a failed one)."""
     return [r.samples_per_s if r.ok else None for r in state.rows
-            if r.finished and r.mode == "full" and r.status != "pruned"]
+            if r.finished and r.mode == "full" and r.status != Outcome.PRUNED]
 
 
 def best_so_far(values) -> list[float | None]:

@@ -15,6 +15,7 @@ from html import escape
 from pathlib import Path
 
 from autotune.store import jsontext
+from autotune.measuring.outcome import Outcome
 from autotune.report import importance, svg
 from autotune.store.journal import read_events
 from autotune.monitor.state import RunState, TrialRow, fold
@@ -63,11 +64,11 @@ def _kind(r: TrialRow, best: TrialRow | None) -> str:
         return "best"
     if r.ok:
         return "ok"
-    return "pruned" if r.status == "pruned" else "failed"
+    return "pruned" if r.status == Outcome.PRUNED else "failed"
 
 
 def _y(r: TrialRow):
-    return r.samples_per_s if (r.ok or r.status == "pruned") and r.samples_per_s else None
+    return r.samples_per_s if (r.ok or r.status == Outcome.PRUNED) and r.samples_per_s else None
 
 
 def _title(r: TrialRow) -> str:
@@ -251,7 +252,7 @@ def trials_section(state: RunState) -> str:
     body = []
     for r in state.rows:
         cls = "best" if r is best else ("" if r.ok or not r.finished else
-                                        ("pruned" if r.status == "pruned" else "failed"))
+                                        ("pruned" if r.status == Outcome.PRUNED else "failed"))
         ci = f"{r.ci_half:,.1f}" if r.ci_half else "-"
         body.append(
             f"<tr class='{cls}'><td>{escape(r.label)}</td><td>{escape(r.mode)}</td>"

@@ -1,7 +1,7 @@
 """Which knob mattered: parameter importance for the report.
 
 From the run's Optuna study (``study.db`` in the run directory) when there is one and Optuna can
-compute it; otherwise computed here from the journal's trials as the correlation ratio (eta
+compute it (`autotune.tuning.study.importances`: Optuna enters there only); otherwise computed here from the journal's trials as the correlation ratio (eta
 squared: the share of the throughput variance explained by grouping trials by the knob's value),
 normalised to sum to 1. Never raises: no importance is an empty result with a reason.
 """
@@ -9,7 +9,6 @@ normalised to sum to 1. Never raises: no importance is an empty result with a re
 from __future__ import annotations
 
 import logging
-import warnings
 from pathlib import Path
 
 STUDY_DB = "study.db"
@@ -67,39 +66,12 @@ def from_study(run_dir: Path) -> tuple[dict[str, float], str]:
     if not db.is_file():
         return {}, "no study.db in the run directory"
     try:
-        import optuna
+        from autotune.tuning import study  # Optuna's place; loaded only when there is a study
 
-        optuna.logging.set_verbosity(optuna.logging.ERROR)
-        storage = f"sqlite:///{db}"
-        summaries = optuna.study.get_all_study_summaries(storage=storage)
-        if not summaries:
-            return {}, "study.db holds no study"
-        name = max(summaries, key=lambda s: s.n_trials).study_name
-        study = optuna.load_study(study_name=name, storage=storage)
-        done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-        if len(done) < MIN_TRIALS:
-            return {}, f"only {len(done)} complete trials in the study"
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            for evaluator in _evaluators(optuna):
-                try:
-                    imp = optuna.importance.get_param_importances(study, evaluator=evaluator)
-                except ImportError:  # fANOVA needs scikit-learn
-                    continue
-                if imp:
-                    kind = type(evaluator).__name__ if evaluator else "fANOVA"
-                    return {k: float(v) for k, v in imp.items()}, f"Optuna {kind}"
-        return {}, "Optuna could not compute importances"
+        return study.importances(study.sqlite_url(db), min_trials=MIN_TRIALS)
     except Exception as exc:  # noqa: BLE001 - a broken study must not break the report
         logging.getLogger(__name__).debug("study importance failed", exc_info=True)
         return {}, f"study.db unreadable: {type(exc).__name__}: {exc}"
-
-
-def _evaluators(optuna):
-    yield None  # Optuna's default (fANOVA)
-    ped = getattr(optuna.importance, "PedAnovaImportanceEvaluator", None)
-    if ped is not None:
-        yield ped()
 
 
 def importance(run_dir: Path, trials: list[tuple[dict, float]]) -> tuple[dict[str, float], str]:

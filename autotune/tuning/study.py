@@ -9,6 +9,7 @@ Trials that ran out of memory or failed are completed with value 0 and a positiv
 (``trial.set_constraint``), which TPE treats as infeasible. A study left with a RUNNING trial by a
 controller that was killed is recovered by `open_study`: the trial is marked FAIL and its
 parameters are queued again, so it is re-run and no finished trial is lost or repeated.
+`importances` reads a stored study back for the report: which knob mattered.
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ from optuna.pruners import BasePruner
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from autotune.tuning import decision
+from autotune.measuring.outcome import Outcome
 
 __all__ = ["StudyHandle", "IntervalPruner", "Trial", "FrozenTrial", "TrialState", "TrialPruned",
-           "open_study", "sqlite_url", "comparable", "best_comparable", "best_floor"]
+           "open_study", "sqlite_url", "comparable", "best_comparable", "best_floor",
+           "importances"]
 
 TrialPruned = optuna.TrialPruned
-OK = "ok"  # user_attrs["outcome"] of a trial whose throughput can be compared
+OK = Outcome.OK.value  # user_attrs["outcome"] of a trial whose throughput can be compared
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 logging.getLogger("alembic").setLevel(logging.WARNING)
@@ -171,3 +174,29 @@ def open_study(url: str, name: str, *, run_id: str, seed: int | None = None,
             handle.enqueue(dict(t.params), {"retry_of": t.number})
             handle.recovered.append(t.number)
     return handle
+
+
+def importances(url: str, *, min_trials: int) -> tuple[dict[str, float], str]:
+    """(importance by parameter, how it was computed) of the storage's largest study; ({}, why
+    not) when it holds fewer than ``min_trials`` complete trials or Optuna cannot compute it.
+    fANOVA (Optuna's default) needs scikit-learn; PED-ANOVA, where Optuna has it, does not."""
+    summaries = optuna.study.get_all_study_summaries(storage=url)
+    if not summaries:
+        return {}, "study.db holds no study"
+    name = max(summaries, key=lambda s: s.n_trials).study_name
+    study = optuna.load_study(study_name=name, storage=url)
+    done = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    if len(done) < min_trials:
+        return {}, f"only {len(done)} complete trials in the study"
+    ped = getattr(optuna.importance, "PedAnovaImportanceEvaluator", None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for evaluator in (None, ped() if ped is not None else None):
+            try:
+                imp = optuna.importance.get_param_importances(study, evaluator=evaluator)
+            except ImportError:  # fANOVA needs scikit-learn
+                continue
+            if imp:
+                kind = type(evaluator).__name__ if evaluator else "fANOVA"
+                return {k: float(v) for k, v in imp.items()}, f"Optuna {kind}"
+    return {}, "Optuna could not compute importances"

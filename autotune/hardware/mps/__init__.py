@@ -26,15 +26,16 @@ Controller settings (environment): ``AUTOTUNE_MPS_CONTROL`` (path of the executa
 ``AUTOTUNE_MPS_DIR`` (where private directories go, default /tmp), ``AUTOTUNE_MPS_KEEP=1``
 (keep the directories and ``control.log`` after the daemon stopped).
 
-Modules: `config` (names, paths, the executable, a client's environment), `daemon` (`MpsDaemon`:
-start, commands, stop), `verify` (`MpsCheck`: are the ranks really clients), `registry` (the
-controller's daemons: `shared`, `stop_all`, signal handlers, `reap_stale`), `process` (the
-daemon's pid). Callers use this package's names only.
+Modules: `config` (names, paths, the executable), `daemon` (`MpsDaemon`: start, commands, stop;
+a client's environment; the `shared` one), `verify` (`MpsCheck`: are the ranks really clients),
+`registry` (the controller's daemons: `stop_all`, signal handlers, `reap_stale`), `process` (the
+daemon's pid). Imports go one way, ``daemon`` -> ``verify``, ``registry``, ``process`` ->
+``config``: no module imports one that imports it back. Callers use this package's names only.
 """
 
-from autotune.hardware.mps.config import (BINARY, BINARY_ENV, DIR_ENV, DIR_PREFIX, KEEP_ENV, LOG_ENV, MAX_DIR_CHARS, OWNER_FILE, PID_FILE, PIPE_ENV, THREAD_PCT_ENV, MpsError, available, check_dir, client_env, find_binary)
-from autotune.hardware.mps.daemon import MpsDaemon
-from autotune.hardware.mps.registry import reap_stale, shared, stop_all, stop_shared
+from autotune.hardware.mps.config import (BINARY, BINARY_ENV, DIR_ENV, DIR_PREFIX, KEEP_ENV, LOG_ENV, MAX_DIR_CHARS, OWNER_FILE, PID_FILE, PIPE_ENV, THREAD_PCT_ENV, MpsError, available, check_dir, find_binary)
+from autotune.hardware.mps.daemon import MpsDaemon, client_env, shared, stop_shared
+from autotune.hardware.mps.registry import reap_stale, stop_all
 from autotune.hardware.mps.verify import MpsCheck
 
 __all__ = [

@@ -2,8 +2,8 @@
 
 The executable and how to find it, the environment variables the daemon and its clients read,
 the daemon's files, the path limit it fails on silently, and `MpsError`. Kept apart from the
-daemon so that asking whether MPS could run here (`available`) or building a rank's environment
-(`client_env`) starts nothing.
+daemon so that asking whether MPS could run here (`available`) starts nothing; it imports no
+other module of the package.
 """
 
 from __future__ import annotations
@@ -11,12 +11,8 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from autotune.errors import LaunchError
-
-if TYPE_CHECKING:
-    from autotune.hardware.mps.daemon import MpsDaemon
 
 BINARY = "nvidia-cuda-mps-control"
 BINARY_ENV = "AUTOTUNE_MPS_CONTROL"
@@ -66,15 +62,3 @@ def check_dir(path: str | os.PathLike, what: str) -> None:
                        f"silently on paths over {MAX_DIR_CHARS}. Set {DIR_ENV} to a short "
                        f"directory such as /tmp")
 
-
-def client_env(daemon: MpsDaemon | None, thread_pct: float | None) -> dict[str, str]:
-    """What one MPS client needs in its environment: the daemon's dirs and its thread share."""
-    env = {}
-    if daemon is not None:
-        env[PIPE_ENV] = str(daemon.pipe_dir)
-        env[LOG_ENV] = str(daemon.log_dir)
-    if thread_pct is not None:
-        if not 0 < float(thread_pct) <= 100:
-            raise ValueError(f"0 < thread_pct <= 100 must hold, but got {thread_pct}")
-        env[THREAD_PCT_ENV] = f"{float(thread_pct):g}"
-    return env

@@ -4,6 +4,8 @@ The only place ``nvidia-cuda-mps-control`` is run for a daemon of ours (through 
 A daemon gets its own short private directories, registers with `autotune.hardware.mps.registry` as it
 starts so it is stopped on every exit path of the controller, and stops with ``quit``, then TERM,
 then KILL. Checking that the ranks really are its clients lives in `autotune.hardware.mps.verify`.
+Also here: what a client needs in its environment (`client_env`) and the one daemon the whole
+run shares (`shared`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import psutil
 from autotune.launching import proc
 from autotune.errors import LaunchError
 from autotune.hardware.mps import registry
-from autotune.hardware.mps.config import (BINARY, BINARY_ENV, DIR_ENV, DIR_PREFIX, KEEP_ENV, LOG_ENV, OWNER_FILE, PID_FILE, PIPE_ENV, MpsError, check_dir, find_binary)
+from autotune.hardware.mps.config import (BINARY, BINARY_ENV, DIR_ENV, DIR_PREFIX, KEEP_ENV, LOG_ENV, OWNER_FILE, PID_FILE, PIPE_ENV, THREAD_PCT_ENV, MpsError, check_dir, find_binary)
 from autotune.hardware.mps.process import alive, parse_pids, send_signal, wait_gone
 from autotune.hardware.mps.verify import MpsCheck, wait_for_clients
 
@@ -158,10 +160,6 @@ class MpsDaemon:
         """Server pid -> client pids, as the daemon reports them now."""
         return {server: self.client_list(server) for server in self.server_list()}
 
-    def set_default_thread_pct(self, pct: float) -> None:
-        """Default active thread share for servers started from now on (the guide's command)."""
-        self.control(f"set_default_active_thread_percentage {float(pct):g}")
-
     def verify(self, pids: Callable[[], Collection[int]], *, expected: int,
                timeout_s: float = 60.0, still_running: Callable[[], bool] = lambda: True,
                interval_s: float = 1.0) -> MpsCheck:
@@ -169,7 +167,8 @@ class MpsDaemon:
 
         See `autotune.hardware.mps.verify.wait_for_clients`.
         """
-        return wait_for_clients(self, pids, expected=expected, timeout_s=timeout_s,
+        return wait_for_clients(self.clients, pids, expected=expected,
+                                control_log=self.control_log, timeout_s=timeout_s,
                                 still_running=still_running, interval_s=interval_s)
 
     def running(self) -> bool:
@@ -208,9 +207,52 @@ class MpsDaemon:
         self.stop()
 
 
+def client_env(daemon: MpsDaemon | None, thread_pct: float | None) -> dict[str, str]:
+    """What one MPS client needs in its environment: the daemon's dirs and its thread share."""
+    env = {}
+    if daemon is not None:
+        env[PIPE_ENV] = str(daemon.pipe_dir)
+        env[LOG_ENV] = str(daemon.log_dir)
+    if thread_pct is not None:
+        if not 0 < float(thread_pct) <= 100:
+            raise ValueError(f"0 < thread_pct <= 100 must hold, but got {thread_pct}")
+        env[THREAD_PCT_ENV] = f"{float(thread_pct):g}"
+    return env
+
+
 def _tail_hint(path: Path) -> str:
     try:
         lines = path.read_text(errors="replace").splitlines()[-5:]
     except OSError:
         return " (no control.log was written)"
     return ":\n" + "\n".join(lines) if lines else " (control.log is empty)"
+
+
+# -- one daemon per controller ----------------------------------------------------------------
+_shared: MpsDaemon | None = None
+_shared_lock = threading.Lock()
+
+
+def shared(env: Mapping[str, str] | None = None) -> MpsDaemon:
+    """The controller's MPS daemon, started on first use and kept for the whole run.
+
+    Trials come and go; starting a daemon per trial would cost seconds each. It is stopped at
+    controller exit (see `autotune.hardware.mps`) or by `stop_shared`.
+    """
+    global _shared
+    with _shared_lock:
+        current = _shared
+    if current is not None and current.running():
+        return current
+    daemon = MpsDaemon(env=env).start()
+    with _shared_lock:
+        _shared = daemon
+    return daemon
+
+
+def stop_shared() -> None:
+    global _shared
+    with _shared_lock:
+        daemon, _shared = _shared, None
+    if daemon is not None:
+        daemon.stop()

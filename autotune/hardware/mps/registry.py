@@ -1,9 +1,10 @@
-"""The controller's MPS daemons: the shared one, stopping all on every exit path, stale reaping.
+"""The controller's MPS daemons: stopping all on every exit path, stale reaping.
 
 Process-wide state, kept in one module: the daemons this process started (stopped by `stop_all`,
-registered with ``atexit``; SIGTERM/SIGHUP unwind like an exception so it runs), the one daemon
-the whole run shares (`shared`; starting one per trial would cost seconds each), and
-`reap_stale`, which stops daemons left by a controller that was killed before it could.
+registered with ``atexit``; SIGTERM/SIGHUP unwind like an exception so it runs), and
+`reap_stale`, which stops daemons left by a controller that was killed before it could. A daemon
+registers itself here as it starts; this module only calls its ``stop``, so it imports nothing
+of `autotune.hardware.mps.daemon` (which holds the one daemon the whole run shares).
 """
 
 from __future__ import annotations
@@ -17,26 +18,22 @@ import signal
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from autotune.launching import proc
 from autotune.errors import LaunchError
 from autotune.hardware.mps.config import DIR_PREFIX, LOG_ENV, OWNER_FILE, PID_FILE, PIPE_ENV
 from autotune.hardware.mps.process import alive, same_process_alive, send_signal, wait_gone
 
-if TYPE_CHECKING:
-    from autotune.hardware.mps.daemon import MpsDaemon
-
 log = logging.getLogger(__name__)
 
 # -- stopping on every exit path ------------------------------------------------------------------
-_live: list[MpsDaemon] = []
+_live: list = []  # the `MpsDaemon`s started and not stopped yet
 _live_lock = threading.Lock()
 _guarded = False
 
 
-def register(daemon: MpsDaemon) -> None:
-    """Track a starting daemon so `stop_all` stops it; installs the exit hooks once."""
+def register(daemon) -> None:
+    """Track a starting `MpsDaemon` so `stop_all` stops it; installs the exit hooks once."""
     global _guarded
     with _live_lock:
         _live.append(daemon)
@@ -46,7 +43,7 @@ def register(daemon: MpsDaemon) -> None:
     _install_signal_handlers()
 
 
-def unregister(daemon: MpsDaemon) -> None:
+def unregister(daemon) -> None:
     """Forget a daemon that stopped (or never started)."""
     with _live_lock:
         if daemon in _live:
@@ -76,37 +73,6 @@ def _install_signal_handlers() -> None:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(sig) in (signal.SIG_DFL, None):
             signal.signal(sig, _exit_on_signal)
-
-
-# -- one daemon per controller ----------------------------------------------------------------
-_shared: MpsDaemon | None = None
-
-
-def shared(env: Mapping[str, str] | None = None) -> MpsDaemon:
-    """The controller's MPS daemon, started on first use and kept for the whole run.
-
-    Trials come and go; starting a daemon per trial would cost seconds each. It is stopped at
-    controller exit (see `autotune.hardware.mps`) or by `stop_shared`.
-    """
-    from autotune.hardware.mps.daemon import MpsDaemon  # here: daemon.py imports this module
-
-    global _shared
-    with _live_lock:
-        current = _shared
-    if current is not None and current.running():
-        return current
-    daemon = MpsDaemon(env=env).start()
-    with _live_lock:
-        _shared = daemon
-    return daemon
-
-
-def stop_shared() -> None:
-    global _shared
-    with _live_lock:
-        daemon, _shared = _shared, None
-    if daemon is not None:
-        daemon.stop()
 
 
 # -- daemons of dead controllers ------------------------------------------------------------------
