@@ -73,7 +73,8 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, Settings]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 epilog="Anything after '--' goes to the script.")
     p.add_argument("--out", required=True, type=Path, help="where the reports go")
-    p.add_argument("--work", type=Path, help="logs, runs, recipes (default OUT/work)")
+    p.add_argument("--work", type=Path,
+                   help="logs and autotune runs (default OUT/work); recipes go to OUT/recipes")
     p.add_argument("--steps", type=_steps, default=record.STEPS,
                    help=f"comma-separated subset of {','.join(record.STEPS)} (default all)")
     p.add_argument("--budget", type=_budget, default="4m", help="autotune tune --budget (4m)")

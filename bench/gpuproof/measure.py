@@ -130,7 +130,10 @@ def run(ctx: Context) -> Step:
     summary = tune.get("data", {}).get("summary") or {}
     recipe = None
     if tune.get("status") in ("ok", "incomplete") and summary.get("recipe"):
-        recipe = {"path": summary["recipe"], "knobs": summary["best"]["knobs"]}
+        # OUT/recipes first: OUT may have been carried here from the machine that tuned
+        path = ctx.out / "recipes" / Path(summary["recipe"]).name
+        recipe = {"path": str(path if path.exists() else summary["recipe"]),
+                  "knobs": summary["best"]["knobs"]}
     else:
         step.partial("no tuned recipe (the tune step did not run or failed): the recipe through "
                      "autotune run is not measured, shares are fixed")
@@ -165,6 +168,10 @@ def _f(v, digits=1) -> str:
     return "n/a" if v is None else f"{v:.{digits}f}"
 
 
+def _u(v, unit: str, digits: int = 1) -> str:
+    return "n/a" if v is None else f"{v:.{digits}f} {unit}"
+
+
 def _tune_record(out: Path) -> dict:
     try:
         return json.loads((out / "steps" / "tune.json").read_text())
@@ -175,10 +182,11 @@ def _tune_record(out: Path) -> dict:
 def describe(res: dict) -> str:
     g = res.get("gpu", {})
     mps = res.get("mps") or {}
-    text = (f"round {res['round']} {res['key']}: {_f(res['samples_per_s'])} samples/s, "
-            f"exit {res['exits']}, GPU util {_f(g.get('util_pct_mean'))}%, mem max "
-            f"{_f((g.get('mem_used_bytes_max') or 0) / 2**30, 2)} GiB, power "
-            f"{_f(g.get('power_w_mean'))} W, energy {_f(g.get('energy_j'))} J")
+    mem = g.get("mem_used_bytes_max")
+    text = (f"round {res['round']} {res['key']}: {_u(res['samples_per_s'], 'samples/s')}, "
+            f"exit {res['exits']}, GPU util {_u(g.get('util_pct_mean'), '%')}, mem max "
+            f"{_u(None if mem is None else mem / 2**30, 'GiB', 2)}, power "
+            f"{_u(g.get('power_w_mean'), 'W')}, energy {_u(g.get('energy_j'), 'J')}")
     if mps.get("verified") is not None:
         text += (f"; MPS {'served all ' if mps['verified'] else 'did NOT serve all '}"
                  f"{res['ranks']} rank(s) (daemon clients {mps.get('clients')}, NVML MPS pids "

@@ -175,7 +175,7 @@ def run_tune(ctx: Context) -> Step:
     env, mps_dir = ctx.autotune_env()
     s = ctx.settings
     args = ["tune", "--json", "--plain", "--budget", s.budget, "--seed", "0",
-            "--recipe-dir", str(ctx.work / "recipes"), "--probe-cwd", str(ctx.work / "cwd")]
+            "--recipe-dir", str(ctx.out / "recipes"), "--probe-cwd", str(ctx.work / "cwd")]
     if s.tune_space:  # the list ends at '--', as autotune's --space asks
         args += ["--space", *s.tune_space, "--"]
     args += [str(s.script), *s.script_args, "--epochs", "1000"]
