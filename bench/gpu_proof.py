@@ -25,12 +25,12 @@ failed and no process was left, else 1. See docs/benchmarks.md, 'GPU proof kit'.
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import shlex
 import signal
 import sys
 import time
+import traceback
 import uuid
 from pathlib import Path
 
@@ -133,15 +133,27 @@ def main(argv=None) -> int:
     print(f"# gpu_proof {meta['when']} on {meta['host']}: steps {','.join(args.steps)}; "
           f"reports in {out}", flush=True)
     leftovers: list[dict] = []
+    mps_before = {p["pid"] for p in mpsd.mps_processes()}
     try:
         for name in ("env", *[s for s in args.steps if s != "env"]):
             t0 = time.monotonic()
-            step = facts.run(ctx) if name == "env" else RUNNERS[name](ctx)
+            try:
+                step = facts.run(ctx) if name == "env" else RUNNERS[name](ctx)
+            except Exception as exc:  # noqa: BLE001 - one step's crash must not lose the rest
+                step = record.Step(name)
+                step.data["traceback"] = traceback.format_exc()
+                step.fail(f"the kit crashed in this step: {type(exc).__name__}: {exc}")
             step.duration_s = time.monotonic() - t0
             record.save(out, step)
     finally:
         mpsd.stop_all()
         leftovers = procs.sweep(ctx.marker)
+        # An MPS server need not inherit the marker: MPS processes that were not here at the
+        # start are told (not stopped: on a shared machine they may be someone else's).
+        meta["mps_appeared"] = [p for p in mpsd.mps_processes() if p["pid"] not in mps_before]
+        if meta["mps_appeared"]:
+            print(f"WARNING: MPS processes appeared during the run and are still there: "
+                  f"{meta['mps_appeared']}", flush=True)
         if leftovers:
             print(f"FAILED: processes of the kit were left and are stopped now: {leftovers}",
                   flush=True)

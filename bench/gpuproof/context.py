@@ -68,9 +68,10 @@ class Context:
                         AUTOTUNE_MPS_KEEP="1"), mps_dir
 
     def autotune(self, *args: str, name: str, timeout_s: float, env=None) -> procs.Ran:
-        """``python -m autotune ARGS`` from the repo root, as a user runs it."""
+        """``python -m autotune ARGS`` from the repo root, as a user runs it (``env``: from
+        `autotune_env` for a command that may start MPS daemons)."""
         if env is None:
-            env, _ = self.autotune_env()
+            env = self.env(AUTOTUNE_RUNS_DIR=str(self.work / "runs"))
         return procs.run([self.python, "-m", "autotune", *args], env=env, cwd=str(ROOT),
                          timeout_s=timeout_s, log_path=self.log(name))
 

@@ -12,7 +12,6 @@ ranks, stopped with ``quit`` after them, checked gone.
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import statistics
@@ -200,11 +199,14 @@ def describe(res: dict) -> str:
 
 
 def _rank_env(ctx: Context, c: Config, rank: int, port: int, extra) -> dict:
-    cores = len(os.sched_getaffinity(0))
-    return ctx.env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(c.ranks),
-                   LOCAL_WORLD_SIZE=str(c.ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   CUDA_VISIBLE_DEVICES=str(ctx.settings.gpu),
-                   OMP_NUM_THREADS=str(max(1, cores // c.ranks)), **extra)
+    """torchrun's environment for one rank on the measured GPU; like torchrun, several ranks get
+    ``OMP_NUM_THREADS=1`` unless it is set, one rank keeps torch's default (the plain script)."""
+    env = ctx.env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(c.ranks),
+                  LOCAL_WORLD_SIZE=str(c.ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                  CUDA_VISIBLE_DEVICES=str(ctx.settings.gpu), **extra)
+    if c.ranks > 1:
+        env.setdefault("OMP_NUM_THREADS", "1")
+    return env
 
 
 def one_run(ctx: Context, c: Config, nvml: Nvml, binary: str | None, recipe, rnd: int) -> dict:
@@ -304,6 +306,7 @@ def _run_recipe(ctx: Context, c: Config, nvml: Nvml, binary, recipe, res: dict) 
     argv = [ctx.python, "-m", "autotune", "run", "--plain", "--recipe", recipe["path"],
             str(s.script), *s.script_args, "--seconds", f"{s.seconds:g}"]
     log = ctx.log(f"recipe-r{res['round']}")
+    (ctx.work / "cwd").mkdir(parents=True, exist_ok=True)
     seen: set[int] = set()
     nvml_mps: set[int] = set()
     ours: set[int] = set()  # clients that carry the kit's marker, checked while they live

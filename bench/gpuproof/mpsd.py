@@ -216,17 +216,22 @@ def stop_all() -> list[dict]:
 atexit.register(stop_all)
 
 
-def foreign_daemons(marker: str) -> list[dict]:
-    """MPS control daemons and servers running here that the kit did not start."""
-    ours = {p["pid"] for p in procs.leftovers(marker)}
+def mps_processes() -> list[dict]:
+    """Every MPS control daemon and server running here (by process name), whoever started it."""
     found = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) in ours:
+        if not entry.name.isdigit():
             continue
         try:
             name = (entry / "comm").read_text().strip()
         except OSError:
             continue
-        if name.startswith("nvidia-cuda-mps"):
+        if name.startswith("nvidia-cuda-mps") and procs.alive(int(entry.name)):
             found.append({"pid": int(entry.name), "name": name})
     return found
+
+
+def foreign_daemons(marker: str) -> list[dict]:
+    """MPS control daemons and servers running here that the kit did not start."""
+    ours = {p["pid"] for p in procs.leftovers(marker)}
+    return [p for p in mps_processes() if p["pid"] not in ours]

@@ -73,8 +73,11 @@ def run(argv, *, env, cwd, timeout_s: float, log_path: Path,
     timed_out = False
     try:
         if stdin_text is not None:
-            popen.stdin.write(stdin_text.encode())
-            popen.stdin.close()
+            try:
+                popen.stdin.write(stdin_text.encode())
+                popen.stdin.close()
+            except BrokenPipeError:
+                pass  # it ended without reading: its exit code and output say why
         popen.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         timed_out = True

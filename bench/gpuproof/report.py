@@ -41,6 +41,10 @@ def markdown(report: dict) -> str:
     left = report["leftovers"]
     out.append(f"| leftovers | {'FAILED' if left else 'ok'} | "
                f"{_cell(left) if left else 'no process of the kit left after the last step'} |")
+    if meta.get("mps_appeared"):
+        out += ["", f"WARNING: MPS processes appeared during the run and are still there "
+                    f"(without the kit's marker: someone else's, or a server of ours): "
+                    f"{_cell(meta['mps_appeared'])}"]
     for name, s in report["steps"].items():
         out += ["", f"## {name}: {s['status']}", "",
                 f"Started {s['started']}, {s['duration_s']:.0f} s.", ""]
