@@ -18,7 +18,7 @@ from fakes.gpu_host import ROOT, fake_gpu_env, write_nvml_config
 
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gpuproof import measure, nvmlread, report, steps  # noqa: E402
+from gpuproof import facts, measure, nvmlread, report, steps  # noqa: E402
 
 KIT = ROOT / "bench" / "gpu_proof.py"
 PROOF_RANK = str(SCRIPTS / "proof_rank.py")
@@ -95,6 +95,15 @@ def test_shares_come_from_the_fastest_good_trial_per_rank_count():
     shares = steps.shares_by_instances(trials)
     assert shares[2]["thread_pct"] == 75 and shares[2]["trial"] == "t2"
     assert shares[1]["thread_pct"] == 100
+
+
+def test_a_crash_is_told_by_its_last_line_and_our_last_frame():
+    out = (f'Traceback (most recent call last):\n  File "{ROOT}/autotune/cli.py", line 9, in main\n'
+           '  File "/usr/lib/python3/importlib/__init__.py", line 1, in import_module\n'
+           "ModuleNotFoundError: No module named 'tomli_w'\n")
+    assert facts.crash_line(out) == ("ModuleNotFoundError: No module named 'tomli_w' (raised in "
+                                     'File "autotune/cli.py", line 9, in main)')
+    assert facts.crash_line("") == "(no output)"
 
 
 def test_budget_forms():
@@ -232,6 +241,26 @@ def test_daemon_that_does_not_start_is_told_and_autotune_env_disagrees(fake_host
     assert not agreement["agree"] and "autotune env says MPS is available" in agreement["verdict"]
     assert agreement["probe"]["said"].startswith("ERROR: the MPS control daemon did not start")
     assert agreement["probe"]["names_cause"]
+
+
+def test_a_host_without_optuna_is_told_and_autotunes_steps_skipped(tmp_path):
+    """A GPU host as lent here lacks optuna: autotune's command line does not start at all, and
+    the kit says so (where it broke), skips probe and tune with that reason, and runs on."""
+    shadow = tmp_path / "shadow" / "optuna"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('No module named optuna (shadowed)')\n")
+    env = dict(os.environ, PYTHONPATH=str(shadow.parent))
+    env.pop("FAKE_PYNVML_CONFIG", None)
+    p, rep, md = run_kit(env, tmp_path / "out", "--steps", "probe,tune", "--allow-cpu")
+    e = rep["steps"]["env"]
+    assert e["data"]["packages"]["optuna"]["ok"] is False
+    assert e["status"] == "failed" and "No module named optuna (shadowed)" in e["reason"]
+    assert 'raised in File "autotune/' in e["reason"] and p.returncode == 1
+    for name in ("probe", "tune"):
+        step = rep["steps"][name]
+        assert step["status"] == "skipped", step
+        assert step["reason"].startswith("autotune's command line does not start here: "
+                                         "ImportError: No module named optuna (shadowed)")
 
 
 # -- autotune's own words when MPS cannot start ---------------------------------------------------

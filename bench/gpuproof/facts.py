@@ -18,7 +18,7 @@ import shutil
 import time
 
 from gpuproof import mpsd, procs
-from gpuproof.context import Context
+from gpuproof.context import ROOT, Context
 from gpuproof.nvmlread import Nvml
 from gpuproof.record import Step
 
@@ -188,9 +188,9 @@ def mps_facts(ctx: Context, step: Step) -> dict:
 def autotune_env(ctx: Context, step: Step) -> dict:
     ran = ctx.autotune("env", "--json", name="autotune-env", timeout_s=180)
     if ran.returncode != 0:
-        why = ran.tail(3).replace("\n", " | ")
+        why = crash_line(ran.output)
         step.fail(f"'autotune env --json' exited {ran.returncode}: {why}")
-        return {"ok": False, "error": ran.tail(20)}
+        return {"ok": False, "why": why, "error": ran.tail(20)}
     try:
         info = json.loads(ran.output[ran.output.index("{"):])
     except ValueError as exc:
@@ -200,6 +200,16 @@ def autotune_env(ctx: Context, step: Step) -> dict:
              f"({info['gpus']['why_not'] or len(info['gpus']['devices'])}), mps "
              f"{'yes' if info['mps']['available'] else 'no (' + info['mps']['why_not'] + ')'}")
     return {"ok": True, "gpus": info["gpus"], "mps": info["mps"], "torch": info.get("torch")}
+
+
+def crash_line(output: str) -> str:
+    """Pure: a traceback's last line, and the last frame of ours it passed through."""
+    lines = [ln.strip() for ln in output.strip().splitlines() if ln.strip()]
+    if not lines:
+        return "(no output)"
+    ours = [ln for ln in lines if ln.startswith('File "') and str(ROOT) in ln]
+    where = ours[-1].replace(f"{ROOT}/", "") if ours else ""
+    return lines[-1] + (f" (raised in {where})" if where else "")
 
 
 def agree(ctx: Context, step: Step) -> None:

@@ -81,7 +81,7 @@ def cli_gate(ctx: Context, *, needs_optuna: bool = False) -> str:
         return why
     env = ctx.facts.get("autotune_env", {})
     if not env.get("ok"):
-        return f"autotune's command line does not start here: {env.get('error', '?')[-300:]}"
+        return f"autotune's command line does not start here: {env.get('why', '?')}"
     if needs_optuna and not ctx.facts.get("packages", {}).get("optuna", {}).get("ok"):
         err = ctx.facts.get("packages", {}).get("optuna", {}).get("error", "")
         return (f"optuna is not importable here ({err}); carry its wheels "
