@@ -26,3 +26,19 @@ def test_a_directory_given_as_the_script_is_called_a_directory(tmp_path):
     p = autotune("probe", "proj", cwd=tmp_path, timeout=60)
     assert_one_error_line(p, "'proj'", "is a directory")
     assert "not found" not in p.stderr
+
+
+def test_a_missing_dependency_disables_only_the_commands_that_need_it(tmp_path):
+    """A GPU host without optuna: env and probe still work, tune says what is missing."""
+    import os
+
+    shadow = tmp_path / "shadow" / "optuna"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'optuna'\", name='optuna')\n")
+    env = dict(os.environ, PYTHONPATH=str(shadow.parent))
+    assert autotune("env", cwd=tmp_path, env=env, timeout=60).returncode == 0
+    p = autotune("tune", str(SCRIPTS / "ok.py"), cwd=tmp_path, env=env, timeout=60)
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert p.returncode == 1 and len(lines) == 1, p.stderr
+    assert lines[0].startswith("ERROR: autotune tune needs the Python package 'optuna'")

@@ -35,10 +35,28 @@ def build_parser() -> argparse.ArgumentParser:
         except ModuleNotFoundError as exc:
             if exc.name == f"autotune.commands.{name}":
                 continue  # not built yet
-            raise
+            if not exc.name or exc.name.split(".")[0] in ("autotune", "probes"):
+                raise
+            _add_missing(sub, name, exc.name.split(".")[0])
+            continue
         p = module.add_parser(sub)
         p.set_defaults(_run=module.run)
     return parser
+
+
+def _add_missing(sub, name: str, package: str) -> None:
+    """A command whose dependency is not installed: the other commands still work, and this one
+    says what is missing instead of a traceback (a GPU host often lacks optuna, say)."""
+    p = sub.add_parser(name, add_help=False, help=f"(needs the package {package!r})")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+
+    def missing(_args) -> int:
+        raise AutotuneError(f"autotune {name} needs the Python package {package!r}, which "
+                            f"{sys.executable} cannot import; install it (pip install "
+                            f"{package.replace('_', '-')}), or carry its wheel as "
+                            f"docs/benchmarks.md says")
+
+    p.set_defaults(_run=missing)
 
 
 def _terminate(signum, frame):

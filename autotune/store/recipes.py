@@ -31,8 +31,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import tomli_w
-
 from autotune import __version__
 from autotune.store import fingerprint, rundir
 from autotune.tuning import space
@@ -138,6 +136,8 @@ def save(recipe: Recipe, recipe_dir: Path) -> Path:
     recipe_dir = Path(recipe_dir)
     recipe_dir.mkdir(parents=True, exist_ok=True)
     path = recipe_dir / f"{recipe.name}.toml"
+    import tomli_w  # only writing needs it: reading recipes works without
+
     rundir.write_atomic(path, tomli_w.dumps(recipe.to_toml()))
     return path
 
