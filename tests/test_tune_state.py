@@ -95,6 +95,11 @@ def test_a_bad_baseline_value_names_its_own_flag():
         parse_values(["workers=1,2"])
 
 
+def test_a_knob_fixed_twice_is_an_error_not_the_last_one_silently():
+    with pytest.raises(UsageError, match="^--fix: thread_pct given twice"):
+        space.parse_fix(["threads=1", "thread_pct=50"])
+
+
 def test_placeholder_guesses(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
     args = ("--bs", "{batch_size}", "-j", "{workers}", "-t", "{threads}")

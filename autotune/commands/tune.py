@@ -22,7 +22,7 @@ from autotune.errors import AutotuneError, UsageError
 from autotune.store.journal import Journal
 from autotune.tuning import (TuneReport, TuneSettings, TuneState, Tuner, check_not_running,
                              load_state)
-from autotune.tuning.space.parse import parse_values, tokens
+from autotune.tuning.space.parse import parse_values
 
 
 def add_parser(sub):
@@ -186,12 +186,12 @@ def notify(level: str, message: str) -> None:
 
 
 def start_journal(prep: Prepared) -> None:
-    s = prep.settings
+    s, saved = prep.settings, prep.settings.to_dict()
     prep.journal.emit("run_started", kind=prep.state.kind, command=list(s.command), cwd=s.cwd,
                       budget_s=s.budget_s, trials=s.max_trials,
                       hardware=fingerprint.summary(prep.fp), resumed=prep.resume,
                       launcher=engines.describe(prep.launcher),
-                      space={"space": tokens(s.ranges), "fix": tokens(s.fixed)})
+                      space={"space": saved["space_tokens"], "fix": saved["fix_tokens"]})
 
 
 @contextlib.contextmanager

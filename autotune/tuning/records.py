@@ -11,7 +11,7 @@ from autotune.measuring.bottleneck import Verdict
 from autotune.measuring.foreign_load import FOREIGN_CORES_LIMIT
 from autotune.measuring.outcome import Outcome
 from autotune.tuning.space import Range, Space, parse_fix, parse_space
-from autotune.tuning.space.parse import parse_values, tokens
+from autotune.tuning.space.parse import parse_values
 
 DEFAULT_TRIALS = 20
 
@@ -60,8 +60,9 @@ class TuneSettings:
         """For ``tune.json``: the parsed flags as the tokens they parse back from."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                if f.name not in _PARSED}
-        out.update(command=list(self.command), space_tokens=tokens(self.ranges),
-                   fix_tokens=tokens(self.fixed),
+        out.update(command=list(self.command),
+                   space_tokens=[r.token for r in self.ranges.values()],
+                   fix_tokens=[r.token for r in self.fixed.values()],
                    baseline_tokens=[f"{k}={v}" for k, v in self.baseline_values.items()])
         return out
 
