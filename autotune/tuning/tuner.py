@@ -6,8 +6,9 @@
 3. **Confirmation** (`autotune.tuning.confirm`): the best two and the baseline, re-measured
    interleaved.
 
-Each stage takes the `Prober` and the run's settings and hands back a frozen result; the run's
-`TuneState` is saved after each (``tune.json``), so ``--resume`` continues where it stopped.
+Each stage takes the `Prober` and the run's `TuneState` and hands back a frozen result (the
+baseline and the search, a new state); the state is saved as it grows (``tune.json``), so
+``--resume`` continues where it stopped.
 Everything the run learns goes to the journal (the monitor's only source) and to the study.
 """
 
