@@ -33,9 +33,10 @@ def placeholder_values(args: Sequence[str], *, given: Mapping[str, int] | None =
     """Values for the ``{placeholders}`` in a script's ``args`` when it runs with its own
     settings, and the names among them that were guessed.
 
-    A value ``given`` wins; else a global batch divided over ``devices`` (set even without a
-    placeholder: interception applies it); else the knob's conventional value, and for
-    ``threads`` every core this process may run on (what a rank gets by default).
+    ``batch_size`` is a global batch divided over ``devices`` when there is one (set even
+    without a placeholder: interception applies it); else a value ``given`` wins; else the
+    knob's conventional value, and for ``threads`` every core this process may run on (what a
+    rank gets by default, and what ``probe`` and ``tune`` alike assume).
     """
     given = dict(given or {})
     out, guessed = {}, []
