@@ -1,20 +1,21 @@
 """The search space on a GPU host: MPS-aware domains, thread_pct as the MPS share, recipes run on
 either device, bucket_mb narrowed by a measured allreduce (pure, with a fake probe, and real)."""
 
+import dataclasses
 import json
 
 import pytest
 
-from autotune.launching import allreduce
+from autotune.launching import allreduce, engines
 from autotune.store import fingerprint, recipes
 from autotune.tuning import space
 from autotune.errors import LaunchError, UsageError
 from autotune.store.journal import Journal, read_events
 from autotune.measuring.outcome import Outcome
 from autotune.measuring.trial import TrialResult
-from autotune.tuning import Tuner, TuneSettings
+from autotune.tuning import Prober, TuneSettings, TuneState, load_state
 from autotune.tuning import baseline as baseline_probe
-from autotune.tuning import tuner as tuner_module
+from autotune.tuning.state import save
 from conftest import SCRIPTS
 from fakes.gpu_host import BIN, fake_pynvml, gpu_uuid, write_nvml_config
 
@@ -208,14 +209,17 @@ def baseline_result(spec):
         knobs=dict(spec.knobs), mode=spec.mode)
 
 
-def tuner(tmp_path, monkeypatch, *, machine=None, **settings):
-    """A tuner whose probes are faked; only its baseline step is run by the tests."""
-    monkeypatch.setattr(tuner_module, "run_trial", lambda spec, **kw: baseline_result(spec))
+def stage(tmp_path, monkeypatch, *, machine=None, run_trial=None, **settings):
+    """The baseline stage's prober and state (settings as ``tune.json`` holds them); its
+    probes faked."""
     monkeypatch.setattr(fingerprint, "machine", lambda: machine or space.Machine(cores=2))
     run_dir = tmp_path / "run"
     run_dir.mkdir(exist_ok=True)
-    s = TuneSettings(command=("train.py",), cwd=str(tmp_path), seconds=10.0, **settings)
-    return Tuner(s, run_dir, Journal(run_dir))
+    s = TuneSettings.from_dict({"command": ["train.py"], "cwd": str(tmp_path), "seconds": 10.0,
+                                **settings})
+    prober = Prober(s, run_dir, Journal(run_dir), engines.Launcher(),
+                    run_trial=run_trial or (lambda spec, **kw: baseline_result(spec)))
+    return prober, TuneState.new(s, run_dir)
 
 
 def fake_measure(monkeypatch, answer):
@@ -237,47 +241,46 @@ def allreduce_events(run_dir):
 
 def test_baseline_step_narrows_bucket_mb_once(tmp_path, monkeypatch):
     calls = fake_measure(monkeypatch, SATURATES_AT_4MB)
-    t = tuner(tmp_path, monkeypatch)
-    baseline_probe.measure(t)
-    assert t.state["space"]["domains"]["bucket_mb"] == [1, 2, 4, 8, 16, 25]
+    prober, st = stage(tmp_path, monkeypatch)
+    b = baseline_probe.measure(prober, st)
+    assert b.space.domains["bucket_mb"] == (1, 2, 4, 8, 16, 25)
     assert len(calls) == 1 and calls[0]["ranks"] == 2 and calls[0]["device"] == "cpu"
-    assert calls[0]["max_bytes"] <= 64 * MB and calls[0]["launcher"] is t.launcher
-    [event] = allreduce_events(t.run_dir)
+    assert calls[0]["max_bytes"] <= 64 * MB and calls[0]["launcher"] is prober.launcher
+    [event] = allreduce_events(prober.run_dir)
     assert event["candidates"] == [1, 2, 4, 8, 16, 25]
     assert event["result"]["bucket_mb_range"] == [1.0, 16.0]
     assert any(n.startswith("bucket_mb: allreduce on 2 gloo ranks") and "1 to 16 MB" in n
-               for n in t.notes)
-    # Saved with the run: a resumed baseline step does not time it again.
-    saved = json.loads((t.run_dir / "tune.json").read_text())
+               for n in prober.notes)
+    # Kept with the run: a resumed baseline step does not time it again.
+    save(prober.run_dir, b)
+    saved = json.loads((prober.run_dir / "tune.json").read_text())
     assert saved["allreduce"]["result"]["backend"] == "gloo"
-    again = Tuner(t.s, t.run_dir, Journal(t.run_dir), resume=True)
-    del again.state["space"]
-    baseline_probe.measure(again)
-    assert len(calls) == 1 and again.state["space"]["domains"]["bucket_mb"] == [1, 2, 4, 8, 16,
-                                                                                  25]
+    again = baseline_probe.measure(prober, dataclasses.replace(load_state(prober.run_dir),
+                                                               space=None, baseline=None))
+    assert len(calls) == 1 and again.space.domains["bucket_mb"] == (1, 2, 4, 8, 16, 25)
 
 
 def test_a_failed_allreduce_keeps_the_usual_candidates(tmp_path, monkeypatch):
     fake_measure(monkeypatch, LaunchError("the allreduce probe failed (exit codes [1, 1]); "
                                           "see logs/allreduce.log:\nboom"))
-    t = tuner(tmp_path, monkeypatch)
-    baseline_probe.measure(t)
-    assert tuple(t.state["space"]["domains"]["bucket_mb"]) == space.knobs.BUCKET_MB
-    assert "exit codes [1, 1]" in allreduce_events(t.run_dir)[0]["error"]
+    prober, st = stage(tmp_path, monkeypatch)
+    b = baseline_probe.measure(prober, st)
+    assert b.space.domains["bucket_mb"] == space.knobs.BUCKET_MB
+    assert "exit codes [1, 1]" in allreduce_events(prober.run_dir)[0]["error"]
     assert any(n.startswith("bucket_mb: not narrowed by a measurement: the allreduce probe "
                             "failed (exit codes [1, 1]); see logs/allreduce.log; searching")
-               for n in t.notes)
+               for n in prober.notes)
 
 
-@pytest.mark.parametrize("settings", [{"space_tokens": ("bucket_mb=8:32",)},
-                                      {"fix_tokens": ("bucket_mb=8",)},
-                                      {"fix_tokens": ("instances=1",)}])
+@pytest.mark.parametrize("settings", [{"space_tokens": ["bucket_mb=8:32"]},
+                                      {"fix_tokens": ["bucket_mb=8"]},
+                                      {"fix_tokens": ["instances=1"]}])
 def test_no_allreduce_when_bucket_mb_is_given_or_moot(tmp_path, monkeypatch, settings):
     calls = fake_measure(monkeypatch, SATURATES_AT_4MB)
-    t = tuner(tmp_path, monkeypatch, **settings)
-    baseline_probe.measure(t)
-    assert calls == [] and allreduce_events(t.run_dir) == []
-    assert "allreduce" not in t.state
+    prober, st = stage(tmp_path, monkeypatch, **settings)
+    b = baseline_probe.measure(prober, st)
+    assert calls == [] and allreduce_events(prober.run_dir) == []
+    assert b.allreduce is None
 
 
 @pytest.mark.slow
@@ -287,11 +290,11 @@ def test_real_allreduce_narrows_bucket_mb_for_a_ddp_script(tmp_path, monkeypatch
     run_dir.mkdir()
     s = TuneSettings(command=(str(SCRIPTS / "shape_ddp.py"),), cwd=str(tmp_path), seconds=10.0,
                      foreign_limit_cores=1e9)
-    t = Tuner(s, run_dir, Journal(run_dir))
-    baseline_probe.measure(t)
-    sp = space.Space.from_dict(t.state["space"])
+    b = baseline_probe.measure(Prober(s, run_dir, Journal(run_dir), engines.Launcher()),
+                               TuneState.new(s, run_dir))
+    sp = b.space
     assert sp.domains["instances"] == (1, 2)
-    result = allreduce.parse(t.state["allreduce"]["result"])
+    result = allreduce.parse(b.allreduce["result"])
     assert result.backend == "gloo" and result.world_size == 2
     assert [p.bytes for p in result.points][-1] == 64 * MB
     assert sp.domains["bucket_mb"] == space.bucket_candidates(*allreduce.bucket_range(result), 25)
@@ -301,15 +304,11 @@ def test_real_allreduce_narrows_bucket_mb_for_a_ddp_script(tmp_path, monkeypatch
 def test_the_full_runs_devices_divide_a_global_batch():
     """Probes measure one GPU's worth; the full run uses every visible GPU of every host, so a
     global batch is split over instances x GPUs x hosts."""
-    from types import SimpleNamespace
-
-    from autotune.launching import engines
-
     two_hosts = engines.Launcher(kind="mpirun", hosts=(engines.Host("a"), engines.Host("b")),
                                    mpi=engines.MpiInfo("/x/mpirun", "mpich", "4"))
     gpu = space.Machine(cores=8, device="gpu", gpus=2)
-    assert baseline_probe.job_devices(SimpleNamespace(launcher=two_hosts), gpu) == 4
-    assert baseline_probe.job_devices(SimpleNamespace(launcher=engines.Launcher()), gpu) == 2
+    assert baseline_probe.job_devices(two_hosts, gpu) == 4
+    assert baseline_probe.job_devices(engines.Launcher(), gpu) == 2
     cpu = space.Machine(cores=8)
-    assert baseline_probe.job_devices(SimpleNamespace(launcher=two_hosts), cpu) == 2
-    assert baseline_probe.job_devices(SimpleNamespace(launcher=engines.Launcher()), cpu) == 1
+    assert baseline_probe.job_devices(two_hosts, cpu) == 2
+    assert baseline_probe.job_devices(engines.Launcher(), cpu) == 1

@@ -4,7 +4,9 @@ The fake `run_trial` answers from the knobs: a throughput surface, OOM above a b
 foreign load when told to, and intermediate estimates so the pruner can act.
 """
 
+import dataclasses
 import json
+import time
 
 import pytest
 
@@ -15,7 +17,7 @@ from autotune.store.journal import Journal, read_events
 from autotune.measuring.outcome import Outcome
 from autotune.measuring.steady import Estimate
 from autotune.measuring.trial import TrialResult
-from autotune.tuning import Tuner, TuneSettings, tuner as tuner_module
+from autotune.tuning import Tuner, TuneSettings, TuneState, load_state
 
 SEEN = {"batch_size": 16, "workers": 0}
 
@@ -69,19 +71,34 @@ def machine(monkeypatch):
     monkeypatch.setattr(fingerprint, "machine",
                         lambda: space.Machine(cores=2, mem_available_bytes=16 * 2**30))
     monkeypatch.setattr(fingerprint, "cores", lambda: 2)
-    monkeypatch.setattr(tuner_module, "FOREIGN_WAIT_S", 0.0)
 
 
-def tune(tmp_path, monkeypatch, fake, *, resume=False, warm_start=None, **settings):
-    monkeypatch.setattr(tuner_module, "run_trial", fake)
+class QuickClock:
+    """Real time, without the wait before a probe spoiled by foreign load is taken again."""
+
+    monotonic = staticmethod(time.monotonic)
+
+    def sleep(self, s):
+        pass
+
+
+def tuner(tmp_path, fake, *, resume=False, warm_start=None, clock=None, **settings):
+    """A tuner whose probes are ``fake``; ``settings`` as ``tune.json`` holds them (tokens)."""
     run_dir = tmp_path / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
     base = dict(command=("train.py",), cwd=str(tmp_path), seconds=10.0, seed=1,
                 confirm_rounds=2)
     base.update(settings)
-    t = Tuner(TuneSettings(**base), run_dir, Journal(run_dir), resume=resume,
-              warm_start=warm_start)
-    return t.run(), t, run_dir
+    s = TuneSettings.from_dict(base)
+    state = dataclasses.replace(load_state(run_dir), settings=s) if resume else \
+        TuneState.new(s, run_dir, warm_start=warm_start)
+    return Tuner(state, run_dir, Journal(run_dir), resume=resume, run_trial=fake,
+                 clock=clock or QuickClock())
+
+
+def tune(tmp_path, fake, **kw):
+    t = tuner(tmp_path, fake, **kw)
+    return t.run(), t, t.run_dir
 
 
 def events(run_dir, name=None):
@@ -95,9 +112,9 @@ def surface(knobs):
         * (1 + knobs["batch_size"] / 1024)
 
 
-def test_search_measures_each_config_once_and_finds_the_best(tmp_path, monkeypatch, machine):
+def test_search_measures_each_config_once_and_finds_the_best(tmp_path, machine):
     fake = FakeProbe(surface)
-    report, t, run_dir = tune(tmp_path, monkeypatch, fake, trials=12,
+    report, t, run_dir = tune(tmp_path, fake, trials=12,
                               space_tokens=("batch_size=16:32",))
     probes = fake.measured()
     assert probes[0] == {}  # the baseline: the script as it is, nothing applied
@@ -130,19 +147,19 @@ def test_search_measures_each_config_once_and_finds_the_best(tmp_path, monkeypat
     assert summary["best"]["knobs"] == dict(report.best.knobs)
 
 
-def test_baseline_is_the_first_trial_of_the_study(tmp_path, monkeypatch, machine):
+def test_baseline_is_the_first_trial_of_the_study(tmp_path, machine):
     fake = FakeProbe(surface)
-    _, t, run_dir = tune(tmp_path, monkeypatch, fake, trials=3)
+    _, t, run_dir = tune(tmp_path, fake, trials=3)
     h = studies.open_study(studies.sqlite_url(run_dir / "study.db"),
                            f"autotune-{run_dir.name}", run_id=run_dir.name)
     first = h.trials()[0]
     assert first.user_attrs["baseline"] is True
-    assert first.user_attrs["knobs"] == dict(t.space.baseline)
+    assert first.user_attrs["knobs"] == dict(t.state.space.baseline)
 
 
-def test_oom_is_infeasible_and_larger_batches_are_not_tried(tmp_path, monkeypatch, machine):
+def test_oom_is_infeasible_and_larger_batches_are_not_tried(tmp_path, machine):
     fake = FakeProbe(lambda k: 100.0 * k["batch_size"], oom_from=64)
-    report, t, run_dir = tune(tmp_path, monkeypatch, fake, trials=10,
+    report, t, run_dir = tune(tmp_path, fake, trials=10,
                               fix_tokens=("workers=0", "threads=2"), confirm_rounds=1)
     batches = [k.get("batch_size") for k in fake.measured()[1:]]
     for i, b in enumerate(batches):  # after an OOM at b, nothing at b or above is tried
@@ -156,9 +173,9 @@ def test_oom_is_infeasible_and_larger_batches_are_not_tried(tmp_path, monkeypatc
     assert "configs of the space measured" in report.stop_reason  # 4 fit, the rest ruled out
 
 
-def test_slow_probes_are_pruned(tmp_path, monkeypatch, machine):
+def test_slow_probes_are_pruned(tmp_path, machine):
     fake = FakeProbe(lambda k: 1000.0 if k["workers"] == 0 else 10.0)
-    report, t, run_dir = tune(tmp_path, monkeypatch, fake, trials=6,
+    report, t, run_dir = tune(tmp_path, fake, trials=6,
                               fix_tokens=("batch_size=16", "threads=2"))
     pruned = events(run_dir, "trial_pruned")
     assert pruned and all("could not reach" in e["reason"] for e in pruned)
@@ -168,13 +185,13 @@ def test_slow_probes_are_pruned(tmp_path, monkeypatch, machine):
     assert report.kept_baseline and report.best.knobs["workers"] == 0
 
 
-def test_foreign_load_is_measured_again_never_compared(tmp_path, monkeypatch, machine):
+def test_foreign_load_is_measured_again_never_compared(tmp_path, machine):
     # workers=1 is flagged the first time only, workers=2 every time.
     def foreign(knobs, nth):
         return knobs["workers"] == 2 or (knobs["workers"] == 1 and nth == 1)
 
     fake = FakeProbe(lambda k: 100.0 * (1 + k["workers"]), foreign=foreign)
-    report, t, run_dir = tune(tmp_path, monkeypatch, fake, trials=4,
+    report, t, run_dir = tune(tmp_path, fake, trials=4,
                               fix_tokens=("batch_size=16", "threads=2"), confirm_rounds=0,
                               foreign_retries=1)
     search = [s.knobs.get("workers") for s in fake.specs if s.name.startswith("trial-")]
@@ -186,10 +203,10 @@ def test_foreign_load_is_measured_again_never_compared(tmp_path, monkeypatch, ma
                            f"autotune-{run_dir.name}", run_id=run_dir.name)
     spoiled = [tr for tr in h.trials() if tr.user_attrs.get("outcome") == "foreign-load"]
     assert spoiled and all(tr.state == studies.TrialState.FAIL for tr in spoiled)
-    assert sum("--foreign-limit" in n for n in t.notes) == 1  # told once, not every time
+    assert sum("--foreign-limit" in n for n in report.notes) == 1  # told once, not every time
 
 
-def test_budget_leaves_room_for_the_confirmation(tmp_path, monkeypatch, machine):
+def test_budget_leaves_room_for_the_confirmation(tmp_path, machine):
     class Clock:  # each fake probe takes 80% of its time limit
         t = 0.0
 
@@ -206,9 +223,8 @@ def test_budget_leaves_room_for_the_confirmation(tmp_path, monkeypatch, machine)
             clock.t += 0.8 * spec.max_s
             return super().__call__(spec, **kw)
 
-    monkeypatch.setattr(tuner_module, "time", clock)
     fake = Timed(surface)
-    report, t, _ = tune(tmp_path, monkeypatch, fake, budget_s=100.0)
+    report, t, _ = tune(tmp_path, fake, budget_s=100.0, clock=clock)
     assert "budget" in report.stop_reason
     # Search while a probe and the confirmation's share (35% of 100 s) still fit...
     search = [s for s in fake.specs if not s.name.startswith("confirm")]
@@ -219,9 +235,9 @@ def test_budget_leaves_room_for_the_confirmation(tmp_path, monkeypatch, machine)
     assert clock.t <= 100.0 + 0.8 * 10
 
 
-def test_crashing_configs_are_infeasible(tmp_path, monkeypatch, machine):
+def test_crashing_configs_are_infeasible(tmp_path, machine):
     fake = FakeProbe(surface, crash=lambda k: k["workers"] == 2)
-    report, _, run_dir = tune(tmp_path, monkeypatch, fake, trials=8, confirm_rounds=1,
+    report, _, run_dir = tune(tmp_path, fake, trials=8, confirm_rounds=1,
                               fix_tokens=("batch_size=16",))
     assert report.best.knobs["workers"] != 2
     finished = [e for e in events(run_dir, "trial_finished")
@@ -229,9 +245,9 @@ def test_crashing_configs_are_infeasible(tmp_path, monkeypatch, machine):
     assert all(e["result"]["knobs"]["workers"] == 2 for e in finished)
 
 
-def test_resume_reruns_the_interrupted_trial_only(tmp_path, monkeypatch, machine):
+def test_resume_reruns_the_interrupted_trial_only(tmp_path, machine):
     fake = FakeProbe(surface)
-    tune(tmp_path, monkeypatch, fake, trials=4, confirm_rounds=0,
+    tune(tmp_path, fake, trials=4, confirm_rounds=0,
          fix_tokens=("batch_size=16",))
     run_dir = tmp_path / "run"
     url = studies.sqlite_url(run_dir / "study.db")
@@ -244,7 +260,7 @@ def test_resume_reruns_the_interrupted_trial_only(tmp_path, monkeypatch, machine
     params = {"workers": stuck.suggest_int("workers", 0, 2),
               "thread_pct": stuck.suggest_int("thread_pct", 0, 1)}
     before = len(fake.specs)
-    report, t, _ = tune(tmp_path, monkeypatch, fake, resume=True, trials=6)
+    report, t, _ = tune(tmp_path, fake, resume=True, trials=6)
     h = studies.open_study(url, name, run_id=run_dir.name)
     trials = {tr.number: tr for tr in h.trials()}
     assert trials[stuck.number].state == studies.TrialState.FAIL
@@ -258,19 +274,19 @@ def test_resume_reruns_the_interrupted_trial_only(tmp_path, monkeypatch, machine
     assert not any(s.name == "baseline" for s in fake.specs[before:])
 
 
-def test_placeholders_get_values_and_count_samples(tmp_path, monkeypatch, machine):
+def test_placeholders_get_values_and_count_samples(tmp_path, machine):
     fake = FakeProbe(surface)
-    report, t, _ = tune(tmp_path, monkeypatch, fake, trials=3, confirm_rounds=0,
+    report, t, _ = tune(tmp_path, fake, trials=3, confirm_rounds=0,
                         command=("train.py", "--bs", "{batch_size}"),
                         baseline_tokens=("batch_size=16",), fix_tokens=("workers=0",))
     base = fake.specs[0]
     assert base.knobs == {"batch_size": 16} and base.samples_per_step == 16
     later = [s for s in fake.specs[1:] if s.name.startswith("trial-")]
     assert later and all(s.samples_per_step == s.knobs["batch_size"] for s in later)
-    assert not any("placeholder" in n for n in t.notes)  # --baseline gave the value
-    _, t, _ = tune(tmp_path / "b", monkeypatch, FakeProbe(surface), trials=1,
-                   command=("train.py", "-j", "{workers}"))
-    assert any("{workers} is a placeholder" in n and "workers=0" in n for n in t.notes)
+    assert not any("placeholder" in n for n in report.notes)  # --baseline gave the value
+    report, _, _ = tune(tmp_path / "b", FakeProbe(surface), trials=1,
+                        command=("train.py", "-j", "{workers}"))
+    assert any("{workers} is a placeholder" in n and "workers=0" in n for n in report.notes)
 
 
 def test_pruner_bar_is_the_best_low_end(tmp_path):
@@ -301,26 +317,25 @@ def test_pruner_bar_is_the_best_low_end(tmp_path):
     assert not trial.should_prune()
 
 
-def test_warm_start_is_measured_right_after_the_baseline(tmp_path, monkeypatch, machine):
+def test_warm_start_is_measured_right_after_the_baseline(tmp_path, machine):
     fake = FakeProbe(surface)
-    tune(tmp_path, monkeypatch, fake, trials=3, confirm_rounds=0,
+    tune(tmp_path, fake, trials=3, confirm_rounds=0,
          warm_start={"batch_size": 64, "workers": 1, "thread_pct": 50, "instances": 1})
     assert fake.measured()[1] == {"batch_size": 64, "workers": 1, "threads": 1, "instances": 1}
 
 
-def test_storage_url_and_study_name(tmp_path, monkeypatch, machine):
+def test_storage_url_and_study_name(tmp_path, machine):
     import optuna
 
     url = studies.sqlite_url(tmp_path / "shared.db")
-    tune(tmp_path, monkeypatch, FakeProbe(surface), trials=3, confirm_rounds=0, storage=url,
+    tune(tmp_path, FakeProbe(surface), trials=3, confirm_rounds=0, storage=url,
          study_name="team")
     assert not (tmp_path / "run" / "study.db").exists()
     trials = optuna.load_study(study_name="team", storage=url).trials
     assert len([t for t in trials if t.state.is_finished()]) >= 3
 
 
-def test_tuners_sharing_a_storage_do_not_measure_what_another_answered(tmp_path, monkeypatch,
-                                                                       machine):
+def test_tuners_sharing_a_storage_do_not_measure_what_another_answered(tmp_path, machine):
     """While this tuner runs, another one (sharing the storage and study) finishes a config this
     one was about to measure: it takes that answer instead of probing it again."""
     import optuna
@@ -332,7 +347,7 @@ def test_tuners_sharing_a_storage_do_not_measure_what_another_answered(tmp_path,
     class Busy(FakeProbe):
         def __call__(self, spec, **kw):
             if len(self.specs) == 1:  # right after the baseline: the other tuner finishes one
-                sp = tuner_holder[0].space
+                sp = tuner_holder[0].state.space
                 study = optuna.load_study(study_name="team", storage=url)
                 study.add_trial(optuna.trial.create_trial(
                     params={n: sp.index(n, theirs[n]) for n in sp.names},
@@ -344,34 +359,30 @@ def test_tuners_sharing_a_storage_do_not_measure_what_another_answered(tmp_path,
             return super().__call__(spec, **kw)
 
     fake = Busy(surface)
-    monkeypatch.setattr(tuner_module, "run_trial", fake)
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    t = Tuner(TuneSettings(command=("train.py",), cwd=str(tmp_path), seconds=10.0, seed=1,
-                           confirm_rounds=0, trials=6, storage=url, study_name="team",
-                           space_tokens=("batch_size=16:32",)), run_dir, Journal(run_dir))
+    t = tuner(tmp_path, fake, confirm_rounds=0, trials=6, storage=url, study_name="team",
+              space_tokens=("batch_size=16:32",))
     tuner_holder.append(t)
     t.run()
     assert {"batch_size": 16, "workers": 2, "threads": 2, "instances": 1} not in fake.measured()
-    assert t.known[t.space.key(theirs)].value == 999.0
+    assert t.found.known[t.state.space.key(theirs)].value == 999.0
     # Without the other tuner, this tuner measures that very config (the test can fail).
     alone = FakeProbe(surface)
-    tune(tmp_path / "alone", monkeypatch, alone, trials=6, confirm_rounds=0,
+    tune(tmp_path / "alone", alone, trials=6, confirm_rounds=0,
          space_tokens=("batch_size=16:32",))
     assert {"batch_size": 16, "workers": 2, "threads": 2, "instances": 1} in alone.measured()
 
 
-def test_verdict_probes_the_winner_in_both_modes(tmp_path, monkeypatch, machine):
+def test_verdict_probes_the_winner_in_both_modes(tmp_path, machine):
     fake = FakeProbe(surface)
-    report, _, run_dir = tune(tmp_path, monkeypatch, fake, trials=3, confirm_rounds=0,
+    report, _, run_dir = tune(tmp_path, fake, trials=3, confirm_rounds=0,
                               verdict=True)
     modes = [s.mode for s in fake.specs if s.name.startswith("verdict-")]
     assert modes == ["synthetic", "io"]
-    assert report.verdict["bottleneck"] == "balanced"  # the fake gives both the same rate
-    assert events(run_dir, "probe_verdict")[-1]["verdict"] == report.verdict
+    assert report.verdict.bottleneck == "balanced"  # the fake gives both the same rate
+    assert events(run_dir, "probe_verdict")[-1]["verdict"] == report.verdict.to_dict()
 
 
-def test_slow_starting_baseline_gets_one_longer_try(tmp_path, monkeypatch, machine):
+def test_slow_starting_baseline_gets_one_longer_try(tmp_path, machine):
     class SlowStart(FakeProbe):
         def __call__(self, spec, **kw):
             if not self.specs:
@@ -380,7 +391,7 @@ def test_slow_starting_baseline_gets_one_longer_try(tmp_path, monkeypatch, machi
             return super().__call__(spec, **kw)
 
     fake = SlowStart(surface)
-    report, t, _ = tune(tmp_path, monkeypatch, fake, trials=1)
+    report, t, _ = tune(tmp_path, fake, trials=1)
     assert [s.max_s for s in fake.specs[:2]] == [10.0, 20.0]
     assert report.baseline.samples_per_s > 0
-    assert any("trying once more with 20 s" in n for n in t.notes)
+    assert any("trying once more with 20 s" in n for n in report.notes)

@@ -33,6 +33,7 @@ QUIET = ["--plain", "--foreign-limit", "1000"]
     (["tune", "missing_script.py"], ["missing_script.py", "not found"]),
     (["wrap"], ["no training script given"]),
     (["tune", "--budget", "soon", TOY], ["--budget", "'soon'"]),
+    (["tune", "--baseline", "workers=two", "--", TOY], ["--baseline", "'two'"]),
 ])
 def test_usage_errors(tmp_path, args, words):
     p = autotune(*args, cwd=tmp_path, timeout=60)

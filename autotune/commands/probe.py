@@ -16,6 +16,7 @@ from autotune.store.journal import Journal
 from autotune.measuring.outcome import Outcome
 from autotune.monitor import watch
 from autotune.measuring.trial import TrialSpec, run_trial
+from autotune.tuning import baseline
 from probes import protocol
 
 
@@ -48,7 +49,10 @@ def run(args) -> int:
         raise UsageError(f"--modes: unknown mode {bad[0] if bad else args.modes!r}; "
                          f"choose from {','.join(protocol.MODES)}")
     launcher = engines.from_args(args)
-    knobs = _placeholder_values(target, say=lambda m: print(m, file=sys.stderr, flush=True))
+    knobs, guessed = baseline.placeholder_values(target[1:])
+    for name in guessed:
+        print(f"autotune: placeholder {{{name}}} = {knobs[name]} (its conventional value; "
+              f"'autotune tune' searches it)", file=sys.stderr, flush=True)
     watched = common.watch_dirs(target)
     cwd = common.probe_cwd(args)
     target = common.absolute_script(target, cwd)
@@ -86,8 +90,7 @@ def run(args) -> int:
             summary = {
                 "command": list(target), "run_dir": str(run_dir),
                 "modes": {m: r.to_dict() for m, r in results.items()},
-                "verdict": {"bottleneck": v.bottleneck, "bound_samples_per_s": v.bound_samples_per_s,
-                            "full_share_of_bound": v.full_share_of_bound, "text": v.text},
+                "verdict": v.to_dict(),
             }
             if args.allreduce:
                 summary["allreduce"] = _allreduce(run_dir, cwd, say)
@@ -109,24 +112,6 @@ def run(args) -> int:
 
 def _measured(r) -> bool:
     return r.outcome in (Outcome.OK, Outcome.FOREIGN_LOAD) and r.samples_per_s > 0
-
-
-def _placeholder_values(target, *, say) -> dict:
-    """Values for ``{knob}`` placeholders in the script's args: the knobs' conventional ones."""
-    from autotune.launching.rank_command import placeholders
-    from autotune.tuning.space.knobs import KNOBS
-
-    values = {}
-    for name in sorted(placeholders(target[1:])):
-        if name == "threads":
-            values[name] = os.cpu_count() or 1
-        elif name in KNOBS:
-            values[name] = KNOBS[name].conventional
-        else:
-            continue
-        say(f"autotune: placeholder {{{name}}} = {values[name]} (its conventional value; "
-            f"'autotune tune' searches it)")
-    return values
 
 
 def _allreduce(run_dir, cwd, say) -> dict:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass
@@ -19,7 +20,9 @@ from autotune.tuning import space
 from autotune.commands import common
 from autotune.errors import AutotuneError, UsageError
 from autotune.store.journal import Journal
-from autotune.tuning import TuneReport, TuneSettings, Tuner, check_not_running, load_state
+from autotune.tuning import (TuneReport, TuneSettings, TuneState, Tuner, check_not_running,
+                             load_state)
+from autotune.tuning.space.parse import parse_values
 
 
 def add_parser(sub):
@@ -90,27 +93,33 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
 
 @dataclass
 class Prepared:
-    """A tuning run ready to start: its directory, journal, settings and what to run."""
+    """A tuning run ready to start: its directory, journal and state, and what to run."""
 
-    kind: str
     run_dir: Path
     journal: Journal
-    settings: TuneSettings
-    target: tuple[str, ...]  # for the full run: as the user typed it
-    run_cwd: str
+    state: TuneState  # settings, the full run's command and cwd, a warm start
     fp: fingerprint.Fingerprint
     recipe_dir: Path
     resume: bool
     launcher: engines.Launcher = engines.Launcher()
-    warm_start: dict | None = None
     warm_note: str = ""
 
+    @property
+    def settings(self) -> TuneSettings:
+        return self.state.settings
 
-def _settings(args, target: tuple[str, ...], cwd: str,
-              launcher: engines.Launcher) -> TuneSettings:
-    ranges = space.parse_space(args.space)
-    fixed = space.parse_fix(args.fix)
-    space.parse_fix(args.baseline)
+    @property
+    def target(self) -> tuple[str, ...]:  # for the full run: as the user typed it
+        return self.state.run_command
+
+    @property
+    def run_cwd(self) -> str:
+        return self.state.run_cwd
+
+
+def _settings(args, target: tuple[str, ...], cwd: str, launcher: engines.Launcher,
+              ranges: dict[str, space.Range], fixed: dict[str, space.Range],
+              baseline_values: dict[str, int]) -> TuneSettings:
     space.check_request(space.SpaceRequest(ranges=ranges, fixed=fixed,
                                            global_batch=args.global_batch))
     space.explicit_fixes(target[1:], ranges, fixed, global_batch=args.global_batch)
@@ -120,18 +129,18 @@ def _settings(args, target: tuple[str, ...], cwd: str,
     return TuneSettings(
         command=target, cwd=cwd, seconds=args.seconds, trials=args.trials,
         budget_s=args.budget, confirm_rounds=args.confirm_rounds,
-        confirm_s=args.confirm_seconds, space_tokens=tuple(args.space),
-        fix_tokens=tuple(args.fix), baseline_tokens=tuple(args.baseline),
-        global_batch=args.global_batch, samples_per_step=args.samples_per_step,
-        seed=args.seed, verdict=args.verdict, storage=args.storage,
-        study_name=args.study_name, launcher=launcher.kind, hostfile=launcher.hostfile,
-        **extra)
+        confirm_s=args.confirm_seconds, ranges=ranges, fixed=fixed,
+        baseline_values=baseline_values, global_batch=args.global_batch,
+        samples_per_step=args.samples_per_step, seed=args.seed, verdict=args.verdict,
+        storage=args.storage, study_name=args.study_name, launcher=launcher.kind,
+        hostfile=launcher.hostfile, **extra)
 
 
 def prepare(args, kind: str) -> Prepared:
     """Check the input and set up the run directory; nothing runs yet."""
-    space.parse_space(args.space)  # first: it names a script it swallowed by mistake
-    space.parse_fix(args.fix)
+    ranges = space.parse_space(args.space)  # first: it names a script it swallowed by mistake
+    fixed = space.parse_fix(args.fix)
+    baseline_values = parse_values(args.baseline)
     recipe_dir = Path(args.recipe_dir).expanduser()
     if args.resume:
         if args.target:
@@ -148,30 +157,27 @@ def prepare(args, kind: str) -> Prepared:
         if (run_dir / "summary.json").exists():
             raise UsageError(f"--resume: the tuning in {run_dir} finished (see its "
                              f"summary.json); 'autotune run --recipe' launches its recipe")
-        settings = TuneSettings.from_dict(state["settings"])
         over = {k: v for k, v in (("trials", args.trials), ("budget_s", args.budget))
                 if v is not None}
-        if over:
-            settings = TuneSettings.from_dict({**settings.to_dict(), **over})
-        target = tuple(state.get("run_command") or settings.command)
-        journal = Journal(run_dir)
-        return Prepared(kind, run_dir, journal, settings, target,
-                        state.get("run_cwd") or settings.cwd,
-                        fingerprint.current(settings.command), recipe_dir, True,
-                        engines.resolve(settings.launcher, settings.hostfile))
+        state = dataclasses.replace(state, kind=kind, run_id=run_dir.name,
+                                    settings=dataclasses.replace(state.settings, **over))
+        return Prepared(run_dir, Journal(run_dir), state,
+                        fingerprint.current(state.settings.command), recipe_dir, True,
+                        engines.resolve(state.settings.launcher, state.settings.hostfile))
     target = common.resolve_target(args)
     launcher = engines.from_args(args)
     cwd = common.probe_cwd(args)
     probe_target = common.absolute_script(target, cwd)
-    settings = _settings(args, probe_target, cwd, launcher)
+    settings = _settings(args, probe_target, cwd, launcher, ranges, fixed, baseline_values)
     fp = fingerprint.current(target)
     warm, note = (None, "")
     if not args.no_warm_start and rank_command.is_python_script(target[0]):
         warm, note = recipes.warm_start_candidate(recipe_dir, target, fp)
     root = Path(args.runs_dir).expanduser() if args.runs_dir else None
     run_dir = rundir.new_run_dir(kind, target[0], root=root)
-    return Prepared(kind, run_dir, Journal(run_dir), settings, target, os.getcwd(), fp,
-                    recipe_dir, False, launcher, dict(warm.knobs) if warm else None, note)
+    state = TuneState.new(settings, run_dir, kind=kind, run_command=target, run_cwd=os.getcwd(),
+                          warm_start=warm.knobs if warm else None)
+    return Prepared(run_dir, Journal(run_dir), state, fp, recipe_dir, False, launcher, note)
 
 
 def notify(level: str, message: str) -> None:
@@ -180,12 +186,12 @@ def notify(level: str, message: str) -> None:
 
 
 def start_journal(prep: Prepared) -> None:
-    s = prep.settings
-    prep.journal.emit("run_started", kind=prep.kind, command=list(s.command), cwd=s.cwd,
+    s, saved = prep.settings, prep.settings.to_dict()
+    prep.journal.emit("run_started", kind=prep.state.kind, command=list(s.command), cwd=s.cwd,
                       budget_s=s.budget_s, trials=s.max_trials,
                       hardware=fingerprint.summary(prep.fp), resumed=prep.resume,
                       launcher=engines.describe(prep.launcher),
-                      space={"space": list(s.space_tokens), "fix": list(s.fix_tokens)})
+                      space={"space": saved["space_tokens"], "fix": saved["fix_tokens"]})
 
 
 @contextlib.contextmanager
@@ -208,14 +214,10 @@ def tune_in(prep: Prepared) -> tuple[TuneReport, recipes.Recipe, Path]:
     """Run the tuning, save the recipe; returns (report, recipe, its path)."""
     if prep.warm_note:
         notify("info", prep.warm_note)
-    tuner = Tuner(prep.settings, prep.run_dir, prep.journal, notify=notify,
-                  warm_start=prep.warm_start, kind=prep.kind, resume=prep.resume,
-                  launcher=prep.launcher)
-    if not prep.resume:
-        tuner.state.update({"run_command": list(prep.target), "run_cwd": prep.run_cwd})
-    report = tuner.run()
+    report = Tuner(prep.state, prep.run_dir, prep.journal, notify=notify, resume=prep.resume,
+                   launcher=prep.launcher).run()
     # kept for runs on other worlds; a script that starts its own ranks has a world of its own
-    recipe = build_recipe(report, prep, global_batch=None if tuner.space and tuner.space.own_ranks
+    recipe = build_recipe(report, prep, global_batch=None if report.space.own_ranks
                           else prep.settings.global_batch)
     path = recipes.save(recipe, prep.recipe_dir)
     prep.journal.emit("recipe_saved", path=str(path))
@@ -232,7 +234,8 @@ def build_recipe(report: TuneReport, prep: Prepared,
         baseline_ci_half=report.baseline.ci_half, baseline_knobs=dict(report.baseline.knobs),
         speedup=report.speedup, kept_baseline=report.kept_baseline, fingerprint=prep.fp,
         script_path=target[0], script_args=tuple(target[1:]), trials=report.trials_measured,
-        source=report.source, reason=report.reason, verdict=report.verdict,
+        source=report.source, reason=report.reason,
+        verdict=report.verdict.to_dict() if report.verdict else None,
         global_batch=global_batch)
 
 
@@ -255,7 +258,7 @@ def print_summary(report: TuneReport, recipe_path: Path, *, plain: bool) -> None
     out.print(f"trials: {report.trials_measured} measured ({report.trials_total} in the study); "
               f"stopped: {report.stop_reason}")
     if report.verdict:
-        out.print(f"verdict: {report.verdict.get('text')}")
+        out.print(f"verdict: {report.verdict.text}")
     out.print(f"recipe: {recipe_path}")
     out.print(f"run directory: {report.run_dir}")
 

@@ -19,6 +19,11 @@ class Verdict:
     full_share_of_bound: float  # full / bound
     text: str
 
+    def to_dict(self) -> dict:
+        """As ``probe.json``, the ``probe_verdict`` event and a recipe hold it."""
+        return {"bottleneck": self.bottleneck, "bound_samples_per_s": self.bound_samples_per_s,
+                "full_share_of_bound": self.full_share_of_bound, "text": self.text}
+
 
 def decide(full: float | None, synthetic: float | None, io: float | None) -> Verdict:
     """Verdict from the three throughputs (None or 0 where a mode failed)."""

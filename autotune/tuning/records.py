@@ -1,14 +1,17 @@
-"""Plain records of a tuning run: its settings, its scores and its report."""
+"""Plain records of a tuning run: its settings, its scores, what the study knows, its report."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune.tuning.space import Space
+from autotune.measuring.bottleneck import Verdict
 from autotune.measuring.foreign_load import FOREIGN_CORES_LIMIT
+from autotune.measuring.outcome import Outcome
+from autotune.tuning.space import Range, Space, parse_fix, parse_space
+from autotune.tuning.space.parse import parse_values
 
 DEFAULT_TRIALS = 20
 
@@ -24,9 +27,10 @@ class TuneSettings:
     budget_s: float | None = None  # the whole run, confirmation included
     confirm_rounds: int = 2
     confirm_s: float | None = None  # one confirmation probe (default 1.5 x seconds)
-    space_tokens: tuple[str, ...] = ()
-    fix_tokens: tuple[str, ...] = ()
-    baseline_tokens: tuple[str, ...] = ()  # values for placeholder knobs in the baseline
+    ranges: Mapping[str, Range] = field(default_factory=dict)  # --space, by knob
+    fixed: Mapping[str, Range] = field(default_factory=dict)  # --fix, by knob
+    # --baseline: the script's own values of knobs it takes as placeholders, by placeholder name
+    baseline_values: Mapping[str, int] = field(default_factory=dict)
     global_batch: int | None = None
     samples_per_step: int | None = None
     foreign_limit_cores: float = FOREIGN_CORES_LIMIT
@@ -53,14 +57,26 @@ class TuneSettings:
         return self.confirm_s or 1.5 * self.seconds
 
     def to_dict(self) -> dict:
-        return {k: list(v) if isinstance(v, tuple) else v
-                for k, v in dataclasses.asdict(self).items()}
+        """For ``tune.json``: the parsed flags as the tokens they parse back from."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name not in _PARSED}
+        out.update(command=list(self.command),
+                   space_tokens=[r.token for r in self.ranges.values()],
+                   fix_tokens=[r.token for r in self.fixed.values()],
+                   baseline_tokens=[f"{k}={v}" for k, v in self.baseline_values.items()])
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping) -> TuneSettings:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: tuple(v) if isinstance(v, list) else v
-                      for k, v in d.items() if k in names})
+        names = {f.name for f in dataclasses.fields(cls)} - _PARSED
+        return cls(**{**{k: v for k, v in d.items() if k in names},
+                      "command": tuple(d["command"])},
+                   ranges=parse_space(d.get("space_tokens", ())),
+                   fixed=parse_fix(d.get("fix_tokens", ())),
+                   baseline_values=parse_values(d.get("baseline_tokens", ())))
+
+
+_PARSED = {"ranges", "fixed", "baseline_values"}  # kept in ``tune.json`` as tokens
 
 
 @dataclass(frozen=True)
@@ -68,6 +84,14 @@ class Scored:
     knobs: Mapping[str, int]
     samples_per_s: float
     ci_half: float
+
+
+@dataclass(frozen=True)
+class BaselineRecord(Scored):
+    """The baseline probe's answer, with how it counted and what the script used."""
+
+    source: str = ""
+    seen: Mapping = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -83,7 +107,7 @@ class TuneReport:
     trials_total: int
     stop_reason: str
     source: str
-    verdict: Mapping | None = None
+    verdict: Verdict | None = None
     notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
@@ -93,28 +117,45 @@ class TuneReport:
                 "kept_baseline": self.kept_baseline, "reason": self.reason,
                 "trials": self.trials_measured, "trials_total": self.trials_total,
                 "stop_reason": self.stop_reason, "source": self.source,
-                "space": self.space.to_dict(), "verdict": self.verdict,
+                "space": self.space.to_dict(),
+                "verdict": self.verdict.to_dict() if self.verdict else None,
                 "notes": list(self.notes)}
 
 
-@dataclass
+# The outcome a study trial records (``user_attrs["outcome"]``, a constraint's name) for any
+# failure but an OOM: such configs are infeasible alike. Other outcomes record their own value.
+FAILED_TAG = "failed"
+_ANSWERS = (Outcome.OK, Outcome.OOM, Outcome.PRUNED)
+
+
+def study_tag(outcome: Outcome) -> str:
+    return outcome.value if outcome in (*_ANSWERS, Outcome.FOREIGN_LOAD) else FAILED_TAG
+
+
+@dataclass(frozen=True)
 class Known:
     """A config the study has an answer for."""
 
     number: int
-    outcome: str  # ok | oom | failed | pruned
+    outcome: Outcome  # OK, PRUNED, OOM, or the failure the probe ended with (CRASHED: any)
     value: float
     ci_half: float
-    cfg: dict
+    cfg: Mapping[str, int]
+
+    @property
+    def infeasible(self) -> bool:
+        return self.outcome not in (Outcome.OK, Outcome.PRUNED)
 
     @classmethod
     def of_trial(cls, t) -> Known | None:
         """The answer a finished study trial holds in its user attrs, or None: skipped for an
         OOM, spoiled by foreign load, a replay of another trial, or interrupted (failed)."""
         attrs = t.user_attrs
-        cfg, outcome = attrs.get("knobs"), attrs.get("outcome")
-        if not cfg or outcome not in ("ok", "oom", "failed", "pruned") or \
-                attrs.get("duplicate_of") is not None or t.state.name == "FAIL":
+        cfg = attrs.get("knobs")
+        outcome = {FAILED_TAG: Outcome.CRASHED, **{o.value: o for o in _ANSWERS}}.get(
+            attrs.get("outcome"))
+        if not cfg or outcome is None or attrs.get("duplicate_of") is not None or \
+                t.state.name == "FAIL":
             return None
         return cls(t.number, outcome, float(attrs.get("samples_per_s", t.value or 0.0)),
                    float(attrs.get("ci_half", 0.0)), dict(cfg))

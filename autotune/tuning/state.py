@@ -1,15 +1,19 @@
 """The run directory of a tuning run, for ``--resume``: state file, controller, orphans.
 
-``tune.json`` holds the settings, the baseline and the space; ``controller.json`` the controller's
-pid (a live controller is never resumed under); ``live.json`` the markers of the probe in flight,
-so a resume can stop what a ``kill -9``-ed controller left running.
+``tune.json`` holds the `TuneState` (settings, baseline, space, how far the search got),
+written by `save` alone; ``controller.json`` the controller's pid (a live controller is never
+resumed under); ``live.json`` the markers of the probe in flight, so a resume can stop what a
+``kill -9``-ed controller left running.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -18,20 +22,69 @@ from autotune.launching import proc
 from autotune.store import rundir
 from autotune.errors import UsageError
 from autotune.store.journal import read_events
+from autotune.tuning.records import BaselineRecord, TuneSettings
+from autotune.tuning.space import Space
 
 STATE = "tune.json"
 CONTROLLER = "controller.json"
 LIVE = "live.json"
 
 
-def load_state(run_dir: Path) -> dict:
+@dataclass(frozen=True)
+class TuneState:
+    """What a tuning run has settled so far; a resume starts from it."""
+
+    kind: str  # tune | wrap
+    settings: TuneSettings
+    run_id: str  # the run directory's name
+    run_command: tuple[str, ...]  # the full run's command, as the user typed it
+    run_cwd: str  # where the full run starts
+    warm_start: Mapping[str, int] | None = None  # a matching recipe's knobs, tried early
+    space: Space | None = None  # None until the baseline is measured
+    baseline: BaselineRecord | None = None
+    allreduce: Mapping | None = None  # {"result": AllreduceResult dict} or {"error": why}
+    enqueued: bool = False  # the baseline and the initial design are queued in the study
+    combined: bool = False  # the one-at-a-time moves that paid off are queued, joined
+
+    @classmethod
+    def new(cls, settings: TuneSettings, run_dir: Path, *, kind: str = "tune",
+            run_command: Sequence[str] | None = None, run_cwd: str | None = None,
+            warm_start: Mapping[str, int] | None = None) -> TuneState:
+        return cls(kind, settings, Path(run_dir).name, tuple(run_command or settings.command),
+                   run_cwd or settings.cwd, dict(warm_start) if warm_start else None)
+
+    def to_dict(self) -> dict:
+        """Keys of what is not settled yet are left out, as ever."""
+        d = {**dataclasses.asdict(self), "settings": self.settings.to_dict(),
+             "run_command": list(self.run_command), "space": self.space and self.space.to_dict()}
+        return {k: v for k, v in d.items() if v is not None and v is not False}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> TuneState:
+        s = TuneSettings.from_dict(d["settings"])
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{**{k: v for k, v in d.items() if k in names}, "settings": s,
+                      "kind": d.get("kind", "tune"), "run_id": d.get("run_id", ""),
+                      "run_command": tuple(d.get("run_command") or s.command),
+                      "run_cwd": d.get("run_cwd") or s.cwd,
+                      "space": Space.from_dict(d["space"]) if d.get("space") else None,
+                      "baseline": BaselineRecord(**d["baseline"]) if d.get("baseline") else None})
+
+
+def save(run_dir: Path, state: TuneState) -> None:
+    """The one writer of ``tune.json``, atomically."""
+    rundir.write_atomic(Path(run_dir) / STATE, json.dumps(state.to_dict(), indent=2, default=str))
+
+
+def load_state(run_dir: Path) -> TuneState:
+    path = Path(run_dir) / STATE
     try:
-        return json.loads((Path(run_dir) / STATE).read_text())
+        return TuneState.from_dict(json.loads(path.read_text()))
     except FileNotFoundError:
         raise UsageError(f"--resume: {run_dir} holds no {STATE}: not a tune or wrap run "
                          f"directory") from None
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"--resume: cannot read {Path(run_dir) / STATE}: {exc}") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"--resume: cannot read {path}: {exc}") from None
 
 
 def check_not_running(run_dir: Path) -> None:

@@ -86,19 +86,19 @@ def parse_space(tokens: Iterable[str], *, flag: str = "--space") -> dict[str, Ra
     return out
 
 
-def parse_fix(tokens: Iterable[str]) -> dict[str, Range]:
+def parse_fix(tokens: Iterable[str], *, flag: str = "--fix") -> dict[str, Range]:
     """``workers=2 threads=1`` -> one value per knob."""
-    out = {}
-    for token in _split_tokens(tokens):
+    tokens = _split_tokens(tokens)
+    for token in tokens:
         m = _TOKEN.match(token)
         if not m or "," in m.group(2) or ":" in m.group(2):
-            raise UsageError(f"--fix: {token!r} is not NAME=VALUE")
-        alias = m.group(1)
-        name = _knob_name(alias, "--fix", token)
-        value = _int(m.group(2), "--fix", token)
-        _check_value(name, alias, value, "--fix", token)
-        out[name] = Range(name, alias, values=(value,), token=token)
-    return out
+            raise UsageError(f"{flag}: {token!r} is not NAME=VALUE")
+    return parse_space(tokens, flag=flag)
+
+
+def parse_values(tokens: Iterable[str], *, flag: str = "--baseline") -> dict[str, int]:
+    """``batch_size=64 threads=4`` -> one value per knob, named as typed (as placeholders are)."""
+    return {r.alias: r.values[0] for r in parse_fix(tokens, flag=flag).values()}
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([hms]?)")

@@ -1,0 +1,123 @@
+"""How the stages of a tuning run take a probe, journal it and tell the user.
+
+A `Prober` builds the `TrialSpec` of a config from the run's settings, runs it through its
+``run_trial`` (the real one unless a test hands in another), re-runs a probe that foreign load
+spoiled, and writes the ``trial_*`` events. It also keeps what the run told the user, for the
+report. Its clock (``monotonic``, ``sleep``) is the one the run's budget is counted on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from autotune.launching import engines, rank_command
+from autotune.measuring import trial
+from autotune.measuring.outcome import Outcome
+from autotune.measuring.trial import TrialResult, TrialSpec
+from autotune.store.journal import Journal
+from autotune.tuning import state
+from autotune.tuning.records import TuneSettings
+
+FOREIGN_WAIT_S = 5.0
+
+Notify = Callable[[str, str], None]  # (level: "info" | "warning" | "hint", message)
+RunTrial = Callable[..., TrialResult]  # `autotune.measuring.trial.run_trial`'s signature
+
+
+class Prober:
+    """Probes for one run in ``run_dir``, journaled in ``journal``."""
+
+    def __init__(self, settings: TuneSettings, run_dir: Path, journal: Journal,
+                 launcher: engines.Launcher, *, notify: Notify | None = None,
+                 run_trial: RunTrial = trial.run_trial, clock=time):
+        self.settings = settings
+        self.run_dir = Path(run_dir)
+        self.journal = journal
+        self.launcher = launcher
+        self.clock = clock  # anything with monotonic() and sleep(s)
+        self.notes: list[str] = []  # what the run told the user, for the report
+        self._notify = notify or (lambda level, msg: None)
+        self._run_trial = run_trial
+        self._told_busy = False
+
+    # -- the user and the journal ---------------------------------------------------------------
+    def note(self, level: str, message: str) -> None:
+        """Tell the user, and keep it for the report."""
+        self.notes.append(message)
+        self._notify(level, message)
+
+    def tell(self, level: str, message: str) -> None:
+        """Tell the user only (progress, a warning the report need not repeat)."""
+        self._notify(level, message)
+
+    def emit(self, event: str, **fields) -> None:
+        self.journal.emit(event, **fields)
+
+    # -- probes ---------------------------------------------------------------------------------
+    def spec(self, knobs: Mapping, instances: int, name: str, **over) -> TrialSpec:
+        """The probe of ``knobs`` on ``instances`` ranks; ``over`` replaces spec fields."""
+        s = self.settings
+        per_step = s.samples_per_step
+        if per_step is None and "batch_size" in rank_command.placeholders(s.command[1:]):
+            per_step = int(knobs.get("batch_size", 0)) or None
+        spec = dict(command=tuple(s.command), knobs=dict(knobs), instances=instances,
+                    cwd=s.cwd, log_dir=self.run_dir / "logs", name=name,
+                    max_s=s.seconds, min_measure_s=s.min_measure_s,
+                    samples_per_step=per_step, foreign_limit_cores=s.foreign_limit_cores,
+                    launcher=self.launcher)
+        spec.update(over)
+        return TrialSpec(**spec)
+
+    def probe(self, spec: TrialSpec, *, label: str, number: int | None, cfg: Mapping,
+              on_progress=None, events: bool = True, finish: bool = True) -> TrialResult:
+        """One probe, re-run while foreign load spoils it (up to ``foreign_retries`` times).
+
+        With ``finish=False`` the caller emits the last ``trial_finished`` itself.
+        """
+        attempt = 0
+        while True:
+            if events:
+                self.emit("trial_started", trial=label, number=number, knobs=dict(cfg),
+                          mode=spec.mode)
+
+            def progress(est, label=label):
+                if events:
+                    self.emit("trial_progress", trial=label, samples_per_s=est.samples_per_s,
+                              ci_half=est.ci_half, measured_s=est.measured_s)
+                return bool(on_progress and on_progress(est))
+
+            result = self._run_trial(spec, on_progress=progress, on_start=self._on_start)
+            state.mark_live(self.run_dir, [])
+            result = dataclasses.replace(result, knobs=dict(cfg))
+            spoiled = result.outcome in (Outcome.OK, Outcome.PRUNED, Outcome.FOREIGN_LOAD) \
+                and result.foreign_flagged
+            last = not spoiled or attempt == self.settings.foreign_retries
+            if spoiled and last:
+                result = dataclasses.replace(result, outcome=Outcome.FOREIGN_LOAD, reason=(
+                    f"{result.foreign_cores:.2f} cores of CPU load from other programs in "
+                    f"{attempt + 1} attempt(s); not compared"))
+                self._tell_busy(label, result.foreign_cores)
+            if events and (finish or not last):
+                self.emit("trial_finished", trial=label, number=number, mode=spec.mode,
+                          result=result)
+            if last:
+                return result
+            self.tell("warning", f"{label}: {result.foreign_cores:.2f} cores of foreign CPU "
+                                 f"load during the probe; measuring it again")
+            self.clock.sleep(FOREIGN_WAIT_S)
+            attempt += 1
+
+    def _on_start(self, launched) -> None:
+        state.mark_live(self.run_dir, [lp.spec.marker for lp in launched])
+
+    def _tell_busy(self, label: str, cores: float) -> None:
+        if self._told_busy:
+            return
+        self._told_busy = True
+        self.note("hint", f"other programs keep this machine busy ({label}: {cores:.2f} "
+                          f"cores); such probes are left out, not compared. Tune when it is "
+                          f"quiet, or pass --foreign-limit CORES (now "
+                          f"{self.settings.foreign_limit_cores:g}) to compare anyway")

@@ -1,0 +1,304 @@
+"""The search: an Optuna study over the space, one probe per trial, until a stop rule holds.
+
+A config measured once is not measured again (nor one another tuner sharing the storage
+answered), a batch size at or above a known OOM is not tried, a probe taken under foreign load
+is re-run by the prober (then left out, never compared), and a probe whose interval cannot reach
+the best is pruned. Stops on trials, budget, convergence, or when the space is exhausted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from autotune.measuring.outcome import Outcome
+from autotune.tuning import decision
+from autotune.tuning import study as studies
+from autotune.tuning.prober import Prober
+from autotune.tuning.records import Known, TuneSettings, study_tag
+from autotune.tuning.state import TuneState
+
+DUPLICATE_STREAK = 8  # proposals in a row of configs already known: the sampler has converged
+CONFIRM_SHARE = 0.35  # of a time budget, at most, for the confirmation
+OOM_SKIPPED_TAG = "oom-skipped"  # a study trial's outcome: not tried, an OOM rules it out
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """What the search learned: every answered config by key, and why it stopped."""
+
+    known: Mapping[tuple, Known]
+    measured: int  # probes this run took in the search (and earlier controllers of it)
+    stop_reason: str
+    source: str  # how throughput was counted (the baseline's, else the first clean probe's)
+    state: TuneState  # the run's state as the search left it
+
+
+def open_study(prober: Prober, settings: TuneSettings, *,
+               resume: bool) -> studies.StudyHandle:
+    """The run's study; a resumed run re-queues the trials its killed controller left."""
+    run_dir = prober.run_dir
+    url = settings.storage or studies.sqlite_url(run_dir / "study.db")
+    name = settings.study_name or f"autotune-{run_dir.name}"
+    handle = studies.open_study(url, name, run_id=run_dir.name, seed=settings.seed,
+                                min_measure_s=min(2.0, settings.min_measure_s), requeue=resume)
+    if handle.recovered:
+        prober.tell("info", f"resume: re-running interrupted trial(s) "
+                            f"{', '.join(map(str, handle.recovered))}")
+    return handle
+
+
+class Search:
+    """One run's search over ``state.space`` (measured baseline included) in ``handle``.
+
+    ``elapsed`` gives the run's time spent so far (earlier controllers included); ``save``
+    keeps each new state (what is queued in the study) before the search goes on.
+    """
+
+    def __init__(self, prober: Prober, state: TuneState, handle: studies.StudyHandle, *,
+                 elapsed: Callable[[], float], save: Callable[[TuneState], None]):
+        self.prober = prober
+        self.settings = state.settings
+        self.state = state
+        self.space = state.space
+        self.handle = handle
+        self.elapsed = elapsed
+        self.save = save
+        self.run_id = prober.run_dir.name
+        self.size = self.space.size()
+        self.known: dict[tuple, Known] = {}
+        self.ooms: list[dict] = []
+        self.measured = 0
+        self.duplicate_streak = 0
+        self.convergence = decision.Convergence()
+        self.stop_reason = ""
+        self.source = state.baseline.source
+        self.learned: set[int] = set()  # study trials whose answer is in `known`
+
+    def run(self) -> SearchResult:
+        self._enqueue_start()
+        self._rebuild()
+        self.stop_reason = self._stop_reason()
+        if not self.stop_reason:
+            self.handle.optimize(self._objective, [self._after_trial])
+        return SearchResult(dict(self.known), self.measured, self.stop_reason, self.source,
+                            self.state)
+
+    def _keep(self, **changes) -> None:
+        self.state = dataclasses.replace(self.state, **changes)
+        self.save(self.state)
+
+    # -- what the study already knows -----------------------------------------------------------
+    def _enqueue_start(self) -> None:
+        """A fresh run first measures the baseline, a warm start, then the initial design."""
+        sp = self.space
+        fresh = not any(t.user_attrs.get("run") == self.run_id for t in self.handle.trials())
+        if not fresh or self.state.enqueued:
+            return
+        self.handle.enqueue(sp.choice_from_config(sp.baseline), {"baseline": True})
+        if self.state.warm_start:
+            self.handle.enqueue(sp.choice_from_config(self.state.warm_start), {"warm_start": True})
+        for cfg in sp.initial_design():
+            self.handle.enqueue(sp.choice_from_config(cfg), {"design": "initial"})
+        self._keep(enqueued=True)
+
+    def _rebuild(self) -> None:
+        """What the study already knows (a resumed run): no finished trial is measured again."""
+        for t in self.handle.trials():
+            key = self._learn(t)
+            if key is not None and not t.user_attrs.get("baseline"):
+                self.measured += 1
+                k = self.known[key]
+                self.convergence.update(k.value if k.outcome == Outcome.OK else None)
+
+    def _learn_from_others(self) -> None:
+        """Answers other tuners sharing the storage found since: not measured here again."""
+        for t in self.handle.trials():
+            if t.number not in self.learned and t.user_attrs.get("run") != self.run_id:
+                self._learn(t)
+
+    def _learn(self, t) -> tuple | None:
+        """Take a finished trial's answer into `known`; its key, or None when it has none."""
+        if not t.state.is_finished():
+            return None  # still running (here or in another tuner): not an answer yet
+        self.learned.add(t.number)
+        known = Known.of_trial(t)
+        if known is None:
+            return None
+        key = self.space.key(known.cfg)
+        self.known[key] = known
+        if known.outcome == Outcome.OOM:
+            self.ooms.append(dict(known.cfg))
+        return key
+
+    # -- one trial ------------------------------------------------------------------------------
+    def _objective(self, trial: studies.Trial) -> float:
+        sp = self.space
+        trial.set_user_attr("run", self.run_id)
+        choice = {n: sp.domains[n][trial.suggest_int(n, 0, len(sp.domains[n]) - 1)]
+                  for n in sp.names}
+        cfg = sp.config(choice)
+        key = sp.key(cfg)
+        trial.set_user_attr("knobs", cfg)
+        if key not in self.known:
+            self._learn_from_others()
+        label = f"trial-{trial.number}"
+        if key == sp.key(sp.baseline) and key not in self.known:
+            return self._record_baseline(trial, cfg)
+        if key in self.known:
+            return self._replay(trial, self.known[key])
+        blocker = decision.oom_blocks(cfg, self.ooms)
+        if blocker is not None:
+            self.duplicate_streak += 1
+            trial.set_user_attr("outcome", OOM_SKIPPED_TAG)
+            trial.set_constraint(study_tag(Outcome.OOM), 1.0)
+            reason = (f"not tried: batch_size {cfg.get('batch_size')} with "
+                      f"{cfg.get('instances', 1)} ranks is at or above one that ran out of "
+                      f"memory ({blocker.get('batch_size')})")
+            self.prober.emit("trial_started", trial=label, number=trial.number, knobs=cfg,
+                             mode="full")
+            self.prober.emit("trial_pruned", trial=label, number=trial.number, reason=reason)
+            return 0.0
+        self.duplicate_streak = 0
+        return self._measure(trial, cfg, key, label)
+
+    def _record_baseline(self, trial, cfg) -> float:
+        b = self.state.baseline
+        trial.set_user_attr("baseline", True)
+        trial.set_user_attr("outcome", study_tag(Outcome.OK))
+        trial.set_user_attr("samples_per_s", b.samples_per_s)
+        trial.set_user_attr("ci_half", b.ci_half)
+        self.known[self.space.key(cfg)] = Known(trial.number, Outcome.OK, b.samples_per_s,
+                                                b.ci_half, dict(cfg))
+        self.convergence.update(b.samples_per_s)
+        return float(b.samples_per_s)
+
+    def _replay(self, trial, known: Known) -> float:
+        """A config already answered: the same answer, without a probe."""
+        self.duplicate_streak += 1
+        trial.set_user_attr("duplicate_of", known.number)
+        trial.set_user_attr("outcome", study_tag(known.outcome))
+        if known.outcome == Outcome.PRUNED:
+            trial.report(known.value, 0)
+            raise studies.TrialPruned(f"same config as trial {known.number}")
+        if known.infeasible:
+            trial.set_constraint(study_tag(known.outcome), 1.0)
+            return 0.0
+        return known.value
+
+    def _measure(self, trial, cfg, key, label) -> float:
+        reported: list[float] = []
+        pruner = self.handle.pruner
+
+        def on_progress(est) -> bool:
+            pruner.observe(trial.number, est.ci_half, est.measured_s)
+            trial.report(est.samples_per_s, len(reported))
+            reported.append(est.samples_per_s)
+            return trial.should_prune()
+
+        knobs, instances = self.space.trial_knobs(cfg)
+        try:
+            result = self.prober.probe(self.prober.spec(knobs, instances, label), label=label,
+                                       number=trial.number, cfg=cfg, on_progress=on_progress)
+        except KeyboardInterrupt:
+            trial.set_user_attr("interrupted", True)
+            raise
+        self.measured += 1
+        if not self.source and result.ok:
+            self.source = result.source
+        trial.set_user_attr("samples_per_s", result.samples_per_s)
+        trial.set_user_attr("ci_half", result.ci_half)
+        trial.set_user_attr("reason", result.reason)
+        trial.set_user_attr("outcome", study_tag(result.outcome))
+        if result.outcome == Outcome.FOREIGN_LOAD:
+            self.convergence.update(None)
+            raise studies.NotComparable(result.reason)
+        value = result.samples_per_s
+        if result.outcome == Outcome.PRUNED:
+            value = result.samples_per_s or (reported[-1] if reported else 0.0)
+        known = Known(trial.number, result.outcome, value, result.ci_half, dict(cfg))
+        self.known[key] = known
+        self.convergence.update(value if known.outcome == Outcome.OK else None)
+        if known.outcome == Outcome.PRUNED:
+            self.prober.emit("trial_pruned", trial=label, number=trial.number,
+                             reason=result.reason)
+            raise studies.TrialPruned(result.reason)
+        if known.infeasible:
+            if known.outcome == Outcome.OOM:
+                self.ooms.append(dict(cfg))
+            self.prober.tell("warning", f"{label} {_fmt(cfg)}: {result.outcome.value}: "
+                                        f"{result.reason} (log: {result.log_path})")
+            trial.set_constraint(study_tag(known.outcome), 1.0)
+            return 0.0
+        return value
+
+    # -- when to stop ---------------------------------------------------------------------------
+    def _after_trial(self, study, frozen) -> None:
+        self._maybe_combine()
+        reason = self._stop_reason()
+        if reason:
+            self.stop_reason = reason
+            study.stop()
+
+    def _reserve_s(self) -> float:
+        """Time kept for the confirmation: all its rounds, but never more than
+        `CONFIRM_SHARE` of a budget (a short budget confirms in fewer, shorter probes)."""
+        s = self.settings
+        full = s.confirm_rounds * 3 * s.confirm_probe_s
+        if s.budget_s is None:
+            return full
+        return min(full, CONFIRM_SHARE * s.budget_s)
+
+    def _stop_reason(self) -> str:
+        s = self.settings
+        if s.max_trials is not None and self.measured + 1 >= s.max_trials:
+            return f"{s.max_trials} trials done"
+        if s.budget_s is not None and \
+                self.elapsed() + s.seconds + self._reserve_s() > s.budget_s:
+            return "time budget spent (the rest is kept for the confirmation)"
+        answered = len(self.known) + (self._blocked_count() if self.ooms else 0)
+        if answered >= self.size:
+            return f"all {self.size} configs of the space measured"
+        if self.duplicate_streak >= DUPLICATE_STREAK:
+            return "converged: the sampler keeps proposing configs already measured"
+        if self.convergence.since_best >= self.convergence.patience and \
+                self.convergence.seen >= self.convergence.min_trials:
+            return (f"converged: no gain above {self.convergence.rel:.0%} in the last "
+                    f"{self.convergence.patience} trials")
+        return ""
+
+    def _blocked_count(self) -> int:
+        """Configs of the space ruled out by an OOM and not measured."""
+        sp = self.space
+        count = 0
+        for cfg in sp.configs():
+            if sp.key(cfg) not in self.known and decision.oom_blocks(cfg, self.ooms):
+                count += 1
+        return count
+
+    def _maybe_combine(self) -> None:
+        """Once every one-at-a-time probe is answered, queue the moves that paid off, joined.
+
+        A pruned move counts with its last estimate: it may trail the best and still beat the
+        baseline.
+        """
+        if self.state.combined:
+            return
+        sp = self.space
+        moves = sp.one_at_a_time()
+        base = self.known.get(sp.key(sp.baseline))
+        answered = [self.known.get(sp.key(c)) for c in moves]
+        if base is None or not all(a is not None or decision.oom_blocks(c, self.ooms)
+                                   for a, c in zip(answered, moves)):
+            return
+        combo = decision.combine(sp.baseline, base.value, [
+            (c, a.value if a is not None and not a.infeasible else None)
+            for c, a in zip(moves, answered)])
+        if combo is not None and sp.key(combo) not in self.known:
+            self.handle.enqueue(sp.choice_from_config(combo), {"design": "combined"})
+        self._keep(combined=True)
+
+
+def _fmt(cfg: Mapping) -> str:
+    return " ".join(f"{k}={v}" for k, v in cfg.items())

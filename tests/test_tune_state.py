@@ -1,0 +1,135 @@
+"""What a tuning run keeps and parses once: ``tune.json`` as `TuneState`, the settings' typed
+flags, and the baseline's guess for a placeholder (the same for ``probe`` and ``tune``)."""
+
+import dataclasses
+import json
+import os
+
+import pytest
+
+from autotune.commands import cli
+from autotune.commands import probe as probe_command
+from autotune.errors import UsageError
+from autotune.measuring.outcome import Outcome
+from autotune.measuring.trial import TrialResult
+from autotune.tuning import TuneSettings, TuneState, load_state, space
+from autotune.tuning import baseline
+from autotune.tuning.records import BaselineRecord
+from autotune.tuning.space.parse import parse_values
+from autotune.tuning.state import save
+from conftest import SCRIPTS
+
+# tune.json as the controller wrote it before TuneState: raw tokens, keys only once set.
+OLD = {
+    "warm_start": None, "kind": "wrap",
+    "settings": {"command": ["/x/train.py", "-b", "{batch_size}"], "cwd": "/x", "seconds": 8.0,
+                 "trials": 4, "budget_s": None, "confirm_rounds": 0, "confirm_s": None,
+                 "space_tokens": ["batch_size=8:32"], "fix_tokens": ["threads=1"],
+                 "baseline_tokens": ["batch_size=16"], "global_batch": None,
+                 "samples_per_step": None, "foreign_limit_cores": 1000.0,
+                 "foreign_retries": 2, "seed": 3, "verdict": False, "storage": None,
+                 "study_name": None},
+    "run_id": "20260101-000000-train", "run_command": ["train.py", "-b", "{batch_size}"],
+    "run_cwd": "/home/u",
+    "space": {"domains": {"batch_size": [8, 16, 32]}, "fixed": {"thread_pct": 50},
+              "baseline": {"batch_size": 16, "thread_pct": 50}, "cores": 2},
+    "baseline": {"knobs": {"batch_size": 16, "thread_pct": 50}, "samples_per_s": 120.5,
+                 "ci_half": 3.0, "source": "dataloader", "seen": {"workers": 0}},
+    "enqueued": True,
+}
+
+
+def test_a_tune_json_from_before_loads_and_saves_back_the_same(tmp_path):
+    (tmp_path / "tune.json").write_text(json.dumps(OLD))
+    st = load_state(tmp_path)
+    s = st.settings
+    assert st.kind == "wrap" and st.run_command == ("train.py", "-b", "{batch_size}")
+    assert s.launcher == "local" and s.command[0] == "/x/train.py"
+    assert s.ranges["batch_size"].low == 8 and s.fixed["thread_pct"].values == (1,)
+    assert s.baseline_values == {"batch_size": 16}
+    assert st.space.domains == {"batch_size": (8, 16, 32)} and st.space.devices == 1
+    assert st.baseline == BaselineRecord({"batch_size": 16, "thread_pct": 50}, 120.5, 3.0,
+                                         "dataloader", {"workers": 0})
+    assert st.enqueued and not st.combined and st.allreduce is None
+    save(tmp_path, st)
+    again = json.loads((tmp_path / "tune.json").read_text())
+    assert again == {**{k: v for k, v in OLD.items() if v is not None},
+                     "settings": {**OLD["settings"], "launcher": "local", "hostfile": None},
+                     "space": st.space.to_dict()}
+    assert load_state(tmp_path) == st
+
+
+def test_a_new_state_has_no_baseline_keys_yet(tmp_path):
+    s = TuneSettings(command=("t.py",), cwd="/w")
+    st = TuneState.new(s, tmp_path / "run-1", warm_start={"workers": 2})
+    d = st.to_dict()
+    assert st.run_command == ("t.py",) and st.run_cwd == "/w" and st.run_id == "run-1"
+    assert not {"space", "baseline", "allreduce", "enqueued", "combined"} & set(d)
+    assert TuneState.from_dict(json.loads(json.dumps(d))) == st
+    done = dataclasses.replace(st, combined=True)
+    assert TuneState.from_dict(done.to_dict()).combined
+
+
+def test_an_older_state_without_the_full_runs_command_runs_the_probed_one(tmp_path):
+    old = {k: v for k, v in OLD.items() if k not in ("run_command", "run_cwd", "kind")}
+    st = TuneState.from_dict(old)
+    assert st.run_command == st.settings.command and st.run_cwd == "/x"
+    assert st.kind == "tune"
+
+
+def test_settings_carry_parsed_flags_and_save_their_tokens():
+    s = TuneSettings(command=("t.py",), cwd="/w",
+                     ranges=space.parse_space(["batch_size=16:64 threads=1,2"]),
+                     fixed=space.parse_fix(["workers=2"]),
+                     baseline_values=parse_values(["batch_size=32"]))
+    d = s.to_dict()
+    assert d["space_tokens"] == ["batch_size=16:64", "threads=1,2"]
+    assert d["fix_tokens"] == ["workers=2"] and d["baseline_tokens"] == ["batch_size=32"]
+    assert TuneSettings.from_dict(json.loads(json.dumps(d))) == s
+
+
+def test_a_bad_baseline_value_names_its_own_flag():
+    with pytest.raises(UsageError, match="^--baseline: 'x' in 'batch_size=x'"):
+        parse_values(["batch_size=x"])
+    with pytest.raises(UsageError, match="^--baseline: 'workers=1,2' is not NAME=VALUE"):
+        parse_values(["workers=1,2"])
+
+
+def test_a_knob_fixed_twice_is_an_error_not_the_last_one_silently():
+    with pytest.raises(UsageError, match="^--fix: thread_pct given twice"):
+        space.parse_fix(["threads=1", "thread_pct=50"])
+
+
+def test_placeholder_guesses(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    args = ("--bs", "{batch_size}", "-j", "{workers}", "-t", "{threads}")
+    assert baseline.placeholder_values(args) == (
+        {"batch_size": 32, "threads": 3, "workers": 0}, ("batch_size", "threads", "workers"))
+    assert baseline.placeholder_values(args, given={"workers": 4}, global_batch=64,
+                                       devices=4) == (
+        {"batch_size": 16, "threads": 3, "workers": 4}, ("threads",))
+    # A global batch reaches the ranks without a placeholder too (interception applies it).
+    assert baseline.placeholder_values((), global_batch=64, devices=2) == ({"batch_size": 32}, ())
+
+
+def test_probe_gives_a_threads_placeholder_the_cores_a_rank_may_use(tmp_path, monkeypatch):
+    """Not the host's count: a process pinned to 2 of 64 cores gets 2, as a tune baseline does."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    specs = []
+
+    def fake(spec, **kw):
+        specs.append(spec)
+        return TrialResult(
+            outcome=Outcome.OK, reason="", samples_per_s=10.0, ci_half=1.0, source="dataloader",
+            steps_per_s=1.0, measured_s=5.0, warmup_s=1.0, paused_s=0.0, duration_s=8.0,
+            peak_rss_bytes=0, cuda_peak_bytes=0, foreign_cores=0.0, exit_code=0,
+            log_path=str(spec.log_dir / "x.log"), log_tail="", seen={}, knobs=dict(spec.knobs),
+            mode=spec.mode)
+
+    monkeypatch.setattr(probe_command, "run_trial", fake)
+    args = cli.build_parser().parse_args(
+        ["probe", "--plain", "--json", "--modes", "full", "--runs-dir", str(tmp_path / "runs"),
+         "--", str(SCRIPTS / "ok.py"), "--threads", "{threads}"])
+    assert probe_command.run(args) == 0
+    assert [s.knobs for s in specs] == [{"threads": 2}]
