@@ -28,20 +28,32 @@ def samples_per_step(command: Sequence[str], knobs: Mapping[str, float],
                      given: int | None) -> tuple[int | None, str]:
     """Samples in one step of one rank, for scripts without a DataLoader, and where it came from.
 
-    ``--samples-per-step`` (``given``), else the value of the ``{batch_size}`` placeholder, else
-    the user's own explicit batch-size flag (`autotune.launching.script_flags`). Scripts that accumulate gradients
-    over several batches per optimizer step need ``--samples-per-step`` or ``--metric``.
+    The one rule (the tuner's probes and the trial runner both call it): ``--samples-per-step``
+    (``given``), else the value of the ``{batch_size}`` placeholder, else the user's own
+    explicit batch-size flag (`autotune.launching.script_flags`). A ``given`` equal to what the
+    script's args say is named by them (a value resolved here once and passed on). Scripts that
+    accumulate gradients over several batches per optimizer step need ``--samples-per-step`` or
+    ``--metric``.
     """
-    if given:
-        return int(given), f"samples per step: {int(given)}, from --samples-per-step"
     args = list(command[1:])
-    if "batch_size" in placeholders(args) and "batch_size" in knobs:
-        n = int(knobs["batch_size"])
-        return n, f"samples per step: {n}, the value of {{batch_size}}"
+    found, note = None, ""
     explicit = script_flags.explicit_knobs(args).get("batch_size")
-    if explicit is not None and explicit.number and explicit.number > 0:
-        return explicit.number, f"samples per step: {explicit.number}, from '{explicit.typed}'"
-    return None, ""
+    if "batch_size" in placeholders(args) and "batch_size" in knobs:
+        found = int(knobs["batch_size"])
+        note = f"samples per step: {found}, the value of {{batch_size}}"
+    elif explicit is not None and explicit.number and explicit.number > 0:
+        found = explicit.number
+        note = f"samples per step: {found}, from '{explicit.typed}'"
+    if given and int(given) != found:
+        return int(given), f"samples per step: {int(given)}, from --samples-per-step"
+    return found, note
+
+
+def step_count(tick: Mapping) -> int:
+    """A rank's steps in one meter tick: optimizer steps, else backward passes when the script
+    has no optimizer the meter sees. The one rule for the trial, its series and the full run
+    (under gradient accumulation, backward passes outnumber steps)."""
+    return int(tick.get("steps") or tick.get("backwards") or 0)
 
 
 def watch_env(command: Sequence[str], cwd: str,
@@ -109,9 +121,7 @@ def tick_points(prev: Mapping, msg: Mapping, offset: float) -> tuple[Points, Poi
         if msg.get("first_batch_t"):
             batch_points.append((msg["first_batch_t"] + offset, prev.get("samples", 0)))
         batch_points.append((msg["last_batch_t"] + offset, msg["samples"]))
-    steps = max(msg.get("steps", 0), msg.get("backwards", 0) if not msg.get("steps") else 0)
-    prev_steps = max(prev.get("steps", 0),
-                     prev.get("backwards", 0) if not prev.get("steps") else 0)
+    steps, prev_steps = step_count(msg), step_count(prev)
     if steps > prev_steps:
         if msg.get("first_step_t") and (prev.get("steps") or not msg.get("steps")):
             step_points.append((msg["first_step_t"] + offset, prev_steps))

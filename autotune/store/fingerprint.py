@@ -90,18 +90,24 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown cpu"
 
 
-def gpus() -> tuple[tuple[str, ...], str]:
-    """(GPU names, driver version); empty without NVML or a driver."""
+def gpus(env: Mapping[str, str] | None = None) -> tuple[tuple[str, ...], str]:
+    """(names of the GPUs we may use, driver version); empty without NVML or a driver.
+
+    The GPUs are NVML's under ``CUDA_VISIBLE_DEVICES`` (`autotune.launching.group.host_gpus`,
+    the one rule): what the ranks see, what the tuner searches over and what a global batch is
+    divided by, on the tuning run and on a later ``run`` alike.
+    """
     try:
         from autotune.hardware import nvml
+        from autotune.launching import group
     except ImportError:
         return (), ""
     try:
         ok, _why = nvml.available()
         if not ok:
             return (), ""
-        names = tuple(d.name or "unknown GPU" for d in nvml.devices())
-        return names, nvml.driver_version() or ""
+        visible = group.host_gpus(os.environ if env is None else env)
+        return tuple(g.name or "unknown GPU" for g in visible), nvml.driver_version() or ""
     except Exception:  # noqa: BLE001 - a fingerprint never fails a run
         return (), ""
 

@@ -22,10 +22,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from autotune.tuning import decision, space
-from autotune.launching import rank_command, engines
+from autotune.launching import engines
 from autotune.store import rundir
 from autotune.tuning import study as studies
 from autotune.store.journal import Journal
+from autotune.measuring import series
 from autotune.measuring.outcome import Outcome
 from autotune.measuring.trial import TrialResult, TrialSpec, run_trial
 from autotune.tuning import baseline as baseline_probe
@@ -91,16 +92,14 @@ class Tuner:
         return self.spec_for(knobs, instances, name, **over)
 
     def spec_for(self, knobs: Mapping, instances: int, name: str, **over) -> TrialSpec:
-        per_step = self.s.samples_per_step
-        if per_step is None and "batch_size" in rank_command.placeholders(self.s.command[1:]):
-            per_step = int(knobs.get("batch_size", 0)) or None
+        per_step = series.samples_per_step(self.s.command, knobs, self.s.samples_per_step)[0]
         spec = dict(command=tuple(self.s.command), knobs=dict(knobs), instances=instances,
                     cwd=self.s.cwd, log_dir=self.run_dir / "logs", name=name,
                     max_s=self.s.seconds, min_measure_s=self.s.min_measure_s,
                     samples_per_step=per_step, foreign_limit_cores=self.s.foreign_limit_cores,
                     launcher=self.launcher)
         spec.update(over)
-        return TrialSpec(**spec)
+        return TrialSpec.of(**spec)
 
     def _on_start(self, launched) -> None:
         state.mark_live(self.run_dir, [lp.spec.marker for lp in launched])

@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from autotune.launching.placement import threads_per_rank  # noqa: F401 - the one rule, re-exported
+from autotune.launching import placement
 
 ORDER = ("batch_size", "workers", "thread_pct", "instances", "bucket_mb")
 ALIASES = {"threads": "thread_pct"}  # --space/--fix may give threads per rank instead of a share
@@ -106,6 +106,9 @@ def _int_or_none(v) -> int | None:
 
 
 # -- thread share -----------------------------------------------------------------------------
+threads_per_rank = placement.threads_per_rank  # the one share -> threads rule lives with placement
+
+
 def pct_for_threads(threads: int, cores: int) -> int:
     """The smallest whole share that gives ``threads`` threads: `threads_per_rank` (the one
     rule, in `autotune.launching.placement`) inverts it on hosts of up to 100 cores."""
