@@ -181,6 +181,23 @@ def test_a_global_batch_is_divided_by_the_visible_gpus_only(monkeypatch, tmp_pat
         assert knobs["batch_size"] == 32 and instances == 1
 
 
+def test_the_allreduce_timing_counts_the_visible_gpus_only(monkeypatch, tmp_path):
+    """4 GPUs, 1 visible: two allreduce ranks go on CPU (asking for 2 GPUs failed to start)."""
+    from autotune.launching import group
+
+    asked = []
+
+    def start(spec, **kw):
+        asked.append(spec)
+        raise RuntimeError("not started in this test")
+
+    monkeypatch.setattr(group, "start_group", start)
+    with fake_pynvml(monkeypatch, write_nvml_config(tmp_path, gpus=4)):
+        with pytest.raises(RuntimeError, match="not started"):
+            allreduce.measure(ranks=2, log_dir=tmp_path, env={"CUDA_VISIBLE_DEVICES": "0"})
+    assert (asked[0].device, asked[0].instances, asked[0].gpus) == ("cpu", 2, None)
+
+
 def test_machine_without_a_driver_is_a_cpu(monkeypatch, tmp_path):
     monkeypatch.setenv("AUTOTUNE_MPS_CONTROL", str(BIN / "nvidia-cuda-mps-control"))
     for config in (None, write_nvml_config(tmp_path, driver="not_loaded")):

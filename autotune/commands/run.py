@@ -71,10 +71,8 @@ def run(args) -> int:
 
 def rank_knobs(recipe: recipes.Recipe, fp: fingerprint.Fingerprint,
                launcher: engines.Launcher) -> tuple[dict[str, float], int]:
-    """The recipe's knobs for the ranks of a run here, and ``instances``: on this host's visible
-    GPUs (``fp.gpu_count``) and ``launcher``'s hosts. A global batch that does not divide over
-    them is a `RecipeError`, before anything starts; a per-rank batch other than the recipe's
-    is said."""
+    """The recipe's knobs for the ranks of a run on the visible GPUs (``fp.gpu_count``) of
+    ``launcher``'s hosts, and ``instances``; a `RecipeError` before anything starts."""
     knobs, instances = recipe.run_knobs(fp.cores, fp.gpu_count, hosts=launcher.host_count)
     if recipe.global_batch and knobs.get("batch_size") != recipe.knobs.get("batch_size"):
         console.hint(f"the recipe's global batch of {recipe.global_batch} is kept: "
@@ -87,9 +85,7 @@ def rank_knobs(recipe: recipes.Recipe, fp: fingerprint.Fingerprint,
 def full_run(recipe: recipes.Recipe, target: tuple[str, ...],
              knobs: tuple[dict[str, float], int], *, launcher: engines.Launcher, cwd: str,
              run_dir: Path, journal: Journal, samples_per_step: int | None) -> int:
-    """The full run of ``target`` with ``knobs`` (`rank_knobs` of ``recipe``): the one path of
-    ``run`` and ``wrap``. Returns the script's exit code (`said` tells a failure once the
-    monitor is gone)."""
+    """The full run of ``target`` with ``knobs`` (`rank_knobs`), for ``run`` and ``wrap``."""
     ranks = RanksSpec(command=target, knobs=knobs[0], instances=knobs[1], cwd=cwd,
                       log_dir=run_dir / "logs", name="fullrun", launcher=launcher, gpus=None)
     return fullrun.run_full(fullrun.FullRunSpec(ranks=ranks, journal_knobs=dict(recipe.knobs),
@@ -97,7 +93,7 @@ def full_run(recipe: recipes.Recipe, target: tuple[str, ...],
 
 
 def said(code: int, run_dir: Path) -> int:
-    """The full run's exit code, told on the console when it is a failure."""
+    """The full run's exit code, told when it is a failure."""
     if code:
         console.error(f"the script exited with code {code}; its output is in "
                       f"{run_dir / 'logs' / 'fullrun.log'}")

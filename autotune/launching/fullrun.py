@@ -142,8 +142,7 @@ def run_full(spec: FullRunSpec, journal: Journal, *, out=None) -> int:
     code, ended, group, told = 1, {}, None, False
 
     def tell(final: bool = False) -> None:
-        """``fullrun_notes`` once, when there is something to say: at the start, or once the
-        MPS check has ended (or at the end of a run that it did not see through)."""
+        """``fullrun_notes`` once: at the start, or when the MPS check has ended (or the run)."""
         nonlocal told
         check = group.mps_check
         if told or not (final or group.mps is None or check is not None):

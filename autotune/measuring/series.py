@@ -28,31 +28,27 @@ def samples_per_step(command: Sequence[str], knobs: Mapping[str, float],
                      given: int | None) -> tuple[int | None, str]:
     """Samples in one step of one rank, for scripts without a DataLoader, and where it came from.
 
-    The one rule (the tuner's probes and the trial runner both call it): ``--samples-per-step``
-    (``given``), else the value of the ``{batch_size}`` placeholder, else the user's own
-    explicit batch-size flag (`autotune.launching.script_flags`). A ``given`` equal to what the
-    script's args say is named by them (a value resolved here once and passed on). Scripts that
-    accumulate gradients over several batches per optimizer step need ``--samples-per-step`` or
-    ``--metric``.
+    ``--samples-per-step`` (``given``), else the value of the ``{batch_size}`` placeholder, else
+    the user's own explicit batch-size flag (`autotune.launching.script_flags`); a ``given``
+    equal to the args' value is named by them (the tuner resolves it once, the trial again).
+    Scripts that accumulate gradients over several batches per optimizer step need
+    ``--samples-per-step`` or ``--metric``.
     """
     args = list(command[1:])
-    found, note = None, ""
+    found, source = None, ""
     explicit = script_flags.explicit_knobs(args).get("batch_size")
     if "batch_size" in placeholders(args) and "batch_size" in knobs:
-        found = int(knobs["batch_size"])
-        note = f"samples per step: {found}, the value of {{batch_size}}"
+        found, source = int(knobs["batch_size"]), "the value of {batch_size}"
     elif explicit is not None and explicit.number and explicit.number > 0:
-        found = explicit.number
-        note = f"samples per step: {found}, from '{explicit.typed}'"
+        found, source = explicit.number, f"from '{explicit.typed}'"
     if given and int(given) != found:
-        return int(given), f"samples per step: {int(given)}, from --samples-per-step"
-    return found, note
+        found, source = int(given), "from --samples-per-step"
+    return found, f"samples per step: {found}, {source}" if found else ""
 
 
 def step_count(tick: Mapping) -> int:
-    """A rank's steps in one meter tick: optimizer steps, else backward passes when the script
-    has no optimizer the meter sees. The one rule for the trial, its series and the full run
-    (under gradient accumulation, backward passes outnumber steps)."""
+    """A rank's steps in one meter tick: optimizer steps, else backward passes (a script with
+    no optimizer the meter sees). For the trial, its series and the full run alike."""
     return int(tick.get("steps") or tick.get("backwards") or 0)
 
 

@@ -16,6 +16,7 @@ from importlib import metadata
 
 import psutil
 
+from autotune.launching import group
 from autotune.tuning import space
 
 HARDWARE = ("cpu_model", "cores", "gpu_names", "gpu_count", "gpu_driver")
@@ -73,10 +74,8 @@ def _short(v) -> str:
 
 # -- reading the machine ------------------------------------------------------------------------
 def cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    """The cores we may use (`autotune.launching.group.host_cores`: our affinity)."""
+    return len(group.host_cores())
 
 
 def cpu_model() -> str:
@@ -99,10 +98,7 @@ def gpus(env: Mapping[str, str] | None = None) -> tuple[tuple[str, ...], str]:
     """
     try:
         from autotune.hardware import nvml
-        from autotune.launching import group
-    except ImportError:
-        return (), ""
-    try:
+
         ok, _why = nvml.available()
         if not ok:
             return (), ""
@@ -143,7 +139,6 @@ def machine(env: Mapping[str, str] | None = None) -> space.Machine:
     host = space.Machine(cores=cores(), mem_available_bytes=psutil.virtual_memory().available)
     try:
         from autotune.hardware import mps, nvml
-        from autotune.launching import group
 
         visible = {g.index for g in group.host_gpus(env)}
         devices = [d for d in nvml.devices() if d.index in visible]

@@ -134,10 +134,9 @@ def rank_knobs(cfg: Mapping[str, int], *, cores: int, device: str,
                own_ranks: bool = False) -> tuple[dict[str, float], int]:
     """What the ranks of a probe or a run get for ``cfg``: their knobs, and ``instances``.
 
-    The one translation from a config to per-rank knobs (the space's probes and a recipe's run
-    both call it). On CPU the share of cores becomes a thread count (`threads_per_rank`); on
-    GPUs ``thread_pct`` stays, and `autotune.launching.placement` makes it each rank's MPS share
-    (CPU threads: the cores split over the ranks).
+    The one translation, for the space's probes and a recipe's run. On CPU the share of cores
+    becomes a thread count (`threads_per_rank`); on GPUs ``thread_pct`` stays, and
+    `autotune.launching.placement` makes it each rank's MPS share.
     """
     c = canonical(cfg, global_batch, devices, own_ranks=own_ranks)
     knobs: dict[str, float] = {}
