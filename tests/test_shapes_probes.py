@@ -129,6 +129,7 @@ def test_which_processes_the_sitecustomize_meters(argv, started):
 def test_python_path_puts_the_site_dir_first_and_the_user_s_entries_before_the_root():
     """Installed, the project root is site-packages: ahead of the user's entries it shadowed
     their own copies of installed packages."""
+    assert (PROJECT_ROOT / "probes" / "protocol.py").is_file() and SITE_DIR.is_dir()
     assert rank_command.python_path("") == os.pathsep.join([str(SITE_DIR), str(PROJECT_ROOT)])
     user = os.pathsep.join(["/a", str(PROJECT_ROOT), "/b"])
     assert rank_command.python_path(user) == os.pathsep.join([str(SITE_DIR), "/a", "/b",

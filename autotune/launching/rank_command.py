@@ -18,7 +18,7 @@ from pathlib import Path
 
 from probes import protocol
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SITE_DIR = PROJECT_ROOT / "probes" / "site"
 PLACEHOLDER = re.compile(r"\{(batch_size|workers|threads|bucket_mb|instances)\}")
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
