@@ -69,7 +69,7 @@ def main() -> int:
             order = CONFIGS[rnd % len(CONFIGS):] + CONFIGS[:rnd % len(CONFIGS)]
             for name, instances, knobs in order:
                 for attempt in range(1 + args.retries):  # a probe under foreign load is re-run
-                    r = run_trial(TrialSpec(command=command, knobs=knobs, instances=instances,
+                    r = run_trial(TrialSpec.of(command=command, knobs=knobs, instances=instances,
                                             cwd=str(ROOT), log_dir=Path(logs), name="knobs",
                                             max_s=args.seconds, min_measure_s=10.0,
                                             target_rel=0.03))
@@ -88,7 +88,7 @@ def main() -> int:
 
 def _warm_dataset(command) -> None:
     """Generate the images once, outside any measurement."""
-    r = run_trial(TrialSpec(command=command, cwd=str(ROOT), log_dir=Path(tempfile.gettempdir()),
+    r = run_trial(TrialSpec.of(command=command, cwd=str(ROOT), log_dir=Path(tempfile.gettempdir()),
                             name="bench-knobs-warm", max_s=300, min_measure_s=1.0,
                             target_rel=0.5))
     print(f"# dataset ready (warm-up probe: {r.outcome.value})", flush=True)

@@ -82,7 +82,7 @@ def main() -> None:
           f"{'plain/s':>9} {'plain_s':>8} {'foreign':>8} {'ratio':>6}")
     ratios = []
     for rnd in range(1, opts.rounds + 1):
-        r = run_trial(TrialSpec(command=(str(EXAMPLE), *script_args, "--epochs", "1000"),
+        r = run_trial(TrialSpec.of(command=(str(EXAMPLE), *script_args, "--epochs", "1000"),
                                 cwd=str(work), log_dir=work / "logs", name=f"probe{rnd}",
                                 max_s=opts.probe_seconds, foreign_limit_cores=math.inf))
         if r.samples_per_s <= 0:

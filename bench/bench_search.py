@@ -50,7 +50,7 @@ def probe(args, work: Path, cfg: dict | None, sp: space.Space | None, name: str,
     """One probe, re-run (up to --foreign-retries times) while foreign load spoils it, as the
     tuner does; the last attempt stands either way, its foreign load reported."""
     knobs, instances = sp.trial_knobs(cfg) if (sp and cfg) else ({}, 1)
-    spec = TrialSpec(command=tuple(args.command), knobs=knobs, instances=instances,
+    spec = TrialSpec.of(command=tuple(args.command), knobs=knobs, instances=instances,
                      cwd=str(work), log_dir=work / "logs", name=name, max_s=seconds,
                      min_measure_s=min(5.0, 0.4 * seconds),
                      foreign_limit_cores=args.foreign_limit)

@@ -19,10 +19,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+from autotune.store import fingerprint, recipes
+from autotune.store.journal import read_events
 from fakes.gpu_host import fake_gpu_env, gpu_uuid, write_nvml_config
 
 HERE = Path(__file__).resolve().parent
 CONTROLLER = HERE / "scripts" / "gpu_controller.py"
+TRAIN = str(HERE / "scripts" / "fake_gpu_train.py")
 pytestmark = pytest.mark.slow
 
 
@@ -153,4 +156,32 @@ def test_sigint_to_the_controller_stops_ranks_then_the_daemon(host):
     log = assert_daemon_stopped(host)
     # the ranks were gone before the daemon was told to quit
     assert log.rindex("disconnected") < log.index("Cmd:quit")
+    assert_no_rank_left(host)
+
+
+def test_the_full_run_tells_whether_mps_serves_its_ranks(host, tmp_path):
+    """``autotune run`` with 2 clients per GPU: the full run goes through the same rank group as
+    a probe, so its MPS check and placement notes reach the journal and the monitor."""
+    fp = fingerprint.Fingerprint(cpu_model="x", cores=2, gpu_count=2,
+                                 gpu_names=("NVIDIA A100-SXM4-40GB",) * 2)
+    recipe = recipes.save(recipes.Recipe(
+        name="gpu", knobs={"instances": 2, "thread_pct": 50}, samples_per_s=1.0, ci_half=0.1,
+        baseline_samples_per_s=1.0, speedup=1.0, kept_baseline=True, fingerprint=fp,
+        script_path=TRAIN), tmp_path)
+    env = dict(host["env"], AUTOTUNE_RUNS_DIR=str(tmp_path / "runs"))
+    p = subprocess.run([sys.executable, "-m", "autotune", "run", "--plain", "--recipe",
+                        str(recipe), TRAIN, "--run-seconds", "2"], cwd=tmp_path, env=env,
+                       text=True, capture_output=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    run_dir, = (tmp_path / "runs").iterdir()
+    events, _ = read_events(run_dir)
+    told = [e for e in events if e["event"] == "fullrun_notes"]
+    assert len(told) == 1, told
+    assert told[0]["mps_check"]["ok"] and "MPS serves 4 rank(s)" in told[0]["mps_check"]["text"]
+    assert any("NCCL refuses two ranks on one GPU" in n for n in told[0]["notes"])
+    names = [e["event"] for e in events]
+    assert names.index("fullrun_started") < names.index("fullrun_notes") \
+        < names.index("fullrun_ended")
+    assert "full run: 2 ranks share each GPU" in p.stderr and "MPS serves 4 rank(s)" in p.stderr
+    assert_daemon_stopped(host)
     assert_no_rank_left(host)

@@ -11,6 +11,7 @@ import pytest
 from autotune.store import fingerprint, recipes
 from autotune.launching import fullrun, engines
 from autotune.launching.collector import Received
+from autotune.launching.group import RanksSpec
 from autotune.store.journal import read_events
 from autotune.tuning import TuneSettings
 from conftest import SCRIPTS, assert_one_error_line, autotune, live_children
@@ -100,8 +101,25 @@ def bye(rank, code, *, stopped=False, conn=1):
 def test_the_first_failing_rank_s_own_code_is_the_run_s(kind, engine_code, byes, want):
     meter = fullrun._Meter(None)
     meter.absorb(byes)
-    spec = fullrun.FullRunSpec(command=("x",), launcher=engines.Launcher(kind=kind))
+    spec = fullrun.FullRunSpec(ranks=RanksSpec(command=("x",), launcher=engines.Launcher(kind=kind)))
     assert fullrun._rank_said(spec, meter.failed, engine_code) == want
+
+
+@pytest.mark.slow
+def test_run_tells_where_its_ranks_run(tmp_path):
+    """Two ranks of every core each oversubscribe the host: the full run's group says so, in
+    the journal and on the monitor's lines (it went untold: the full run dropped its group)."""
+    recipe = ddp_recipe(tmp_path, {"instances": 2, "thread_pct": 100})
+    env = dict(os.environ, AUTOTUNE_RUNS_DIR=str(tmp_path / "runs"))
+    p = autotune("run", "--plain", "--recipe", str(recipe), DDP, "--run-seconds", "1",
+                 cwd=tmp_path, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    run_dir, = (tmp_path / "runs").iterdir()
+    events, _ = read_events(run_dir)
+    told, = [e for e in events if e["event"] == "fullrun_notes"]
+    assert told["mps_check"] is None and any("oversubscribe" in n for n in told["notes"]), told
+    assert re.search(r"full run: 2 ranks x \d+ threads oversubscribe \d+ cores", p.stderr)
+    assert live_children() == []
 
 
 # -- a real mpirun ---------------------------------------------------------------------------------

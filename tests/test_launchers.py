@@ -1,6 +1,8 @@
 """Engine command lines and allocation detection: pure, no MPI or Slurm needed."""
 
 import argparse
+import gc
+import warnings
 
 import pytest
 
@@ -117,6 +119,17 @@ def test_from_args_defaults_and_errors(tmp_path):
     with pytest.raises(UsageError, match="no mpirun found"):
         engines.from_args(_args(launcher="mpirun"),
                             env={"AUTOTUNE_MPIRUN": str(tmp_path / "missing")})
+
+
+def test_the_hostfile_is_closed_after_reading(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("# nothing\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(UsageError, match="lists no host"):
+            engines.resolve("mpirun", str(hosts), env={})
+        gc.collect()
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
 
 
 def test_launcher_kind_is_checked():

@@ -71,7 +71,7 @@ def test_probe_under_mpirun_is_measured_and_leaves_nothing(mpi, tmp_path):
     from autotune.measuring.trial import TrialSpec, run_trial
     from conftest import live_children, trial_processes
 
-    r = run_trial(TrialSpec(
+    r = run_trial(TrialSpec.of(
         command=(str(EXAMPLE), "--num-images", "128", "--batch-size", "8", "--epochs", "1000",
                  "--data-dir", str(tmp_path / "data")),
         instances=2, cwd=str(tmp_path), log_dir=tmp_path / "logs", name="mpiprobe",
@@ -93,7 +93,7 @@ def test_a_probe_whose_rank_fails_is_a_crash_with_that_rank_s_code(kind, mpi, tm
     from conftest import SCRIPTS, live_children, trial_processes
 
     name = f"fail{kind}"
-    r = run_trial(TrialSpec(
+    r = run_trial(TrialSpec.of(
         command=(str(SCRIPTS / "ddp_toy.py"), "--run-seconds", "4", "--exit-code", "5",
                  "--fail-rank", "1", "--linger", "600"),
         instances=2, cwd=str(tmp_path), log_dir=tmp_path / "logs", name=name,

@@ -1,7 +1,5 @@
 """Placement is pure: ranks, devices, threads, cores and env from knobs and hardware."""
 
-import json
-
 import pytest
 
 from autotune.launching import placement
@@ -14,7 +12,6 @@ GPUS = [Gpu(0, "GPU-aaaa-0", "A100"), Gpu(1, "GPU-bbbb-1", "A100")]
 def test_two_gpus_three_instances_at_40_percent():
     p = plan(knobs={"thread_pct": 40}, instances=3, cores=list(range(12)), gpus=GPUS)
     assert p.device == "gpu" and p.local_world_size == 6 and p.needs_mps
-    assert p.backend_override == "gloo"
     assert p.common_env[protocol.ENV_BACKEND_OVERRIDE] == "gloo"
     for r, slot in enumerate(p.slots):
         gpu = GPUS[r // 3]
@@ -29,7 +26,7 @@ def test_two_gpus_three_instances_at_40_percent():
 
 def test_one_rank_per_gpu_is_torchrun_like():
     p = plan(knobs={}, instances=1, cores=[0, 1, 2, 3], gpus=GPUS)
-    assert not p.needs_mps and p.backend_override is None
+    assert not p.needs_mps
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in p.slots] == ["GPU-aaaa-0,GPU-bbbb-1"] * 2
     assert all("LOCAL_RANK" not in s.env for s in p.slots)  # the real local rank stays
     assert protocol.ENV_BACKEND_OVERRIDE not in p.common_env
@@ -37,7 +34,7 @@ def test_one_rank_per_gpu_is_torchrun_like():
 
 def test_thread_share_below_100_needs_mps_even_alone():
     p = plan(knobs={"thread_pct": 50}, instances=1, cores=[0, 1], gpus=GPUS[:1])
-    assert p.needs_mps and p.backend_override is None
+    assert p.needs_mps and protocol.ENV_BACKEND_OVERRIDE not in p.common_env
 
 
 def test_cpu_share_gives_threads_and_optional_disjoint_pinning():
@@ -57,8 +54,8 @@ def test_cpu_defaults():
 
 
 def test_threads_never_below_one_and_oversubscription_is_noted():
-    assert placement.threads_for_share(2, 10) == 1
-    assert placement.threads_for_share(8, 50) == 4
+    assert placement.threads_per_rank(10, 2) == 1
+    assert placement.threads_per_rank(50, 8) == 4
     p = plan(knobs={"thread_pct": 100}, instances=2, cores=[0, 1])
     assert p.threads == 2 and any("oversubscribe" in n for n in p.notes)
 
@@ -88,12 +85,6 @@ def test_invalid_input_names_the_invariant(kwargs, message):
         plan(cores=[0, 1], **kwargs)
 
 
-def test_table_is_the_slots_env_by_local_rank():
-    p = plan(knobs={"thread_pct": 40}, instances=2, cores=[0, 1], gpus=GPUS[:1])
-    table = json.loads(p.table())
-    assert [e[protocol.ENV_HOST_LOCAL_RANK] for e in table] == ["0", "1"]
-
-
 def test_visible_gpus_follows_cuda_visible_devices():
     three = GPUS + [Gpu(2, "GPU-cccc-2")]
     assert placement.visible_gpus(three, None) == three
@@ -103,8 +94,19 @@ def test_visible_gpus_follows_cuda_visible_devices():
     assert placement.visible_gpus(three, "") == []
 
 
-def test_knob_ranges_by_device():
-    gpu = placement.knob_ranges(cores=16, gpus=2)
-    assert gpu["thread_pct"]["low"] == 10 and "MPS" in gpu["thread_pct"]["meaning"]
-    cpu = placement.knob_ranges(cores=2, gpus=0)
-    assert cpu["instances"]["high"] == 2 and cpu["thread_pct"]["low"] == 50
+
+def test_one_thread_rule_for_the_space_the_recipe_and_placement():
+    """6 cores at 25% is 1.5 cores: every path gives the floor, 1 thread (the space rounded
+    to 2 while placement floored to 1)."""
+    from autotune.store import fingerprint, recipes
+    from autotune.tuning import space
+
+    assert placement.threads_per_rank(25, 6) == 1
+    sp = space.Space(domains={}, fixed={}, baseline={}, cores=6)
+    assert sp.trial_knobs({"thread_pct": 25})[0]["threads"] == 1
+    r = recipes.Recipe(name="r", knobs={"thread_pct": 25}, samples_per_s=1.0, ci_half=0.0,
+                       baseline_samples_per_s=1.0, speedup=1.0, kept_baseline=True,
+                       fingerprint=fingerprint.Fingerprint(cpu_model="x", cores=6),
+                       script_path="t.py")
+    assert r.run_knobs(6)[0]["threads"] == 1
+    assert plan(knobs={"thread_pct": 25}, instances=1, cores=list(range(6))).threads == 1

@@ -63,7 +63,7 @@ def test_usage_errors_are_one_line_exit_2(args, needle):
 @pytest.mark.slow
 def test_probe_agrees_with_the_scripts_own_throughput(tmp_path):
     """Same process, same window: autotune's figure within 5% of what the script printed."""
-    r = run_trial(TrialSpec(command=(str(SCRIPTS / "self_report.py"),), cwd=str(tmp_path),
+    r = run_trial(TrialSpec.of(command=(str(SCRIPTS / "self_report.py"),), cwd=str(tmp_path),
                             log_dir=tmp_path, name="agree", max_s=40.0, min_measure_s=14.0))
     if r.foreign_flagged:
         pytest.skip(f"{r.foreign_cores:.2f} cores of foreign load during the probe: the script's "

@@ -34,7 +34,7 @@ def probe(tmp_path, command, **over):
                 knobs={"threads": 1}, max_s=25.0, min_measure_s=3.0, target_rel=0.08,
                 hang_s=10.0, startup_s=30.0, grace_s=3.0, foreign_limit_cores=1e9)
     spec.update(over)
-    result = run_trial(TrialSpec(**spec))
+    result = run_trial(TrialSpec.of(**spec))
     assert trial_processes(name) == [], "a process of the trial outlived it"
     assert live_children() == [], "a child of the controller outlived the trial"
     return result

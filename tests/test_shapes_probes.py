@@ -126,11 +126,14 @@ def test_which_processes_the_sitecustomize_meters(argv, started):
     assert autostart.plan(argv, {}) is None
 
 
-def test_python_path_puts_the_site_dir_first():
+def test_python_path_puts_the_site_dir_first_and_the_user_s_entries_before_the_root():
+    """Installed, the project root is site-packages: ahead of the user's entries it shadowed
+    their own copies of installed packages."""
+    assert (PROJECT_ROOT / "probes" / "protocol.py").is_file() and SITE_DIR.is_dir()
     assert rank_command.python_path("") == os.pathsep.join([str(SITE_DIR), str(PROJECT_ROOT)])
     user = os.pathsep.join(["/a", str(PROJECT_ROOT), "/b"])
-    assert rank_command.python_path(user) == os.pathsep.join([str(SITE_DIR), str(PROJECT_ROOT),
-                                                        "/a", "/b"])
+    assert rank_command.python_path(user) == os.pathsep.join([str(SITE_DIR), "/a", "/b",
+                                                              str(PROJECT_ROOT)])
 
 
 def site_env(collector, *extra):
@@ -234,7 +237,7 @@ def test_a_forked_child_reports_on_its_own_connection():
 
 # -- trial helpers --------------------------------------------------------------------------------
 def spec(*args, **over):
-    return TrialSpec(command=("train.py", *args), **over)
+    return TrialSpec.of(command=("train.py", *args), **over)
 
 
 def test_samples_per_step_sources():
@@ -246,6 +249,33 @@ def test_samples_per_step_sources():
     assert n == 24 and "'--trainer.batch_size=24'" in note
     assert series.samples_per_step(("t.py", "--bs", "auto"), {}, None) == (None, "")
     assert series.samples_per_step(("t.py", "--lr", "3"), {}, None) == (None, "")
+
+
+def test_a_value_resolved_once_keeps_the_name_of_its_source():
+    """The tuner resolves samples per step (`series.samples_per_step`) and the trial sees the
+    number again as given: the note still names the placeholder, not --samples-per-step."""
+    cmd, knobs = ("t.py", "--bs", "{batch_size}"), {"batch_size": 16}
+    n, _ = series.samples_per_step(cmd, knobs, None)
+    assert series.samples_per_step(cmd, knobs, n) == (16, "samples per step: 16, the value of "
+                                                          "{batch_size}")
+    assert "from --samples-per-step" in series.samples_per_step(cmd, knobs, 64)[1]
+
+
+def test_steps_else_backwards_is_one_rule_for_the_trial_its_series_and_the_full_run():
+    """Under gradient accumulation (4 backward passes per optimizer step) every count is steps
+    (the trial counted backward passes, its series and the full run steps)."""
+    from autotune.launching import fullrun
+
+    tick = {"type": "tick", "steps": 2, "backwards": 8, "samples": 0, "first_step_t": 1.0,
+            "last_step_t": 2.0}
+    assert series.step_count(tick) == 2 and series.step_count({"backwards": 8}) == 8
+    assert series.tick_points({}, tick, 0.0)[1][-1] == (2.0, 2)
+    probe = trial._Probe(spec(), None)
+    probe.ranks[0] = trial._Rank(hello={}, tick=tick)
+    assert probe.totals() == (0, 2)
+    meter = fullrun._Meter(samples_per_step=4)
+    meter.ticks[0] = tick
+    assert meter.totals() == (8, 2)
 
 
 def test_watch_env(tmp_path):

@@ -163,6 +163,42 @@ def test_machine_sees_two_fake_gpus_and_mps(monkeypatch, tmp_path):
         assert fingerprint.machine({"CUDA_VISIBLE_DEVICES": ""}).device == "cpu"
 
 
+def test_a_global_batch_is_divided_by_the_visible_gpus_only(monkeypatch, tmp_path):
+    """8 GPUs on the host, 2 visible: the tuner's machine, the fingerprint and the full run's
+    per-rank batch all count 2 (the run divided by all 8: a batch 4x too small)."""
+    from autotune.commands import run as run_command
+    from autotune.launching import engines
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setenv("AUTOTUNE_MPS_CONTROL", str(BIN / "nvidia-cuda-mps-control"))
+    with fake_pynvml(monkeypatch, write_nvml_config(tmp_path, gpus=8)):
+        fp = fingerprint.current(("t.py",))
+        assert fp.gpu_count == fingerprint.machine().gpus == 2
+        r = recipes.Recipe(name="r", knobs={"batch_size": 32, "instances": 1},
+                           samples_per_s=1.0, ci_half=0.0, baseline_samples_per_s=1.0,
+                           speedup=1.0, kept_baseline=False, fingerprint=fp, script_path="t.py",
+                           global_batch=64)
+        knobs, instances = run_command.rank_knobs(r, fp, engines.Launcher())
+        assert knobs["batch_size"] == 32 and instances == 1
+
+
+def test_the_allreduce_timing_counts_the_visible_gpus_only(monkeypatch, tmp_path):
+    """4 GPUs, 1 visible: two allreduce ranks go on CPU (asking for 2 GPUs failed to start)."""
+    from autotune.launching import group
+
+    asked = []
+
+    def start(spec, **kw):
+        asked.append(spec)
+        raise RuntimeError("not started in this test")
+
+    monkeypatch.setattr(group, "start_group", start)
+    with fake_pynvml(monkeypatch, write_nvml_config(tmp_path, gpus=4)):
+        with pytest.raises(RuntimeError, match="not started"):
+            allreduce.measure(ranks=2, log_dir=tmp_path, env={"CUDA_VISIBLE_DEVICES": "0"})
+    assert (asked[0].device, asked[0].instances, asked[0].gpus) == ("cpu", 2, None)
+
+
 def test_machine_without_a_driver_is_a_cpu(monkeypatch, tmp_path):
     monkeypatch.setenv("AUTOTUNE_MPS_CONTROL", str(BIN / "nvidia-cuda-mps-control"))
     for config in (None, write_nvml_config(tmp_path, driver="not_loaded")):

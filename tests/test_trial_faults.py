@@ -22,7 +22,7 @@ def probe(tmp_path, script, *args, **over):
                 log_dir=tmp_path / "logs", name=name, max_s=25.0, hang_s=4.0, startup_s=30.0,
                 grace_s=3.0, min_measure_s=2.0, foreign_limit_cores=1e9)
     spec.update(over)
-    result = run_trial(TrialSpec(**spec))
+    result = run_trial(TrialSpec.of(**spec))
     assert trial_processes(name) == [], "a process of the trial outlived it"
     assert live_children() == [], "a child of the controller outlived the trial"
     return result

@@ -69,7 +69,7 @@ def run(args) -> int:
             for mode in modes:
                 say(f"autotune: probing mode '{mode}' (up to {args.seconds:.0f} s)...")
                 journal.emit("trial_started", trial=f"probe-{mode}", mode=mode, knobs={})
-                result = run_trial(TrialSpec(
+                result = run_trial(TrialSpec.of(
                     command=target, knobs=knobs, cwd=cwd, log_dir=run_dir / "logs",
                     instances=args.instances, launcher=launcher,
                     name=f"probe-{mode}",

@@ -9,6 +9,7 @@ from autotune.monitor import console
 from autotune.store import fingerprint, recipes, rundir
 from autotune.launching import fullrun, engines
 from autotune.commands import common, tune
+from autotune.launching.group import RanksSpec
 from autotune.store.journal import Journal
 
 
@@ -52,12 +53,7 @@ def run(args) -> int:
     fp = fingerprint.current(target)
     for warning in fingerprint_warnings(recipe, fp):
         console.warning(warning)
-    knobs, instances = recipe.run_knobs(fp.cores, fp.gpu_count, hosts=launcher.host_count)
-    if recipe.global_batch and knobs.get("batch_size") != recipe.knobs.get("batch_size"):
-        console.hint(f"the recipe's global batch of {recipe.global_batch} is kept: "
-                     f"batch_size={knobs['batch_size']} per rank on this run's "
-                     f"{recipe.global_batch // knobs['batch_size']} ranks (the recipe has "
-                     f"{recipe.knobs.get('batch_size')} for the world it was tuned on)")
+    knobs = rank_knobs(recipe, fp, launcher)
     root = Path(args.runs_dir).expanduser() if args.runs_dir else None
     run_dir = rundir.new_run_dir("run", target[0], root=root)
     journal = Journal(run_dir)
@@ -67,11 +63,37 @@ def run(args) -> int:
     with watch(run_dir, plain=args.plain,
                title=f"autotune run · {os.path.basename(target[0])}"), \
             tune.ending(journal) as status:
-        code = fullrun.run_full(fullrun.FullRunSpec(
-            command=target, knobs=knobs, instances=instances, cwd=os.getcwd(),
-            log_dir=run_dir / "logs", journal_knobs=dict(recipe.knobs),
-            samples_per_step=args.samples_per_step, launcher=launcher), journal)
-        status["code"] = code
+        status["code"] = full_run(recipe, target, knobs, launcher=launcher, cwd=os.getcwd(),
+                                  run_dir=run_dir, journal=journal,
+                                  samples_per_step=args.samples_per_step)
+    return said(status["code"], run_dir)
+
+
+def rank_knobs(recipe: recipes.Recipe, fp: fingerprint.Fingerprint,
+               launcher: engines.Launcher) -> tuple[dict[str, float], int]:
+    """The recipe's knobs for the ranks of a run on the visible GPUs (``fp.gpu_count``) of
+    ``launcher``'s hosts, and ``instances``; a `RecipeError` before anything starts."""
+    knobs, instances = recipe.run_knobs(fp.cores, fp.gpu_count, hosts=launcher.host_count)
+    if recipe.global_batch and knobs.get("batch_size") != recipe.knobs.get("batch_size"):
+        console.hint(f"the recipe's global batch of {recipe.global_batch} is kept: "
+                     f"batch_size={knobs['batch_size']} per rank on this run's "
+                     f"{recipe.global_batch // knobs['batch_size']} ranks (the recipe has "
+                     f"{recipe.knobs.get('batch_size')} for the world it was tuned on)")
+    return knobs, instances
+
+
+def full_run(recipe: recipes.Recipe, target: tuple[str, ...],
+             knobs: tuple[dict[str, float], int], *, launcher: engines.Launcher, cwd: str,
+             run_dir: Path, journal: Journal, samples_per_step: int | None) -> int:
+    """The full run of ``target`` with ``knobs`` (`rank_knobs`), for ``run`` and ``wrap``."""
+    ranks = RanksSpec(command=target, knobs=knobs[0], instances=knobs[1], cwd=cwd,
+                      log_dir=run_dir / "logs", name="fullrun", launcher=launcher, gpus=None)
+    return fullrun.run_full(fullrun.FullRunSpec(ranks=ranks, journal_knobs=dict(recipe.knobs),
+                                                samples_per_step=samples_per_step), journal)
+
+
+def said(code: int, run_dir: Path) -> int:
+    """The full run's exit code, told when it is a failure."""
     if code:
         console.error(f"the script exited with code {code}; its output is in "
                       f"{run_dir / 'logs' / 'fullrun.log'}")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 from autotune.monitor import console
-from autotune.store import fingerprint, jsontext
-from autotune.launching import fullrun
+from autotune.store import jsontext
+from autotune.commands import run as run_command
 from autotune.commands import tune
 
 
@@ -34,14 +34,10 @@ def run(args) -> int:
                 tune.print_summary(report, path, plain=args.plain)
             console.hint(f"full run: {' '.join(prep.target)} with "
                          f"{' '.join(f'{k}={v}' for k, v in recipe.knobs.items())}")
-            knobs, instances = recipe.run_knobs(fingerprint.cores(), prep.fp.gpu_count,
-                                                hosts=prep.launcher.host_count)
-            code = fullrun.run_full(fullrun.FullRunSpec(
-                command=prep.target, knobs=knobs, instances=instances, cwd=prep.run_cwd,
-                log_dir=prep.run_dir / "logs", journal_knobs=dict(recipe.knobs),
-                samples_per_step=prep.settings.samples_per_step, launcher=prep.launcher),
-                prep.journal)
-            status["code"] = code
+            code = status["code"] = run_command.full_run(
+                recipe, prep.target, run_command.rank_knobs(recipe, prep.fp, prep.launcher),
+                launcher=prep.launcher, cwd=prep.run_cwd, run_dir=prep.run_dir,
+                journal=prep.journal, samples_per_step=prep.settings.samples_per_step)
     except KeyboardInterrupt:
         console.hint(f"if the tuning was cut short, resume with: autotune wrap --resume "
                      f"{prep.run_dir}")
@@ -50,7 +46,4 @@ def run(args) -> int:
         out = tune.summary(report, path)
         out["exit_code"] = code
         print(jsontext.dumps(out))
-    if code:
-        console.error(f"the script exited with code {code}; its output is in "
-                      f"{prep.run_dir / 'logs' / 'fullrun.log'}")
-    return code
+    return run_command.said(code, prep.run_dir)

@@ -10,6 +10,7 @@ with the backward pass. The search (issue 3) can take its bounds for ``bucket_mb
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -104,7 +105,7 @@ def measure(*, ranks: int = 2, log_dir: Path, cwd: str = ".",
 
     Raises `LaunchError` with the log's tail when the probe fails or runs out of time.
     """
-    from autotune.launching.group import RanksSpec, start_group
+    from autotune.launching.group import RanksSpec, host_gpus, start_group
 
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -114,10 +115,9 @@ def measure(*, ranks: int = 2, log_dir: Path, cwd: str = ".",
                "--min-bytes", str(min_bytes), "--max-bytes", str(max_bytes),
                "--seconds-per-size", str(seconds_per_size))
     instances, gpus = ranks, None
-    if device == "auto":
-        from autotune.hardware import nvml
-
-        device, instances, gpus = placement_for(ranks, nvml.device_count())
+    if device == "auto":  # the GPUs we may use: CUDA_VISIBLE_DEVICES honoured
+        visible = host_gpus(os.environ if env is None else env)
+        device, instances, gpus = placement_for(ranks, len(visible))
     spec = RanksSpec(command=command, instances=instances, gpus=gpus, cwd=cwd, log_dir=log_dir,
                      name="allreduce", marker=f"allreduce-{time.monotonic_ns()}", env=env,
                      launcher=launcher, device=device)

@@ -268,7 +268,8 @@ def resolve(kind: str | None, hostfile: str | None = None,
         if kind != "mpirun":
             raise UsageError(f"--hostfile needs --launcher mpirun, not {kind}")
         try:
-            hosts = tuple(parse_hostfile(open(hostfile).read()))
+            with open(hostfile) as f:
+                hosts = tuple(parse_hostfile(f.read()))
         except OSError as exc:
             raise UsageError(f"--hostfile {hostfile!r}: {exc.strerror}") from None
         if not hosts:

@@ -1,8 +1,10 @@
 """The full run: the user's script with a recipe's knobs, streamed, metered, and stopped cleanly.
 
-Ranks start through `autotune.launching.group.start_ranks` (the same path as probes), their output is
-streamed to our stdout (and kept in the run's logs), and the meter keeps reporting: the journal
-gets ``fullrun_progress`` with live samples/s. SIGINT and SIGTERM are forwarded to every rank's
+Ranks start through `autotune.launching.group.start_group` (the same path as probes), their
+output is streamed to our stdout (and kept in the run's logs), and the meter keeps reporting: the
+journal gets ``fullrun_progress`` with live samples/s, and ``fullrun_notes`` with what the group
+says about where the ranks run (collectives on gloo, oversubscribed cores, whether the MPS
+daemon really serves them). SIGINT and SIGTERM are forwarded to every rank's
 process group; a second one escalates to TERM-grace-KILL. When a rank fails, the others are
 stopped, as torchrun does, and its exit code is the run's (the earliest failure is the cause).
 Under an engine (mpirun, srun) there is one process for every rank, and the engine's own code
@@ -20,13 +22,13 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 
 from autotune.launching import engines, proc
 from autotune.launching.collector import Collector, for_launcher
+from autotune.measuring import series
 from autotune.store.journal import Journal
-from autotune.launching.group import RanksSpec, start_ranks
+from autotune.launching.group import RanksSpec, start_group
 from probes import protocol
 
 POLL_S = 0.2
@@ -34,18 +36,14 @@ POLL_S = 0.2
 
 @dataclass(frozen=True)
 class FullRunSpec:
-    command: tuple[str, ...]
-    knobs: Mapping[str, float] = field(default_factory=dict)  # what the ranks get (threads...)
-    instances: int = 1
-    cwd: str = "."
-    log_dir: Path = Path(".")
+    """The full run: its ranks (`RanksSpec`; ``knobs`` what the ranks get, threads...) and how
+    it is reported and stopped."""
+
+    ranks: RanksSpec
     journal_knobs: Mapping[str, int] = field(default_factory=dict)  # the recipe's, for display
     progress_every_s: float = 5.0
     grace_s: float = 10.0
     samples_per_step: int | None = None
-    env: Mapping[str, str] | None = None
-    launcher: engines.Launcher = engines.Launcher()
-    gpus: int | None = None  # GPUs to spread the ranks over; None: every visible one
 
 
 def exit_status(code: int | None) -> int:
@@ -74,8 +72,7 @@ class _Meter:
     def totals(self) -> tuple[int, int]:
         """(samples over every rank, the job's steps)."""
         samples = sum(int(t.get(protocol.TICK_SAMPLES, 0)) for t in self.ticks.values())
-        per_rank = [int(t.get(protocol.TICK_STEPS, 0) or t.get(protocol.TICK_BACKWARDS, 0))
-                    for t in self.ticks.values()]
+        per_rank = [series.step_count(t) for t in self.ticks.values()]
         if not samples and per_rank and self.samples_per_step:
             samples = sum(per_rank) * self.samples_per_step
         steps = max(per_rank, default=0)  # data-parallel ranks step together
@@ -120,11 +117,12 @@ class _Signals:
 
 def run_full(spec: FullRunSpec, journal: Journal, *, out=None) -> int:
     """Run the script to its end; returns its exit status (0 when every rank succeeded)."""
-    collector = for_launcher(spec.launcher)
+    asked = spec.ranks
+    collector = for_launcher(asked.launcher)
     lock = threading.Lock()
     # Ranks started here are streamed one by one and labelled when there are several; an engine
     # (mpirun, srun) merges its ranks' output into its own, which is passed on as it is.
-    label = spec.launcher.kind == "local" and spec.instances > 1
+    label = asked.launcher.kind == "local" and asked.instances > 1
 
     def on_output(rank: int, line: str) -> None:
         stream = out or sys.stdout
@@ -135,32 +133,45 @@ def run_full(spec: FullRunSpec, journal: Journal, *, out=None) -> int:
             except (OSError, ValueError):
                 pass  # our stdout went away; the log file still has it
 
-    ranks = RanksSpec(command=spec.command, knobs=dict(spec.knobs), instances=spec.instances,
-                      mode="full", cwd=spec.cwd, log_dir=spec.log_dir, name="fullrun",
-                      marker=f"fullrun-{uuid.uuid4().hex[:12]}", env=spec.env,
-                      launcher=spec.launcher, gpus=spec.gpus)
-    journal.emit("fullrun_started", command=list(spec.command),
-                 knobs=dict(spec.journal_knobs or spec.knobs), instances=spec.instances,
-                 launcher=engines.describe(spec.launcher))
+    ranks = replace(asked, mode="full", marker=f"{asked.name}-{uuid.uuid4().hex[:12]}")
+    journal.emit("fullrun_started", command=list(asked.command),
+                 knobs=dict(spec.journal_knobs or asked.knobs), instances=asked.instances,
+                 launcher=engines.describe(asked.launcher))
     signals = _Signals()
     signals.install()
-    code, ended = 1, {}
+    code, ended, group, told = 1, {}, None, False
+
+    def tell(final: bool = False) -> None:
+        """``fullrun_notes`` once: at the start, or when the MPS check has ended (or the run)."""
+        nonlocal told
+        check = group.mps_check
+        if told or not (final or group.mps is None or check is not None):
+            return
+        told = True
+        notes = group.notes()
+        if notes or check is not None:
+            journal.emit("fullrun_notes", notes=notes, mps_check=None if check is None else
+                         {"ok": check.ok, "text": check.text})
+
     try:
-        signals.launched = start_ranks(
-            ranks, channel=collector.env(), extra_env={"PYTHONUNBUFFERED": "1"},
-            pipe_output=True, on_output=on_output)
-        code, ended = _supervise(spec, signals, collector, journal)
+        group = start_group(ranks, channel=collector.env(), extra_env={"PYTHONUNBUFFERED": "1"},
+                            pipe_output=True, on_output=on_output)
+        signals.launched = group.launched
+        code, ended = _supervise(spec, signals, collector, journal, on_poll=tell)
     finally:
         for lp in signals.launched:
             proc.stop(lp, grace_s=spec.grace_s)
         signals.restore()
         collector.close()
+        if group is not None:
+            group.wait_mps_check(timeout_s=spec.grace_s)
+            tell(final=True)
         journal.emit("fullrun_ended", exit_code=code, **ended)
     return code
 
 
-def _supervise(spec: FullRunSpec, signals: _Signals, collector: Collector,
-               journal: Journal) -> tuple[int, dict]:
+def _supervise(spec: FullRunSpec, signals: _Signals, collector: Collector, journal: Journal,
+               *, on_poll=lambda: None) -> tuple[int, dict]:
     """Waits for every process; returns the run's exit status and what ``fullrun_ended`` adds:
     ``rank`` (the first to fail, when a rank said so) and ``launcher_exit_code`` (an engine's
     own status, when it differs from the rank's)."""
@@ -170,11 +181,12 @@ def _supervise(spec: FullRunSpec, signals: _Signals, collector: Collector,
     meter.rate(time.monotonic())
     first_failure: int | None = None
     stopping = False
-    engine = spec.launcher.kind != "local"
+    engine = spec.ranks.launcher.kind != "local"
     reported = 0
     while True:
         time.sleep(POLL_S)
         meter.absorb(collector.drain())
+        on_poll()
         now = time.monotonic()
         if now >= next_report:
             next_report = now + spec.progress_every_s
@@ -214,6 +226,6 @@ def _rank_said(spec: FullRunSpec, failed: tuple[int, int] | None, code: int) -> 
     rank, rank_code = failed
     if rank_code == code:
         return code, {"rank": rank}
-    if spec.launcher.kind == "local":  # our own processes' codes are the ranks' already
+    if spec.ranks.launcher.kind == "local":  # our own processes' codes are the ranks' already
         return code, {}
     return rank_code, {"rank": rank, "launcher_exit_code": code}

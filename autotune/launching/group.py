@@ -13,8 +13,9 @@ On GPUs, ranks that share a device run as clients of the controller's MPS daemon
 (`autotune.hardware.mps.shared`), which is stopped when the controller exits, whatever the exit; a
 background check confirms the daemon really serves them (`RankGroup.mps_check`).
 
-`start_ranks` (list of launched processes) is the original API; `start_group` returns a `RankGroup`
-that also carries the placement, the MPS daemon and the check.
+`start_group` returns a `RankGroup`: the launched processes, the placement, the MPS daemon and
+the check. A probe (`autotune.measuring.trial`), the full run (`autotune.launching.fullrun`) and
+the allreduce timing all start their ranks through it.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ class RankGroup:
     _checker: threading.Thread | None = None
 
     def notes(self) -> list[str]:
-        """What a trial should tell the user about where its ranks ran."""
+        """What a probe or the full run should tell the user about where its ranks ran."""
         notes = list(self.plan.notes)
         check = self.mps_check
         if check is not None and not check.ok:
@@ -83,6 +84,7 @@ class RankGroup:
         return notes
 
     def wait_mps_check(self, timeout_s: float | None = None):
+        """The MPS check once it has ended (None without MPS, or when ``timeout_s`` ran out)."""
         if self._checker is not None:
             self._checker.join(timeout_s)
         return self.mps_check
@@ -160,14 +162,6 @@ def plan_for(spec: RanksSpec, base: Mapping[str, str]) -> placement.Plan:
                               cores=host_cores(), gpus=gpus, device=spec.device)
     except ValueError as exc:
         raise LaunchError(f"cannot place the ranks: {exc}") from None
-
-
-def start_ranks(spec: RanksSpec, *, channel: Mapping[str, str], extra_env: Mapping[str, str] = (),
-                pipe_output: bool = False,
-                on_output: Callable[[int, str], None] | None = None) -> list[proc.Launched]:
-    """Start every rank; on a failure to start, the ones already started are stopped."""
-    return start_group(spec, channel=channel, extra_env=extra_env, pipe_output=pipe_output,
-                       on_output=on_output).launched
 
 
 def start_group(spec: RanksSpec, *, channel: Mapping[str, str], extra_env: Mapping[str, str] = (),

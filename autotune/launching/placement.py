@@ -3,10 +3,10 @@
 The knobs ``instances`` and ``thread_pct`` mean different things by device (DESIGN.md, "The
 knobs"):
 
-* **CPU**: ``instances`` ranks per host; each gets ``max(1, cores x thread_pct / 100)`` torch/OMP
-  threads (default: the cores split evenly), and with ``pin=1`` a disjoint set of cores
-  (``AUTOTUNE_CPUS``, applied by `probes.ranks_env` in the rank before torch loads; its
-  DataLoader workers inherit the same cores).
+* **CPU**: ``instances`` ranks per host; each gets ``max(1, floor(cores x thread_pct / 100))``
+  torch/OMP threads (`threads_per_rank`; default: the cores split evenly), and with ``pin=1`` a
+  disjoint set of cores (``AUTOTUNE_CPUS``, applied by `probes.ranks_env` in the rank before
+  torch loads; its DataLoader workers inherit the same cores).
 * **GPU**: ``instances`` ranks (MPS clients) per GPU, ranks placed in blocks (ranks 0..k-1 on the
   first GPU); ``thread_pct`` becomes ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (the sum over a GPU
   may exceed 100). CPU threads are the cores split over all ranks of the host.
@@ -30,7 +30,6 @@ Horovod through ``HOROVOD_FUSION_THRESHOLD`` (bytes).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -71,7 +70,6 @@ class Plan:
     instances: int  # per GPU, or per host on CPU
     slots: tuple[Slot, ...]
     needs_mps: bool
-    backend_override: str | None
     common_env: dict[str, str]  # the same for every rank
     notes: tuple[str, ...] = ()
 
@@ -83,22 +81,21 @@ class Plan:
     def threads(self) -> int | None:
         return self.slots[0].threads if self.slots else None
 
-    def table(self) -> str:
-        """``AUTOTUNE_PLACEMENT``: every slot's env, by host-local rank, for launchers that start
-        ranks themselves (mpirun, srun); `probes.ranks_env` applies the rank's own entry."""
-        return json.dumps([slot.env for slot in self.slots], separators=(",", ":"))
-
 
 def _number(knobs: Mapping[str, float], name: str) -> float | None:
     value = knobs.get(name)
     return None if value is None else float(value)
 
 
-def threads_for_share(cores: int, thread_pct: float) -> int:
-    """Threads of a rank given its share of the host's cores: ``max(1, floor(cores x pct))``."""
-    if not 0 < thread_pct <= 100:
-        raise ValueError(f"0 < thread_pct <= 100 must hold, but got {thread_pct}")
-    return max(1, math.floor(cores * thread_pct / 100.0 + 1e-9))
+def threads_per_rank(thread_pct: float, cores: int) -> int:
+    """Threads for one rank holding ``thread_pct`` % of ``cores``: ``max(1, floor(cores x pct /
+    100))``. The one rule: the search space (`autotune.tuning.space.rank_knobs`), recipes and
+    this placement all call it.
+
+    Floor, not round: a share is what a rank may use, and on CPU oversubscribing the cores is
+    what hurts most, so a rank never gets more threads than its share holds.
+    """
+    return max(1, math.floor(cores * thread_pct / 100 + 1e-9))
 
 
 def pin_sets(cores: Sequence[int], ranks: int, threads: int) -> list[tuple[int, ...]]:
@@ -149,7 +146,7 @@ def _cpu_plan(instances, pct, explicit_threads, pin, cores, common) -> Plan:
     if explicit_threads:
         threads = max(1, int(explicit_threads))
     elif pct is not None:
-        threads = threads_for_share(n, pct)
+        threads = threads_per_rank(pct, n)
     elif instances > 1:
         threads = max(1, n // instances)
     else:
@@ -166,7 +163,7 @@ def _cpu_plan(instances, pct, explicit_threads, pin, cores, common) -> Plan:
         slots.append(Slot(local_rank=r, gpu=None, threads=threads, cpus=cpus[r],
                           thread_pct=None, env=env))
     return Plan(device="cpu", instances=instances, slots=tuple(slots), needs_mps=False,
-                backend_override=None, common_env=common, notes=tuple(notes))
+                common_env=common, notes=tuple(notes))
 
 
 def _gpu_plan(instances, pct, explicit_threads, pin, cores, gpus, common) -> Plan:
@@ -199,8 +196,7 @@ def _gpu_plan(instances, pct, explicit_threads, pin, cores, gpus, common) -> Pla
         slots.append(Slot(local_rank=r, gpu=gpu, threads=threads, cpus=cpus[r],
                           thread_pct=pct, env=env))
     return Plan(device="gpu", instances=instances, slots=tuple(slots), needs_mps=needs_mps,
-                backend_override="gloo" if colocated else None, common_env=common,
-                notes=tuple(notes))
+                common_env=common, notes=tuple(notes))
 
 
 def visible_gpus(gpus: Sequence[Gpu], cuda_visible_devices: str | None) -> list[Gpu]:
@@ -223,30 +219,3 @@ def visible_gpus(gpus: Sequence[Gpu], cuda_visible_devices: str | None) -> list[
             break
         chosen.append(match)
     return chosen
-
-
-# -- what the search should know (issue 3 hooks this into autotune.tuning.space) ----------------------
-def knob_ranges(*, cores: int, gpus: int) -> dict[str, dict]:
-    """Bounds and meaning of the placement knobs on this host, for the search space.
-
-    GPU: ``instances`` 1..4 MPS clients per GPU (AccDP's gains came at 2-4), ``thread_pct``
-    10..100 as ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``. CPU: ``instances`` 1..min(cores, 8) ranks,
-    ``thread_pct`` from one core's share to all cores. ``bucket_mb`` matters only when the world
-    size is above 1 (see `autotune.launching.allreduce.bucket_range` for bounds measured on this host).
-    """
-    if gpus:
-        return {
-            "instances": {"low": 1, "high": 4, "meaning": "MPS clients (ranks) per GPU"},
-            "thread_pct": {"low": 10, "high": 100, "step": 10,
-                           "meaning": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE of each client"},
-            "bucket_mb": {"low": 1, "high": 256, "log": True,
-                          "meaning": "DDP bucket_cap_mb / HOROVOD_FUSION_THRESHOLD"},
-        }
-    cores = max(1, cores)
-    return {
-        "instances": {"low": 1, "high": max(1, min(cores, 8)), "meaning": "ranks per host"},
-        "thread_pct": {"low": max(1.0, round(100.0 / cores, 2)), "high": 100,
-                       "meaning": "share of the host's cores per rank (torch/OMP threads)"},
-        "bucket_mb": {"low": 1, "high": 256, "log": True,
-                      "meaning": "DDP bucket_cap_mb / HOROVOD_FUSION_THRESHOLD"},
-    }

@@ -93,7 +93,9 @@ def rank_env(base: Mapping[str, str], *, knobs: Mapping[str, float], skip: set[s
 def python_path(user: str) -> str:
     """``PYTHONPATH`` of a rank: the metering ``sitecustomize`` (`SITE_DIR`, which meters Python
     processes not run through `probes.boot` and then runs any other ``sitecustomize``), the
-    project root (for ``probes``), then the user's entries in their order."""
-    ours = (str(SITE_DIR), str(PROJECT_ROOT))
-    rest = [p for p in user.split(os.pathsep) if p not in ours] if user else []
-    return os.pathsep.join([*ours, *rest])
+    user's entries in their order, then the project root (for ``probes``). The root comes last:
+    installed, it is site-packages, and ahead of the user's entries it would shadow their own
+    copies of installed packages."""
+    rest = [p for p in user.split(os.pathsep) if p not in (str(SITE_DIR), str(PROJECT_ROOT))] \
+        if user else []
+    return os.pathsep.join([str(SITE_DIR), *rest, str(PROJECT_ROOT)])

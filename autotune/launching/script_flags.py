@@ -50,7 +50,6 @@ class Explicit:
     knob: str  # "batch_size" | "workers"
     flag: str  # as typed: "--batch-size", "-b", "trainer.batch_size"
     value: str  # as typed: "32"
-    index: int  # position in the args of the token that holds the value
     sep: str  # between flag and value as typed: " " (two tokens), "=" or "" ("-b32")
 
     @property
@@ -70,13 +69,6 @@ class Explicit:
     def suggestion(self) -> str:
         """The same flag with the placeholder in place of the value."""
         return f"{self.flag}{self.sep}{{{self.knob}}}"
-
-    def with_placeholder(self, args: Sequence[str]) -> list[str]:
-        """``args`` with this flag's value replaced by the knob's placeholder."""
-        out = list(args)
-        token = out[self.index]
-        out[self.index] = token[: len(token) - len(self.value)] + "{" + self.knob + "}"
-        return out
 
     def note(self) -> str:
         """What to tell the user: which value wins, and how to tune the knob instead."""
@@ -106,7 +98,7 @@ def _is_value(token: str) -> bool:
 
 
 def _scan(args: Sequence[str]):
-    """Yield (knob, flag, value, index, sep) for every knob flag, in order."""
+    """Yield (knob, flag, value, sep) for every knob flag, in order."""
     i = 0
     while i < len(args):
         token = args[i]
@@ -122,15 +114,15 @@ def _scan(args: Sequence[str]):
             knob = _knob_of(name, short=dashes == 1 and len(name) == 1)
             if knob is not None:
                 if sep or value:
-                    yield knob, token[:dashes] + name, value, i, sep
+                    yield knob, token[:dashes] + name, value, sep
                 elif i + 1 < len(args) and _is_value(args[i + 1]):
-                    yield knob, token, args[i + 1], i + 1, " "
+                    yield knob, token, args[i + 1], " "
                     i += 1
         else:
             m = _KEY.match(token)
             knob = _knob_of(m.group(1), short=False) if m else None
             if knob is not None:
-                yield knob, token[: len(token) - len(m.group(2)) - 1], m.group(2), i, "="
+                yield knob, token[: len(token) - len(m.group(2)) - 1], m.group(2), "="
         i += 1
 
 
@@ -140,11 +132,11 @@ def explicit_knobs(args: Sequence[str]) -> dict[str, Explicit]:
     A value holding a placeholder (``{batch_size}``) is autotune's to fill, so not explicit.
     """
     found: dict[str, Explicit] = {}
-    for knob, flag, value, index, sep in _scan(list(args)):
+    for knob, flag, value, sep in _scan(list(args)):
         if _PLACEHOLDER.search(value):
             found.pop(knob, None)
             continue
-        found[knob] = Explicit(knob=knob, flag=flag, value=value, index=index, sep=sep)
+        found[knob] = Explicit(knob=knob, flag=flag, value=value, sep=sep)
     return found
 
 

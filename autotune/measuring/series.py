@@ -29,19 +29,27 @@ def samples_per_step(command: Sequence[str], knobs: Mapping[str, float],
     """Samples in one step of one rank, for scripts without a DataLoader, and where it came from.
 
     ``--samples-per-step`` (``given``), else the value of the ``{batch_size}`` placeholder, else
-    the user's own explicit batch-size flag (`autotune.launching.script_flags`). Scripts that accumulate gradients
-    over several batches per optimizer step need ``--samples-per-step`` or ``--metric``.
+    the user's own explicit batch-size flag (`autotune.launching.script_flags`); a ``given``
+    equal to the args' value is named by them (the tuner resolves it once, the trial again).
+    Scripts that accumulate gradients over several batches per optimizer step need
+    ``--samples-per-step`` or ``--metric``.
     """
-    if given:
-        return int(given), f"samples per step: {int(given)}, from --samples-per-step"
     args = list(command[1:])
-    if "batch_size" in placeholders(args) and "batch_size" in knobs:
-        n = int(knobs["batch_size"])
-        return n, f"samples per step: {n}, the value of {{batch_size}}"
+    found, source = None, ""
     explicit = script_flags.explicit_knobs(args).get("batch_size")
-    if explicit is not None and explicit.number and explicit.number > 0:
-        return explicit.number, f"samples per step: {explicit.number}, from '{explicit.typed}'"
-    return None, ""
+    if "batch_size" in placeholders(args) and "batch_size" in knobs:
+        found, source = int(knobs["batch_size"]), "the value of {batch_size}"
+    elif explicit is not None and explicit.number and explicit.number > 0:
+        found, source = explicit.number, f"from '{explicit.typed}'"
+    if given and int(given) != found:
+        found, source = int(given), "from --samples-per-step"
+    return found, f"samples per step: {found}, {source}" if found else ""
+
+
+def step_count(tick: Mapping) -> int:
+    """A rank's steps in one meter tick: optimizer steps, else backward passes (a script with
+    no optimizer the meter sees). For the trial, its series and the full run alike."""
+    return int(tick.get(protocol.TICK_STEPS) or tick.get(protocol.TICK_BACKWARDS) or 0)
 
 
 def watch_env(command: Sequence[str], cwd: str,
@@ -105,15 +113,14 @@ def tick_points(prev: Mapping, msg: Mapping, offset: float) -> tuple[Points, Poi
     """
     batch_points: Points = []
     step_points: Points = []
-    samples, steps_, backwards = protocol.TICK_SAMPLES, protocol.TICK_STEPS, protocol.TICK_BACKWARDS
+    samples = protocol.TICK_SAMPLES
     if msg.get(samples, 0) > prev.get(samples, 0):
         if msg.get(protocol.TICK_FIRST_BATCH_T):
             batch_points.append((msg[protocol.TICK_FIRST_BATCH_T] + offset, prev.get(samples, 0)))
         batch_points.append((msg[protocol.TICK_LAST_BATCH_T] + offset, msg[samples]))
-    steps = max(msg.get(steps_, 0), msg.get(backwards, 0) if not msg.get(steps_) else 0)
-    prev_steps = max(prev.get(steps_, 0), prev.get(backwards, 0) if not prev.get(steps_) else 0)
+    steps, prev_steps = step_count(msg), step_count(prev)
     if steps > prev_steps:
-        if msg.get(protocol.TICK_FIRST_STEP_T) and (prev.get(steps_) or not msg.get(steps_)):
+        if msg.get(protocol.TICK_FIRST_STEP_T) and (prev.get(protocol.TICK_STEPS) or not msg.get(protocol.TICK_STEPS)):
             step_points.append((msg[protocol.TICK_FIRST_STEP_T] + offset, prev_steps))
         step_points.append((msg[protocol.TICK_LAST_STEP_T] + offset, steps))
     return batch_points, step_points

@@ -7,6 +7,7 @@ sweep for stragglers) and returns a frozen `TrialResult`. No process of the tria
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 import uuid
@@ -14,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune.launching import script_flags, engines, proc
+from autotune.launching import script_flags, proc
 from autotune.measuring import logs, series, steady
 from autotune.launching.collector import Collector, for_launcher
 from autotune.measuring.script_facts import Seen
@@ -31,15 +32,14 @@ ESTIMATE_EVERY_S = 1.0
 
 @dataclass(frozen=True)
 class TrialSpec:
-    """One configuration to probe. Times in seconds."""
+    """One configuration to probe: its ranks (`RanksSpec`: command, knobs, instances, mode,
+    where) and how they are measured. Times in seconds.
 
-    command: tuple[str, ...]  # the user's command: script and its args (placeholders allowed)
-    knobs: Mapping[str, float] = field(default_factory=dict)
-    cwd: str = "."
-    log_dir: Path = Path(".")
-    name: str = "trial"
-    mode: str = "full"
-    instances: int = 1
+    `TrialSpec.of` takes both as flat keywords. A trial spec reads as its ranks' spec too
+    (``spec.knobs`` is ``spec.ranks.knobs``).
+    """
+
+    ranks: RanksSpec
     max_s: float = 60.0  # whole probe, start-up included
     min_measure_s: float = 5.0
     target_rel: float = 0.05
@@ -49,12 +49,22 @@ class TrialSpec:
     samples_per_step: int | None = None  # when the script has no DataLoader
     metric: str | None = None  # --metric REGEX: throughput from rank 0's output (autotune.measuring.metric)
     watch_dirs: tuple[str, ...] | None = None  # writes here are reported (default: cwd, script dir)
-    env: Mapping[str, str] | None = None  # base environment (default: ours)
     tick_s: float = protocol.DEFAULT_TICK_S
     foreign_limit_cores: float = FOREIGN_CORES_LIMIT  # more foreign load than this: flagged
-    launcher: engines.Launcher = engines.Launcher()  # local ranks, mpirun or srun
-    device: str = "auto"  # "cpu" | "gpu" | "auto" (GPUs when NVML sees any)
-    gpus: int | None = 1  # GPUs a probe spreads its ranks over (None: every visible one)
+
+    @classmethod
+    def of(cls, **fields) -> TrialSpec:
+        """From flat keywords: `RanksSpec`'s (``command``, ``knobs``, ``instances``, ``mode``,
+        ``cwd``, ``log_dir``, ``launcher``, ``device``, ``gpus``...; ``name`` "trial" unless
+        given) and this class's own."""
+        own = {f.name for f in dataclasses.fields(cls)} - {"ranks"}
+        ranks = {"name": "trial", **{k: v for k, v in fields.items() if k not in own}}
+        return cls(ranks=RanksSpec(**ranks), **{k: v for k, v in fields.items() if k in own})
+
+    def __getattr__(self, name: str):
+        if name == "ranks" or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.ranks, name)
 
 
 @dataclass(frozen=True)
@@ -145,7 +155,7 @@ class _Probe:
         self.pruned = False
         self.cpu_seen = 0.0
         self.samples_per_step, self.step_note = series.samples_per_step(
-            spec.command, spec.knobs, spec.samples_per_step)
+            spec.ranks.command, spec.ranks.knobs, spec.samples_per_step)
         self.metric = MetricLog(parse_metric(spec.metric)) if spec.metric else None
         self.log: logs.Reader | None = None  # rank 0's log, from where it ended at the start
 
@@ -188,8 +198,7 @@ class _Probe:
     # -- totals ------------------------------------------------------------------------------
     def totals(self) -> tuple[int, int]:
         batches = sum(r.tick.get(protocol.TICK_BATCHES, 0) for r in self.ranks.values())
-        steps = sum(max(r.tick.get(protocol.TICK_STEPS, 0), r.tick.get(protocol.TICK_BACKWARDS, 0))
-                    for r in self.ranks.values())
+        steps = sum(series.step_count(r.tick) for r in self.ranks.values())
         return batches, steps
 
     def progress(self) -> tuple[int, int, int]:
@@ -200,7 +209,7 @@ class _Probe:
     def world_size(self) -> int:
         sizes = [int(r.hello.get("world_size") or 1) for r in self.ranks.values()]
         sizes.append(self.script.world_size())
-        return max(max(sizes), 1) if self.ranks else max(1, self.spec.instances)
+        return max(max(sizes), 1) if self.ranks else max(1, self.spec.ranks.instances)
 
     def read_log(self, *, final: bool = False) -> None:
         """Feed what rank 0 printed since the last read to ``--metric``."""
@@ -240,22 +249,21 @@ class _Probe:
 def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool] | None = None,
               on_start: Callable[[list[proc.Launched]], None] | None = None) -> TrialResult:
     """Probe one configuration. ``on_progress(estimate)`` returning True prunes the trial."""
-    log_dir = Path(spec.log_dir)
+    asked = spec.ranks
+    log_dir = Path(asked.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     probe = _Probe(spec, on_progress)
-    collector = for_launcher(spec.launcher)
+    collector = for_launcher(asked.launcher)
     load = ForeignLoad()
-    base_env = dict(os.environ if spec.env is None else spec.env)
+    base_env = dict(os.environ if asked.env is None else asked.env)
     base_env[protocol.ENV_TICK_S] = str(spec.tick_s)
-    base_env.update(series.watch_env(spec.command, spec.cwd, spec.watch_dirs))
+    base_env.update(series.watch_env(asked.command, asked.cwd, spec.watch_dirs))
     if spec.metric:
         base_env["PYTHONUNBUFFERED"] = "1"  # lines are timed when they reach the log
-    knobs, won = script_flags.split_knobs(spec.knobs, spec.command[1:])
+    knobs, won = script_flags.split_knobs(asked.knobs, asked.command[1:])
     probe.notes.extend(e.note() for e in won)
-    ranks_spec = RanksSpec(command=spec.command, knobs=knobs, instances=spec.instances,
-                           mode=spec.mode, cwd=spec.cwd, log_dir=log_dir, name=spec.name,
-                           marker=f"{spec.name}-{uuid.uuid4().hex[:12]}", env=base_env,
-                           launcher=spec.launcher, device=spec.device, gpus=spec.gpus)
+    ranks_spec = dataclasses.replace(asked, knobs=knobs, log_dir=log_dir, env=base_env,
+                                     marker=f"{asked.name}-{uuid.uuid4().hex[:12]}")
     log_path = log_path_of(ranks_spec, 0)
     probe.log = logs.Reader(log_path)
     try:
@@ -356,7 +364,7 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         reason = series.metric_reason(
             probe.metric, batch_known=bool(probe.samples_per_step or probe.script.loader_batch),
             ran_s=ran_s, log_path=log_path)
-    if probe.spec.mode == "io" and outcome == Outcome.OK and probe.source != "dataloader":
+    if probe.spec.ranks.mode == "io" and outcome == Outcome.OK and probe.source != "dataloader":
         outcome, reason = Outcome.NO_SIGNAL, ("io mode drains a DataLoader, and the script "
                                               "fed no batch through one")
     if probe.pruned and outcome == Outcome.OK:
@@ -394,6 +402,6 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         cuda_peak_bytes=max((t.get(protocol.TICK_CUDA_PEAK_BYTES, 0) for t in ticks), default=0),
         foreign_cores=foreign, exit_code=exit_code, log_path=str(log_path),
         log_tail="" if outcome == Outcome.OK else tail, seen=seen,
-        notes=tuple(notes), knobs=dict(probe.spec.knobs), mode=probe.spec.mode,
+        notes=tuple(notes), knobs=dict(probe.spec.ranks.knobs), mode=probe.spec.ranks.mode,
         foreign_limit_cores=probe.spec.foreign_limit_cores, counted_samples_per_s=counted,
         window_start_t=est.start_t if est else 0.0, window_end_t=est.end_t if est else 0.0)

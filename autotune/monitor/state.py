@@ -60,6 +60,7 @@ class FullRun:
     samples: int | None = None
     history: list = field(default_factory=list)  # (t, samples_per_s)
     exit_code: int | None = None
+    notes: list = field(default_factory=list)  # where its ranks run, whether MPS serves them
     ended_t: float | None = None
 
 
@@ -320,6 +321,14 @@ def _fullrun_ended(s: RunState, ev: dict, t) -> None:
     s.fullrun.ended_t = t
 
 
+def _fullrun_notes(s: RunState, ev: dict, t) -> None:
+    from autotune.monitor.text import fullrun_notes
+
+    if s.fullrun is None:
+        s.fullrun = FullRun(started_t=t)
+    s.fullrun.notes = fullrun_notes(ev)
+
+
 def _device_sample(s: RunState, ev: dict, t) -> None:
     s.device = ev
 
@@ -337,4 +346,5 @@ _HANDLERS = {
     "recipe_saved": _recipe_saved, "probe_verdict": _probe_verdict,
     "fullrun_started": _fullrun_started, "fullrun_progress": _fullrun_progress,
     "fullrun_ended": _fullrun_ended, "device_sample": _device_sample, "run_ended": _run_ended,
+    "fullrun_notes": _fullrun_notes,
 }

@@ -241,6 +241,12 @@ def _fullrun_ended(ev):
                    else f" (rank {ev['rank']})")
 
 
+def fullrun_notes(ev) -> list[str]:
+    """What a ``fullrun_notes`` event tells: where the ranks run, and whether MPS serves them."""
+    check = ev.get("mps_check") or {}
+    return [*map(str, ev.get("notes") or []), *([str(check["text"])] if check.get("ok") else [])]
+
+
 def _allreduce(ev):
     candidates = ", ".join(map(str, ev.get("candidates") or [])) or "none"
     r = ev.get("result")
@@ -266,6 +272,7 @@ _LINES = {
     "probe_verdict": _verdict,
     "fullrun_started": _fullrun_started,
     "fullrun_progress": _fullrun_progress,
+    "fullrun_notes": lambda ev: "full run: " + "; ".join(fullrun_notes(ev)),
     "fullrun_ended": _fullrun_ended,
     "device_sample": lambda ev: f"device: {device_summary(ev)}",
     "run_ended": lambda ev: f"run ended: exit code {ev.get('exit_code')}",

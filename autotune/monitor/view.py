@@ -273,6 +273,8 @@ def fullrun_panel(state: RunState, *, now: float) -> Panel | None:
         if fr.knobs:
             grid.add_row("knobs", fmt.fmt_knobs(fr.knobs) + (
                 f" · instances {fr.instances}" if fr.instances else ""))
+        for note in fr.notes:
+            grid.add_row("note", Text(note, style="red" if note.startswith("WARNING") else ""))
         if len(fr.history) > 1:
             grid.add_row("trend", Text(fmt.sparkline([v for _, v in fr.history]),
                                          style="cyan"))

@@ -16,6 +16,7 @@ from importlib import metadata
 
 import psutil
 
+from autotune.launching import group
 from autotune.tuning import space
 
 HARDWARE = ("cpu_model", "cores", "gpu_names", "gpu_count", "gpu_driver")
@@ -73,10 +74,8 @@ def _short(v) -> str:
 
 # -- reading the machine ------------------------------------------------------------------------
 def cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    """The cores we may use (`autotune.launching.group.host_cores`: our affinity)."""
+    return len(group.host_cores())
 
 
 def cpu_model() -> str:
@@ -90,18 +89,21 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown cpu"
 
 
-def gpus() -> tuple[tuple[str, ...], str]:
-    """(GPU names, driver version); empty without NVML or a driver."""
+def gpus(env: Mapping[str, str] | None = None) -> tuple[tuple[str, ...], str]:
+    """(names of the GPUs we may use, driver version); empty without NVML or a driver.
+
+    The GPUs are NVML's under ``CUDA_VISIBLE_DEVICES`` (`autotune.launching.group.host_gpus`,
+    the one rule): what the ranks see, what the tuner searches over and what a global batch is
+    divided by, on the tuning run and on a later ``run`` alike.
+    """
     try:
         from autotune.hardware import nvml
-    except ImportError:
-        return (), ""
-    try:
+
         ok, _why = nvml.available()
         if not ok:
             return (), ""
-        names = tuple(d.name or "unknown GPU" for d in nvml.devices())
-        return names, nvml.driver_version() or ""
+        visible = group.host_gpus(os.environ if env is None else env)
+        return tuple(g.name or "unknown GPU" for g in visible), nvml.driver_version() or ""
     except Exception:  # noqa: BLE001 - a fingerprint never fails a run
         return (), ""
 
@@ -137,7 +139,6 @@ def machine(env: Mapping[str, str] | None = None) -> space.Machine:
     host = space.Machine(cores=cores(), mem_available_bytes=psutil.virtual_memory().available)
     try:
         from autotune.hardware import mps, nvml
-        from autotune.launching import group
 
         visible = {g.index for g in group.host_gpus(env)}
         devices = [d for d in nvml.devices() if d.index in visible]

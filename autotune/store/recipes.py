@@ -96,9 +96,8 @@ class Recipe:
                         f"its global batch of {keep} does not divide over this run's {world} "
                         f"ranks ({self.knobs.get('instances', 1)} instances x {devices} "
                         f"devices); run on a world that divides it, or tune again here")
-        return space.Space(domains={}, fixed=dict(self.knobs), baseline={}, cores=cores,
-                           device=device, global_batch=keep,
-                           devices=devices).trial_knobs(self.knobs)
+        return space.rank_knobs(self.knobs, cores=cores, device=device, global_batch=keep,
+                                devices=devices)
 
     def to_toml(self) -> dict:
         doc = {"schema_version": SCHEMA_VERSION, "name": self.name,

@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from autotune.launching import engines, rank_command
-from autotune.measuring import trial
+from autotune.launching import engines
+from autotune.measuring import series, trial
 from autotune.measuring.outcome import Outcome
 from autotune.measuring.trial import TrialResult, TrialSpec
 from autotune.store.journal import Journal
@@ -60,16 +60,14 @@ class Prober:
     def spec(self, knobs: Mapping, instances: int, name: str, **over) -> TrialSpec:
         """The probe of ``knobs`` on ``instances`` ranks; ``over`` replaces spec fields."""
         s = self.settings
-        per_step = s.samples_per_step
-        if per_step is None and "batch_size" in rank_command.placeholders(s.command[1:]):
-            per_step = int(knobs.get("batch_size", 0)) or None
+        per_step = series.samples_per_step(s.command, knobs, s.samples_per_step)[0]
         spec = dict(command=tuple(s.command), knobs=dict(knobs), instances=instances,
                     cwd=s.cwd, log_dir=self.run_dir / "logs", name=name,
                     max_s=s.seconds, min_measure_s=s.min_measure_s,
                     samples_per_step=per_step, foreign_limit_cores=s.foreign_limit_cores,
                     launcher=self.launcher)
         spec.update(over)
-        return TrialSpec(**spec)
+        return TrialSpec.of(**spec)
 
     def probe(self, spec: TrialSpec, *, label: str, number: int | None, cfg: Mapping,
               on_progress=None, events: bool = True, finish: bool = True) -> TrialResult:

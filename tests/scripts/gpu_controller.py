@@ -20,7 +20,7 @@ def main():
     out, instances, pct, max_s, *rank_args = sys.argv[1:]
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
-    result = run_trial(TrialSpec(
+    result = run_trial(TrialSpec.of(
         command=(str(HERE / "fake_gpu_rank.py"), *rank_args), instances=int(instances),
         knobs={"gpus": 2, "thread_pct": float(pct), "bucket_mb": 8}, log_dir=Path(out).parent / "logs",
         name="fakegpu", max_s=float(max_s), min_measure_s=2.0, hang_s=20.0, grace_s=5.0))

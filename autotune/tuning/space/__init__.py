@@ -13,11 +13,12 @@ the thread count a rank gets. On GPUs it is each rank's MPS share of its GPU
 
 from __future__ import annotations
 
-from autotune.tuning.space.build import (Space, SpaceRequest, build, canonical, check_request, job_devices)
+from autotune.tuning.space.build import (Space, SpaceRequest, build, canonical, check_request, job_devices, rank_knobs)
 from autotune.tuning.space.knobs import (ALIASES, DESIGN_RULES, DOMAIN_RULES, KNOBS, ORDER, Baseline, Knob, Machine, bucket_candidates, divisors, geometric, linear, pct_for_threads, threads_per_rank)
 from autotune.tuning.space.parse import (Range, explicit_fixes, parse_duration, parse_fix, parse_space)
 
 __all__ = ["ALIASES", "DESIGN_RULES", "DOMAIN_RULES", "KNOBS", "ORDER", "Baseline", "Knob",
            "Machine", "Range", "Space", "SpaceRequest", "bucket_candidates", "build", "canonical",
            "check_request", "divisors", "explicit_fixes", "geometric", "job_devices", "linear",
-           "parse_duration", "parse_fix", "parse_space", "pct_for_threads", "threads_per_rank"]
+           "parse_duration", "parse_fix", "parse_space", "pct_for_threads", "rank_knobs",
+           "threads_per_rank"]

@@ -101,21 +101,10 @@ class Space:
         return len(self.configs())
 
     def trial_knobs(self, cfg: Mapping[str, int]) -> tuple[dict[str, float], int]:
-        """What a probe or a run gets: knobs for the ranks and instances.
-
-        On CPU the share of cores becomes a thread count; on GPUs ``thread_pct`` stays, and
-        `autotune.launching.placement` makes it each rank's MPS share (CPU threads: the cores split over
-        the ranks).
-        """
-        c = self.canonical(cfg)
-        instances = c.get("instances", 1)
-        knobs: dict[str, float] = {}
-        for name, value in c.items():
-            if name == "thread_pct" and self.device != "gpu":
-                knobs["threads"] = threads_per_rank(value, self.cores)
-            else:
-                knobs[name] = value
-        return knobs, instances
+        """What a probe gets for ``cfg``: `rank_knobs` on this space's host and job."""
+        return rank_knobs(cfg, cores=self.cores, device=self.device,
+                          global_batch=self.global_batch, devices=self.devices,
+                          own_ranks=self.own_ranks)
 
     def to_dict(self) -> dict:
         return {"domains": {n: list(v) for n, v in self.domains.items()},
@@ -138,6 +127,25 @@ def job_devices(device: str, gpus: int, hosts: int) -> int:
     """What a job spreads its ranks over, and a global batch is divided by (times
     ``instances``): every GPU of every host on GPUs, the hosts on CPU."""
     return max(1, gpus if device == "gpu" else 1) * max(1, hosts)
+
+
+def rank_knobs(cfg: Mapping[str, int], *, cores: int, device: str,
+               global_batch: int | None = None, devices: int = 1,
+               own_ranks: bool = False) -> tuple[dict[str, float], int]:
+    """What the ranks of a probe or a run get for ``cfg``: their knobs, and ``instances``.
+
+    The one translation, for the space's probes and a recipe's run. On CPU the share of cores
+    becomes a thread count (`threads_per_rank`); on GPUs ``thread_pct`` stays, and
+    `autotune.launching.placement` makes it each rank's MPS share.
+    """
+    c = canonical(cfg, global_batch, devices, own_ranks=own_ranks)
+    knobs: dict[str, float] = {}
+    for name, value in c.items():
+        if name == "thread_pct" and device != "gpu":
+            knobs["threads"] = threads_per_rank(value, cores)
+        else:
+            knobs[name] = value
+    return knobs, c.get("instances", 1)
 
 
 def canonical(cfg: Mapping[str, int], global_batch: int | None = None,

@@ -8,8 +8,11 @@ them into ranks and environment. Pure.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+
+from autotune.launching import placement
 
 ORDER = ("batch_size", "workers", "thread_pct", "instances", "bucket_mb")
 ALIASES = {"threads": "thread_pct"}  # --space/--fix may give threads per rank instead of a share
@@ -103,13 +106,13 @@ def _int_or_none(v) -> int | None:
 
 
 # -- thread share -----------------------------------------------------------------------------
-def threads_per_rank(thread_pct: float, cores: int) -> int:
-    """Threads for one rank holding ``thread_pct`` % of ``cores``: max(1, cores x pct / 100)."""
-    return max(1, round(cores * thread_pct / 100))
+threads_per_rank = placement.threads_per_rank  # the one share -> threads rule lives with placement
 
 
 def pct_for_threads(threads: int, cores: int) -> int:
-    return max(1, round(100 * threads / cores))
+    """The smallest whole share that gives ``threads`` threads: `threads_per_rank` (the one
+    rule, in `autotune.launching.placement`) inverts it on hosts of up to 100 cores."""
+    return min(100, max(1, math.ceil(100 * threads / cores - 1e-9)))
 
 
 # -- candidate lists --------------------------------------------------------------------------
