@@ -26,9 +26,9 @@ def test_resample_constant_rate():
 
 def test_interp_between_points():
     pts = [(0.0, 0.0), (1.0, 10.0), (3.0, 30.0)]
-    assert steady._interp(pts, 2.0) == pytest.approx(20.0)
-    assert steady._interp(pts, -1.0) == 0.0
-    assert steady._interp(pts, 9.0) == 30.0
+    assert steady.interp(pts, 2.0) == pytest.approx(20.0)
+    assert steady.interp(pts, -1.0) == 0.0
+    assert steady.interp(pts, 9.0) == 30.0
 
 
 def test_mser_drops_slow_start():

@@ -133,7 +133,7 @@ def sum_series(per_rank: Sequence[Points]) -> Points:
     start = max(pts[0][0] for pts in per_rank)  # all ranks running
     end = min(pts[-1][0] for pts in per_rank)
     times = sorted({t for pts in per_rank for t, _ in pts if start <= t <= end})
-    return [(t, sum(steady._interp(pts, t) for pts in per_rank)) for t in times]
+    return [(t, sum(steady.interp(pts, t) for pts in per_rank)) for t in times]
 
 
 def counted_series(batch_points: Sequence[Points], step_points: Sequence[Points], *,

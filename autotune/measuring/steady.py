@@ -79,11 +79,11 @@ def resample(points: list[tuple[float, float]], t0: float, dt: float) -> list[fl
     while t <= t_end + 1e-9:
         grid.append(t)
         t += dt
-    values = [_interp(pts, g) for g in grid]
+    values = [interp(pts, g) for g in grid]
     return [(b - a) / dt for a, b in zip(values, values[1:])]
 
 
-def _interp(pts: list[tuple[float, float]], t: float) -> float:
+def interp(pts: list[tuple[float, float]], t: float) -> float:
     if t <= pts[0][0]:
         return pts[0][1]
     if t >= pts[-1][0]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from autotune.errors import UsageError
 from autotune.tuning.space.knobs import (ALIASES, DESIGN_RULES, DOMAIN_RULES, KNOBS, ORDER, Baseline, Machine, pct_for_threads, threads_per_rank)
-from autotune.tuning.space.parse import Range, _expand
+from autotune.tuning.space.parse import Range, expand
 
 # Knobs that only CUDA MPS can move on a GPU, and their value without it (one rank, whole GPU).
 _MPS_KNOBS = {"instances": (1, "ranks sharing a GPU need CUDA MPS"),
@@ -204,11 +204,11 @@ def build(machine: Machine, baseline: Baseline, req: SpaceRequest) -> Space:
     fixed: dict[str, int] = {}
     for name in ORDER:
         if name in req.fixed:
-            fixed[name] = _expand(req.fixed[name], cores, machine.device)[0]
+            fixed[name] = expand(req.fixed[name], cores, machine.device)[0]
             _check_mps(name, (fixed[name],), machine, "--fix")
             continue
         if name in req.ranges:
-            values = _expand(req.ranges[name], cores, machine.device)
+            values = expand(req.ranges[name], cores, machine.device)
             _check_mps(name, values, machine, "--space")
         else:
             rule = DOMAIN_RULES.get((name, machine.device))

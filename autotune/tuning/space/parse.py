@@ -118,7 +118,7 @@ def parse_duration(text: str) -> float:
     return total
 
 
-def _expand(r: Range, cores: int, device: str = "cpu") -> tuple[int, ...]:
+def expand(r: Range, cores: int, device: str = "cpu") -> tuple[int, ...]:
     """Candidates of a user range, in the knob's own unit (threads become shares).
 
     On GPUs ``thread_pct`` is each rank's MPS share, not a share of the cores: a range keeps its
