@@ -241,8 +241,8 @@ def baseline_result(spec):
         outcome=Outcome.OK, reason="", samples_per_s=100.0, ci_half=2.0, source="dataloader",
         steps_per_s=6.0, measured_s=5.0, warmup_s=1.0, paused_s=0.0, duration_s=8.0,
         peak_rss_bytes=2**28, cuda_peak_bytes=0, foreign_cores=0.0, exit_code=0,
-        log_path=str(spec.log_dir / f"{spec.name}.log"), log_tail="", seen=dict(SEEN_DDP),
-        knobs=dict(spec.knobs), mode=spec.mode)
+        log_path=str(spec.ranks.log_dir / f"{spec.ranks.name}.log"), log_tail="", seen=dict(SEEN_DDP),
+        knobs=dict(spec.ranks.knobs), mode=spec.ranks.mode)
 
 
 def stage(tmp_path, monkeypatch, *, machine=None, run_trial=None, **settings):

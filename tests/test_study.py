@@ -27,8 +27,8 @@ def result(spec, outcome=Outcome.OK, rate=0.0, foreign=0.0, reason=""):
         outcome=outcome, reason=reason, samples_per_s=rate, ci_half=rate * 0.02,
         source="dataloader", steps_per_s=rate / 16, measured_s=5.0, warmup_s=1.0, paused_s=0.0,
         duration_s=8.0, peak_rss_bytes=2**28, cuda_peak_bytes=0, foreign_cores=foreign,
-        exit_code=0, log_path=str(spec.log_dir / f"{spec.name}.log"), log_tail="",
-        seen=dict(SEEN), knobs=dict(spec.knobs), mode=spec.mode,
+        exit_code=0, log_path=str(spec.ranks.log_dir / f"{spec.ranks.name}.log"), log_tail="",
+        seen=dict(SEEN), knobs=dict(spec.ranks.knobs), mode=spec.ranks.mode,
         foreign_limit_cores=spec.foreign_limit_cores)
 
 
@@ -44,8 +44,8 @@ class FakeProbe:
 
     def __call__(self, spec, *, on_progress=None, on_start=None):
         self.specs.append(spec)
-        knobs = {**SEEN, "threads": 2, **spec.knobs}
-        nth = sum(1 for s in self.specs if s.knobs == spec.knobs)
+        knobs = {**SEEN, "threads": 2, **spec.ranks.knobs}
+        nth = sum(1 for s in self.specs if s.ranks.knobs == spec.ranks.knobs)
         if self.oom_from and knobs["batch_size"] >= self.oom_from:
             return result(spec, Outcome.OOM, reason="out of memory: CPU")
         if self.crash(knobs):
@@ -63,7 +63,7 @@ class FakeProbe:
 
     def measured(self):
         """Knobs of the search's probes (confirmation probes left out)."""
-        return [s.knobs for s in self.specs if not s.name.startswith("confirm")]
+        return [s.ranks.knobs for s in self.specs if not s.ranks.name.startswith("confirm")]
 
 
 @pytest.fixture
@@ -130,7 +130,7 @@ def test_search_measures_each_config_once_and_finds_the_best(tmp_path, machine):
         {"batch_size": 16, "workers": 1, "threads": 1, "instances": 1},
         {"batch_size": 16, "workers": 2, "threads": 1, "instances": 1}]
     # Confirmation: the best two and the baseline, interleaved A B C A B C.
-    names = [s.name.split("-", 1)[1] for s in fake.specs if s.name.startswith("confirm")]
+    names = [s.ranks.name.split("-", 1)[1] for s in fake.specs if s.ranks.name.startswith("confirm")]
     assert names[:3] == names[3:] and names[0] == "baseline" and len(set(names)) == 3
     assert not report.kept_baseline and report.speedup > 2
     assert report.best.knobs["workers"] == 2 and report.best.knobs["thread_pct"] == 50
@@ -194,7 +194,7 @@ def test_foreign_load_is_measured_again_never_compared(tmp_path, machine):
     report, t, run_dir = tune(tmp_path, fake, trials=4,
                               fix_tokens=("batch_size=16", "threads=2"), confirm_rounds=0,
                               foreign_retries=1)
-    search = [s.knobs.get("workers") for s in fake.specs if s.name.startswith("trial-")]
+    search = [s.ranks.knobs.get("workers") for s in fake.specs if s.ranks.name.startswith("trial-")]
     assert search.count(1) == 2  # re-measured once, then clean
     # Re-measured once, still spoiled: left out (it may be proposed again, and measured again).
     assert search.count(2) >= 2 and search.count(2) % 2 == 0
@@ -227,10 +227,10 @@ def test_budget_leaves_room_for_the_confirmation(tmp_path, machine):
     report, t, _ = tune(tmp_path, fake, budget_s=100.0, clock=clock)
     assert "budget" in report.stop_reason
     # Search while a probe and the confirmation's share (35% of 100 s) still fit...
-    search = [s for s in fake.specs if not s.name.startswith("confirm")]
+    search = [s for s in fake.specs if not s.ranks.name.startswith("confirm")]
     assert 0.8 * 10 * (len(search) - 1) <= 100 - 10 - 35 < 0.8 * 10 * len(search)
     # ...then one round of the three, shortened to what is left, never below a search probe.
-    confirm = [s for s in fake.specs if s.name.startswith("confirm")]
+    confirm = [s for s in fake.specs if s.ranks.name.startswith("confirm")]
     assert len(confirm) == 3 and all(10.0 <= s.max_s <= 15.0 for s in confirm)
     assert clock.t <= 100.0 + 0.8 * 10
 
@@ -268,10 +268,10 @@ def test_resume_reruns_the_interrupted_trial_only(tmp_path, machine):
     assert len(retry) == 1 and retry[0].params == params
     for number, value in done.items():  # no finished trial lost or changed
         assert trials[number].value == value
-    resumed = [s.knobs for s in fake.specs[before:] if s.name.startswith("trial-")]
-    earlier = [s.knobs for s in fake.specs[:before] if s.name.startswith("trial-")]
+    resumed = [s.ranks.knobs for s in fake.specs[before:] if s.ranks.name.startswith("trial-")]
+    earlier = [s.ranks.knobs for s in fake.specs[:before] if s.ranks.name.startswith("trial-")]
     assert not any(k in earlier for k in resumed), "a finished trial was measured again"
-    assert not any(s.name == "baseline" for s in fake.specs[before:])
+    assert not any(s.ranks.name == "baseline" for s in fake.specs[before:])
 
 
 def test_placeholders_get_values_and_count_samples(tmp_path, machine):
@@ -280,9 +280,9 @@ def test_placeholders_get_values_and_count_samples(tmp_path, machine):
                         command=("train.py", "--bs", "{batch_size}"),
                         baseline_tokens=("batch_size=16",), fix_tokens=("workers=0",))
     base = fake.specs[0]
-    assert base.knobs == {"batch_size": 16} and base.samples_per_step == 16
-    later = [s for s in fake.specs[1:] if s.name.startswith("trial-")]
-    assert later and all(s.samples_per_step == s.knobs["batch_size"] for s in later)
+    assert base.ranks.knobs == {"batch_size": 16} and base.samples_per_step == 16
+    later = [s for s in fake.specs[1:] if s.ranks.name.startswith("trial-")]
+    assert later and all(s.samples_per_step == s.ranks.knobs["batch_size"] for s in later)
     assert not any("placeholder" in n for n in report.notes)  # --baseline gave the value
     report, _, _ = tune(tmp_path / "b", FakeProbe(surface), trials=1,
                         command=("train.py", "-j", "{workers}"))
@@ -376,7 +376,7 @@ def test_verdict_probes_the_winner_in_both_modes(tmp_path, machine):
     fake = FakeProbe(surface)
     report, _, run_dir = tune(tmp_path, fake, trials=3, confirm_rounds=0,
                               verdict=True)
-    modes = [s.mode for s in fake.specs if s.name.startswith("verdict-")]
+    modes = [s.ranks.mode for s in fake.specs if s.ranks.name.startswith("verdict-")]
     assert modes == ["synthetic", "io"]
     assert report.verdict.bottleneck == "balanced"  # the fake gives both the same rate
     assert events(run_dir, "probe_verdict")[-1]["verdict"] == report.verdict.to_dict()

@@ -124,12 +124,12 @@ def test_probe_gives_a_threads_placeholder_the_cores_a_rank_may_use(tmp_path, mo
             outcome=Outcome.OK, reason="", samples_per_s=10.0, ci_half=1.0, source="dataloader",
             steps_per_s=1.0, measured_s=5.0, warmup_s=1.0, paused_s=0.0, duration_s=8.0,
             peak_rss_bytes=0, cuda_peak_bytes=0, foreign_cores=0.0, exit_code=0,
-            log_path=str(spec.log_dir / "x.log"), log_tail="", seen={}, knobs=dict(spec.knobs),
-            mode=spec.mode)
+            log_path=str(spec.ranks.log_dir / "x.log"), log_tail="", seen={}, knobs=dict(spec.ranks.knobs),
+            mode=spec.ranks.mode)
 
     monkeypatch.setattr(probe_command, "run_trial", fake)
     args = cli.build_parser().parse_args(
         ["probe", "--plain", "--json", "--modes", "full", "--runs-dir", str(tmp_path / "runs"),
          "--", str(SCRIPTS / "ok.py"), "--threads", "{threads}"])
     assert probe_command.run(args) == 0
-    assert [s.knobs for s in specs] == [{"threads": 2}]
+    assert [s.ranks.knobs for s in specs] == [{"threads": 2}]

@@ -35,8 +35,7 @@ class TrialSpec:
     """One configuration to probe: its ranks (`RanksSpec`: command, knobs, instances, mode,
     where) and how they are measured. Times in seconds.
 
-    `TrialSpec.of` takes both as flat keywords. A trial spec reads as its ranks' spec too
-    (``spec.knobs`` is ``spec.ranks.knobs``).
+    `TrialSpec.of` takes both as flat keywords.
     """
 
     ranks: RanksSpec
@@ -60,11 +59,6 @@ class TrialSpec:
         own = {f.name for f in dataclasses.fields(cls)} - {"ranks"}
         ranks = {"name": "trial", **{k: v for k, v in fields.items() if k not in own}}
         return cls(ranks=RanksSpec(**ranks), **{k: v for k, v in fields.items() if k in own})
-
-    def __getattr__(self, name: str):
-        if name == "ranks" or name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(self.ranks, name)
 
 
 @dataclass(frozen=True)

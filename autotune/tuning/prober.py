@@ -79,7 +79,7 @@ class Prober:
         while True:
             if events:
                 self.emit("trial_started", trial=label, number=number, knobs=dict(cfg),
-                          mode=spec.mode)
+                          mode=spec.ranks.mode)
 
             def progress(est, label=label):
                 if events:
@@ -99,7 +99,7 @@ class Prober:
                     f"{attempt + 1} attempt(s); not compared"))
                 self._tell_busy(label, result.foreign_cores)
             if events and (finish or not last):
-                self.emit("trial_finished", trial=label, number=number, mode=spec.mode,
+                self.emit("trial_finished", trial=label, number=number, mode=spec.ranks.mode,
                           result=result)
             if last:
                 return result
