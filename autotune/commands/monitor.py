@@ -16,8 +16,6 @@ def add_parser(sub):
                        description="Show a run's trials, best config and devices, live, from its "
                                    "journal. Exits when the run ends, or on Ctrl-C (the run "
                                    "itself goes on).")
-    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
-                   help="the run directory (default: the latest run under --runs-dir)")
     add_run_dir_args(p)
     p.add_argument("--plain", action="store_true",
                    help="one log line per event, no live display (also when piped or NO_COLOR)")
@@ -25,6 +23,9 @@ def add_parser(sub):
 
 
 def add_run_dir_args(p) -> None:
+    """``[RUN_DIR]`` and ``--runs-dir``: which run a command reads (default: the latest)."""
+    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
+                   help="the run directory (default: the latest run under --runs-dir)")
     p.add_argument("--runs-dir", metavar="DIR",
                    help="where run directories are (default: $AUTOTUNE_RUNS_DIR or "
                         "~/.autotune/runs)")

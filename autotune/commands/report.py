@@ -12,8 +12,6 @@ def add_parser(sub):
                        description="Write one HTML file (no network needed to open it): "
                                    "optimisation history, throughput against each knob, "
                                    "parameter importance, probe modes, the recipe, the trials.")
-    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
-                   help="the run directory (default: the latest run under --runs-dir)")
     p.add_argument("-o", "--output", metavar="FILE",
                    help="where to write the report (default: RUN_DIR/report.html)")
     add_run_dir_args(p)

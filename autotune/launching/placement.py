@@ -157,9 +157,7 @@ def _cpu_plan(instances, pct, explicit_threads, pin, cores, common) -> Plan:
     cpus = pin_sets(cores, instances, threads or n) if pin else [() for _ in range(instances)]
     slots = []
     for r in range(instances):
-        env = {protocol.ENV_HOST_LOCAL_RANK: str(r)}
-        if cpus[r]:
-            env[protocol.ENV_CPUS] = ",".join(map(str, cpus[r]))
+        env = _rank_env(r, cpus[r])
         slots.append(Slot(local_rank=r, gpu=None, threads=threads, cpus=cpus[r],
                           thread_pct=None, env=env))
     return Plan(device="cpu", instances=instances, slots=tuple(slots), needs_mps=False,
@@ -183,7 +181,7 @@ def _gpu_plan(instances, pct, explicit_threads, pin, cores, gpus, common) -> Pla
     slots = []
     for r in range(world):
         gpu = gpus[r // instances]
-        env = {protocol.ENV_HOST_LOCAL_RANK: str(r)}
+        env = _rank_env(r, cpus[r])
         if colocated:
             env["CUDA_VISIBLE_DEVICES"] = gpu.uuid
             env["LOCAL_RANK"] = "0"
@@ -191,12 +189,18 @@ def _gpu_plan(instances, pct, explicit_threads, pin, cores, gpus, common) -> Pla
             env["CUDA_VISIBLE_DEVICES"] = all_uuids
         if pct is not None:
             env[MPS_THREAD_PCT_ENV] = f"{pct:g}"
-        if cpus[r]:
-            env[protocol.ENV_CPUS] = ",".join(map(str, cpus[r]))
         slots.append(Slot(local_rank=r, gpu=gpu, threads=threads, cpus=cpus[r],
                           thread_pct=pct, env=env))
     return Plan(device="gpu", instances=instances, slots=tuple(slots), needs_mps=needs_mps,
                 common_env=common, notes=tuple(notes))
+
+
+def _rank_env(host_local_rank: int, cpus: Sequence[int]) -> dict[str, str]:
+    """What every rank's slot says, on CPU and GPU alike: its place on the host, its cores."""
+    env = {protocol.ENV_HOST_LOCAL_RANK: str(host_local_rank)}
+    if cpus:
+        env[protocol.ENV_CPUS] = ",".join(map(str, cpus))
+    return env
 
 
 def visible_gpus(gpus: Sequence[Gpu], cuda_visible_devices: str | None) -> list[Gpu]:
