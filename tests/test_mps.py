@@ -120,6 +120,17 @@ def test_missing_binary(tmp_path, base_dir):
         mps.MpsDaemon(env=env, base_dir=base_dir).start()
 
 
+def test_a_control_path_that_is_not_executable_is_named(tmp_path, base_dir):
+    """AUTOTUNE_MPS_CONTROL set to something that cannot run: say so, not 'not found on PATH'."""
+    wrong = tmp_path / "nvidia-cuda-mps-control.txt"
+    wrong.write_text("not a program\n")
+    env = {"PATH": str(tmp_path), mps.BINARY_ENV: str(wrong)}
+    ok, why = mps.available(env)
+    assert not ok and str(wrong) in why and "not an executable file" in why
+    with pytest.raises(mps.MpsError, match="is not an executable file"):
+        mps.MpsDaemon(env=env, base_dir=base_dir).start()
+
+
 def test_client_env_checks_the_share():
     assert mps.client_env(None, 25) == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"}
     with pytest.raises(ValueError, match="thread_pct"):

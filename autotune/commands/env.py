@@ -122,7 +122,8 @@ def lines(info: dict) -> list[str]:
     else:
         out.append(f"gpus      none ({gpus['why_not']})")
     m = info["mps"]
-    out.append(f"mps       {'yes, ' + m['control'] if m['available'] else 'no (' + m['why_not'] + ')'}")
+    out.append("mps       " + (f"{m['control']} found (a daemon starts when ranks share a GPU)"
+                               if m["available"] else f"no ({m['why_not']})"))
     if mpi["mpirun"]:
         match = {True: "matches mpi4py", False: "DOES NOT match mpi4py", None: "mpi4py absent"}
         out.append(f"mpirun    {mpi['mpirun']} ({mpi['flavor']} {mpi['version']}; "

@@ -33,7 +33,10 @@ daemon's pid). Imports go one way, ``daemon`` -> ``verify``, ``registry``, ``pro
 ``config``: no module imports one that imports it back. Callers use this package's names only.
 """
 
-from autotune.hardware.mps.config import (BINARY, BINARY_ENV, DIR_ENV, DIR_PREFIX, KEEP_ENV, LOG_ENV, MAX_DIR_CHARS, OWNER_FILE, PID_FILE, PIPE_ENV, THREAD_PCT_ENV, MpsError, available, check_dir, find_binary)
+from autotune.hardware.mps.config import (BINARY, BINARY_ENV, DIR_ENV, DIR_PREFIX, KEEP_ENV,
+                                          LOG_ENV, MAX_DIR_CHARS, OWNER_FILE, PID_FILE, PIPE_ENV,
+                                          THREAD_PCT_ENV, MpsError, available, check_dir,
+                                          find_binary)
 from autotune.hardware.mps.daemon import MpsDaemon, client_env, shared, stop_shared
 from autotune.hardware.mps.registry import reap_stale, stop_all
 from autotune.hardware.mps.verify import MpsCheck

@@ -43,6 +43,9 @@ def find_binary(env: Mapping[str, str] | None = None) -> str | None:
 def available(env: Mapping[str, str] | None = None) -> tuple[bool, str]:
     """Whether this controller could run MPS here, and if not, why."""
     binary = find_binary(env)
+    explicit = (os.environ if env is None else env).get(BINARY_ENV)
+    if binary is None and explicit:
+        return False, f"{BINARY_ENV}={explicit!r} is not an executable file"
     if binary is None:
         return False, (f"{BINARY} not found on PATH (it ships with the NVIDIA driver's compute "
                        f"utilities; or set {BINARY_ENV})")

@@ -26,7 +26,9 @@ import psutil
 from autotune.launching import proc
 from autotune.errors import LaunchError
 from autotune.hardware.mps import registry
-from autotune.hardware.mps.config import (BINARY, BINARY_ENV, DIR_ENV, DIR_PREFIX, KEEP_ENV, LOG_ENV, OWNER_FILE, PID_FILE, PIPE_ENV, THREAD_PCT_ENV, MpsError, check_dir, find_binary)
+from autotune.hardware.mps.config import (BINARY, BINARY_ENV, DIR_ENV, DIR_PREFIX, KEEP_ENV,
+                                          LOG_ENV, OWNER_FILE, PID_FILE, PIPE_ENV, THREAD_PCT_ENV,
+                                          MpsError, check_dir, find_binary)
 from autotune.hardware.mps.process import alive, parse_pids, send_signal, wait_gone
 from autotune.hardware.mps.verify import MpsCheck, wait_for_clients
 
@@ -80,7 +82,10 @@ class MpsDaemon:
             if self.pid is not None:
                 return self
             if self.binary is None:
-                raise MpsError(f"{BINARY} not found on PATH; install the NVIDIA compute "
+                explicit = self.env.get(BINARY_ENV)
+                raise MpsError(f"{BINARY_ENV}={explicit!r} is not an executable file; point it "
+                               f"at {BINARY} or unset it" if explicit else
+                               f"{BINARY} not found on PATH; install the NVIDIA compute "
                                f"utilities or set {BINARY_ENV}")
             check_dir(Path(self.base_dir) / (DIR_PREFIX + "x" * 8) / "pipe",
                       "MPS pipe directory")

@@ -13,9 +13,13 @@ the thread count a rank gets. On GPUs it is each rank's MPS share of its GPU
 
 from __future__ import annotations
 
-from autotune.tuning.space.build import (Space, SpaceRequest, build, canonical, check_request, job_devices, rank_knobs)
-from autotune.tuning.space.knobs import (ALIASES, DESIGN_RULES, DOMAIN_RULES, KNOBS, ORDER, Baseline, Knob, Machine, bucket_candidates, divisors, geometric, linear, pct_for_threads, threads_per_rank)
-from autotune.tuning.space.parse import (Range, explicit_fixes, parse_duration, parse_fix, parse_space)
+from autotune.tuning.space.build import (Space, SpaceRequest, build, canonical, check_request,
+                                         job_devices, rank_knobs)
+from autotune.tuning.space.knobs import (ALIASES, DESIGN_RULES, DOMAIN_RULES, KNOBS, ORDER,
+                                         Baseline, Knob, Machine, bucket_candidates, divisors,
+                                         geometric, linear, pct_for_threads, threads_per_rank)
+from autotune.tuning.space.parse import (Range, explicit_fixes, parse_duration, parse_fix,
+                                         parse_space)
 
 __all__ = ["ALIASES", "DESIGN_RULES", "DOMAIN_RULES", "KNOBS", "ORDER", "Baseline", "Knob",
            "Machine", "Range", "Space", "SpaceRequest", "bucket_candidates", "build", "canonical",
