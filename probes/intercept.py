@@ -86,22 +86,35 @@ def apply_loader_knobs(arguments: dict, knobs: dict) -> tuple[dict, list[str]]:
     return args, notes
 
 
-def override_backend(asked, override: str | None) -> tuple[object, str]:
+def override_backend(asked, override: str | None, *, nccl_why_not: str = "") -> tuple[object, str]:
     """The backend to use instead of ``asked``, and a note saying why ("" when unchanged).
 
     The controller sets ``AUTOTUNE_BACKEND_OVERRIDE`` when ranks share a GPU: NCCL refuses two
     ranks on one GPU in one communicator, so an NCCL request (or none, which picks NCCL when CUDA
-    is there) becomes the override. Any other choice of the script (gloo, mpi) is kept.
+    is there) becomes the override. ``nccl_why_not`` says why NCCL cannot serve this process at
+    all (a CPU-only torch or host): an explicit NCCL request then becomes gloo, as the plain run
+    on such a host would need. Any other choice of the script (gloo, mpi) is kept.
     """
-    if not override:
-        return asked, ""
     text = "" if asked is None else str(asked).lower()
-    if asked is not None and "nccl" not in text:
-        return asked, ""
-    said = "no backend" if asked is None else f"backend {str(asked)!r}"
-    return override, (f"the script asked for {said}; ranks share a GPU and NCCL refuses two "
-                      f"ranks on one GPU ('Duplicate GPU detected'), so autotune used "
-                      f"{override!r}")
+    nccl_only = "nccl" in text and "gloo" not in text and "mpi" not in text
+    if override and (asked is None or "nccl" in text):
+        said = "no backend" if asked is None else f"backend {str(asked)!r}"
+        return override, (f"the script asked for {said}; ranks share a GPU and NCCL refuses two "
+                          f"ranks on one GPU ('Duplicate GPU detected'), so autotune used "
+                          f"{override!r}")
+    if nccl_why_not and nccl_only:
+        return "gloo", (f"the script asked for backend {str(asked)!r}, which cannot serve here "
+                        f"({nccl_why_not}), so autotune used 'gloo'")
+    return asked, ""
+
+
+def nccl_why_not(torch) -> str:
+    """Why NCCL cannot serve this process ("" when it can): no NCCL in this torch, or no GPU."""
+    if not torch.distributed.is_nccl_available():
+        return "this torch has no NCCL"
+    if not torch.cuda.is_available():
+        return "no CUDA device in this process"
+    return ""
 
 
 class Interceptor:
@@ -301,7 +314,8 @@ class Interceptor:
             def init_process_group(*args, **kwargs):
                 bound = pg_signature.bind(*args, **kwargs)
                 asked = bound.arguments.get("backend")
-                backend, note = override_backend(asked, override)
+                backend, note = override_backend(asked, override,
+                                                 nccl_why_not=nccl_why_not(torch))
                 if note:
                     bound.arguments["backend"] = backend
                 result = init_pg(*bound.args, **bound.kwargs)

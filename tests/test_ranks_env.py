@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from probes import protocol, ranks_env
-from probes.intercept import override_backend
+from probes.intercept import nccl_why_not, override_backend
 
 
 def test_open_mpi_identity():
@@ -109,3 +109,23 @@ def test_backend_override(asked, override, expect, noted):
     assert bool(note) == noted
     if noted:
         assert "NCCL refuses two ranks on one GPU" in note
+
+
+@pytest.mark.parametrize("asked, expect", [
+    ("nccl", "gloo"), ("NCCL", "gloo"), ("cuda:nccl,cpu:gloo", "cuda:nccl,cpu:gloo"),
+    ("gloo", "gloo"), (None, None), ("mpi", "mpi"),
+])
+def test_nccl_that_cannot_serve_becomes_gloo_and_says_why(asked, expect):
+    backend, note = override_backend(asked, None, nccl_why_not="this torch has no NCCL")
+    assert backend == expect
+    assert bool(note) == (expect != asked)
+    if note:
+        assert "cannot serve here (this torch has no NCCL)" in note and "'gloo'" in note
+
+
+def test_nccl_why_not_on_this_cpu_torch():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: NCCL may serve")
+    assert nccl_why_not(torch) in ("this torch has no NCCL", "no CUDA device in this process")

@@ -209,3 +209,14 @@ def test_probe_cwd_keeps_the_probe_out_of_the_users_tree(tmp_path):
     assert "writes" not in full["seen"]
     assert (user / "ckpt.pt").read_text() == "the user's own checkpoint"
     assert (area / "ckpt.pt").stat().st_size > 0
+
+
+@pytest.mark.parametrize("instances", [1, 2])
+def test_a_script_asking_for_nccl_on_a_cpu_host_trains_on_gloo_and_is_told(tmp_path, instances):
+    """nanoGPT's shape: DDP when RANK is set, backend 'nccl' by default; plain python trains on
+    this CPU host, so a probe must too (at one rank and at two), with the switch in its notes."""
+    r = probe(tmp_path, script("shape_nccl_default.py"), instances=instances,
+              metric=SAMPLES_PER_S, max_s=30.0)
+    assert r.outcome == Outcome.OK, r.reason
+    assert r.seen["backend"] == "gloo" and r.seen["world_size"] == instances
+    assert any("asked for backend 'nccl'" in n and "'gloo'" in n for n in r.notes), r.notes
