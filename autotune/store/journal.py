@@ -2,9 +2,10 @@
 
 Each event is written with a single ``write`` on a file opened ``O_APPEND``, so concurrent writers
 never interleave inside a line; a write that fails (disk full) is cut back off, so the file ends
-on a whole line, and raises `autotune.store.rundir.write_error`'s one line. A crash can at worst leave a last line without its newline;
-`read_events` skips any line that is incomplete or does not parse, so readers never break, and
-a new `Journal` on that file ends the torn line first so the next event stands on its own.
+on a whole line, and raises `autotune.store.rundir.write_error`'s one line. A crash can at worst
+leave a last line without its newline; `read_events` skips any line that is incomplete or does
+not parse, so readers never break, and a new `Journal` on that file ends the torn line first so
+the next event stands on its own.
 """
 
 from __future__ import annotations

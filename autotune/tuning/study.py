@@ -8,7 +8,8 @@ of uneven values like batch sizes; the knob values themselves are in ``user_attr
 Trials that ran out of memory or failed are completed with value 0 and a positive constraint
 (``trial.set_constraint``), which TPE treats as infeasible. A study left with a RUNNING trial by a
 controller that was killed is recovered by `open_study`: the trial is marked FAIL and its
-parameters are queued again, so it is re-run and no finished trial is lost or repeated.
+parameters are queued again ahead of the queue, so it is re-run first and no finished trial is
+lost or repeated.
 `importances` reads a stored study back for the report: which knob mattered.
 """
 
