@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from autotune.errors import AutotuneError, UsageError
 from autotune.store.journal import Journal
 from autotune.tuning import (TuneReport, TuneSettings, TuneState, Tuner, check_not_running,
                              load_state)
+from autotune.tuning.state import check_budget
 from autotune.tuning.space.parse import parse_values
 
 
@@ -82,8 +84,9 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
                     help="continue an interrupted tune/wrap run: finished trials are kept, "
                          "the interrupted one is re-run")
     r = p.add_argument_group("recipes")
-    r.add_argument("--recipe-dir", default=recipes.DEFAULT_DIR, metavar="DIR",
-                   help="where recipes are saved and looked up (default ./recipes)")
+    r.add_argument("--recipe-dir", metavar="DIR",
+                   help="where recipes are saved and looked up (default ./recipes; with "
+                        "--resume, the run's own)")
     r.add_argument("--no-warm-start", action="store_true",
                    help="do not try a matching recipe's knobs first")
     engines.add_launcher_args(p.add_argument_group("ranks"))
@@ -133,7 +136,8 @@ def _settings(args, target: tuple[str, ...], cwd: str, launcher: engines.Launche
         baseline_values=baseline_values, global_batch=args.global_batch,
         samples_per_step=args.samples_per_step, seed=args.seed, verdict=args.verdict,
         storage=args.storage, study_name=args.study_name, launcher=launcher.kind,
-        hostfile=launcher.hostfile, **extra)
+        hostfile=launcher.hostfile, recipe_dir=os.path.abspath(
+            os.path.expanduser(args.recipe_dir or recipes.DEFAULT_DIR)), **extra)
 
 
 def prepare(args, kind: str) -> Prepared:
@@ -141,7 +145,6 @@ def prepare(args, kind: str) -> Prepared:
     ranges = space.parse_space(args.space)  # first: it names a script it swallowed by mistake
     fixed = space.parse_fix(args.fix)
     baseline_values = parse_values(args.baseline)
-    recipe_dir = Path(args.recipe_dir).expanduser()
     if args.resume:
         if args.target:
             raise UsageError("--resume continues a run with its own script and settings; "
@@ -154,13 +157,16 @@ def prepare(args, kind: str) -> Prepared:
             raise UsageError(f"--resume: {run_dir} is not a directory")
         state = load_state(run_dir)
         check_not_running(run_dir)
-        if (run_dir / "summary.json").exists():
+        if "recipe" in _summary(run_dir):
             raise UsageError(f"--resume: the tuning in {run_dir} finished (see its "
                              f"summary.json); 'autotune run --recipe' launches its recipe")
-        over = {k: v for k, v in (("trials", args.trials), ("budget_s", args.budget))
-                if v is not None}
+        over = {k: v for k, v in (("trials", args.trials), ("budget_s", args.budget),
+                                  ("recipe_dir", args.recipe_dir and os.path.abspath(
+                                      os.path.expanduser(args.recipe_dir)))) if v is not None}
         state = dataclasses.replace(state, kind=kind, run_id=run_dir.name,
                                     settings=dataclasses.replace(state.settings, **over))
+        check_budget(run_dir, state.settings.budget_s)
+        recipe_dir = check_recipe_dir(state.settings.recipe_dir or recipes.DEFAULT_DIR)
         return Prepared(run_dir, Journal(run_dir), state,
                         fingerprint.current(state.settings.command), recipe_dir, True,
                         engines.resolve(state.settings.launcher, state.settings.hostfile))
@@ -169,6 +175,7 @@ def prepare(args, kind: str) -> Prepared:
     cwd = common.probe_cwd(args)
     probe_target = common.absolute_script(target, cwd)
     settings = _settings(args, probe_target, cwd, launcher, ranges, fixed, baseline_values)
+    recipe_dir = check_recipe_dir(settings.recipe_dir)
     fp = fingerprint.current(target)
     warm, note = (None, "")
     if not args.no_warm_start and rank_command.is_python_script(target[0]):
@@ -178,6 +185,26 @@ def prepare(args, kind: str) -> Prepared:
     state = TuneState.new(settings, run_dir, kind=kind, run_command=target, run_cwd=os.getcwd(),
                           warm_start=warm.knobs if warm else None)
     return Prepared(run_dir, Journal(run_dir), state, fp, recipe_dir, False, launcher, note)
+
+
+def check_recipe_dir(path: str) -> Path:
+    """The recipe's directory, or its nearest existing parent, must be a directory we may
+    write in: checked before any probe, so a finished search is never lost to it."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    if not p.is_dir() or not os.access(p, os.W_OK | os.X_OK):
+        raise UsageError(f"--recipe-dir {path}: {p} is "
+                         f"{'not a directory' if not p.is_dir() else 'not writable'}")
+    return Path(path)
+
+
+def _summary(run_dir: Path) -> dict:
+    """The run's ``summary.json`` (it names the recipe once that is saved), or {}."""
+    try:
+        return json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def notify(level: str, message: str) -> None:
@@ -207,7 +234,11 @@ def ending(journal: Journal):
         status["code"] = exc.exit_code
         raise
     finally:
-        journal.emit("run_ended", exit_code=status["code"])
+        try:
+            journal.emit("run_ended", exit_code=status["code"])
+        except AutotuneError:
+            if status["code"] == 0:
+                raise  # else the error already on its way says it
 
 
 def tune_in(prep: Prepared) -> tuple[TuneReport, recipes.Recipe, Path]:
@@ -219,8 +250,15 @@ def tune_in(prep: Prepared) -> tuple[TuneReport, recipes.Recipe, Path]:
     # kept for runs on other worlds; a script that starts its own ranks has a world of its own
     recipe = build_recipe(report, prep, global_batch=None if report.space.own_ranks
                           else prep.settings.global_batch)
-    path = recipes.save(recipe, prep.recipe_dir)
+    try:
+        path = recipes.save(recipe, prep.recipe_dir)
+    except OSError as exc:
+        raise rundir.write_error(prep.recipe_dir, f"{exc.strerror or exc}; the tuning is kept: "
+                                 f"autotune {prep.state.kind} --resume {prep.run_dir} "
+                                 f"--recipe-dir DIR saves it") from None
     prep.journal.emit("recipe_saved", path=str(path))
+    rundir.write_atomic(prep.run_dir / "summary.json", jsontext.dumps(summary(report, path),
+                                                                      indent=2))
     return report, recipe, path
 
 

@@ -1,19 +1,23 @@
 """The run journal: ``events.jsonl`` in every run directory, append-only, one event a line.
 
 Each event is written with a single ``write`` on a file opened ``O_APPEND``, so concurrent writers
-never interleave inside a line. A crash can at worst leave a last line without its newline;
-`read_events` skips any line that is incomplete or does not parse, so readers never break, and
-a new `Journal` on that file ends the torn line first so the next event stands on its own.
+never interleave inside a line; a write that fails (disk full) is cut back off, so the file ends
+on a whole line, and raises `autotune.store.rundir.write_error`'s one line. A crash can at worst
+leave a last line without its newline; `read_events` skips any line that is incomplete or does
+not parse, so readers never break, and a new `Journal` on that file ends the torn line first so
+the next event stands on its own.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import time
 from pathlib import Path
 
-from autotune.store import jsontext
+from autotune.store import jsontext, rundir
 
 EVENTS = "events.jsonl"
 
@@ -32,9 +36,18 @@ class Journal:
     def emit(self, name: str, /, **fields) -> dict:
         event = {"t": time.time(), "event": name, **fields}
         line = (jsontext.dumps(event, separators=(",", ":")) + "\n").encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         try:
-            os.write(fd, line)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        except OSError as exc:
+            raise rundir.write_error(self.path, exc) from None
+        size = os.fstat(fd).st_size
+        try:
+            if os.write(fd, line) != len(line):
+                raise OSError(errno.ENOSPC, "short write")
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            raise rundir.write_error(self.path, exc) from None
         finally:
             os.close(fd)
         return event

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import time
 from pathlib import Path
+
+from autotune.errors import AutotuneError
 
 ENV_RUNS_DIR = "AUTOTUNE_RUNS_DIR"
 
@@ -47,12 +50,29 @@ def latest_run_dir(root: Path | None = None) -> Path | None:
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write a file so a reader never sees half of it: temp file, fsync, rename."""
+    """Write a file so a reader never sees half of it: temp file, fsync, rename. A failure is
+    `write_error`'s one line, the old file left as it was."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     mode = "wb" if isinstance(data, bytes) else "w"
-    with open(tmp, mode) as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, mode) as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise write_error(path, exc) from None
+
+
+_CAUSES = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded",
+           errno.EACCES: "permission denied", errno.EPERM: "permission denied",
+           errno.EROFS: "read-only file system"}
+
+
+def write_error(path, exc: OSError | str) -> AutotuneError:
+    """The one line for a write that failed: the path and the cause (disk full, permission)."""
+    cause = exc if isinstance(exc, str) else \
+        _CAUSES.get(exc.errno, exc.strerror or type(exc).__name__)
+    return AutotuneError(f"cannot write {path}: {cause}")

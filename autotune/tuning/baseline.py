@@ -109,10 +109,13 @@ def measure(prober: Prober, state: TuneState) -> TuneState:
         devices, values = world, {**values, "batch_size": gb // world}
         finished(result)
         result = probe(values)
-    if result.outcome == Outcome.FOREIGN_LOAD:
-        prober.note("warning", "baseline: measured under foreign CPU load; its number is "
-                               "only a guide, the confirmation re-measures it")
-    elif not result.ok:
+    if result.outcome == Outcome.FOREIGN_LOAD:  # re-measured by the prober, still spoiled
+        finished(result)
+        raise AutotuneError(
+            f"the baseline probe (the script with its own settings) cannot be the reference: "
+            f"{result.reason}; no recipe is saved. Tune when the machine is quiet, or pass "
+            f"--foreign-limit CORES (now {settings.foreign_limit_cores:g}) to compare anyway")
+    if not result.ok:
         finished(result)
         raise AutotuneError(
             f"the baseline probe (the script with its own settings) did not give a "

@@ -99,18 +99,27 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
     names = [n for n, _ in entries]
     cfgs = dict(entries)
     rounds = settings.confirm_rounds
+
+    def searched(name: str) -> Measured:  # what the search measured of an entry
+        k = baseline if name == "baseline" else known[space.key(cfgs[name])]
+        return Measured(k.samples_per_s if name == "baseline" else k.value, k.ci_half)
+
     if len(entries) > 1 and rounds > 0:
         rounds, window_s = fit(rounds, settings.confirm_probe_s, len(entries), left_s,
                                settings.seconds)
         prober.tell("info", f"confirming: {', '.join(names)}, {rounds} interleaved round(s) of "
                             f"{window_s:.0f} s probes")
         results = _remeasure(prober, space, entries, rounds, window_s)
+        for name, ms in results.items():
+            if all(m is None for m in ms):  # nothing measured is never a figure: the search's
+                results[name] = [searched(name)]
+                prober.note("warning", f"confirmation: no probe of {name} could be compared; "
+                                       f"using what the search measured: "
+                                       f"{results[name][0].samples_per_s:.1f} ± "
+                                       f"{results[name][0].ci_half:.1f} samples/s")
     else:
         # No re-measurement: the search's own probes, one round each.
-        results = {"baseline": [Measured(baseline.samples_per_s, baseline.ci_half)]}
-        for name, cfg in entries[1:]:
-            k = known[space.key(cfg)]
-            results[name] = [Measured(k.value, k.ci_half)]
+        results = {name: [searched(name)] for name in names}
     d = decision.decide(results, "baseline")
     if len(entries) == 1:
         d = decision.Decision("baseline", True, 1.0, d.baseline_summary, d.baseline_summary, 0.0,

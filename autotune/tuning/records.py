@@ -41,6 +41,7 @@ class TuneSettings:
     study_name: str | None = None
     launcher: str = "local"  # what starts the ranks: local | mpirun | srun
     hostfile: str | None = None  # mpirun's hosts, an absolute path
+    recipe_dir: str | None = None  # where the recipe goes, an absolute path
 
     @property
     def max_trials(self) -> int | None:

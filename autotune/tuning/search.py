@@ -12,11 +12,12 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from autotune.errors import AutotuneError
 from autotune.measuring.outcome import Outcome
 from autotune.tuning import decision
 from autotune.tuning import study as studies
 from autotune.tuning.prober import Prober
-from autotune.tuning.records import Known, TuneSettings, study_tag
+from autotune.tuning.records import Known, study_tag
 from autotune.tuning.state import TuneState
 
 DUPLICATE_STREAK = 8  # proposals in a row of configs already known: the sampler has converged
@@ -35,17 +36,19 @@ class SearchResult:
     state: TuneState  # the run's state as the search left it
 
 
-def open_study(prober: Prober, settings: TuneSettings, *,
-               resume: bool) -> studies.StudyHandle:
-    """The run's study; a resumed run re-queues the trials its killed controller left."""
-    run_dir = prober.run_dir
+def open_study(prober: Prober, state: TuneState, *, resume: bool) -> studies.StudyHandle:
+    """The run's study; a resumed run re-queues the trials its killed controller left, first.
+    A resumed run whose trials were queued refuses a study that is gone (an empty file)."""
+    run_dir, settings = prober.run_dir, state.settings
     url = settings.storage or studies.sqlite_url(run_dir / "study.db")
     name = settings.study_name or f"autotune-{run_dir.name}"
     handle = studies.open_study(url, name, run_id=run_dir.name, seed=settings.seed,
-                                min_measure_s=min(2.0, settings.min_measure_s), requeue=resume)
+                                min_measure_s=min(2.0, settings.min_measure_s), requeue=resume,
+                                must_exist=resume and state.enqueued,
+                                flag="--storage" if settings.storage else None)
     if handle.recovered:
         prober.tell("info", f"resume: re-running interrupted trial(s) "
-                            f"{', '.join(map(str, handle.recovered))}")
+                            f"{', '.join(map(str, handle.recovered))} first")
     return handle
 
 
@@ -201,9 +204,9 @@ class Search:
         try:
             result = self.prober.probe(self.prober.spec(knobs, instances, label), label=label,
                                        number=trial.number, cfg=cfg, on_progress=on_progress)
-        except KeyboardInterrupt:
-            trial.set_user_attr("interrupted", True)
-            raise
+        except (KeyboardInterrupt, AutotuneError):  # Ctrl-C, a write that failed: retried
+            trial.set_user_attr("interrupted", True)  # by --resume (a storage that fails
+            raise  # here leaves it RUNNING: retried alike)
         self.measured += 1
         if not self.source and result.ok:
             self.source = result.source

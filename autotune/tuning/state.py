@@ -125,10 +125,33 @@ def sweep_orphans(run_dir: Path) -> int:
 
 
 def spent_s(run_dir: Path) -> float:
-    """Wall time a previous controller of this run spent, from its journal."""
+    """Wall time the earlier controllers of this run spent, from its journal: each from its
+    ``run_started`` to its last event (the time between them, the run stopped, not counted)."""
     events, _ = read_events(run_dir)
-    times = [e["t"] for e in events if isinstance(e.get("t"), (int, float))]
-    return max(times) - min(times) if times else 0.0
+    spent, start, last = 0.0, None, None
+    for e in events:
+        if not isinstance(e.get("t"), (int, float)):
+            continue
+        if e.get("event") == "run_started" and start is not None:
+            spent += last - start
+            start = None
+        start = e["t"] if start is None else start
+        last = e["t"]
+    return spent + (last - start if start is not None else 0.0)
+
+
+def check_budget(run_dir: Path, budget_s: float | None) -> None:
+    """Refuse to resume a run whose time budget is already spent."""
+    spent = spent_s(run_dir)
+    if budget_s is not None and spent >= budget_s:
+        raise UsageError(f"--resume: budget {minutes(budget_s)} already spent "
+                         f"({minutes(spent)}); give a larger --budget to go on")
+
+
+def minutes(s: float) -> str:
+    """``6m12s``, ``3m``, ``12s``."""
+    m, s = divmod(int(s), 60)
+    return f"{m}m{s:02d}s" if m and s else f"{m}m" if m else f"{s}s"
 
 
 def mark_controller(run_dir: Path) -> None:

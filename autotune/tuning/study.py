@@ -8,7 +8,8 @@ of uneven values like batch sizes; the knob values themselves are in ``user_attr
 Trials that ran out of memory or failed are completed with value 0 and a positive constraint
 (``trial.set_constraint``), which TPE treats as infeasible. A study left with a RUNNING trial by a
 controller that was killed is recovered by `open_study`: the trial is marked FAIL and its
-parameters are queued again, so it is re-run and no finished trial is lost or repeated.
+parameters are queued again ahead of the queue, so it is re-run first and no finished trial is
+lost or repeated.
 `importances` reads a stored study back for the report: which knob mattered.
 """
 
@@ -21,9 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
+import sqlalchemy.exc
 from optuna.pruners import BasePruner
 from optuna.trial import FrozenTrial, Trial, TrialState
 
+from autotune.errors import AutotuneError, UsageError
 from autotune.tuning import decision
 from autotune.measuring.outcome import Outcome
 
@@ -110,8 +113,18 @@ class StudyHandle:
 
     def optimize(self, objective: Callable[[Trial], float],
                  callbacks: list[Callable[[optuna.Study, FrozenTrial], None]]) -> None:
-        self.study.optimize(objective, callbacks=callbacks, gc_after_trial=False,
-                            catch=(NotComparable,))
+        """Run trials until a callback stops the study. A storage that fails (disk full) is one
+        line, whatever Optuna made of it (its ``assert`` included); a trial it left RUNNING is
+        retried by ``--resume``."""
+        try:
+            self.study.optimize(objective, callbacks=callbacks, gc_after_trial=False,
+                                catch=(NotComparable,))
+        except (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError,
+                AssertionError) as exc:
+            ours = exc.__context__
+            while ours is not None and not isinstance(ours, AutotuneError):
+                ours = ours.__context__
+            raise ours or failure(f"cannot write the study {self.url}", exc) from None
 
     def stop(self) -> None:
         self.study.stop()
@@ -121,12 +134,28 @@ class NotComparable(Exception):
     """Raised by an objective for a probe taken under foreign load: the trial becomes FAIL."""
 
 
-def _storage(url: str):
+def failure(what: str, exc: BaseException) -> AutotuneError:
+    """A storage error as one line: ``what`` and the cause, found down the exception chain
+    (SQLite's 'database or disk is full' is a disk full, not a bad storage)."""
+    chain = [exc]
+    while len(chain) < 8 and (chain[-1].__cause__ or chain[-1].__context__) is not None:
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    text = " ".join(map(str, chain)).lower()
+    cause = "disk full" if "disk is full" in text or "no space left" in text else \
+        "permission denied" if "readonly" in text or "permission denied" in text else \
+        next((str(e) for e in reversed(chain) if str(e)), type(exc).__name__).splitlines()[0]
+    return AutotuneError(f"{what}: {cause}")
+
+
+def _storage(url: str, flag: str | None):
+    """Open ``url``; a bad URL is blamed on ``flag`` (the user's ``--storage``), the disk never."""
     try:
         return optuna.storages.RDBStorage(url)
     except Exception as exc:  # noqa: BLE001 - sqlalchemy raises many kinds; all mean the same
-        from autotune.errors import UsageError
-        raise UsageError(f"--storage: cannot open {url!r}: {exc}".splitlines()[0]) from None
+        err = failure(f"cannot open the study {url!r}", exc)
+        if flag and not str(err).endswith(("disk full", "permission denied")):
+            raise UsageError(f"{flag}: {err}") from None
+        raise err from None
 
 
 def _fail_interrupted(storage, name: str, run_id: str) -> list[FrozenTrial]:
@@ -147,13 +176,23 @@ def _fail_interrupted(storage, name: str, run_id: str) -> list[FrozenTrial]:
 
 def open_study(url: str, name: str, *, run_id: str, seed: int | None = None,
                n_startup_trials: int = 4, min_measure_s: float = 2.0,
-               requeue: bool = False) -> StudyHandle:
-    """Create or load the study; with ``requeue``, re-queue this run's interrupted trials.
+               requeue: bool = False, must_exist: bool = False,
+               flag: str | None = None) -> StudyHandle:
+    """Create or load the study; with ``requeue``, re-queue this run's interrupted trials, to
+    run before anything queued earlier. ``must_exist``: a study that is not there is an error,
+    never a new one. ``flag`` is blamed for a URL that cannot be opened.
 
     ``run_id`` tags trials (``user_attrs["run"]``) so a resumed run touches only its own
     RUNNING trials, never those of another tuner sharing the storage.
     """
-    storage = _storage(url)
+    file = Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None
+    if must_exist and file and (not file.is_file() or not file.stat().st_size):
+        raise UsageError(f"--resume: {file} is empty or missing, not the run's study: its "
+                         f"finished trials are gone; start a new run")
+    storage = _storage(url, flag)
+    if must_exist and name not in {s.study_name for s in storage.get_all_studies()}:
+        raise UsageError(f"--resume: {url} holds no study {name!r}: the run's finished trials "
+                         f"are gone; start a new run")
     interrupted = _fail_interrupted(storage, name, run_id) if requeue else []
     pruner = IntervalPruner(min_measure_s=min_measure_s)
     with warnings.catch_warnings():
@@ -168,12 +207,29 @@ def open_study(url: str, name: str, *, run_id: str, seed: int | None = None,
         stopped = [t for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
                    if t.user_attrs.get("run") == run_id and t.user_attrs.get("interrupted")]
         retried = {t.user_attrs.get("retry_of") for t in study.get_trials(deepcopy=False)}
+        waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        queue = [(t.system_attrs.get("fixed_params", {}), t.user_attrs) for t in waiting]
         for t in {t.number: t for t in [*interrupted, *stopped]}.values():
             if t.number in retried or not t.params:
                 continue
-            handle.enqueue(dict(t.params), {"retry_of": t.number})
+            queue.insert(len(handle.recovered), (dict(t.params), {"retry_of": t.number}))
             handle.recovered.append(t.number)
+        _requeue(storage, storage.get_study_id_from_name(name), waiting, queue)
+        for params, attrs in queue[len(waiting):]:
+            handle.enqueue(params, attrs)
     return handle
+
+
+def _requeue(storage, study_id: int, waiting: list[FrozenTrial],
+             queue: list[tuple[dict, dict]]) -> None:
+    """Give the waiting trials (run in number order) the first entries of ``queue``."""
+    for t, (params, attrs) in zip(waiting, queue):
+        if (params, attrs) == (t.system_attrs.get("fixed_params", {}), t.user_attrs):
+            continue
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
+        storage.set_trial_system_attr(trial_id, "fixed_params", params)
+        for key in {*t.user_attrs, *attrs}:
+            storage.set_trial_user_attr(trial_id, key, attrs.get(key))
 
 
 def importances(url: str, *, min_trials: int) -> tuple[dict[str, float], str]:

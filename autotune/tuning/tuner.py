@@ -24,7 +24,8 @@ from autotune.store.journal import Journal
 from autotune.tuning import baseline, confirm, search
 from autotune.tuning.prober import Notify, Prober, RunTrial
 from autotune.tuning.records import TuneReport
-from autotune.tuning.state import TuneState, mark_controller, save, spent_s, sweep_orphans
+from autotune.tuning.state import (TuneState, mark_controller, minutes, save, spent_s,
+                                   sweep_orphans)
 
 
 class Tuner:
@@ -62,15 +63,19 @@ class Tuner:
             killed = sweep_orphans(self.run_dir)
             if killed:
                 prober.tell("info", f"resume: stopped {killed} process(es) the killed run left")
+            budget = settings.budget_s
+            prober.tell("info", f"resume: {minutes(self.spent_before)} spent so far" + (
+                f" of the {minutes(budget)} budget, {minutes(budget - self.spent_before)} left"
+                if budget is not None else ""))
         else:
             self._save(self.state)
+        handle = search.open_study(prober, self.state, resume=self.resume)  # before any probe
         if self.state.space is None:
             self.state = baseline.measure(prober, self.state)
             self._save(self.state)
         space = self.state.space
         for note in space.notes:
             prober.note("hint", note)
-        handle = search.open_study(prober, settings, resume=self.resume)
         self.found = search.Search(prober, self.state, handle, elapsed=self.elapsed,
                                    save=self._save).run()
         self.state = self.found.state

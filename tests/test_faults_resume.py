@@ -1,0 +1,174 @@
+"""Issue 13: what ``--resume`` keeps. The run's settings (recipe dir, budget spent), the
+interrupted trial re-run first, a study file that is not a study refused, a recipe that could
+not be saved saved later. Fake probes where the rule is pure, real processes where the user's
+command line is the point."""
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from autotune.commands import cli
+from autotune.commands import tune as tune_cmd
+from autotune.errors import AutotuneError, UsageError
+from autotune.store import recipes
+from autotune.tuning import Tuner, TuneSettings, TuneState
+from autotune.tuning import study as studies
+from autotune.tuning.state import save, spent_s
+from conftest import SCRIPTS, assert_one_error_line, autotune, live_children
+import test_study
+from test_study import FakeProbe, QuickClock, events, surface, tune
+
+TOY = str(SCRIPTS / "tune_toy.py")
+OK = str(SCRIPTS / "ok.py")
+machine = test_study.machine  # the fixture
+
+
+class Interrupting(FakeProbe):
+    """Ctrl-C during the second probe of the search, once."""
+
+    def __call__(self, spec, **kw):
+        search = [s for s in self.specs if s.name.startswith("trial-")]
+        if spec.name.startswith("trial-") and len(search) == 1 and not getattr(self, "hit", 0):
+            self.hit = spec
+            self.specs.append(spec)
+            raise KeyboardInterrupt
+        return super().__call__(spec, **kw)
+
+
+def test_the_interrupted_trial_runs_first_on_resume(tmp_path, machine):
+    fake = Interrupting(surface)
+    with pytest.raises(KeyboardInterrupt):
+        tune(tmp_path, fake, trials=3, confirm_rounds=0, fix_tokens=("batch_size=16",))
+    before = len(fake.specs)
+    tune(tmp_path, fake, resume=True, trials=3, confirm_rounds=0, fix_tokens=("batch_size=16",))
+    resumed = [s for s in fake.specs[before:] if s.name.startswith("trial-")]
+    assert resumed and resumed[0].knobs == fake.hit.knobs  # first, not behind the queue
+    h = studies.open_study(studies.sqlite_url(tmp_path / "run" / "study.db"),
+                           "autotune-run", run_id="run")
+    retry = [t for t in h.trials() if t.user_attrs.get("retry_of") is not None]
+    assert len(retry) == 1 and retry[0].state in (studies.TrialState.COMPLETE,
+                                                  studies.TrialState.PRUNED)
+
+
+@pytest.mark.parametrize("content", [b"", b"not a database, really" * 100])
+def test_a_study_file_that_is_not_a_study_is_refused_never_replaced(tmp_path, machine,
+                                                                    content):
+    tune(tmp_path, FakeProbe(surface), trials=3, confirm_rounds=0)
+    db = tmp_path / "run" / "study.db"
+    db.write_bytes(content)
+    fake = FakeProbe(surface)
+    with pytest.raises(AutotuneError) as err:
+        tune(tmp_path, fake, resume=True, trials=5, confirm_rounds=0)
+    assert str(db) in str(err.value) and "--storage" not in str(err.value)
+    assert fake.specs == []  # nothing measured
+
+
+def test_budget_spent_counts_each_controller_not_the_time_between(tmp_path):
+    lines = [{"t": 0.0, "event": "run_started"}, {"t": 100.0, "event": "trial_finished"},
+             {"t": 5000.0, "event": "run_started"}, {"t": 5050.0, "event": "run_ended"}]
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    assert spent_s(tmp_path) == 150.0
+
+
+def test_resume_with_its_budget_already_spent_says_so(tmp_path):
+    run_dir = tmp_path / "runs" / "r"
+    run_dir.mkdir(parents=True)
+    save(run_dir, TuneState.new(TuneSettings(command=(OK,), cwd=str(tmp_path), budget_s=600.0),
+                                run_dir))
+    (run_dir / "events.jsonl").write_text(
+        json.dumps({"t": 1000.0, "event": "run_started"}) + "\n" +
+        json.dumps({"t": 1372.0, "event": "run_ended", "exit_code": 130}) + "\n")
+    p = autotune("tune", "--resume", str(run_dir), "--budget", "3m", cwd=tmp_path, timeout=120)
+    assert_one_error_line(p, "budget 3m already spent (6m12s)", "larger --budget")
+
+
+def test_a_recipe_dir_that_cannot_be_created_stops_before_any_probe(tmp_path):
+    (tmp_path / "afile").write_text("")
+    p = autotune("tune", "--trials", "1", "--seconds", "3", "--recipe-dir",
+                 str(tmp_path / "afile" / "recipes"), "--runs-dir", str(tmp_path / "runs"),
+                 "--", OK, cwd=tmp_path, timeout=120)
+    assert_one_error_line(p, "--recipe-dir", "not a directory")
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_a_recipe_that_cannot_be_saved_is_saved_by_resume(tmp_path, machine, monkeypatch):
+    fake = FakeProbe(surface)
+    monkeypatch.setattr(tune_cmd, "Tuner", functools.partial(Tuner, run_trial=fake,
+                                                             clock=QuickClock()))
+    parse = cli.build_parser().parse_args
+    args = parse(["tune", "--trials", "3", "--confirm-rounds", "0", "--recipe-dir",
+                  str(tmp_path / "first"), "--runs-dir", str(tmp_path / "runs"), "--", OK])
+    prep = tune_cmd.prepare(args, "tune")
+    assert prep.settings.recipe_dir == str(tmp_path / "first")
+
+    def broken(recipe, recipe_dir):
+        raise NotADirectoryError(20, "Not a directory")
+
+    monkeypatch.setattr(recipes, "save", broken)
+    with pytest.raises(AutotuneError, match="--resume .* --recipe-dir DIR"):
+        tune_cmd.tune_in(prep)
+    monkeypatch.undo()
+    monkeypatch.setattr(tune_cmd, "Tuner", functools.partial(Tuner, run_trial=fake,
+                                                             clock=QuickClock()))
+    measured = len(fake.specs)
+    (prep.run_dir / "controller.json").unlink()  # that controller (this process) is done
+    again = tune_cmd.prepare(parse(["tune", "--resume", str(prep.run_dir), "--recipe-dir",
+                                    str(tmp_path / "second")]), "tune")  # not "finished"
+    _, _, path = tune_cmd.tune_in(again)
+    assert path.parent == tmp_path / "second" and path.exists()
+    assert not [s for s in fake.specs[measured:] if s.name.startswith(("trial-", "baseline"))]
+    (prep.run_dir / "controller.json").unlink()
+    with pytest.raises(UsageError, match="finished"):
+        tune_cmd.prepare(parse(["tune", "--resume", str(prep.run_dir)]), "tune")
+
+
+@pytest.mark.slow
+def test_sigint_then_resume_keeps_the_runs_recipe_dir_and_reruns_the_trial_first(tmp_path):
+    """tune --recipe-dir X, Ctrl-C mid-trial, tune --resume from elsewhere: the recipe goes to
+    X, the interrupted trial is the first probe of the resume, the budget left is told."""
+    recipe_dir = tmp_path / "my recipes"
+    here, elsewhere = tmp_path / "a", tmp_path / "b"
+    here.mkdir(), elsewhere.mkdir()
+    env = dict(os.environ, AUTOTUNE_RUNS_DIR=str(tmp_path / "runs"))
+    controller = subprocess.Popen(
+        [sys.executable, "-m", "autotune", "tune", "--plain", "--foreign-limit", "1000",
+         "--trials", "3", "--seconds", "6", "--budget", "10m", "--confirm-rounds", "0",
+         "--seed", "3", "--space", "batch_size=8:32", "--fix", "threads=1", "--recipe-dir",
+         str(recipe_dir), "--", TOY, "--work", "1"], cwd=here, env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    run_dir, hit = None, None
+    try:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline and hit is None:
+            runs = list((tmp_path / "runs").glob("*"))
+            if runs:
+                run_dir = runs[0]
+                finished = {e["trial"] for e in events(run_dir, "trial_finished")}
+                hit = next((e for e in events(run_dir, "trial_started")
+                            if e["trial"].startswith("trial-") and e["trial"] not in finished),
+                           None)
+            assert controller.poll() is None, "the tuning ended before it could be stopped"
+            time.sleep(0.2)
+        assert hit is not None, "no trial in flight within the deadline"
+        controller.send_signal(signal.SIGINT)
+        assert controller.wait(timeout=60) == 130
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+    started = len(events(run_dir, "trial_started"))
+    p = autotune("tune", "--resume", str(run_dir), "--plain", cwd=elsewhere, timeout=240,
+                 env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "of the 10m budget" in p.stderr and "left" in p.stderr
+    assert list(recipe_dir.glob("*.toml")) and not (elsewhere / "recipes").exists()
+    assert not (here / "recipes").exists()
+    new = [e for e in events(run_dir, "trial_started")[started:]
+           if e["trial"].startswith("trial-")]
+    assert new and new[0]["knobs"] == hit["knobs"]
+    assert live_children() == []
