@@ -22,7 +22,7 @@ class Spoiled(FakeProbe):
 
     def __call__(self, spec, **kw):
         r = super().__call__(spec, **kw)
-        return dataclasses.replace(r, foreign_cores=2.0) if self.spoils(spec.name) else r
+        return dataclasses.replace(r, foreign_cores=2.0) if self.spoils(spec.ranks.name) else r
 
 
 def test_a_confirmation_under_foreign_load_falls_back_to_what_the_search_measured(
@@ -44,6 +44,6 @@ def test_a_baseline_still_under_foreign_load_is_never_the_reference(tmp_path, ma
     fake = Spoiled(surface, lambda name: name == "baseline")
     with pytest.raises(AutotuneError, match="cannot be the reference.*--foreign-limit"):
         tune(tmp_path, fake, trials=5, confirm_rounds=1, foreign_retries=1)
-    assert [s.name for s in fake.specs] == ["baseline", "baseline"]  # re-measured once, no more
+    assert [s.ranks.name for s in fake.specs] == ["baseline", "baseline"]  # re-measured once, no more
     run_dir = tmp_path / "run"
     assert not events(run_dir, "best") and not (run_dir / "summary.json").exists()

@@ -33,8 +33,8 @@ class Interrupting(FakeProbe):
     """Ctrl-C during the second probe of the search, once."""
 
     def __call__(self, spec, **kw):
-        search = [s for s in self.specs if s.name.startswith("trial-")]
-        if spec.name.startswith("trial-") and len(search) == 1 and not getattr(self, "hit", 0):
+        search = [s for s in self.specs if s.ranks.name.startswith("trial-")]
+        if spec.ranks.name.startswith("trial-") and len(search) == 1 and not getattr(self, "hit", 0):
             self.hit = spec
             self.specs.append(spec)
             raise KeyboardInterrupt
@@ -47,8 +47,8 @@ def test_the_interrupted_trial_runs_first_on_resume(tmp_path, machine):
         tune(tmp_path, fake, trials=3, confirm_rounds=0, fix_tokens=("batch_size=16",))
     before = len(fake.specs)
     tune(tmp_path, fake, resume=True, trials=3, confirm_rounds=0, fix_tokens=("batch_size=16",))
-    resumed = [s for s in fake.specs[before:] if s.name.startswith("trial-")]
-    assert resumed and resumed[0].knobs == fake.hit.knobs  # first, not behind the queue
+    resumed = [s for s in fake.specs[before:] if s.ranks.name.startswith("trial-")]
+    assert resumed and resumed[0].ranks.knobs == fake.hit.ranks.knobs  # first, not behind the queue
     h = studies.open_study(studies.sqlite_url(tmp_path / "run" / "study.db"),
                            "autotune-run", run_id="run")
     retry = [t for t in h.trials() if t.user_attrs.get("retry_of") is not None]
@@ -122,7 +122,7 @@ def test_a_recipe_that_cannot_be_saved_is_saved_by_resume(tmp_path, machine, mon
                                     str(tmp_path / "second")]), "tune")  # not "finished"
     _, _, path = tune_cmd.tune_in(again)
     assert path.parent == tmp_path / "second" and path.exists()
-    assert not [s for s in fake.specs[measured:] if s.name.startswith(("trial-", "baseline"))]
+    assert not [s for s in fake.specs[measured:] if s.ranks.name.startswith(("trial-", "baseline"))]
     (prep.run_dir / "controller.json").unlink()
     with pytest.raises(UsageError, match="finished"):
         tune_cmd.prepare(parse(["tune", "--resume", str(prep.run_dir)]), "tune")
