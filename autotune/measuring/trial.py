@@ -351,6 +351,8 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         stopped_clean=bool(ranks) and (any(r.teardown for r in ranks)
                                        or all(r.bye and r.bye.get("stopped") for r in ranks)))
     tail = logs.tail(log_path)
+    for path in {Path(lp.spec.stdout_path) for lp in probe.launched if lp.spec.stdout_path}:
+        logs.cap(path)  # read: the tail above and --metric; its processes are gone
     ran_s = time.monotonic() - probe.t_begin
     has_estimate = est is not None and est.windows >= 3 and est.samples_per_s > 0
     outcome, reason = classify(Observed(
