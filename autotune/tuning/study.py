@@ -121,9 +121,24 @@ class NotComparable(Exception):
     """Raised by an objective for a probe taken under foreign load: the trial becomes FAIL."""
 
 
+# Several tuners on one storage: a trial whose tuner died (SIGKILL, a lost host) stops beating;
+# once its heartbeat is GRACE_S old, the next trial any tuner starts fails it and queues its
+# config once more (one retry), for whichever tuner asks next. A beat every 5 s is one UPDATE;
+# the grace of three beats rides out a loaded host or a slow database without failing a live
+# trial. Optuna wants whole seconds.
+HEARTBEAT_S = 5
+GRACE_S = 15
+
+
 def _storage(url: str):
+    retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)  # Optuna >= 4.9
     try:
-        return optuna.storages.RDBStorage(url)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            callback = {"heartbeat_stale_trial_callback": retry(max_retry=1)} if retry else \
+                {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=1)}
+            return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S,
+                                              grace_period=GRACE_S, **callback)
     except Exception as exc:  # noqa: BLE001 - sqlalchemy raises many kinds; all mean the same
         from autotune.errors import UsageError
         raise UsageError(f"--storage: cannot open {url!r}: {exc}".splitlines()[0]) from None
