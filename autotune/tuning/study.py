@@ -15,6 +15,7 @@ parameters are queued again, so it is re-run and no finished trial is lost or re
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -130,18 +131,26 @@ HEARTBEAT_S = 5
 GRACE_S = 15
 
 
-def _storage(url: str):
+def _storage(url: str, *, tries: int = 3):
+    """The storage; tuners starting together on an empty database race to create Optuna's
+    tables (PostgreSQL: a unique violation in the loser), so a failure is tried again."""
     retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)  # Optuna >= 4.9
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            callback = {"heartbeat_stale_trial_callback": retry(max_retry=1)} if retry else \
-                {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=1)}
-            return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S,
-                                              grace_period=GRACE_S, **callback)
-    except Exception as exc:  # noqa: BLE001 - sqlalchemy raises many kinds; all mean the same
-        from autotune.errors import UsageError
-        raise UsageError(f"--storage: cannot open {url!r}: {exc}".splitlines()[0]) from None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        callback = {"heartbeat_stale_trial_callback": retry(max_retry=1)} if retry else \
+            {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=1)}
+    for attempt in range(tries):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S,
+                                                  grace_period=GRACE_S, **callback)
+        except Exception as exc:  # noqa: BLE001 - sqlalchemy raises many kinds; all mean the same
+            if attempt + 1 < tries:
+                time.sleep(0.5 * (attempt + 1))
+                continue
+            from autotune.errors import UsageError
+            raise UsageError(f"--storage: cannot open {url!r}: {exc}".splitlines()[0]) from None
 
 
 def _fail_interrupted(storage, name: str, run_id: str) -> list[FrozenTrial]:
