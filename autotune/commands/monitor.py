@@ -49,7 +49,7 @@ def resolve_run_dir(args) -> Path:
 
 
 def run(args) -> int:
-    from autotune.monitor import follow  # rich is imported only when a view is needed
+    from autotune.monitor import follow, text  # rich is imported only when a view is needed
     from autotune.monitor.live import STALE_S
 
     run_dir = resolve_run_dir(args)
@@ -62,6 +62,8 @@ def run(args) -> int:
               flush=True)
         return 0
     state = monitor.state
+    if lost := text.unreadable_line(state.unreadable):
+        console.warning(lost)
     if monitor.gone():
         console.warning(f"{run_dir} has had no news for over {STALE_S:.0f} s and never said it "
                         f"ended: its autotune process was most likely killed")

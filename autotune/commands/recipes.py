@@ -121,12 +121,15 @@ def _list(args, out) -> int:
         table.add_column(col, justify="right" if col in ("samples/s", "speedup") else "left")
     for path, r in found:
         if isinstance(r, RecipeError):
-            table.add_row(path.stem, f"INVALID: {r}", "-", "-", "-", "-")
+            table.add_row(path.stem, "INVALID (see the warning)", "-", "-", "-", "-")
             continue
         table.add_row(r.name, _knobs(r.knobs), f"{r.samples_per_s:.1f}",
                       f"{r.speedup:.2f}x" + (" (kept defaults)" if r.kept_baseline else ""),
                       fingerprint.summary(r.fingerprint), r.created)
     out.print(table)
+    for path, r in found:
+        if isinstance(r, RecipeError):
+            console.warning(str(r))
     return 0
 
 

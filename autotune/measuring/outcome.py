@@ -33,6 +33,19 @@ class Observed:
     ran_s: float = 0.0
     last_log_line: str = ""
     needs_batch_size: bool = False  # it stepped, but no DataLoader says how many samples a step is
+    stalled_s: float = 0.0  # seconds without progress when the probe ended, after some progress
+    step_s: float | None = None  # its observed seconds per batch (or step) while it progressed
+
+
+STALL_STEPS = 20  # no progress for this many of its own steps ...
+STALL_MIN_S = 5.0  # ... and at least this long, when we end the probe: hung
+
+
+def stalled(obs: Observed) -> bool:
+    """It made progress, then made none for far longer than its own steps take, until we
+    stopped it: hung, however short the probe (the hang threshold may be longer)."""
+    return bool(obs.stopped_by_us and obs.step_s and (obs.batches or obs.steps)
+                and obs.stalled_s > max(STALL_STEPS * obs.step_s, STALL_MIN_S))
 
 
 def script_exit_code(exit_codes: list[int | None], *, own: int | None, stopped_by_us: bool,
@@ -88,7 +101,11 @@ def classify(obs: Observed) -> tuple[Outcome, str]:
         if obs.exit_code == 0 and not obs.stopped_by_us:
             return Outcome.NO_SIGNAL, "exited 0 without a single DataLoader batch or optimizer step"
         return Outcome.NO_SIGNAL, (f"ran {obs.ran_s:.0f} s without a DataLoader batch or "
-                                   f"optimizer step")
+                                   f"optimizer step; allow more --seconds if it starts slowly")
+    if stalled(obs):
+        after = f"after {obs.batches} batches" if obs.batches else f"after {obs.steps} steps"
+        return Outcome.HUNG, (f"no progress for {obs.stalled_s:.0f} s {after}, whose steps took "
+                              f"{obs.step_s:.2g} s: a deadlock or a wait that never ended")
     if obs.batches == 0 and obs.needs_batch_size:
         return Outcome.NO_SIGNAL, (f"{obs.steps} optimizer steps but no DataLoader: put "
                                    f"{{batch_size}} in the script's args or pass --metric REGEX")

@@ -141,6 +141,7 @@ class _Probe:
         self.t_start = self.t_begin  # start of the current start-up allowance
         self.last_progress_t = self.t_start
         self.last_progress = (0, 0, 0)
+        self.first_progress: tuple[float, int] | None = None  # (when, batches or steps)
         self.estimate: steady.Estimate | None = None
         self.source = "none"
         self.hung_s: float | None = None
@@ -306,6 +307,8 @@ def _loop(probe: _Probe, collector: Collector, load: ForeignLoad) -> None:
         if progress != probe.last_progress:
             probe.last_progress = progress
             probe.last_progress_t = now
+            if probe.first_progress is None and any(progress):
+                probe.first_progress = (now, progress[0] or progress[1])
         elif any(progress):
             if now - probe.last_progress_t > spec.hang_s:
                 probe.hung_s = now - probe.last_progress_t
@@ -331,6 +334,19 @@ def _loop(probe: _Probe, collector: Collector, load: ForeignLoad) -> None:
             return
 
 
+def _stall(probe: _Probe) -> dict:
+    """How long it had made no progress when the probe ended, and its own time per batch (or
+    step) while it progressed (from its first progress; from the start when it came at once)."""
+    if probe.first_progress is None:
+        return {}
+    first_t, first_n = probe.first_progress
+    last_n = probe.last_progress[0] or probe.last_progress[1]
+    since_t, n = (first_t, last_n - first_n) if last_n > first_n else (probe.t_begin, last_n)
+    step_s = (probe.last_progress_t - since_t) / n if n > 0 else None
+    return {"stalled_s": (probe.stop_t or time.monotonic()) - probe.last_progress_t,
+            "step_s": step_s}
+
+
 def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
             log_path: Path) -> TrialResult:
     probe.read_log(final=True)
@@ -345,6 +361,8 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         stopped_clean=bool(ranks) and (any(r.teardown for r in ranks)
                                        or all(r.bye and r.bye.get("stopped") for r in ranks)))
     tail = logs.tail(log_path)
+    for path in {Path(lp.spec.stdout_path) for lp in probe.launched if lp.spec.stdout_path}:
+        logs.cap(path)  # read: the tail above and --metric; its processes are gone
     ran_s = time.monotonic() - probe.t_begin
     has_estimate = est is not None and est.windows >= 3 and est.samples_per_s > 0
     outcome, reason = classify(Observed(
@@ -353,7 +371,7 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         error_text=f"{error.get('exc_type')}: {error.get('message')}" if error else "",
         batches=batches, steps=steps, has_estimate=has_estimate, hung_s=probe.hung_s,
         ran_s=ran_s, last_log_line=logs.last_line(tail),
-        needs_batch_size=not probe.samples_per_step))
+        needs_batch_size=not probe.samples_per_step, **_stall(probe)))
     if probe.metric is not None and outcome in (Outcome.NO_SIGNAL, Outcome.EXITED_EARLY):
         reason = series.metric_reason(
             probe.metric, batch_known=bool(probe.samples_per_step or probe.script.loader_batch),

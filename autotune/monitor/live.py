@@ -152,7 +152,8 @@ class Monitor:
     def step(self, now: float | None = None) -> list[dict]:
         """Read new events, fold them, show them. Returns the new events."""
         try:
-            events, self.offset = read_events(self.run_dir, offset=self.offset)
+            events, self.offset = read_events(self.run_dir, offset=self.offset,
+                                              skipped=self.state.unreadable)
         except Exception:  # noqa: BLE001 - an unreadable journal is shown as no news
             events = []
         for ev in events:

@@ -88,6 +88,8 @@ class RunState:
     fullrun: FullRun | None = None
     device: dict | None = None  # the latest device_sample
     events: int = 0
+    sessions: int = 0  # run_started events: a resumed run has one per session
+    unreadable: list = field(default_factory=list)  # byte offsets of journal lines not read
 
     # -- derived ---------------------------------------------------------------------------
     @property
@@ -223,6 +225,8 @@ def _run_started(s: RunState, ev: dict, t) -> None:
     s.space = ev.get("space")
     s.modes = list(ev.get("modes") or [])
     s.started_t = t
+    s.sessions += 1
+    s.ended_t = s.exit_code = None  # a resumed run: only its last session's end counts
 
 
 def _trial_started(s: RunState, ev: dict, t) -> None:

@@ -17,6 +17,16 @@ GIB = 1024 ** 3
 SPARK = "▁▂▃▄▅▆▇█"
 
 
+def unreadable_line(offsets: list[int], name: str = "events.jsonl") -> str | None:
+    """One line for the journal lines a reader had to leave out (`RunState.unreadable`)."""
+    if not offsets:
+        return None
+    n = len(offsets)
+    where = f"byte {offsets[0]}" if n == 1 else "bytes " + ", ".join(map(str, offsets[:5]))
+    return (f"{name}: {n} line{'s' if n > 1 else ''} could not be read ({where}"
+            f"{', ...' if n > 5 else ''}); shown without {'it' if n == 1 else 'them'}")
+
+
 def fmt_duration(seconds: float | None) -> str:
     """``1:02:03`` / ``2:03`` / ``-``."""
     if seconds is None or seconds != seconds:

@@ -19,7 +19,8 @@ from autotune.measuring.outcome import Outcome
 from autotune.report import importance, svg
 from autotune.store.journal import read_events
 from autotune.monitor.state import RunState, TrialRow, fold
-from autotune.monitor.text import fmt_duration, fmt_knobs, fmt_rate
+from autotune.monitor import console
+from autotune.monitor.text import fmt_duration, fmt_knobs, fmt_rate, unreadable_line
 
 RECIPE_MAX_BYTES = 64 * 1024
 LOG_X_KNOBS = ("batch_size", "bucket_mb")
@@ -39,8 +40,11 @@ overflow:auto}.speedup{font-size:1.3em;color:#1a9850}.empty{color:#888}.note{col
 
 
 def load_state(run_dir: Path) -> RunState:
-    events, _ = read_events(Path(run_dir))
-    return fold(events)
+    skipped: list[int] = []
+    events, _ = read_events(Path(run_dir), skipped=skipped)
+    state = fold(events)
+    state.unreadable = skipped
+    return state
 
 
 def trial_data(state: RunState) -> list[dict]:
@@ -138,7 +142,9 @@ def summary_section(state: RunState) -> str:
     rows = [("command", f"<code>{escape(' '.join(map(str, state.command)))}</code>"),
             ("directory", escape(state.cwd or "-")), ("hardware", escape(hardware_text(state))),
             ("started", escape(started)), ("duration", escape(fmt_duration(dur))),
-            ("status", escape(state.phase)),
+            ("status", escape(state.phase if state.ended or not state.sessions else
+                              f"{state.phase}; its last session has no run_ended (still "
+                              f"running, or killed)")),
             ("trials", escape(", ".join(f"{n} {k}" for k, n in counts.items()) or "none"))]
     if state.budget_s:
         rows.append(("budget", escape(fmt_duration(state.budget_s))))
@@ -294,5 +300,9 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
     out = Path(out) if out else Path(run_dir) / "report.html"
     if out.parent and not out.parent.exists():
         os.makedirs(out.parent, exist_ok=True)
-    write_atomic(out, build_html(run_dir))
+    state = load_state(Path(run_dir))
+    write_atomic(out, build_html(run_dir, state))
+    line = unreadable_line(state.unreadable)
+    if line:
+        console.warning(line)
     return out

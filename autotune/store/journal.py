@@ -63,8 +63,11 @@ def _end_torn_line(fd: int) -> None:
         os.write(fd, b"\n")
 
 
-def read_events(run_dir: Path, *, offset: int = 0) -> tuple[list[dict], int]:
-    """Complete events from byte ``offset`` on, and the offset to continue from."""
+def read_events(run_dir: Path, *, offset: int = 0,
+                skipped: list[int] | None = None) -> tuple[list[dict], int]:
+    """Complete events from byte ``offset`` on, and the offset to continue from. A complete
+    line that is not a JSON object (torn by a crash, or hand-edited) is left out; its byte
+    offset in the journal is appended to ``skipped`` when one is given."""
     path = Path(run_dir) / EVENTS
     try:
         with open(path, "rb") as f:
@@ -74,11 +77,15 @@ def read_events(run_dir: Path, *, offset: int = 0) -> tuple[list[dict], int]:
         return [], offset
     events = []
     end = data.rfind(b"\n") + 1  # an unterminated last line is not complete yet
-    for line in data[:end].splitlines():
+    at = 0
+    for line in data[:end].split(b"\n")[:-1]:
         try:
-            event = json.loads(line)
+            event = json.loads(line) if line.strip() else None
         except ValueError:
-            continue
+            event = line  # not JSON
         if isinstance(event, dict):
             events.append(event)
+        elif event is not None and skipped is not None:
+            skipped.append(offset + at)
+        at += len(line) + 1
     return events, offset + end

@@ -39,16 +39,40 @@ from autotune.errors import RecipeError
 SCHEMA_VERSION = 1
 DEFAULT_DIR = "recipes"
 
-# section -> field -> allowed types (bool is checked apart: it is an int in Python)
-_REQUIRED: dict[str, dict[str, tuple[type, ...]]] = {
-    "": {"schema_version": (int,), "name": (str,)},
-    "script": {"path": (str,), "args": (list,), "sha256": (str,)},
-    "result": {"samples_per_s": (int, float), "ci_half": (int, float),
-               "baseline_samples_per_s": (int, float), "speedup": (int, float),
-               "kept_baseline": (bool,)},
-    "fingerprint": {"cpu_model": (str,), "cores": (int,), "gpu_names": (list,),
-                    "gpu_count": (int,), "torch_version": (str,), "script_sha256": (str,),
-                    "args": (list,)},
+# Every field a recipe may hold: section ("" for the top level) -> field -> (kind, required).
+# A section marked None is a table whose every value has that kind ([knobs], [baseline]).
+_FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
+    "": {"schema_version": ("int", True), "name": ("str", True), "created": ("str", False),
+         "autotune_version": ("str", False)},
+    "script": {"path": ("str", True), "args": ("list of str", True), "sha256": ("str", True)},
+    "result": {"samples_per_s": ("int or float", True), "ci_half": ("int or float", True),
+               "baseline_samples_per_s": ("int or float", True),
+               "baseline_ci_half": ("int or float", False), "speedup": ("int or float", True),
+               "kept_baseline": ("bool", True), "trials": ("int", False), "source": ("str", False),
+               "reason": ("str", False)},
+    "verdict": {"bottleneck": ("str", False), "text": ("str", False),
+                "bound_samples_per_s": ("int or float", False),
+                "full_share_of_bound": ("int or float", False)},
+    "job": {"global_batch": ("a whole number >= 1", False)},
+    "fingerprint": {"cpu_model": ("str", True), "cores": ("int", True),
+                    "gpu_names": ("list of str", True), "gpu_count": ("int", True),
+                    "gpu_driver": ("str", False), "torch_version": ("str", True),
+                    "script_sha256": ("str", True), "args": ("list of str", True)},
+}
+_REQUIRED_TABLES = ("script", "result", "fingerprint", "knobs")
+_ANY = {"knobs": "a whole number >= 0", "baseline": "a whole number >= 0"}
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+_KINDS = {
+    "int": _is_int, "str": lambda v: isinstance(v, str), "bool": lambda v: isinstance(v, bool),
+    "int or float": lambda v: _is_int(v) or isinstance(v, float),
+    "list of str": lambda v: isinstance(v, list) and all(isinstance(a, str) for a in v),
+    "a whole number >= 0": lambda v: _is_int(v) and v >= 0,
+    "a whole number >= 1": lambda v: _is_int(v) and v >= 1,
 }
 
 
@@ -146,39 +170,32 @@ def _fail(path: Path, what: str) -> RecipeError:
 
 
 def _check(doc: dict, path: Path) -> None:
+    """Every field of `_FIELDS` and every value of [knobs] and [baseline]: present when required,
+    of its kind when present; the first one that is not names the file and the field."""
     version = doc.get("schema_version")
-    if isinstance(version, int) and not isinstance(version, bool) and version != SCHEMA_VERSION:
+    if _is_int(version) and version != SCHEMA_VERSION:
         raise _fail(path, f"unknown schema_version {version} (this autotune reads "
                           f"{SCHEMA_VERSION}); re-tune or upgrade autotune")
-    for section, fields in _REQUIRED.items():
+    for section in (*_FIELDS, *_ANY):
         table = doc if not section else doc.get(section)
-        where = f"[{section}]" if section else "top level"
-        if not isinstance(table, dict):
+        if table is None and section not in _REQUIRED_TABLES:
+            continue
+        if table is None:
             raise _fail(path, f"missing table [{section}]")
-        for name, types in fields.items():
+        if not isinstance(table, dict):
+            raise _fail(path, f"[{section}] must be a table")
+        where = f"[{section}]" if section else "top level"
+        fields = _FIELDS.get(section) or {name: (_ANY[section], False) for name in table}
+        for name, (kind, required) in fields.items():
             label = f"{section}.{name}" if section else name
+            if section == "knobs" and name not in space.KNOBS:
+                raise _fail(path, f"unknown knob '{label}'; knobs: {', '.join(space.ORDER)}")
             if name not in table:
-                raise _fail(path, f"missing field '{label}' ({where})")
-            value = table[name]
-            if (bool in types) != isinstance(value, bool) or not isinstance(value, types):
-                want = " or ".join(t.__name__ for t in types)
-                raise _fail(path, f"field '{label}' must be {want}, got {value!r}")
-    knobs = doc.get("knobs")
-    if not isinstance(knobs, dict):
-        raise _fail(path, "missing table [knobs]")
-    for name, value in knobs.items():
-        if name not in space.KNOBS:
-            raise _fail(path, f"unknown knob 'knobs.{name}'; knobs: {', '.join(space.ORDER)}")
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise _fail(path, f"field 'knobs.{name}' must be a whole number >= 0, got {value!r}")
-    if not all(isinstance(a, str) for a in doc["script"]["args"]):
-        raise _fail(path, "field 'script.args' must be a list of strings")
-    job = doc.get("job", {})
-    if not isinstance(job, dict):
-        raise _fail(path, "[job] must be a table")
-    gb = job.get("global_batch", 1)
-    if not isinstance(gb, int) or isinstance(gb, bool) or gb < 1:
-        raise _fail(path, f"field 'job.global_batch' must be a whole number >= 1, got {gb!r}")
+                if required:
+                    raise _fail(path, f"missing field '{label}' ({where})")
+                continue
+            if not _KINDS[kind](table[name]):
+                raise _fail(path, f"field '{label}' must be {kind}, got {table[name]!r}")
 
 
 def load(path: Path | str) -> Recipe:
@@ -197,8 +214,7 @@ def load(path: Path | str) -> Recipe:
         raise _fail(path, f"not valid TOML: {exc}") from None
     _check(doc, path)
     result, fp = doc["result"], doc["fingerprint"]
-    baseline = doc.get("baseline") if isinstance(doc.get("baseline"), dict) else {}
-    verdict = doc.get("verdict") if isinstance(doc.get("verdict"), dict) else None
+    baseline, verdict = doc.get("baseline", {}), doc.get("verdict")
     return Recipe(
         name=doc["name"], knobs=dict(doc["knobs"]), samples_per_s=float(result["samples_per_s"]),
         ci_half=float(result["ci_half"]),
@@ -207,7 +223,7 @@ def load(path: Path | str) -> Recipe:
         fingerprint=fingerprint.Fingerprint.from_dict(fp), script_path=doc["script"]["path"],
         script_args=tuple(doc["script"]["args"]),
         baseline_ci_half=float(result.get("baseline_ci_half", 0.0)),
-        baseline_knobs={k: v for k, v in baseline.items() if isinstance(v, int)},
+        baseline_knobs=dict(baseline),
         trials=int(result.get("trials", 0)), source=str(result.get("source", "")),
         reason=str(result.get("reason", "")), verdict=verdict,
         created=str(doc.get("created", "")),

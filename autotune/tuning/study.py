@@ -16,6 +16,7 @@ lost or repeated.
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -147,15 +148,38 @@ def failure(what: str, exc: BaseException) -> AutotuneError:
     return AutotuneError(f"{what}: {cause}")
 
 
-def _storage(url: str, flag: str | None):
-    """Open ``url``; a bad URL is blamed on ``flag`` (the user's ``--storage``), the disk never."""
-    try:
-        return optuna.storages.RDBStorage(url)
-    except Exception as exc:  # noqa: BLE001 - sqlalchemy raises many kinds; all mean the same
-        err = failure(f"cannot open the study {url!r}", exc)
-        if flag and not str(err).endswith(("disk full", "permission denied")):
-            raise UsageError(f"{flag}: {err}") from None
-        raise err from None
+# Several tuners on one storage: a trial whose tuner died (SIGKILL, a lost host) stops beating;
+# once its heartbeat is GRACE_S old, the next trial any tuner starts fails it and queues its
+# config once more (one retry), for whichever tuner asks next. A beat every 5 s is one UPDATE;
+# the grace of three beats rides out a loaded host or a slow database without failing a live
+# trial. Optuna wants whole seconds.
+HEARTBEAT_S = 5
+GRACE_S = 15
+
+
+def _storage(url: str, flag: str | None, *, tries: int = 3):
+    """Open ``url``; a bad URL is blamed on ``flag`` (the user's ``--storage``), the disk never.
+    Tuners starting together on an empty database race to create Optuna's tables (PostgreSQL: a
+    unique violation in the loser), so a failure is tried again."""
+    retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)  # Optuna >= 4.9
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        callback = {"heartbeat_stale_trial_callback": retry(max_retry=1)} if retry else \
+            {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=1)}
+    for attempt in range(tries):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S,
+                                                  grace_period=GRACE_S, **callback)
+        except Exception as exc:  # noqa: BLE001 - sqlalchemy raises many kinds; all mean the same
+            if attempt + 1 < tries:
+                time.sleep(0.5 * (attempt + 1))
+                continue
+            err = failure(f"cannot open the study {url!r}", exc)
+            if flag and not str(err).endswith(("disk full", "permission denied")):
+                raise UsageError(f"{flag}: {err}") from None
+            raise err from None
 
 
 def _fail_interrupted(storage, name: str, run_id: str) -> list[FrozenTrial]:
