@@ -253,10 +253,11 @@ def test_resume_reruns_the_interrupted_trial_only(tmp_path, machine):
     url = studies.sqlite_url(run_dir / "study.db")
     name = f"autotune-{run_dir.name}"
     # What a kill -9 leaves: a RUNNING trial of this run.
-    h = studies.open_study(url, name, run_id=run_dir.name)
+    run_id = json.loads((run_dir / "tune.json").read_text())["run_id"]
+    h = studies.open_study(url, name, run_id=run_id)
     done = {tr.number: tr.value for tr in h.trials() if tr.state.is_finished()}
     stuck = h.study.ask()
-    stuck.set_user_attr("run", run_dir.name)
+    stuck.set_user_attr("run", run_id)
     params = {"workers": stuck.suggest_int("workers", 0, 2),
               "thread_pct": stuck.suggest_int("thread_pct", 0, 1)}
     before = len(fake.specs)

@@ -64,7 +64,7 @@ def test_a_new_state_has_no_baseline_keys_yet(tmp_path):
     s = TuneSettings(command=("t.py",), cwd="/w")
     st = TuneState.new(s, tmp_path / "run-1", warm_start={"workers": 2})
     d = st.to_dict()
-    assert st.run_command == ("t.py",) and st.run_cwd == "/w" and st.run_id == "run-1"
+    assert st.run_command == ("t.py",) and st.run_cwd == "/w" and st.run_id.startswith("run-1-")
     assert not {"space", "baseline", "allreduce", "enqueued", "combined"} & set(d)
     assert TuneState.from_dict(json.loads(json.dumps(d))) == st
     done = dataclasses.replace(st, combined=True)
@@ -134,3 +134,13 @@ def test_probe_gives_a_threads_placeholder_the_cores_a_rank_may_use(tmp_path, mo
          "--", str(SCRIPTS / "ok.py"), "--threads", "{threads}"])
     assert probe_command.run(args) == 0
     assert [s.ranks.knobs for s in specs] == [{"threads": 2}]
+
+
+def test_two_runs_of_one_name_get_distinct_run_ids(tmp_path):
+    """Two tuners started in the same second on one script name their run directories alike
+    (on their own hosts); on a shared study their trials must still be told apart."""
+    settings = TuneSettings(command=("train.py",), cwd=str(tmp_path))
+    a = TuneState.new(settings, tmp_path / "a" / "20261123-120000-tune-train")
+    b = TuneState.new(settings, tmp_path / "b" / "20261123-120000-tune-train")
+    assert a.run_id != b.run_id and a.run_id.startswith("20261123-120000-tune-train-")
+    assert TuneState.from_dict(a.to_dict()).run_id == a.run_id  # a resume keeps it

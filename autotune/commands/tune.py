@@ -163,7 +163,7 @@ def prepare(args, kind: str) -> Prepared:
         over = {k: v for k, v in (("trials", args.trials), ("budget_s", args.budget),
                                   ("recipe_dir", args.recipe_dir and os.path.abspath(
                                       os.path.expanduser(args.recipe_dir)))) if v is not None}
-        state = dataclasses.replace(state, kind=kind, run_id=run_dir.name,
+        state = dataclasses.replace(state, kind=kind, run_id=state.run_id or run_dir.name,
                                     settings=dataclasses.replace(state.settings, **over))
         check_budget(run_dir, state.settings.budget_s)
         recipe_dir = check_recipe_dir(state.settings.recipe_dir or recipes.DEFAULT_DIR)

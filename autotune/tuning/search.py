@@ -22,6 +22,7 @@ from autotune.tuning.state import TuneState
 
 DUPLICATE_STREAK = 8  # proposals in a row of configs already known: the sampler has converged
 CONFIRM_SHARE = 0.35  # of a time budget, at most, for the confirmation
+WAIT_FOR_OTHERS_S = 600.0  # at most, for another tuner's probe of the same config
 OOM_SKIPPED_TAG = "oom-skipped"  # a study trial's outcome: not tried, an OOM rules it out
 
 
@@ -42,7 +43,7 @@ def open_study(prober: Prober, state: TuneState, *, resume: bool) -> studies.Stu
     run_dir, settings = prober.run_dir, state.settings
     url = settings.storage or studies.sqlite_url(run_dir / "study.db")
     name = settings.study_name or f"autotune-{run_dir.name}"
-    handle = studies.open_study(url, name, run_id=run_dir.name, seed=settings.seed,
+    handle = studies.open_study(url, name, run_id=state.run_id or run_dir.name, seed=settings.seed,
                                 min_measure_s=min(2.0, settings.min_measure_s), requeue=resume,
                                 must_exist=resume and state.enqueued,
                                 flag="--storage" if settings.storage else None)
@@ -68,7 +69,7 @@ class Search:
         self.handle = handle
         self.elapsed = elapsed
         self.save = save
-        self.run_id = prober.run_dir.name
+        self.run_id = state.run_id or prober.run_dir.name
         self.size = self.space.size()
         self.known: dict[tuple, Known] = {}
         self.ooms: list[dict] = []
@@ -121,6 +122,37 @@ class Search:
             if t.number not in self.learned and t.user_attrs.get("run") != self.run_id:
                 self._learn(t)
 
+    def _wait_for_others(self, number: int, key: tuple) -> None:
+        """Another tuner sharing the study already measures this config (an earlier trial, still
+        running): wait for its answer rather than measure it twice. Its tuner killed, the trial
+        goes stale and fails, and this one measures it."""
+        clock = self.prober.clock
+        deadline = clock.monotonic() + WAIT_FOR_OTHERS_S
+        while clock.monotonic() < deadline:
+            running = [t for t in self.handle.trials(states=(studies.TrialState.RUNNING,))
+                       if t.number < number and t.user_attrs.get("run") != self.run_id
+                       and self._key_of(t) == key]
+            if not running:
+                break
+            clock.sleep(1.0)
+            self.handle.fail_stale()
+        self._learn_from_others()
+
+    def _key_of(self, t) -> tuple | None:
+        """The config key of a trial of the study, running or not; None when it has no config
+        yet (a sampled trial before its suggestions)."""
+        cfg = t.user_attrs.get("knobs")
+        if cfg is None:
+            params = self.handle.fixed_params(t)
+            if not all(n in params for n in self.space.names):
+                return None
+            try:
+                cfg = self.space.config({n: self.space.domains[n][int(params[n])]
+                                         for n in self.space.names})
+            except (IndexError, ValueError, TypeError):
+                return None
+        return self.space.key(cfg)
+
     def _learn(self, t) -> tuple | None:
         """Take a finished trial's answer into `known`; its key, or None when it has none."""
         if not t.state.is_finished():
@@ -146,6 +178,8 @@ class Search:
         trial.set_user_attr("knobs", cfg)
         if key not in self.known:
             self._learn_from_others()
+        if key not in self.known:
+            self._wait_for_others(trial.number, key)
         label = f"trial-{trial.number}"
         if key == sp.key(sp.baseline) and key not in self.known:
             return self._record_baseline(trial, cfg)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import secrets
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ class TuneState:
 
     kind: str  # tune | wrap
     settings: TuneSettings
-    run_id: str  # the run directory's name
+    run_id: str  # the run directory's name and a random part: unique on a shared storage
     run_command: tuple[str, ...]  # the full run's command, as the user typed it
     run_cwd: str  # where the full run starts
     warm_start: Mapping[str, int] | None = None  # a matching recipe's knobs, tried early
@@ -50,7 +51,10 @@ class TuneState:
     def new(cls, settings: TuneSettings, run_dir: Path, *, kind: str = "tune",
             run_command: Sequence[str] | None = None, run_cwd: str | None = None,
             warm_start: Mapping[str, int] | None = None) -> TuneState:
-        return cls(kind, settings, Path(run_dir).name, tuple(run_command or settings.command),
+        # Two tuners started in the same second on one script get run directories of the same
+        # name on their own hosts; on a shared study they must still tell their trials apart.
+        run_id = f"{Path(run_dir).name}-{secrets.token_hex(4)}"
+        return cls(kind, settings, run_id, tuple(run_command or settings.command),
                    run_cwd or settings.cwd, dict(warm_start) if warm_start else None)
 
     def to_dict(self) -> dict:

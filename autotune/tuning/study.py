@@ -109,6 +109,15 @@ class StudyHandle:
     def trials(self, states=None) -> list[FrozenTrial]:
         return self.study.get_trials(deepcopy=False, states=states)
 
+    def fixed_params(self, t: FrozenTrial) -> dict:
+        """A trial's parameters: suggested, else the ones it was enqueued with (known from its
+        start, before its objective suggests them)."""
+        return dict(t.params) or dict(t.system_attrs.get("fixed_params") or {})
+
+    def fail_stale(self) -> None:
+        """Fail the trials whose tuner stopped beating (killed), so a waiter is not held."""
+        optuna.storages.fail_stale_trials(self.study)
+
     def enqueue(self, params: dict, user_attrs: dict | None = None) -> None:
         self.study.enqueue_trial(params, user_attrs=user_attrs, skip_if_exists=False)
 
