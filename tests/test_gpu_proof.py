@@ -216,7 +216,7 @@ def test_side_by_side_against_the_fake_mps_daemon(fake_host, tmp_path):
 def test_no_mps_binary_says_why_and_still_measures_time_sliced(fake_host, tmp_path):
     p, rep, md = run_kit(without_fake_mps(fake_host), tmp_path / "out", "--steps", "measure",
                          "--allow-cpu", "--script", PROOF_RANK, "--instances", "2",
-                         "--seconds", "1", "--rounds", "1")
+                         "--seconds", "3", "--rounds", "1")
     env = rep["steps"]["env"]
     assert env["data"]["mps"]["why_not"] == "nvidia-cuda-mps-control is not on PATH"
     assert env["status"] == "incomplete" and "MPS cannot start here" in env["reason"]

@@ -16,6 +16,7 @@ lost or repeated.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -40,6 +41,7 @@ OK = Outcome.OK.value  # user_attrs["outcome"] of a trial whose throughput can b
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 logging.getLogger("alembic").setLevel(logging.WARNING)
+log = logging.getLogger(__name__)
 
 
 def sqlite_url(path: Path) -> str:
@@ -166,21 +168,44 @@ HEARTBEAT_S = 5
 GRACE_S = 15
 
 
+def _quiet_storage_threads() -> None:
+    """Optuna beats the heartbeat on a thread of its own; when the storage fails under it (disk
+    full, the server gone) the main thread meets the same failure and says it in one line, so
+    the thread's traceback is only noise. Other threads' errors are reported as ever."""
+    if getattr(threading.excepthook, "autotune_quiet", False):
+        return
+    previous = threading.excepthook
+
+    def hook(args):
+        if isinstance(args.exc_value, (optuna.exceptions.StorageInternalError,
+                                       sqlalchemy.exc.SQLAlchemyError)):
+            log.debug("storage error on thread %s: %s", args.thread, args.exc_value)
+            return
+        previous(args)
+
+    hook.autotune_quiet = True
+    threading.excepthook = hook
+
+
 def _storage(url: str, flag: str | None, *, tries: int = 3):
     """Open ``url``; a bad URL is blamed on ``flag`` (the user's ``--storage``), the disk never.
     Tuners starting together on an empty database race to create Optuna's tables (PostgreSQL: a
     unique violation in the loser), so a failure is tried again."""
-    retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)  # Optuna >= 4.9
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        callback = {"heartbeat_stale_trial_callback": retry(max_retry=1)} if retry else \
-            {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=1)}
+    beat = {}
+    if flag:  # a storage the user gave can be shared; the run's own SQLite file is not
+        _quiet_storage_threads()
+        retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)  # >= 4.9
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            beat = {"heartbeat_interval": HEARTBEAT_S, "grace_period": GRACE_S,
+                    **({"heartbeat_stale_trial_callback": retry(max_retry=1)} if retry else
+                       {"failed_trial_callback":
+                        optuna.storages.RetryFailedTrialCallback(max_retry=1)})}
     for attempt in range(tries):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S,
-                                                  grace_period=GRACE_S, **callback)
+                return optuna.storages.RDBStorage(url, **beat)
         except Exception as exc:  # noqa: BLE001 - sqlalchemy raises many kinds; all mean the same
             if attempt + 1 < tries:
                 time.sleep(0.5 * (attempt + 1))

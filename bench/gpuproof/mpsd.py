@@ -14,7 +14,6 @@ Every daemon started here is stopped with ``quit`` (then TERM, then KILL) on eve
 from __future__ import annotations
 
 import atexit
-import os
 import re
 import shutil
 import signal
@@ -177,10 +176,10 @@ class Daemon:
                 quit_error = str(exc)
             if not _wait_gone(pid, timeout_s):
                 how = "TERM after quit failed" if quit_error else "TERM after quit was ignored"
-                _signal(pid, signal.SIGTERM)
+                procs.send(pid, signal.SIGTERM)
                 if not _wait_gone(pid, 3.0):
                     how = "KILL"
-                    _signal(pid, signal.SIGKILL)
+                    procs.send(pid, signal.SIGKILL)
                     _wait_gone(pid, 3.0)
         elif pid is not None:
             how = "already gone"
@@ -199,13 +198,6 @@ def _wait_gone(pid: int, timeout_s: float) -> bool:
             return False
         time.sleep(0.05)
     return True
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def stop_all() -> list[dict]:

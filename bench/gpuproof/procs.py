@@ -59,10 +59,7 @@ def stop(popen: subprocess.Popen, *, grace_s: float = 10.0) -> int | None:
 
 
 def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+    send(pid, sig, group=True)
 
 
 def run(argv, *, env, cwd, timeout_s: float, log_path: Path,
@@ -120,19 +117,20 @@ def sweep(marker: str, *, grace_s: float = 5.0) -> list[dict]:
     """Stop whatever still carries ``marker`` (TERM, grace, KILL); what was found."""
     found = leftovers(marker)
     for p in found:
-        _kill(p["pid"], signal.SIGTERM)
+        send(p["pid"], signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and any(_state(p["pid"]) not in ("Z", "X", "gone")
                                               for p in found):
         time.sleep(0.1)
     for p in found:
-        _kill(p["pid"], signal.SIGKILL)
+        send(p["pid"], signal.SIGKILL)
     return found
 
 
-def _kill(pid: int, sig: int) -> None:
+def send(pid: int, sig: int, *, group: bool = False) -> None:
+    """A signal to a process (or its group) that may be gone already or not ours."""
     try:
-        os.kill(pid, sig)
+        (os.killpg if group else os.kill)(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
 
