@@ -3,7 +3,7 @@
 import pytest
 
 from autotune.launching import allreduce
-from autotune.errors import LaunchError
+from autotune import LaunchError
 from probes import allreduce as rank_side
 
 MB = 1024 * 1024

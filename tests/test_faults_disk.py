@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from autotune.errors import AutotuneError
+from autotune import AutotuneError
 from autotune.store.journal import Journal
 from autotune.tuning import study as studies
 from conftest import SCRIPTS, autotune, live_children

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from autotune.errors import AutotuneError
+from autotune import AutotuneError
 import test_study
 from test_study import FakeProbe, events, surface, tune
 

@@ -7,7 +7,7 @@ import warnings
 import pytest
 
 from autotune.launching import engines
-from autotune.errors import UsageError
+from autotune import UsageError
 from autotune.launching.engines import Host, MpiInfo
 
 ARGV = ["/venv/bin/python", "-m", "probes.boot", "train.py", "--epochs", "1"]

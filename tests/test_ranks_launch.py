@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from autotune.launching import engines, proc
-from autotune.errors import LaunchError
+from autotune import LaunchError
 from autotune.launching.group import RanksSpec, engine_argv, engine_env, plan_for, start_group
 from fakes.gpu_host import fake_pynvml, write_nvml_config
 from probes import protocol

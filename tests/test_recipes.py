@@ -8,7 +8,7 @@ import pytest
 
 from autotune.store import fingerprint, recipes
 from autotune.commands.cli import main
-from autotune.errors import RecipeError
+from autotune import RecipeError
 
 FP = fingerprint.Fingerprint(cpu_model="AMD EPYC", cores=2, torch_version="2.13.0",
                              script_sha256="ab" * 32, args=("--epochs", "1"))

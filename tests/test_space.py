@@ -3,7 +3,7 @@
 import pytest
 
 from autotune.tuning import space
-from autotune.errors import UsageError
+from autotune import UsageError
 
 GIB = 2**30
 

@@ -9,7 +9,7 @@ import pytest
 from autotune.launching import allreduce, engines
 from autotune.store import fingerprint, recipes
 from autotune.tuning import space
-from autotune.errors import LaunchError, UsageError
+from autotune import LaunchError, UsageError
 from autotune.store.journal import Journal, read_events
 from autotune.measuring.outcome import Outcome
 from autotune.measuring.trial import TrialResult

@@ -9,7 +9,7 @@ import pytest
 
 from autotune.commands import cli
 from autotune.commands import probe as probe_command
-from autotune.errors import UsageError
+from autotune import UsageError
 from autotune.measuring.outcome import Outcome
 from autotune.measuring.trial import TrialResult
 from autotune.tuning import TuneSettings, TuneState, load_state, space

@@ -11,7 +11,7 @@ import signal
 import sys
 
 from autotune.monitor import console
-from autotune.errors import AutotuneError, Terminated, UsageError
+from autotune import AutotuneError, Terminated, UsageError
 
 COMMANDS = ("probe", "tune", "wrap", "run", "monitor", "recipes", "report", "env")
 

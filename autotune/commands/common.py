@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from autotune.errors import UsageError
+from autotune import UsageError
 from autotune.launching.rank_command import is_python_script
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from autotune.monitor import console
 from autotune.store import rundir
-from autotune.errors import UsageError
+from autotune import UsageError
 from autotune.store.journal import EVENTS
 
 

@@ -45,7 +45,7 @@ def run(args) -> int:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in protocol.MODES]
     if bad or not modes:
-        from autotune.errors import UsageError
+        from autotune import UsageError
         raise UsageError(f"--modes: unknown mode {bad[0] if bad else args.modes!r}; "
                          f"choose from {','.join(protocol.MODES)}")
     launcher = engines.from_args(args)
@@ -117,7 +117,7 @@ def _measured(r) -> bool:
 def _allreduce(run_dir, cwd, say) -> dict:
     """``--allreduce``: the probe's result as a dict, or {"error": ...} (the probe goes on)."""
     from autotune.launching import allreduce
-    from autotune.errors import LaunchError
+    from autotune import LaunchError
 
     say("autotune: timing allreduce by message size on 2 ranks...")
     try:

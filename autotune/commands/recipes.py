@@ -7,7 +7,7 @@ from pathlib import Path
 
 from autotune.monitor import console
 from autotune.store import fingerprint, jsontext, recipes
-from autotune.errors import RecipeError, UsageError
+from autotune import RecipeError, UsageError
 
 
 def add_parser(sub):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from autotune.commands.monitor import add_run_dir_args, resolve_run_dir
-from autotune.errors import UsageError
+from autotune import UsageError
 from autotune.store.journal import EVENTS
 
 

@@ -19,7 +19,7 @@ from autotune.store import fingerprint, jsontext, recipes, rundir
 from autotune.launching import rank_command, engines
 from autotune.tuning import space
 from autotune.commands import common
-from autotune.errors import AutotuneError, UsageError
+from autotune import AutotuneError, UsageError
 from autotune.store.journal import Journal
 from autotune.tuning import (TuneReport, TuneSettings, TuneState, Tuner, check_not_running,
                              load_state)
@@ -227,7 +227,7 @@ def ending(journal: Journal):
     status = {"code": 1}
     try:
         yield status
-    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (autotune.errors.Terminated)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (autotune.Terminated)
         status["code"] = 128 + getattr(exc, "signum", 2)
         raise
     except AutotuneError as exc:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from autotune.launching import engines, proc
 from autotune.measuring import logs
-from autotune.errors import LaunchError
+from autotune import LaunchError
 
 MB = 1024 * 1024
 

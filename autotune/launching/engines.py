@@ -155,7 +155,7 @@ def mpi_flavor(version_text: str) -> str:
 def detect_mpi(env: Mapping[str, str]) -> MpiInfo | None:
     """The ``mpirun`` we would use and what it is, or None when there is none."""
     from autotune.launching import proc
-    from autotune.errors import LaunchError
+    from autotune import LaunchError
 
     path = find_mpirun(env)
     if path is None:
@@ -179,7 +179,7 @@ def mpi4py_library(python: str | None = None, timeout_s: float = 30.0) -> str | 
     code = ("import mpi4py; mpi4py.rc.initialize = False; mpi4py.rc.finalize = False\n"
             "from mpi4py import MPI; print(MPI.Get_library_version().strip().splitlines()[0])")
     from autotune.launching import proc
-    from autotune.errors import LaunchError
+    from autotune import LaunchError
 
     try:
         out = proc.run_command([python or sys.executable, "-c", code], env=dict(os.environ),
@@ -255,7 +255,7 @@ def resolve(kind: str | None, hostfile: str | None = None,
             env: Mapping[str, str] | None = None) -> Launcher:
     """A `Launcher` from its kind (None: local, or mpirun with a hostfile, or srun inside a Slurm
     allocation of several nodes) and hostfile, checked; `UsageError` says what is missing."""
-    from autotune.errors import UsageError
+    from autotune import UsageError
 
     env = os.environ if env is None else env
     alloc = slurm_allocation(env)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune.launching import rank_command, engines, placement, proc
-from autotune.errors import LaunchError
+from autotune import LaunchError
 from probes import protocol
 
 log = logging.getLogger(__name__)

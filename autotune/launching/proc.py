@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from autotune.errors import LaunchError
+from autotune import LaunchError
 from probes import protocol
 
 _PR_SET_CHILD_SUBREAPER = 36

@@ -34,7 +34,7 @@ from pathlib import Path
 from autotune import __version__
 from autotune.store import fingerprint, rundir
 from autotune.tuning import space
-from autotune.errors import RecipeError
+from autotune import RecipeError
 
 SCHEMA_VERSION = 1
 DEFAULT_DIR = "recipes"

@@ -8,7 +8,7 @@ import re
 import time
 from pathlib import Path
 
-from autotune.errors import AutotuneError
+from autotune import AutotuneError
 
 ENV_RUNS_DIR = "AUTOTUNE_RUNS_DIR"
 

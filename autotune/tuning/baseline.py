@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from autotune.launching import allreduce, engines, rank_command
 from autotune.store import fingerprint
 from autotune.tuning import space
-from autotune.errors import AutotuneError
+from autotune import AutotuneError
 from autotune.measuring.outcome import Outcome
 from autotune.tuning.prober import Prober
 from autotune.tuning.records import BaselineRecord

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from autotune.errors import AutotuneError
+from autotune import AutotuneError
 from autotune.measuring.outcome import Outcome
 from autotune.tuning import decision
 from autotune.tuning import study as studies

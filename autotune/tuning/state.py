@@ -21,7 +21,7 @@ import psutil
 
 from autotune.launching import proc
 from autotune.store import rundir
-from autotune.errors import UsageError
+from autotune import UsageError
 from autotune.store.journal import read_events
 from autotune.tuning.records import BaselineRecord, TuneSettings
 from autotune.tuning.space import Space

@@ -28,7 +28,7 @@ import sqlalchemy.exc
 from optuna.pruners import BasePruner
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from autotune.errors import AutotuneError, UsageError
+from autotune import AutotuneError, UsageError
 from autotune.tuning import decision
 from autotune.measuring.outcome import Outcome
 

@@ -12,7 +12,7 @@ import os
 import shutil
 from collections.abc import Mapping
 
-from autotune.errors import LaunchError
+from autotune import LaunchError
 
 BINARY = "nvidia-cuda-mps-control"
 BINARY_ENV = "AUTOTUNE_MPS_CONTROL"

@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 
 from autotune.launching import proc
-from autotune.errors import LaunchError
+from autotune import LaunchError
 from autotune.hardware.mps import registry
 from autotune.hardware.mps.config import (BINARY, BINARY_ENV, DIR_ENV, DIR_PREFIX, KEEP_ENV,
                                           LOG_ENV, OWNER_FILE, PID_FILE, PIPE_ENV, THREAD_PCT_ENV,

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from autotune.launching import proc
-from autotune.errors import LaunchError
+from autotune import LaunchError
 from autotune.hardware.mps.config import DIR_PREFIX, LOG_ENV, OWNER_FILE, PID_FILE, PIPE_ENV
 from autotune.hardware.mps.process import alive, same_process_alive, send_signal, wait_gone
 

@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from autotune.errors import UsageError
+from autotune import UsageError
 from autotune.tuning.space.knobs import (ALIASES, DESIGN_RULES, DOMAIN_RULES, KNOBS, ORDER,
                                          Baseline, Machine, pct_for_threads, threads_per_rank)
 from autotune.tuning.space.parse import Range, expand

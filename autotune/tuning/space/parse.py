@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from autotune.launching import script_flags
-from autotune.errors import UsageError
+from autotune import UsageError
 from autotune.tuning.space.knobs import (ALIASES, GPU_THREAD_PCT, KNOBS, ORDER, geometric, linear,
                                          pct_for_threads, threads_per_rank)
 
