@@ -16,7 +16,7 @@ import traceback
 
 from probes import protocol, ranks_env, writes
 from probes.intercept import Interceptor, knobs_from_env
-from probes.meter import Meter
+from probes.meter import SUBPROCESS, Meter, started_by_script
 
 OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory",
                "DefaultCPUAllocator", "CUDA error: out of memory")
@@ -90,6 +90,10 @@ def start(env=None, *, sub: bool = False) -> Meter:
     meter = Meter(env)
     _started[pid] = meter
     meter.connect(sub=sub)
+    parent = meter.env.get(protocol.ENV_METERED_PID)
+    if not sub and parent and parent != str(pid):
+        meter.send(protocol.SEEN, **started_by_script(SUBPROCESS))
+    os.environ[protocol.ENV_METERED_PID] = str(pid)
     Interceptor(meter, knobs_from_env(meter.env)).install()
     writes.watch(meter, meter.env)
     return meter

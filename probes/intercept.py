@@ -8,9 +8,11 @@ Every decision is reported to the controller as a ``seen`` message.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -108,6 +110,31 @@ def override_backend(asked, override: str | None, *, nccl_why_not: str = "") -> 
     return asked, ""
 
 
+SOLO_NOTE = ("one rank runs as 'python train.py' does, without torchrun's variables; the "
+             "script's init_process_group got a world of one (RANK=0, WORLD_SIZE=1), as under "
+             "'torchrun --nproc_per_node 1'")
+
+
+def solo_world(arguments: dict, env) -> dict[str, str]:
+    """What ``init_process_group`` needs from the environment to start a world of one, when the
+    script calls it unconditionally in a rank started without torchrun's variables (a probe of
+    one rank runs as ``python train.py``, where such a call fails with "environment variable
+    RANK expected"); empty when the call or the environment names its world already. Pure but
+    for the free port it picks."""
+    method = arguments.get("init_method")
+    if arguments.get("store") is not None or (method is not None and method != "env://"):
+        return {}
+    if "rank" in arguments or "world_size" in arguments or "RANK" in env or \
+            "WORLD_SIZE" in env:
+        return {}
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": env.get("LOCAL_RANK", "0"),
+            "MASTER_ADDR": env.get("MASTER_ADDR", "127.0.0.1"),
+            "MASTER_PORT": env.get("MASTER_PORT", str(port))}
+
+
 def nccl_why_not(torch) -> str:
     """Why NCCL cannot serve this process ("" when it can): no NCCL in this torch, or no GPU."""
     if not torch.distributed.is_nccl_available():
@@ -167,7 +194,11 @@ class Interceptor:
         init = DataLoader.__init__
         signature = inspect.signature(init)
 
-        def __init__(loader, *args, **kwargs):
+        # ``self`` and functools.wraps: frameworks read DataLoader.__init__'s signature to build
+        # the loader again (Lightning adds its DistributedSampler so), and must find torch's.
+        @functools.wraps(init)
+        def __init__(self, *args, **kwargs):
+            loader = self
             if getattr(loader, "_autotune_tag", None) is not None:  # subclass calling super()
                 return init(loader, *args, **kwargs)
             bound = signature.bind(loader, *args, **kwargs)
@@ -294,8 +325,9 @@ class Interceptor:
         init = DDP.__init__
         signature = inspect.signature(init)
 
-        def __init__(ddp, *args, **kwargs):
-            bound = signature.bind(ddp, *args, **kwargs)
+        @functools.wraps(init)
+        def __init__(self, *args, **kwargs):
+            bound = signature.bind(self, *args, **kwargs)
             requested = bound.arguments.get("bucket_cap_mb")
             if bucket_mb:
                 bound.arguments["bucket_cap_mb"] = bucket_mb
@@ -311,6 +343,7 @@ class Interceptor:
             pg_signature = inspect.signature(init_pg)
             override = meter.env.get(protocol.ENV_BACKEND_OVERRIDE) or None
 
+            @functools.wraps(init_pg)
             def init_process_group(*args, **kwargs):
                 bound = pg_signature.bind(*args, **kwargs)
                 asked = bound.arguments.get("backend")
@@ -318,6 +351,10 @@ class Interceptor:
                                                  nccl_why_not=nccl_why_not(torch))
                 if note:
                     bound.arguments["backend"] = backend
+                alone = solo_world(bound.arguments, os.environ)
+                if alone:
+                    os.environ.update(alone)
+                    note = "; ".join(filter(None, [note, SOLO_NOTE]))
                 result = init_pg(*bound.args, **bound.kwargs)
                 meter.send(protocol.SEEN, what="distributed",
                            requested={"backend": str(torch.distributed.get_backend()),

@@ -93,6 +93,9 @@ def target_name(target) -> str | None:
     return f"{module}.{getattr(target, '__qualname__', type(target).__name__)}"
 
 
+SUBPROCESS = "subprocess"  # a new interpreter the script started (Lightning's own launcher)
+
+
 def started_by_script(method: str) -> dict:
     """The ``seen`` fields of a training process the script started itself (this one)."""
     import multiprocessing
@@ -100,8 +103,9 @@ def started_by_script(method: str) -> dict:
     target = getattr(multiprocessing.current_process(), "_target", None)
     return dict(what=protocol.SEEN_STARTED_BY_SCRIPT,
                 requested={"start_method": method, "target": target_name(target)}, applied={},
-                note=f"the script starts its own training processes (multiprocessing "
-                     f"{method!r}): each one is metered and counted")
+                note=f"the script starts its own training processes ("
+                     f"{'a new Python process' if method == SUBPROCESS else 'multiprocessing ' + repr(method)}"
+                     f"): each one is metered and counted")
 
 
 ORPHAN_GRACE_S = 10.0
@@ -155,7 +159,8 @@ class Meter:
         token = self.env.get(protocol.ENV_TOKEN, "")
         if not addr:
             return
-        rank = self.env.get("RANK", "0")
+        # A rank its script started itself may carry only LOCAL_RANK (Lightning's launcher).
+        rank = self.env.get("RANK") or self.env.get("LOCAL_RANK") or "0"
         self.channel = Channel(addr, token, on_stop=self._on_stop, on_lost=self._on_lost)
         ok = self.channel.open(
             rank=int(rank) if rank.isdigit() else 0,

@@ -52,6 +52,9 @@ ENV_PLACEMENT = "AUTOTUNE_PLACEMENT"  # JSON list, by host-local rank, of env en
 ENV_LAUNCHER = "AUTOTUNE_LAUNCHER"  # "local" | "mpirun" | "srun": where rank identity comes from
 ENV_LOCAL_WORLD_SIZE = "AUTOTUNE_LOCAL_WORLD_SIZE"  # ranks per host, for launchers that omit it
 ENV_HOST_LOCAL_RANK = "AUTOTUNE_HOST_LOCAL_RANK"  # position on the host (LOCAL_RANK may be 0)
+# the pid of the first metered process of a rank: a metered process that finds another pid
+# here was started by the script (a subprocess of a rank), not by autotune
+ENV_METERED_PID = "AUTOTUNE_METERED_PID"
 ENV_CPUS = "AUTOTUNE_CPUS"  # "0,2-3": cores to pin this rank to (read by `parse_cpus`)
 ENV_BACKEND_OVERRIDE = "AUTOTUNE_BACKEND_OVERRIDE"  # e.g. "gloo": replaces an NCCL request
 
@@ -95,7 +98,9 @@ SEEN = "seen"  # {what, requested, applied, note}; what="writes": {paths: [{path
 #      init_process_group returned)
 # what=SEEN_STARTED_BY_SCRIPT: this process trains and was started by the script itself, not by
 #      autotune: requested {start_method: "spawn"|"forkserver"|"fork", target: "module.qualname"
-#      or null}, applied {}. The script starts its own ranks (torch.multiprocessing.spawn, say).
+#      or null}, applied {}. The script starts its own ranks (torch.multiprocessing.spawn, say);
+#      start_method "subprocess": a new interpreter a metered process started (Lightning's
+#      launcher runs the script again for each further rank).
 SEEN_STARTED_BY_SCRIPT = "started_by_script"
 ERROR = "error"  # {kind: "oom"|"exception", exc_type, message}
 BYE = "bye"  # {exit_code, stopped}

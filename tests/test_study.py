@@ -35,8 +35,9 @@ def result(spec, outcome=Outcome.OK, rate=0.0, foreign=0.0, reason=""):
 class FakeProbe:
     """Stands in for `run_trial`; records every spec it was given."""
 
-    def __init__(self, rate, *, oom_from=None, foreign=None, crash=None):
+    def __init__(self, rate, *, oom_from=None, foreign=None, crash=None, ddp=False):
         self.rate = rate  # knobs -> samples/s
+        self.ddp = ddp  # ranks of more than one join a process group (else: they train alone)
         self.oom_from = oom_from
         self.foreign = foreign or (lambda knobs, n: False)  # (knobs, nth call of them) -> bool
         self.crash = crash or (lambda knobs: False)
@@ -58,12 +59,18 @@ class FakeProbe:
                     return result(spec, Outcome.PRUNED, rate,
                                   reason="its interval could not reach the best so far")
         flagged = self.foreign(knobs, nth)
-        return result(spec, Outcome.FOREIGN_LOAD if flagged else Outcome.OK, rate,
-                      foreign=2.0 if flagged else 0.0)
+        r = result(spec, Outcome.FOREIGN_LOAD if flagged else Outcome.OK, rate,
+                   foreign=2.0 if flagged else 0.0)
+        if self.ddp and spec.ranks.instances > 1:
+            r = dataclasses.replace(r, seen={**r.seen, "backend": "gloo",
+                                             "world_size": spec.ranks.instances, "ddp": True})
+        return r
 
     def measured(self):
-        """Knobs of the search's probes (confirmation probes left out)."""
-        return [s.ranks.knobs for s in self.specs if not s.ranks.name.startswith("confirm")]
+        """Knobs of the search's probes (confirmation probes and the two-rank probe that asks
+        whether the script trains data-parallel left out)."""
+        return [s.ranks.knobs for s in self.specs
+                if not s.ranks.name.startswith(("confirm", "ranks"))]
 
 
 @pytest.fixture
@@ -347,7 +354,9 @@ def test_tuners_sharing_a_storage_do_not_measure_what_another_answered(tmp_path,
 
     class Busy(FakeProbe):
         def __call__(self, spec, **kw):
-            if len(self.specs) == 1:  # right after the baseline: the other tuner finishes one
+            # right after the baseline stage (its probe and the two-rank one), the other tuner
+            # finishes one
+            if [x.ranks.name for x in self.specs] == ["baseline", "ranks"]:
                 sp = tuner_holder[0].state.space
                 study = optuna.load_study(study_name="team", storage=url)
                 study.add_trial(optuna.trial.create_trial(
@@ -396,3 +405,33 @@ def test_slow_starting_baseline_gets_one_longer_try(tmp_path, machine):
     assert [s.max_s for s in fake.specs[:2]] == [10.0, 20.0]
     assert report.baseline.samples_per_s > 0
     assert any("trying once more with 20 s" in n for n in report.notes)
+
+
+def test_ranks_training_alone_are_probed_once_and_instances_stays_one(tmp_path, machine):
+    fake = FakeProbe(surface)
+    report, _, _ = tune(tmp_path, fake, trials=3)
+    ranks = [s for s in fake.specs if s.ranks.name == "ranks"]
+    assert len(ranks) == 1 and ranks[0].ranks.instances == 2 and ranks[0].alone_after_s
+    assert ranks[0].ranks.knobs["threads"] == 1  # each of 2 ranks gets half the 2 cores
+    assert "instances" not in report.space.domains
+    assert all(s.ranks.instances == 1 for s in fake.specs if s.ranks.name != "ranks")
+
+
+def test_ranks_that_join_a_process_group_make_the_probe_the_first_two_rank_trial(tmp_path,
+                                                                                machine):
+    fake = FakeProbe(surface, ddp=True)
+    report, _, run_dir = tune(tmp_path, fake, trials=6, confirm_rounds=0)
+    assert {"instances", "bucket_mb"} <= set(report.space.domains)
+    h = studies.open_study(studies.sqlite_url(run_dir / "study.db"),
+                           f"autotune-{run_dir.name}", run_id=run_dir.name)
+    trials = h.trials()
+    assert trials[0].user_attrs.get("baseline") and trials[1].user_attrs.get("ranks_probe")
+    cfg = trials[1].user_attrs["knobs"]
+    assert cfg["instances"] == 2 and trials[1].value == surface(
+        {**SEEN, "threads": 1, **cfg})
+    # measured once, in the baseline stage: no probe of the search repeats it
+    ranks = next(s for s in fake.specs if s.ranks.name == "ranks")
+    same = [s.ranks.name for s in fake.specs if s.ranks.knobs == ranks.ranks.knobs
+            and s.ranks.instances == 2 and not s.ranks.name.startswith("confirm")]
+    assert same == ["ranks"]
+    assert report.trials_measured == len(fake.measured()) + 1

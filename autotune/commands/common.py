@@ -9,14 +9,49 @@ import shutil
 from pathlib import Path
 
 from autotune import UsageError
-from autotune.launching.rank_command import is_python_script
+from autotune.launching import script_flags
+from autotune.launching.rank_command import is_python_script, placeholders
+from autotune.monitor import console
 
 
 def add_script_args(p: argparse.ArgumentParser) -> None:
-    """``SCRIPT [ARGS...]`` (or ``-- COMMAND...``) at the end of the command line."""
+    """``SCRIPT [ARGS...]`` (or ``-- COMMAND...``) at the end of the command line; the command's
+    own long options, added before, are kept to tell the user when one went to the script."""
+    own = sorted(o for a in p._actions for o in a.option_strings
+                 if o.startswith("--") and o != "--help")
     p.add_argument("target", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS...]",
                    help="the training script and its own arguments, as you would give them "
                         "to python (or '-- COMMAND ...' for anything else)")
+    p.set_defaults(own_options=tuple(own))
+
+
+def misplaced_options(args: argparse.Namespace, target: tuple[str, ...]) -> list[str]:
+    """HINT lines for tokens after the script that are options of this autotune command: they
+    went to the script (everything after it does), which may not be what the user meant."""
+    own = set(getattr(args, "own_options", ()))
+    found = [t for t in target[1:] if t.split("=", 1)[0] in own]
+    if not found:
+        return []
+    names = ", ".join(dict.fromkeys(t.split("=", 1)[0] for t in found))
+    return [f"{names} after the script went to the script, not to autotune (everything after "
+            f"the script is the script's); if meant for autotune, put it before the script: "
+            f"autotune {args.command} {found[0]} ... {target[0]} ..."]
+
+
+def check_placeholders(target: tuple[str, ...]) -> None:
+    """Every ``{placeholder}`` in the script's arguments must get a value in every probe: a
+    usage error, before anything runs, when the same arguments also set that knob explicitly
+    (the explicit value wins, so the placeholder would be left without one)."""
+    args = target[1:]
+    explicit = script_flags.explicit_knobs(args)
+    for name in sorted(placeholders(args)):
+        e = explicit.get(name)
+        if e is not None:
+            raise UsageError(
+                f"{{{name}}} is a placeholder in the script's arguments, but '{e.typed}' sets "
+                f"{name} explicitly too, so the placeholder would get no value; keep one of "
+                f"them (an autotune option such as --baseline goes before the script)")
+
 
 
 def add_probe_args(p: argparse.ArgumentParser) -> None:
@@ -99,6 +134,9 @@ def resolve_target(args: argparse.Namespace) -> tuple[str, ...]:
                              f"chmod +x it or run it through its interpreter")
     elif shutil.which(first) is None:
         raise UsageError(f"command {first!r} not found on PATH")
+    for line in misplaced_options(args, tuple(target)):
+        console.hint(line)
+    check_placeholders(tuple(target))
     return tuple(target)
 
 

@@ -219,7 +219,7 @@ def _start_local(spec, plan, base, knobs, skip, argv, slot_envs, channel, pipe_o
             env = rank_command.rank_env(base, knobs=knobs, skip=skip, rank=rank, world_size=world,
                                   local_rank=rank, local_world_size=world,
                                   master_addr="127.0.0.1", master_port=port, mode=spec.mode,
-                                  channel=channel)
+                                  channel=channel, run_id=spec.marker)
             env.update(plan.common_env)
             env.update(slot_envs[rank])
             env[protocol.ENV_LAUNCHER] = "local"
@@ -247,9 +247,11 @@ def engine_env(spec: RanksSpec, plan: placement.Plan, base, knobs, skip, slot_en
     env = rank_command.rank_env(base, knobs=knobs, skip=skip, rank=0,
                           world_size=plan.local_world_size * hosts, local_rank=0,
                           local_world_size=plan.local_world_size, master_addr=master_addr,
-                          master_port=master_port, mode=spec.mode, channel=channel)
+                          master_port=master_port, mode=spec.mode, channel=channel,
+                          run_id=spec.marker)
     for name in _IDENTITY:
         env.pop(name, None)
+    env.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))  # one rank included
     env.update(plan.common_env)
     env[protocol.ENV_LAUNCHER] = spec.launcher.kind
     env[protocol.ENV_LOCAL_WORLD_SIZE] = str(plan.local_world_size)

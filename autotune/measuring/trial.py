@@ -50,6 +50,9 @@ class TrialSpec:
     watch_dirs: tuple[str, ...] | None = None  # writes here are reported (default: cwd, script dir)
     tick_s: float = protocol.DEFAULT_TICK_S
     foreign_limit_cores: float = FOREIGN_CORES_LIMIT  # more foreign load than this: flagged
+    # A probe asking whether ranks join a process group: it ends once this much is measured
+    # with none seen (ranks that train alone), instead of measuring a config nobody will use.
+    alone_after_s: float | None = None
 
     @classmethod
     def of(cls, **fields) -> TrialSpec:
@@ -326,6 +329,9 @@ def _loop(probe: _Probe, collector: Collector, load: ForeignLoad) -> None:
             est = probe.estimate
             if est is not None:
                 if est.tight(spec.target_rel, spec.min_measure_s):
+                    return
+                if spec.alone_after_s is not None and est.measured_s >= spec.alone_after_s \
+                        and not probe.script.facts.get("backend"):
                     return
                 if probe.on_progress is not None and probe.on_progress(est):
                     probe.pruned = True

@@ -25,6 +25,8 @@ from autotune.tuning.state import TuneState
 ALLREDUCE_MAX_BYTES = 64 * allreduce.MB
 ALLREDUCE_SECONDS_PER_SIZE = 0.2
 ALLREDUCE_TIMEOUT_S = 120.0
+# Two ranks that trained this long without a process group train alone: the probe ends there.
+ALONE_AFTER_S = 2.0
 
 
 def placeholder_values(args: Sequence[str], *, given: Mapping[str, int] | None = None,
@@ -136,6 +138,9 @@ def measure(prober: Prober, state: TuneState) -> TuneState:
                              placeholders=tuple(sorted(rank_command.placeholders(
                                  settings.command[1:]))), devices=devices)
     sp = space.build(machine, base, req)
+    finished(dataclasses.replace(result, knobs=dict(sp.baseline)))  # one rank: no bucket_mb
+    base, ranks_probe = discover_ranks(prober, machine, base, req)
+    sp = space.build(machine, base, req)
     saved = None
     if "bucket_mb" in sp.domains and "bucket_mb" not in req.ranges:
         saved = state.allreduce or time_allreduce(prober)
@@ -143,9 +148,85 @@ def measure(prober: Prober, state: TuneState) -> TuneState:
         if bounds is not None:
             sp = space.build(dataclasses.replace(machine, bucket_mb_range=bounds), base, req)
         _tell_buckets(prober, saved, bounds, sp.domains.get("bucket_mb", ()))
-    finished(dataclasses.replace(result, knobs=dict(sp.baseline)))
-    return dataclasses.replace(state, space=sp, allreduce=saved, baseline=BaselineRecord(
-        dict(sp.baseline), result.samples_per_s, result.ci_half, result.source, result.seen))
+    return dataclasses.replace(state, space=sp, allreduce=saved, ranks_probe=ranks_probe,
+                               baseline=BaselineRecord(dict(sp.baseline), result.samples_per_s,
+                                                       result.ci_half, result.source,
+                                                       result.seen))
+
+
+def ranks_unasked(machine: space.Machine, base: space.Baseline, req: space.SpaceRequest) -> str:
+    """Why no two-rank probe is needed to learn whether the script trains data-parallel ("":
+    one is). Not when the baseline ran ranks already (it saw torch.distributed, or the job
+    spreads over several devices), when the user chose ``instances``, or when this host cannot
+    hold two ranks of one job."""
+    if base.distributed or base.own_ranks:
+        return "the baseline saw torch.distributed"
+    if "instances" in req.fixed or "instances" in req.ranges:
+        return "instances is set by --fix/--space"
+    if req.devices > 1:
+        return "the baseline ran a rank on each device"
+    if machine.device == "gpu" and not machine.mps:
+        return f"ranks sharing a GPU need CUDA MPS: {machine.mps_why}"
+    if machine.device != "gpu" and machine.cores < 2:
+        return "one core holds one rank"
+    if req.global_batch and req.global_batch % 2:
+        return f"--global-batch {req.global_batch} is odd, so two ranks cannot split it"
+    return ""
+
+
+def discover_ranks(prober: Prober, machine: space.Machine, base: space.Baseline,
+                   req: space.SpaceRequest) -> tuple[space.Baseline, dict | None]:
+    """Whether the script trains data-parallel when started as ``torchrun --nproc_per_node 2``
+    would start it, learned from a probe of two ranks: most DDP scripts start the process group
+    only when launched with ``WORLD_SIZE > 1``, which a baseline of one rank (run as ``python
+    train.py``) never shows.
+
+    The probe is the baseline's config on two ranks, each with half the device. Its ranks seen
+    joining a process group: the baseline is marked distributed (``instances`` and
+    ``bucket_mb`` are searched), and the answer (``{"knobs", "samples_per_s", "ci_half"}``) goes
+    to the study as its first two-rank trial. Otherwise ``instances`` stays at 1 with the reason
+    (ranks that trained alone, or how the probe failed, with its log).
+    """
+    if ranks_unasked(machine, base, req):
+        return base, None
+    trying = space.build(machine, dataclasses.replace(base, distributed=True), req)
+    if 2 not in trying.domains.get("instances", ()):
+        return base, None
+    cfg = dict(trying.baseline, instances=2)
+    if "thread_pct" in trying.domains:
+        half = 50 if machine.device == "gpu" else \
+            space.pct_for_threads(max(1, machine.cores // 2), machine.cores)
+        cfg["thread_pct"] = min(trying.domains["thread_pct"], key=lambda v: (abs(v - half), v))
+    cfg = trying.config(cfg)
+    knobs, instances = trying.trial_knobs(cfg)
+    prober.tell("info", "ranks: probing the script on 2 ranks (torchrun's environment) to learn "
+                        "whether it trains data-parallel")
+    result = prober.probe(prober.spec(knobs, instances, "ranks", alone_after_s=ALONE_AFTER_S),
+                          label="ranks", number=None, cfg=cfg)
+    seen = result.seen
+    joined = bool(seen.get("backend")) and int(seen.get("world_size") or 0) >= 2 and \
+        not seen.get("started_by_script")
+    if joined and result.outcome in (Outcome.OK, Outcome.FOREIGN_LOAD):
+        if not result.ok:  # data-parallel, but the probe is no trial to compare
+            prober.note("hint", "ranks: the script joins a process group of 2 ranks when "
+                                "launched that way, so instances and bucket_mb are searched")
+            return dataclasses.replace(base, distributed=True), None
+        prober.note("hint", f"ranks: the script joins a process group of 2 ranks "
+                            f"({seen.get('backend')}) when launched that way, so instances and "
+                            f"bucket_mb are searched; the probe is the first 2-rank trial "
+                            f"({result.samples_per_s:.1f} samples/s)")
+        return dataclasses.replace(base, distributed=True), {
+            "knobs": dict(cfg), "samples_per_s": result.samples_per_s,
+            "ci_half": result.ci_half}
+    if result.ok:
+        why = ("a probe of 2 ranks (torchrun's environment) saw them train alone, with no "
+               "process group and no DDP, so extra ranks would each train a model of their own")
+    elif result.outcome == Outcome.FOREIGN_LOAD:
+        why = f"a probe of 2 ranks could not tell ({result.reason})"
+    else:
+        why = (f"a probe of 2 ranks (torchrun's environment) ended {result.outcome.value}: "
+               f"{result.reason} (log: {result.log_path})")
+    return dataclasses.replace(base, alone_why=why), None
 
 
 def time_allreduce(prober: Prober) -> dict:

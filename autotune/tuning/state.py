@@ -44,6 +44,9 @@ class TuneState:
     space: Space | None = None  # None until the baseline is measured
     baseline: BaselineRecord | None = None
     allreduce: Mapping | None = None  # {"result": AllreduceResult dict} or {"error": why}
+    # the two-rank probe that showed the script data-parallel (`baseline.discover_ranks`):
+    # {"knobs", "samples_per_s", "ci_half"}, the study's first two-rank trial
+    ranks_probe: Mapping | None = None
     enqueued: bool = False  # the baseline and the initial design are queued in the study
     combined: bool = False  # the one-at-a-time moves that paid off are queued, joined
 

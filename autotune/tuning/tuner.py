@@ -1,7 +1,9 @@
 """A tuning run: the baseline, the search, the confirmation, in that order. Returns a `TuneReport`.
 
 1. **Baseline** (`autotune.tuning.baseline`): the script as it is (its own batch size, workers,
-   threads), probed first. What the meter saw it use, and its memory, shape the space.
+   threads), probed first, as ``python train.py`` runs it. What the meter saw it use, and its
+   memory, shape the space; when it showed no torch.distributed, one probe of two ranks learns
+   whether the script trains data-parallel when launched by torchrun (`baseline.discover_ranks`).
 2. **Search** (`autotune.tuning.search`): an Optuna study, one probe per trial.
 3. **Confirmation** (`autotune.tuning.confirm`): the best two and the baseline, re-measured
    interleaved.

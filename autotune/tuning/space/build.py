@@ -303,9 +303,9 @@ def _applicable(name: str, values: tuple[int, ...], b: Baseline, base_cfg: Mappi
         return (alone,), f"{name}: fixed at {alone}: {why}, which is not available here: " \
                          f"{machine.mps_why}"
     if name == "instances" and not b.distributed and not asked:
-        return (1,), ("instances: fixed at 1: the baseline probe never saw the script "
-                      "initialise torch.distributed, so extra ranks would each train alone; "
-                      "--space instances=1:N tries anyway")
+        why = b.alone_why or ("the baseline probe never saw the script initialise "
+                              "torch.distributed, so extra ranks would each train alone")
+        return (1,), f"instances: fixed at 1: {why}; --space instances=1:N tries anyway"
     if name == "instances" and b.own_ranks and not asked:
         return (1,), ("instances: fixed at 1: the script starts its own data-parallel ranks "
                       "(torch.multiprocessing.spawn or the like), so each rank autotune added "

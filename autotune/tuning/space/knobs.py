@@ -85,6 +85,7 @@ class Baseline:
     bucket_mb: float | None = None
     peak_rss_bytes: int = 0
     cuda_peak_bytes: int = 0  # the largest rank's torch.cuda.max_memory_allocated; 0: no CUDA
+    alone_why: str = ""  # not distributed: what showed it (a two-rank probe), for the note
 
     @classmethod
     def from_seen(cls, seen: Mapping, *, peak_rss_bytes: int = 0, cuda_peak_bytes: int = 0,

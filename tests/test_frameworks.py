@@ -1,0 +1,95 @@
+"""Scripts built on the frameworks users train with, unmodified, under ``probe``, ``tune`` and
+``run``: the Hugging Face Trainer (transformers), PyTorch Lightning (whose ``strategy="ddp"``
+starts its own ranks) and accelerate. The real packages on the CPU, tiny models built from
+configs, nothing downloaded. Batch size and workers reach them through their own flags, as
+placeholders."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from autotune.store import recipes
+from autotune.store.journal import read_events
+from conftest import SCRIPTS, autotune, live_children
+
+QUIET = ["--plain", "--foreign-limit", "1000"]
+
+HF_ARGS = ["--report_to", "none", "--save_strategy", "no", "--use_cpu",
+           "--disable_tqdm", "true", "--logging_strategy", "no"]
+
+
+def _hf(tmp_path, steps):
+    return ["--output_dir", str(tmp_path / "hf-out"), *HF_ARGS, "--max_steps", str(steps)]
+
+
+# name, package, script args while tuning (runs until stopped), args of the full run (ends),
+# whether the script trains data-parallel under torchrun (ranks searched) or starts its own
+CASES = {
+    "hf_trainer": ("transformers", "fw_hf_trainer.py",
+                   lambda t: _hf(t, 100_000) + ["--per_device_train_batch_size", "{batch_size}",
+                                                "--dataloader_num_workers", "{workers}"],
+                   lambda t: _hf(t, 30) + ["--per_device_train_batch_size", "{batch_size}",
+                                           "--dataloader_num_workers", "{workers}"],
+                   "searched"),
+    "lightning_ddp": ("lightning", "fw_lightning.py",
+                      lambda t: ["--devices", "2", "--strategy", "ddp", "--batch-size",
+                                 "{batch_size}", "--workers", "{workers}"],
+                      lambda t: ["--devices", "2", "--strategy", "ddp", "--batch-size",
+                                 "{batch_size}", "--workers", "{workers}", "--max-epochs", "1"],
+                      "own"),
+    "accelerate": ("accelerate", "fw_accelerate.py",
+                   lambda t: ["--batch-size", "{batch_size}", "--workers", "{workers}"],
+                   lambda t: ["--batch-size", "{batch_size}", "--workers", "{workers}",
+                              "--epochs", "2"],
+                   "searched"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_probe_tune_and_run_an_unmodified_framework_script(tmp_path, case):
+    package, name, tune_args, run_args, ranks = CASES[case]
+    pytest.importorskip(package)
+    script = str(SCRIPTS / name)
+    env = dict(os.environ, AUTOTUNE_RUNS_DIR=str(tmp_path / "runs"))
+
+    # probe: the script as the user runs it, samples counted from its DataLoader
+    p = autotune("probe", "--plain", "--json", "--modes", "full", "--seconds", "15", script,
+                 *tune_args(tmp_path), cwd=tmp_path, timeout=200, env=env)
+    full = json.loads(p.stdout.strip().splitlines()[-1])["modes"]["full"]
+    assert full["outcome"] in ("ok", "foreign-load"), (full["reason"], full["log_tail"])
+    assert full["source"] == "dataloader" and full["samples_per_s"] > 0
+    if ranks == "own":  # Lightning started its second rank itself; both are counted
+        assert full["seen"]["world_size"] == 2 and full["seen"]["started_by_script"]
+
+    # tune: ranks searched where the script trains data-parallel under torchrun
+    p = autotune("tune", *QUIET, "--json", "--trials", "3", "--seconds", "12",
+                 "--confirm-rounds", "0", "--recipe-dir", str(tmp_path / "recipes"), script,
+                 *tune_args(tmp_path), cwd=tmp_path, timeout=400, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    s = json.loads(p.stdout.strip().splitlines()[-1])
+    domains, notes = s["space"]["domains"], s["space"]["notes"]
+    assert "batch_size" in domains and "workers" in domains, s["space"]
+    if ranks == "searched":
+        assert "instances" in domains and "bucket_mb" in domains, s["space"]
+        finished = [e["result"] for e in read_events(Path(s["run_dir"]))[0]
+                    if e["event"] == "trial_finished"]
+        assert any(r["knobs"].get("instances") == 2 and r["outcome"] == "ok" and
+                   r["seen"].get("world_size") == 2 for r in finished)
+    else:
+        assert "instances" not in domains
+        assert any(n.startswith("instances: fixed at 1: the script starts its own") for n in
+                   notes), notes
+    recipe = recipes.load(next((tmp_path / "recipes").glob("*.toml")))
+    assert recipe.samples_per_s > 0
+
+    # run: the full run with the recipe, to the script's own end
+    p = autotune("run", "--plain", "--recipe", str(recipe.path), script, *run_args(tmp_path),
+                 cwd=tmp_path, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    runs = sorted((tmp_path / "runs").glob("*-run-*"))
+    ended = [e for e in read_events(runs[-1])[0] if e["event"] == "fullrun_ended"]
+    assert ended and ended[-1]["exit_code"] == 0
+    assert live_children() == []
