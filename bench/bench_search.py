@@ -1,7 +1,9 @@
 """Search benchmark: exhaustive grid vs ``autotune tune --budget`` on the image example.
 
-1. A baseline probe of the example (its own settings) gives the space ``autotune tune`` would
-   search by default (`autotune.tuning.space.build`), or the one given with ``--space``.
+1. The baseline stage of ``autotune tune`` itself (`autotune.tuning.baseline.measure`: the
+   example with its own settings, the two-rank probe that finds it data-parallel, the allreduce
+   timing that bounds ``bucket_mb``) gives the space ``tune`` searches by default, or the one
+   given with ``--space``.
 2. Grid: every config of that space probed once, with the same probes the tuner uses
    (`run_trial`, same time limit); its best single measurement is "grid-best". Its wall time is
    what an exhaustive search costs.
@@ -10,7 +12,8 @@
 4. Side by side: default, grid-best and tuned re-measured in one run, interleaved
    (A B C A B C ...), with longer probes; ratios with 95% intervals from the rounds.
 
-Prints the table and writes JSON (``--out``). Not a test: it takes tens of minutes.
+Prints the table and writes JSON (``--out``). Not a test: it takes tens of minutes (the default
+space with ranks and buckets holds a few hundred configs).
 
     .venv/bin/python bench/bench_search.py --seconds 15 --rounds 3
 """
@@ -32,8 +35,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune.tuning import decision, space
+from autotune.launching import engines  # noqa: E402
 from autotune.store import fingerprint  # noqa: E402
+from autotune.store.journal import Journal  # noqa: E402
+from autotune.tuning import Prober, TuneSettings, TuneState, baseline, decision, space  # noqa: E402
 from autotune.measuring.foreign_load import FOREIGN_CORES_LIMIT  # noqa: E402
 from autotune.measuring.steady import t975  # noqa: E402
 from autotune.measuring.trial import TrialSpec, run_trial  # noqa: E402
@@ -110,14 +115,19 @@ def main() -> int:
     say(f"# example: {EXAMPLE.relative_to(ROOT)} --num-images {args.num_images}; "
         f"probes of {args.seconds:.0f} s; work dir {work}")
 
-    # 1. baseline -> space
-    base = probe(args, work, None, None, "baseline", args.seconds * 2)
-    if not base.ok:
-        say(f"baseline failed: {base.outcome.value}: {base.reason}")
-        return 1
-    req = space.SpaceRequest(ranges=space.parse_space(args.space))
-    sp = space.build(fingerprint.machine(),
-                     space.Baseline.from_seen(base.seen, peak_rss_bytes=base.peak_rss_bytes), req)
+    # 1. tune's own baseline stage -> the space it searches
+    stage_dir = work / "baseline-stage"
+    stage_dir.mkdir()
+    settings = TuneSettings(command=tuple(args.command), cwd=str(work), seconds=args.seconds,
+                            ranges=space.parse_space(args.space),
+                            foreign_limit_cores=args.foreign_limit,
+                            foreign_retries=args.foreign_retries)
+    prober = Prober(settings, stage_dir, Journal(stage_dir), engines.resolve("local"),
+                    notify=lambda level, msg: say(f"# {level}: {msg}"))
+    stage_t0 = time.monotonic()
+    state = baseline.measure(prober, TuneState.new(settings, stage_dir))
+    sp = state.space
+    say(f"# baseline stage: {time.monotonic() - stage_t0:.0f} s; notes: {list(sp.notes)}")
     configs = sp.configs()
     say(f"# space: {json.dumps({k: list(v) for k, v in sp.domains.items()})} fixed "
         f"{json.dumps(dict(sp.fixed))}: {len(configs)} configs; default {fmt(sp.baseline)}")

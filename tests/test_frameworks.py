@@ -65,7 +65,9 @@ def test_probe_tune_and_run_an_unmodified_framework_script(tmp_path, case):
         assert full["seen"]["world_size"] == 2 and full["seen"]["started_by_script"]
 
     # tune: ranks searched where the script trains data-parallel under torchrun
-    p = autotune("tune", *QUIET, "--json", "--trials", "3", "--seconds", "12",
+    # two trials: the baseline and the two-rank probe (or one more config, for Lightning's own
+    # ranks), so the ranks' verdict and the search's first steps are seen at the least cost
+    p = autotune("tune", *QUIET, "--json", "--trials", "2", "--seconds", "12",
                  "--confirm-rounds", "0", "--recipe-dir", str(tmp_path / "recipes"), script,
                  *tune_args(tmp_path), cwd=tmp_path, timeout=400, env=env)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -129,8 +129,9 @@ def _summary(p):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name, args", [
-    ("shape_ddp_when_launched.py", ["-b", "{batch_size}", "-j", "{workers}"]),
-    # nanoGPT's shape: DDP when RANK is set, nccl by default, batches built by hand (16 a step)
+    # nanoGPT's shape: DDP when RANK is set, nccl by default, batches built by hand (16 a step).
+    # The imagenet shape (DataLoader, -b/-j) is tuned in test_tune_e2e's wrap of the bundled
+    # image example and in test_frameworks.
     ("shape_nccl_default.py", ["--samples-per-step", "16"]),
 ])
 def test_tune_with_defaults_searches_ranks_of_a_script_that_goes_ddp_when_launched(

@@ -20,6 +20,7 @@ from autotune.measuring.trial import TrialResult
 from autotune.tuning import Tuner, TuneSettings, TuneState, load_state
 
 SEEN = {"batch_size": 16, "workers": 0}
+NCCL_NOTE = "the script asked for backend 'nccl', which cannot serve here, so autotune used 'gloo'"
 
 
 def result(spec, outcome=Outcome.OK, rate=0.0, foreign=0.0, reason=""):
@@ -63,7 +64,8 @@ class FakeProbe:
                    foreign=2.0 if flagged else 0.0)
         if self.ddp and spec.ranks.instances > 1:
             r = dataclasses.replace(r, seen={**r.seen, "backend": "gloo",
-                                             "world_size": spec.ranks.instances, "ddp": True})
+                                             "world_size": spec.ranks.instances, "ddp": True},
+                                    notes=(NCCL_NOTE,))
         return r
 
     def measured(self):
@@ -435,3 +437,23 @@ def test_ranks_that_join_a_process_group_make_the_probe_the_first_two_rank_trial
             and s.ranks.instances == 2 and not s.ranks.name.startswith("confirm")]
     assert same == ["ranks"]
     assert report.trials_measured == len(fake.measured()) + 1
+
+
+def test_a_winner_on_a_replaced_backend_carries_the_note_into_the_recipe(tmp_path, machine):
+    from autotune.store import recipes
+
+    def ranks_pay(knobs):
+        return surface(knobs) * (3.0 if knobs.get("instances", 1) == 2 else 1.0)
+
+    fake = FakeProbe(ranks_pay, ddp=True)
+    report, _, _ = tune(tmp_path, fake, trials=4, confirm_rounds=1)
+    assert report.best.knobs["instances"] == 2 and not report.kept_baseline
+    assert report.best_notes == (NCCL_NOTE,)
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    fp = fingerprint.current([str(script)])
+    recipe = recipes.Recipe(name="r", knobs=dict(report.best.knobs), samples_per_s=1.0,
+                            ci_half=0.1, baseline_samples_per_s=1.0, speedup=1.0,
+                            kept_baseline=False, fingerprint=fp, script_path="train.py",
+                            notes=report.best_notes)
+    assert recipes.load(recipes.save(recipe, tmp_path / "recipes")).notes == (NCCL_NOTE,)

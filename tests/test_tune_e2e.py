@@ -88,6 +88,12 @@ def test_wrap_image_example(tmp_path):
                  "fullrun_started", "fullrun_ended", "run_ended"):
         assert name in names, name
     assert events(summary["run_dir"], "run_ended")[-1]["exit_code"] == 0
+    # The example goes data-parallel only under WORLD_SIZE > 1: found by the two-rank probe, so
+    # ranks and buckets are searched by default, and at least one trial ran on 2 ranks.
+    assert {"instances", "bucket_mb"} <= set(summary["space"]["domains"]), \
+        (summary["space"], summary["notes"], p.stderr[-3000:])
+    assert any(e["result"]["knobs"].get("instances") == 2 and e["result"]["outcome"] == "ok"
+               for e in events(summary["run_dir"], "trial_finished"))
     assert live_children() == []
 
 

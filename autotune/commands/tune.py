@@ -274,7 +274,7 @@ def build_recipe(report: TuneReport, prep: Prepared,
         script_path=target[0], script_args=tuple(target[1:]), trials=report.trials_measured,
         source=report.source, reason=report.reason,
         verdict=report.verdict.to_dict() if report.verdict else None,
-        global_batch=global_batch)
+        global_batch=global_batch, notes=report.best_notes)
 
 
 def summary(report: TuneReport, recipe_path: Path) -> dict:

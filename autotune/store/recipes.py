@@ -13,7 +13,8 @@ Layout (schema version 1)::
     [script]       path, args, sha256
     [knobs]        batch_size, workers, thread_pct, instances, bucket_mb (those that were tuned)
     [result]       samples_per_s, ci_half, baseline_samples_per_s, baseline_ci_half, speedup,
-                   kept_baseline, trials, source, reason
+                   kept_baseline, trials, source, reason, notes (what the winner's probes
+                   said of it, e.g. a backend autotune replaced)
     [baseline]     the script's own knobs
     [verdict]      bottleneck, text, bound_samples_per_s (only when known)
     [job]          global_batch (only when tuned with --global-batch: a run on another number
@@ -49,7 +50,7 @@ _FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
                "baseline_samples_per_s": ("int or float", True),
                "baseline_ci_half": ("int or float", False), "speedup": ("int or float", True),
                "kept_baseline": ("bool", True), "trials": ("int", False), "source": ("str", False),
-               "reason": ("str", False)},
+               "reason": ("str", False), "notes": ("list of str", False)},
     "verdict": {"bottleneck": ("str", False), "text": ("str", False),
                 "bound_samples_per_s": ("int or float", False),
                 "full_share_of_bound": ("int or float", False)},
@@ -98,6 +99,7 @@ class Recipe:
     autotune_version: str = __version__
     path: Path | None = None  # where it was loaded from or saved to
     global_batch: int | None = None  # the job's batch, kept whatever the world
+    notes: tuple[str, ...] = ()  # what the winner's probes said of it (a backend replaced, ...)
 
     def run_knobs(self, cores: int, gpus: int | None = None,
                   hosts: int | None = None) -> tuple[dict[str, float], int]:
@@ -138,6 +140,8 @@ class Recipe:
                           "reason": self.reason},
                "baseline": {k: int(v) for k, v in self.baseline_knobs.items()},
                "fingerprint": self.fingerprint.to_dict()}
+        if self.notes:
+            doc["result"]["notes"] = list(self.notes)
         if self.verdict:
             doc["verdict"] = {k: v for k, v in self.verdict.items() if v is not None}
         if self.global_batch:
@@ -228,7 +232,8 @@ def load(path: Path | str) -> Recipe:
         reason=str(result.get("reason", "")), verdict=verdict,
         created=str(doc.get("created", "")),
         autotune_version=str(doc.get("autotune_version", "")), path=path,
-        global_batch=doc.get("job", {}).get("global_batch"))
+        global_batch=doc.get("job", {}).get("global_batch"),
+        notes=tuple(result.get("notes", ())))
 
 
 def listing(recipe_dir: Path) -> list[tuple[Path, Recipe | RecipeError]]:

@@ -201,8 +201,17 @@ def discover_ranks(prober: Prober, machine: space.Machine, base: space.Baseline,
     knobs, instances = trying.trial_knobs(cfg)
     prober.tell("info", "ranks: probing the script on 2 ranks (torchrun's environment) to learn "
                         "whether it trains data-parallel")
-    result = prober.probe(prober.spec(knobs, instances, "ranks", alone_after_s=ALONE_AFTER_S),
-                          label="ranks", number=None, cfg=cfg)
+    def probe(**over):
+        return prober.probe(prober.spec(knobs, instances, "ranks", alone_after_s=ALONE_AFTER_S,
+                                        **over), label="ranks", number=None, cfg=cfg)
+
+    result = probe()
+    if result.outcome == Outcome.NO_SIGNAL and result.exit_code in (0, None):
+        # two ranks start slower than one (a process group to form, twice the imports)
+        prober.tell("info", f"ranks: no throughput within {prober.settings.seconds:.0f} s "
+                            f"({result.reason}); trying once more with "
+                            f"{2 * prober.settings.seconds:.0f} s")
+        result = probe(max_s=2 * prober.settings.seconds)
     seen = result.seen
     joined = bool(seen.get("backend")) and int(seen.get("world_size") or 0) >= 2 and \
         not seen.get("started_by_script")

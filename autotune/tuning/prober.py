@@ -42,6 +42,7 @@ class Prober:
         self._notify = notify or (lambda level, msg: None)
         self._run_trial = run_trial
         self._told_busy = False
+        self.probe_notes: dict[tuple, tuple[str, ...]] = {}  # a config's last probe's notes
 
     # -- the user and the journal ---------------------------------------------------------------
     def note(self, level: str, message: str) -> None:
@@ -90,6 +91,9 @@ class Prober:
             result = self._run_trial(spec, on_progress=progress, on_start=self._on_start)
             state.mark_live(self.run_dir, [])
             result = dataclasses.replace(result, knobs=dict(cfg))
+            said = tuple(n for n in result.notes if not n.startswith("WARNING"))
+            if said:  # what autotune did to this config (a backend replaced, a flag kept)
+                self.probe_notes[config_key(cfg)] = said
             spoiled = result.outcome in (Outcome.OK, Outcome.PRUNED, Outcome.FOREIGN_LOAD) \
                 and result.foreign_flagged
             last = not spoiled or attempt == self.settings.foreign_retries
@@ -119,3 +123,8 @@ class Prober:
                           f"cores); such probes are left out, not compared. Tune when it is "
                           f"quiet, or pass --foreign-limit CORES (now "
                           f"{self.settings.foreign_limit_cores:g}) to compare anyway")
+
+
+def config_key(cfg: Mapping) -> tuple:
+    """A config as a key of `Prober.probe_notes`."""
+    return tuple(sorted((k, int(v)) for k, v in cfg.items()))

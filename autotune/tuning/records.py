@@ -110,6 +110,7 @@ class TuneReport:
     source: str
     verdict: Verdict | None = None
     notes: tuple[str, ...] = ()
+    best_notes: tuple[str, ...] = ()  # what the winner's probes said of it
 
     def to_dict(self) -> dict:
         return {"run_dir": str(self.run_dir),
@@ -120,7 +121,7 @@ class TuneReport:
                 "stop_reason": self.stop_reason, "source": self.source,
                 "space": self.space.to_dict(),
                 "verdict": self.verdict.to_dict() if self.verdict else None,
-                "notes": list(self.notes)}
+                "notes": list(self.notes), "best_notes": list(self.best_notes)}
 
 
 # The outcome a study trial records (``user_attrs["outcome"]``, a constraint's name) for any

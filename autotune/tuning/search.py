@@ -101,9 +101,16 @@ class Search:
         if not fresh or self.state.enqueued:
             return
         self.handle.enqueue(sp.choice_from_config(sp.baseline), {"baseline": True})
-        if self.state.ranks_probe:
-            self.handle.enqueue(sp.choice_from_config(self.state.ranks_probe["knobs"]),
-                                {"ranks_probe": True})
+        ranks = self.state.ranks_probe
+        if ranks:  # measured already: in the study from the start, whatever the budget leaves
+            choice = sp.choice_from_config(ranks["knobs"])
+            cfg = sp.config({n: sp.domains[n][i] for n, i in choice.items()})
+            if sp.key(cfg) == sp.key(ranks["knobs"]):  # one of the space's configs
+                self.handle.add_answered(
+                    choice, {n: len(sp.domains[n]) for n in choice}, ranks["samples_per_s"],
+                    {"run": self.run_id, "knobs": cfg, "ranks_probe": True,
+                     "outcome": study_tag(Outcome.OK), "samples_per_s": ranks["samples_per_s"],
+                     "ci_half": ranks["ci_half"]})
         if self.state.warm_start:
             self.handle.enqueue(sp.choice_from_config(self.state.warm_start), {"warm_start": True})
         for cfg in sp.initial_design():
@@ -186,9 +193,6 @@ class Search:
         label = f"trial-{trial.number}"
         if key == sp.key(sp.baseline) and key not in self.known:
             return self._record_baseline(trial, cfg)
-        ranks = self.state.ranks_probe
-        if ranks and key == sp.key(ranks["knobs"]) and key not in self.known:
-            return self._record_ranks_probe(trial, cfg, ranks)
         if key in self.known:
             return self._replay(trial, self.known[key])
         blocker = decision.oom_blocks(cfg, self.ooms)
@@ -216,20 +220,6 @@ class Search:
                                                 b.ci_half, dict(cfg))
         self.convergence.update(b.samples_per_s)
         return float(b.samples_per_s)
-
-    def _record_ranks_probe(self, trial, cfg, ranks: Mapping) -> float:
-        """The two-rank probe the baseline stage took (`baseline.discover_ranks`): a measured
-        trial of the study, not measured again."""
-        value, ci_half = float(ranks["samples_per_s"]), float(ranks["ci_half"])
-        trial.set_user_attr("ranks_probe", True)
-        trial.set_user_attr("outcome", study_tag(Outcome.OK))
-        trial.set_user_attr("samples_per_s", value)
-        trial.set_user_attr("ci_half", ci_half)
-        self.known[self.space.key(cfg)] = Known(trial.number, Outcome.OK, value, ci_half,
-                                                dict(cfg))
-        self.measured += 1
-        self.convergence.update(value)
-        return value
 
     def _replay(self, trial, known: Known) -> float:
         """A config already answered: the same answer, without a probe."""

@@ -123,6 +123,16 @@ class StudyHandle:
     def enqueue(self, params: dict, user_attrs: dict | None = None) -> None:
         self.study.enqueue_trial(params, user_attrs=user_attrs, skip_if_exists=False)
 
+    def add_answered(self, params: dict[str, int], sizes: dict[str, int], value: float,
+                     user_attrs: dict) -> None:
+        """A config measured outside the study (the two-rank probe of the baseline stage) as a
+        finished trial: ``params`` are candidate positions, ``sizes`` each knob's number of
+        candidates (the distributions the objective suggests from)."""
+        self.study.add_trial(optuna.trial.create_trial(
+            params=params, value=value, user_attrs=user_attrs,
+            distributions={n: optuna.distributions.IntDistribution(0, sizes[n] - 1)
+                           for n in params}))
+
     def optimize(self, objective: Callable[[Trial], float],
                  callbacks: list[Callable[[optuna.Study, FrozenTrial], None]]) -> None:
         """Run trials until a callback stops the study. A storage that fails (disk full) is one

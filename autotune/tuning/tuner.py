@@ -24,7 +24,7 @@ from autotune.measuring import trial
 from autotune.store import jsontext, rundir
 from autotune.store.journal import Journal
 from autotune.tuning import baseline, confirm, search
-from autotune.tuning.prober import Notify, Prober, RunTrial
+from autotune.tuning.prober import Notify, Prober, RunTrial, config_key
 from autotune.tuning.records import TuneReport
 from autotune.tuning.state import (TuneState, mark_controller, minutes, save, spent_s,
                                    sweep_orphans)
@@ -90,7 +90,8 @@ class Tuner:
             speedup=c.speedup, kept_baseline=c.kept_baseline, reason=c.reason,
             trials_measured=self.found.measured + 1, trials_total=len(trials),
             stop_reason=self.found.stop_reason, source=self.found.source, verdict=c.verdict,
-            notes=tuple(prober.notes))
+            notes=tuple(prober.notes),
+            best_notes=prober.probe_notes.get(config_key(c.best.knobs), ()))
         rundir.write_atomic(self.run_dir / "summary.json",
                             jsontext.dumps(report.to_dict(), indent=2))
         return report

@@ -23,6 +23,7 @@ autotuning, workers starting).
 """
 
 import argparse
+import gc
 import math
 import os
 import time
@@ -140,6 +141,11 @@ def train(args):
     rank, world_size = init_distributed(device, args.backend)
     try:
         run_training(args, device, rank, world_size)
+        if world_size > 1:
+            # DDP's reference cycles would hold the process group until the interpreter's
+            # shutdown, where gloo's teardown can abort a rank; collect them, then leave together.
+            gc.collect()
+            dist.barrier()
     finally:
         if world_size > 1:
             dist.destroy_process_group()

@@ -53,6 +53,7 @@ def main():
             time.sleep(args.sleep)
             if seen >= args.batches:
                 break
+    dist.barrier()  # leave together: gloo's teardown can abort a rank its peer left behind
     dist.destroy_process_group()
 
 

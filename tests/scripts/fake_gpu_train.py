@@ -7,6 +7,7 @@ if the GPU were the bottleneck. Each rank records where it ran in
 """
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -64,6 +65,9 @@ def main():
         if args.run_seconds and time_is_up(t_first, args.run_seconds):
             break
     print(f"fake_gpu_train: rank {dist.get_rank()} done", flush=True)
+    del model, opt  # DDP's cycles would keep the group until shutdown, where gloo's teardown
+    gc.collect()  # can abort a rank (exit 134, seen once in CI); both leave together
+    dist.barrier()
     dist.destroy_process_group()
 
 
