@@ -2,7 +2,12 @@
 ``run``: the Hugging Face Trainer (transformers), PyTorch Lightning (whose ``strategy="ddp"``
 starts its own ranks) and accelerate. The real packages on the CPU, tiny models built from
 configs, nothing downloaded. Batch size and workers reach them through their own flags, as
-placeholders."""
+placeholders.
+
+Each case needs its package, from the ``frameworks`` extra (not in CI's install, for time):
+
+    .venv/bin/pip install -e '.[frameworks]' && .venv/bin/python -m pytest tests/test_frameworks.py
+"""
 
 import json
 import os
