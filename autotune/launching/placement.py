@@ -38,6 +38,7 @@ from probes import protocol
 
 MPS_THREAD_PCT_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 HOROVOD_FUSION_ENV = "HOROVOD_FUSION_THRESHOLD"
+DDP_DEFAULT_BUCKET_MB = 25  # DDP's bucket_cap_mb when the script sets none
 DEVICES = ("auto", "cpu", "gpu")
 
 

@@ -23,6 +23,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from autotune.launching.placement import DDP_DEFAULT_BUCKET_MB
 from probes import protocol
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +32,7 @@ KNOB_PLACEHOLDERS = ("batch_size", "workers", "threads", "bucket_mb", "instances
 PLACEHOLDER = re.compile(r"\{(" + "|".join(KNOB_PLACEHOLDERS) + r")\}")
 # A placeholder whose knob a probe leaves out gets the value the script would have had:
 # bucket_mb without effect on one rank (DDP's default), threads without a thread knob (all cores).
-PLACEHOLDER_DEFAULTS = {"bucket_mb": 25, "instances": 1,
+PLACEHOLDER_DEFAULTS = {"bucket_mb": DDP_DEFAULT_BUCKET_MB, "instances": 1,
                         "threads": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                         else (os.cpu_count() or 1)}
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")

@@ -17,7 +17,7 @@ from autotune.launching import placement
 ORDER = ("batch_size", "workers", "thread_pct", "instances", "bucket_mb")
 ALIASES = {"threads": "thread_pct"}  # --space/--fix may give threads per rank instead of a share
 BUCKET_MB = (1, 5, 10, 25, 50, 100)
-DDP_DEFAULT_BUCKET_MB = 25
+DDP_DEFAULT_BUCKET_MB = placement.DDP_DEFAULT_BUCKET_MB
 # MPS shares per client: few, since the search has few probes; AccDP's wins came at 2-4 clients
 # of ~30% each.
 GPU_THREAD_PCT = (25, 50, 75, 100)
