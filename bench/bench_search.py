@@ -5,8 +5,8 @@
    timing that bounds ``bucket_mb``) gives the space ``tune`` searches by default, or the one
    given with ``--space``.
 2. Grid: every config of that space probed once, with the same probes the tuner uses
-   (`run_trial`, same time limit); its best single measurement is "grid-best". Its wall time is
-   what an exhaustive search costs.
+   (`run_trial` with the limits `tune` fits to the script from its baseline, or ``--seconds``);
+   its best single measurement is "grid-best". Its wall time is what an exhaustive search costs.
 3. Tune: ``autotune tune --budget`` (a subprocess, as a user runs it) with ``--budget-share`` of
    the grid's wall time, confirmation included.
 4. Side by side: default, grid-best and tuned re-measured in one run, interleaved
@@ -15,7 +15,7 @@
 Prints the table and writes JSON (``--out``). Not a test: it takes tens of minutes (the default
 space with ranks and buckets holds a few hundred configs).
 
-    .venv/bin/python bench/bench_search.py --seconds 15 --rounds 3
+    .venv/bin/python bench/bench_search.py --rounds 3
 """
 
 from __future__ import annotations
@@ -51,14 +51,18 @@ def say(msg: str) -> None:
 
 
 def probe(args, work: Path, cfg: dict | None, sp: space.Space | None, name: str,
-          seconds: float):
+          seconds: float | None, prober: Prober | None = None):
     """One probe, re-run (up to --foreign-retries times) while foreign load spoils it, as the
-    tuner does; the last attempt stands either way, its foreign load reported."""
+    tuner does; the last attempt stands either way, its foreign load reported. Its limits are
+    ``seconds``, or (None) the tuner's own fitted ones from ``prober``."""
     knobs, instances = sp.trial_knobs(cfg) if (sp and cfg) else ({}, 1)
-    spec = TrialSpec.of(command=tuple(args.command), knobs=knobs, instances=instances,
-                     cwd=str(work), log_dir=work / "logs", name=name, max_s=seconds,
-                     min_measure_s=min(5.0, 0.4 * seconds),
-                     foreign_limit_cores=args.foreign_limit)
+    if seconds is None:
+        spec = prober.spec(knobs, instances, name)
+    else:
+        spec = TrialSpec.of(command=tuple(args.command), knobs=knobs, instances=instances,
+                            cwd=str(work), log_dir=work / "logs", name=name, max_s=seconds,
+                            min_measure_s=min(5.0, 0.4 * seconds),
+                            foreign_limit_cores=args.foreign_limit)
     for attempt in range(args.foreign_retries + 1):
         r = run_trial(spec)
         if not r.foreign_flagged:
@@ -87,12 +91,14 @@ def ratio_ci(num: list[float], den: list[float]) -> tuple[float, float]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--seconds", type=float, default=15.0, help="one probe (grid and tune)")
+    p.add_argument("--seconds", type=float, default=None,
+                   help="one probe, grid and tune (default: fitted to the script, as tune does)")
     p.add_argument("--final-seconds", type=float, default=25.0, help="one side-by-side probe")
     p.add_argument("--rounds", type=int, default=3, help="side-by-side rounds")
     p.add_argument("--budget-share", type=float, default=0.25,
                    help="tune budget as a share of the grid's wall time")
-    p.add_argument("--confirm-rounds", type=int, default=1, help="tune's confirmation rounds")
+    p.add_argument("--confirm-rounds", type=int, default=None,
+                   help="tune's confirmation rounds (default: tune's own)")
     p.add_argument("--space", nargs="*", default=[], help="as autotune tune --space")
     p.add_argument("--num-images", type=int, default=512)
     p.add_argument("--foreign-limit", type=float, default=FOREIGN_CORES_LIMIT,
@@ -112,8 +118,9 @@ def main() -> int:
               f"({fp.cpu_model}), {platform.machine()}, Python {platform.python_version()}, "
               f"torch {fp.torch_version}")
     say(header)
-    say(f"# example: {EXAMPLE.relative_to(ROOT)} --num-images {args.num_images}; "
-        f"probes of {args.seconds:.0f} s; work dir {work}")
+    say(f"# example: {EXAMPLE.relative_to(ROOT)} --num-images {args.num_images}; probes "
+        + (f"of {args.seconds:.0f} s" if args.seconds else "fitted to the script")
+        + f"; work dir {work}")
 
     # 1. tune's own baseline stage -> the space it searches
     stage_dir = work / "baseline-stage"
@@ -136,7 +143,9 @@ def main() -> int:
     t0 = time.monotonic()
     grid = []
     for i, cfg in enumerate(configs):
-        r = probe(args, work, cfg, sp, f"grid-{i}", args.seconds)
+        r = probe(args, work, cfg, sp, f"grid-{i}", args.seconds, prober)
+        if args.seconds is None and i == 0:
+            say(f"# grid probe limits, e.g. {fmt(cfg)}: {prober.spec(*sp.trial_knobs(cfg), 'x').max_s:.1f} s")
         grid.append((cfg, r.samples_per_s, r))  # 0 without an estimate
         say(f"grid {i + 1:3d}/{len(configs)} {fmt(cfg):55s} "
             f"{r.samples_per_s:8.1f} ± {r.ci_half:6.1f} {r.outcome.value}"
@@ -149,9 +158,12 @@ def main() -> int:
     # 3. tune with a share of the grid's time
     budget_s = args.budget_share * grid_s
     cmd = [sys.executable, "-m", "autotune", "tune", "--json", "--plain",
-           "--budget", f"{budget_s:.0f}s", "--seconds", str(args.seconds),
-           "--confirm-rounds", str(args.confirm_rounds), "--confirm-seconds", str(args.seconds),
-           "--foreign-limit", str(args.foreign_limit), "--no-warm-start", "--recipe-dir", str(work / "recipes")]
+           "--budget", f"{budget_s:.0f}s", "--foreign-limit", str(args.foreign_limit), "--no-warm-start", "--recipe-dir",
+           str(work / "recipes")]
+    if args.seconds:
+        cmd += ["--seconds", str(args.seconds), "--confirm-seconds", str(args.seconds)]
+    if args.confirm_rounds is not None:
+        cmd += ["--confirm-rounds", str(args.confirm_rounds)]
     if args.space:
         cmd += ["--space", *args.space]
     cmd += ["--", *args.command]

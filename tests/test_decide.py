@@ -104,11 +104,16 @@ def test_combine_joins_the_moves_that_paid_off():
 
 
 def test_confirmation_fits_what_is_left_of_the_budget():
-    from autotune.tuning.confirm import fit
+    from autotune.tuning.fitting import MAX_CONFIRM_ROUNDS, confirm_fit
 
-    assert fit(2, 30.0, 3, None, 20.0) == (2, 30.0)  # no budget: as asked
-    assert fit(2, 30.0, 3, 200.0, 20.0) == (2, 30.0)  # it fits
-    assert fit(2, 30.0, 3, 100.0, 20.0) == (1, 30.0)  # one round fits
-    rounds, window = fit(2, 30.0, 3, 75.0, 20.0)  # shorter probes
-    assert rounds == 1 and window == 25.0
-    assert fit(2, 30.0, 3, 10.0, 20.0) == (1, 20.0)  # never shorter than a search probe
+    assert confirm_fit(3, 30.0, 3, None, 20.0) == (3, 30.0)  # no budget: as asked
+    assert confirm_fit(3, 30.0, 3, 300.0, 20.0) == (3, 30.0)  # it fits
+    # too little: probes shorten first (rounds are what the interval stands on)...
+    assert confirm_fit(3, 30.0, 3, 225.0, 20.0) == (3, 25.0)
+    # ...down to a search probe's length, then rounds go
+    assert confirm_fit(3, 30.0, 3, 150.0, 20.0) == (2, 20.0)
+    assert confirm_fit(3, 30.0, 3, 10.0, 20.0) == (1, 20.0)  # never shorter than a search probe
+    # a search stopped by its budget: what is left buys rounds, up to the most
+    assert confirm_fit(3, 30.0, 3, 450.0, 20.0, stretch=True) == (5, 30.0)
+    assert confirm_fit(3, 30.0, 3, 9000.0, 20.0, stretch=True) == (MAX_CONFIRM_ROUNDS, 30.0)
+    assert confirm_fit(3, 30.0, 3, 450.0, 20.0) == (3, 30.0)  # not stretched otherwise

@@ -36,6 +36,17 @@ def test_round_trip(tmp_path):
     assert not list(tmp_path.glob(".*tmp"))  # written atomically: no temp file left
 
 
+def test_the_speed_up_interval_is_kept_and_shown(tmp_path, capsys):
+    from autotune.commands import cli
+
+    path = recipes.save(recipe(speedup_low=1.31, speedup_high=1.72), tmp_path)
+    loaded = recipes.load(path)
+    assert (loaded.speedup_low, loaded.speedup_high) == (1.31, 1.72)
+    assert recipes.load(recipes.save(recipe(name="old"), tmp_path)).speedup_low is None
+    assert cli.main(["recipes", "show", str(path)]) == 0
+    assert "1.50x (95% interval 1.31x-1.72x)" in capsys.readouterr().out
+
+
 def test_run_knobs_turn_the_share_into_threads():
     knobs, instances = recipe().run_knobs(cores=8)
     assert knobs == {"batch_size": 64, "workers": 2, "threads": 4, "instances": 1}

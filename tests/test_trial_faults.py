@@ -102,6 +102,40 @@ def test_hang_before_first_batch(tmp_path):
     assert "before its first batch" in r.reason
 
 
+def test_an_idle_standstill_is_a_hang_long_before_a_busy_one_would_be(tmp_path):
+    """The fitted threshold (many of its own steps) applies when the ranks idle through the
+    standstill; the busy threshold (an evaluation pause) stays far longer."""
+    r = probe(tmp_path, "hang.py", "--after", "20", hang_s=300.0, idle_hang_s=3.0,
+              **NEVER_TIGHT)
+    assert r.outcome == Outcome.HUNG, r.reason
+    assert r.duration_s < 30
+
+
+def test_a_busy_standstill_is_not_taken_for_an_idle_one(tmp_path):
+    # 4 s of busy evaluation every second of training: past idle_hang_s, but the CPU works
+    r = probe(tmp_path, "shape_pauses.py", "--eval-every-s", "1", "--eval-s", "4",
+              "--sample-s", "0", hang_s=300.0, idle_hang_s=2.0, max_s=20.0, min_measure_s=60.0)
+    assert r.outcome != Outcome.HUNG, r.reason  # (too few windows between pauses to measure)
+    assert r.duration_s >= 20
+
+
+def test_a_probe_ending_idle_long_after_its_first_batch_was_due_is_hung(tmp_path):
+    """However short the probe: no batch three times later than the baseline's came, and no
+    work towards one, is a hang."""
+    r = probe(tmp_path, "hang.py", "--at-start", startup_s=300.0, max_s=14.0,
+              expect_first_s=2.0)
+    assert r.outcome == Outcome.HUNG, r.reason
+    assert "before its first batch" in r.reason
+
+
+@pytest.mark.parametrize("busy, expect_first_s", [(True, 2.0), (False, 8.0)])
+def test_a_start_that_is_busy_or_not_yet_late_is_no_signal(tmp_path, busy, expect_first_s):
+    args = ["--sample-s", "30"] + (["--sample-busy"] if busy else [])
+    r = probe(tmp_path, "slow_steps.py", *args, startup_s=300.0, max_s=14.0,
+              expect_first_s=expect_first_s)
+    assert r.outcome == Outcome.NO_SIGNAL, r.reason
+
+
 def test_stop_is_clean(tmp_path):
     r = probe(tmp_path, "ok.py")
     assert r.exit_code == 0  # left at a batch boundary on our request, not killed

@@ -146,7 +146,7 @@ def _show(r: recipes.Recipe, out) -> None:
         f"baseline:  {r.baseline_samples_per_s:.1f} ± {r.baseline_ci_half:.1f} samples/s with "
         f"{_knobs(r.baseline_knobs)}",
         f"speedup:   {r.speedup:.2f}x" + (" (kept the script's defaults)" if r.kept_baseline
-                                           else ""),
+                                           else _interval(r)),
         f"why:       {r.reason}" if r.reason else "",
         f"verdict:   {r.verdict.get('text')}" if r.verdict else "",
         f"hardware:  {fingerprint.summary(r.fingerprint)}",
@@ -156,3 +156,9 @@ def _show(r: recipes.Recipe, out) -> None:
     for line in lines:
         if line:
             out.print(line)
+
+
+def _interval(r: recipes.Recipe) -> str:
+    if r.speedup_low is None or r.speedup_high is None:
+        return ""
+    return f" (95% interval {r.speedup_low:.2f}x-{r.speedup_high:.2f}x)"

@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -49,8 +50,11 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
                         "20 without --budget, else as many as the budget allows)")
     s.add_argument("--budget", type=space.parse_duration, metavar="TIME",
                    help="wall time for the whole tuning, confirmation included: 90s, 10m, 1h")
-    s.add_argument("--seconds", type=common.positive_float, default=20.0, metavar="S",
-                   help="time limit of one probe, start-up included (default 20)")
+    s.add_argument("--seconds", type=common.positive_float, default=None, metavar="S",
+                   help="time limit of one probe, start-up included (default: fitted to the "
+                        "script: the baseline runs until its interval is tight, and every "
+                        "later probe gets the start-up, warm-up and measuring time the "
+                        "baseline showed, longer for configs with longer steps)")
     s.add_argument("--space", nargs="+", action="extend", default=[], metavar="NAME=RANGE",
                    help="candidates of a knob: batch_size=16:512 (powers of two between), "
                         "workers=0:4, threads=1,2,4 or thread_pct=25:100, instances=1:2, "
@@ -64,11 +68,14 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--baseline", nargs="+", action="extend", default=[], metavar="NAME=VALUE",
                    help="the script's own value of a knob you pass as a {placeholder}, for "
                         "the baseline probe (default: batch_size=32, workers=0)")
-    s.add_argument("--confirm-rounds", type=_count, default=2, metavar="N",
+    s.add_argument("--confirm-rounds", type=_count, default=3, metavar="N",
                    help="interleaved re-measurements of the best two and the baseline "
-                        "(default 2; 0 skips the confirmation)")
+                        "(default 3, the fewest whose spread gives the speed-up an interval; "
+                        "a budget may hold fewer, or more when the search stops for it; 0 "
+                        "skips the confirmation)")
     s.add_argument("--confirm-seconds", type=common.positive_float, metavar="S",
-                   help="time limit of one confirmation probe (default 1.5 x --seconds)")
+                   help="time limit of one confirmation probe (default 1.5 x --seconds, or "
+                        "each config's fitted probe)")
     s.add_argument("--seed", type=int, help="seed of the sampler, for a reproducible search")
     s.add_argument("--verdict", action="store_true",
                    help="also probe the winner in synthetic and io modes and record the "
@@ -274,7 +281,9 @@ def build_recipe(report: TuneReport, prep: Prepared,
         script_path=target[0], script_args=tuple(target[1:]), trials=report.trials_measured,
         source=report.source, reason=report.reason,
         verdict=report.verdict.to_dict() if report.verdict else None,
-        global_batch=global_batch, notes=report.best_notes)
+        global_batch=global_batch, notes=report.best_notes,
+        speedup_low=None if report.kept_baseline else report.speedup_low,
+        speedup_high=None if report.kept_baseline else report.speedup_high)
 
 
 def summary(report: TuneReport, recipe_path: Path) -> dict:
@@ -292,13 +301,19 @@ def print_summary(report: TuneReport, recipe_path: Path, *, plain: bool) -> None
         knobs = " ".join(f"{k}={v}" for k, v in s.knobs.items())
         table.add_row(label, knobs, f"{s.samples_per_s:.1f}", f"{s.ci_half:.1f}")
     out.print(table)
-    out.print(f"speedup: {report.speedup:.2f}x — {report.reason}")
+    out.print(f"speedup: {report.speedup:.2f}x{_interval(report)} — {report.reason}")
     out.print(f"trials: {report.trials_measured} measured ({report.trials_total} in the study); "
               f"stopped: {report.stop_reason}")
     if report.verdict:
         out.print(f"verdict: {report.verdict.text}")
     out.print(f"recipe: {recipe_path}")
     out.print(f"run directory: {report.run_dir}")
+
+
+def _interval(report: TuneReport) -> str:
+    if report.kept_baseline or not math.isfinite(report.speedup_high):
+        return ""
+    return f" (95% interval {report.speedup_low:.2f}x-{report.speedup_high:.2f}x)"
 
 
 def run(args) -> int:

@@ -64,6 +64,10 @@ class ForeignLoad:
                 first = self._ours[key][0]
             self._ours[key] = (first, cpu)
 
+    def ours_s(self) -> float:
+        """CPU seconds the sampled processes used since construction."""
+        return sum(last - first for first, last in self._ours.values())
+
     def cores(self) -> float:
         """Average foreign load in cores since construction (never negative)."""
         elapsed = time.monotonic() - self._t0
@@ -71,5 +75,5 @@ class ForeignLoad:
             return 0.0
         busy = _busy_s() - self._busy0
         mine = _proc_cpu_s(self._me) - self._me0
-        ours = sum(last - first for first, last in self._ours.values())
+        ours = self.ours_s()
         return max(0.0, (busy - mine - ours) / elapsed)

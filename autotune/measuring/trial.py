@@ -7,6 +7,7 @@ sweep for stragglers) and returns a frozen `TrialResult`. No process of the tria
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import time
@@ -28,6 +29,8 @@ from probes import protocol
 
 POLL_S = 0.2
 ESTIMATE_EVERY_S = 1.0
+IDLE_CORES = 0.05  # the ranks' CPU, in cores, under which a standstill is a wait
+MIN_IDLE_START_S = 10.0  # a probe ending with no batch after this long idle: hung
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,12 @@ class TrialSpec:
     min_measure_s: float = 5.0
     target_rel: float = 0.05
     hang_s: float = 30.0  # no progress this long after the first batch: hung
+    # ...or, when the ranks' CPU idled through it, this long (a silent wait, not a busy pause)
+    idle_hang_s: float | None = None
     startup_s: float = 120.0  # no batch and no CPU use this long from the start: hung
+    # When the script's first batch is expected (its baseline's): a probe ending with none after
+    # three times that, its ranks idle, is hung whatever its length.
+    expect_first_s: float | None = None
     grace_s: float = 5.0
     samples_per_step: int | None = None  # when the script has no DataLoader
     metric: str | None = None  # --metric REGEX: throughput from rank 0's output (autotune.measuring.metric)
@@ -99,6 +107,10 @@ class TrialResult:
     # share that clock, so a script's own timestamps can be compared).
     window_start_t: float = 0.0
     window_end_t: float = 0.0
+    # How the script moves (`autotune.tuning.fitting`): launch to its first batch or step, and
+    # one rank's time per batch (or step) while it progressed; 0 when never seen.
+    first_s: float = 0.0
+    step_s: float = 0.0
 
     @property
     def foreign_flagged(self) -> bool:
@@ -152,10 +164,19 @@ class _Probe:
         self.stop_t: float | None = None  # when we asked the ranks to stop
         self.pruned = False
         self.cpu_seen = 0.0
+        self.ours_at_progress = 0.0  # the ranks' CPU seconds when the counters last moved
+        self.cpu_trail: collections.deque = collections.deque(maxlen=int(120 / POLL_S))
         self.samples_per_step, self.step_note = series.samples_per_step(
             spec.ranks.command, spec.ranks.knobs, spec.samples_per_step)
         self.metric = MetricLog(parse_metric(spec.metric)) if spec.metric else None
         self.log: logs.Reader | None = None  # rank 0's log, from where it ended at the start
+
+    def idle_for(self, over_s: float, now: float) -> bool:
+        """The ranks used next to no CPU over the last ``over_s`` seconds."""
+        old = next(((t, c) for t, c in self.cpu_trail if t >= now - over_s - POLL_S), None)
+        if old is None or now - old[0] < over_s - 2 * POLL_S or not self.cpu_trail:
+            return False
+        return idle(self.cpu_trail[-1][1] - old[1], now - old[0])
 
     # -- messages ---------------------------------------------------------------------------
     def absorb(self, received) -> None:
@@ -310,15 +331,18 @@ def _loop(probe: _Probe, collector: Collector, load: ForeignLoad) -> None:
         if progress != probe.last_progress:
             probe.last_progress = progress
             probe.last_progress_t = now
+            probe.ours_at_progress = load.ours_s()
             if probe.first_progress is None and any(progress):
                 probe.first_progress = (now, progress[0] or progress[1])
         elif any(progress):
-            if now - probe.last_progress_t > spec.hang_s:
-                probe.hung_s = now - probe.last_progress_t
+            still = now - probe.last_progress_t
+            if still > spec.hang_s or (spec.idle_hang_s is not None and still > spec.idle_hang_s
+                                       and idle(load.ours_s() - probe.ours_at_progress, still)):
+                probe.hung_s = still
                 return
         elif now - probe.t_start > spec.startup_s:
             cpu = cpu_s(tree)
-            if cpu - probe.cpu_seen < 0.05 * spec.startup_s:
+            if cpu - probe.cpu_seen < IDLE_CORES * spec.startup_s:
                 probe.hung_s = now - probe.t_start
                 return
             probe.cpu_seen = cpu
@@ -331,13 +355,23 @@ def _loop(probe: _Probe, collector: Collector, load: ForeignLoad) -> None:
                 if est.tight(spec.target_rel, spec.min_measure_s):
                     return
                 if spec.alone_after_s is not None and est.measured_s >= spec.alone_after_s \
-                        and not probe.script.facts.get("backend"):
+                        and est.windows >= 3 and not probe.script.facts.get("backend"):
                     return
                 if probe.on_progress is not None and probe.on_progress(est):
                     probe.pruned = True
                     return
+        probe.cpu_trail.append((now, load.ours_s()))
         if now - probe.t_begin > spec.max_s:
+            late = spec.expect_first_s is not None and \
+                now - probe.t_begin >= max(MIN_IDLE_START_S, 3 * spec.expect_first_s)
+            if not any(progress) and late and probe.idle_for(MIN_IDLE_START_S, now):
+                probe.hung_s = now - probe.t_begin  # no batch, and no work towards one
             return
+
+
+def idle(cpu_s_used: float, over_s: float) -> bool:
+    """The ranks did (next to) no work over ``over_s`` seconds: a wait, not a slow step."""
+    return cpu_s_used < IDLE_CORES * over_s
 
 
 def _stall(probe: _Probe) -> dict:
@@ -422,4 +456,15 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         log_tail="" if outcome == Outcome.OK else tail, seen=seen,
         notes=tuple(notes), knobs=dict(probe.spec.ranks.knobs), mode=probe.spec.ranks.mode,
         foreign_limit_cores=probe.spec.foreign_limit_cores, counted_samples_per_s=counted,
-        window_start_t=est.start_t if est else 0.0, window_end_t=est.end_t if est else 0.0)
+        window_start_t=est.start_t if est else 0.0, window_end_t=est.end_t if est else 0.0,
+        **_pace(probe))
+
+
+def _pace(probe: _Probe) -> dict:
+    """``first_s`` and ``step_s`` of the result: when it first progressed, and one rank's
+    time per batch (or step) from then on."""
+    if probe.first_progress is None:
+        return {}
+    step = _stall(probe).get("step_s")
+    return {"first_s": probe.first_progress[0] - probe.t_begin,
+            "step_s": step * max(1, len(probe.ranks)) if step else 0.0}

@@ -7,7 +7,6 @@ live view fails.
 from __future__ import annotations
 
 import math
-
 import os
 import time
 
@@ -214,6 +213,10 @@ def _best(ev):
     base = ev.get("baseline_samples_per_s")
     speed = ev.get("speedup")
     vs = f", {speed:.2f}x the baseline {base:,.1f}" if speed and base else ""
+    low, high = ev.get("speedup_low"), ev.get("speedup_high")
+    if vs and isinstance(low, (int, float)) and isinstance(high, (int, float)) and \
+            math.isfinite(high) and high > low:
+        vs += f" (95% interval {low:.2f}x-{high:.2f}x)"
     if ev.get("kept_baseline"):
         return f"best: kept the baseline ({rate} samples/s): no config beat it beyond the noise"
     return f"best: {rate} samples/s{vs} · {fmt_knobs(ev.get('knobs'))}"

@@ -171,7 +171,10 @@ def best_section(state: RunState) -> str:
     if b is not None and b.get("kept_baseline"):
         rows.append(("speedup", "none beyond the noise: the baseline was kept"))
     elif speedup:
-        rows.append(("speedup", f"<span class='speedup'>{speedup:.2f}x</span>"))
+        low, high = (b or {}).get("speedup_low"), (b or {}).get("speedup_high")
+        within = f" (95% interval {low:.2f}x-{high:.2f}x)" if isinstance(low, (int, float)) \
+            and isinstance(high, (int, float)) and high > low and high < float("inf") else ""
+        rows.append(("speedup", f"<span class='speedup'>{speedup:.2f}x</span>{within}"))
     text, where = read_recipe(state)
     if where:
         rows.append(("recipe", f"<code>{escape(where)}</code>"))

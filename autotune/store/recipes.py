@@ -13,6 +13,7 @@ Layout (schema version 1)::
     [script]       path, args, sha256
     [knobs]        batch_size, workers, thread_pct, instances, bucket_mb (those that were tuned)
     [result]       samples_per_s, ci_half, baseline_samples_per_s, baseline_ci_half, speedup,
+                   speedup_low and speedup_high (its 95% interval),
                    kept_baseline, trials, source, reason, notes (what the winner's probes
                    said of it, e.g. a backend autotune replaced)
     [baseline]     the script's own knobs
@@ -26,6 +27,7 @@ Layout (schema version 1)::
 from __future__ import annotations
 
 import datetime
+import math
 import re
 import tomllib
 from collections.abc import Mapping
@@ -49,7 +51,9 @@ _FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
     "result": {"samples_per_s": ("int or float", True), "ci_half": ("int or float", True),
                "baseline_samples_per_s": ("int or float", True),
                "baseline_ci_half": ("int or float", False), "speedup": ("int or float", True),
-               "kept_baseline": ("bool", True), "trials": ("int", False), "source": ("str", False),
+               "kept_baseline": ("bool", True), "speedup_low": ("int or float", False),
+               "speedup_high": ("int or float", False), "trials": ("int", False),
+               "source": ("str", False),
                "reason": ("str", False), "notes": ("list of str", False)},
     "verdict": {"bottleneck": ("str", False), "text": ("str", False),
                 "bound_samples_per_s": ("int or float", False),
@@ -98,6 +102,9 @@ class Recipe:
     created: str = ""
     autotune_version: str = __version__
     path: Path | None = None  # where it was loaded from or saved to
+    # the speed-up's 95% interval over the confirmation rounds (`decision.speedup_interval`)
+    speedup_low: float | None = None
+    speedup_high: float | None = None
     global_batch: int | None = None  # the job's batch, kept whatever the world
     notes: tuple[str, ...] = ()  # what the winner's probes said of it (a backend replaced, ...)
 
@@ -142,11 +149,19 @@ class Recipe:
                "fingerprint": self.fingerprint.to_dict()}
         if self.notes:
             doc["result"]["notes"] = list(self.notes)
+        if self.speedup_low is not None and self.speedup_high is not None and \
+                math.isfinite(self.speedup_high):
+            doc["result"]["speedup_low"] = float(self.speedup_low)
+            doc["result"]["speedup_high"] = float(self.speedup_high)
         if self.verdict:
             doc["verdict"] = {k: v for k, v in self.verdict.items() if v is not None}
         if self.global_batch:
             doc["job"] = {"global_batch": int(self.global_batch)}
         return doc
+
+
+def _maybe_float(value) -> float | None:
+    return None if value is None else float(value)
 
 
 def _now() -> str:
@@ -233,6 +248,8 @@ def load(path: Path | str) -> Recipe:
         created=str(doc.get("created", "")),
         autotune_version=str(doc.get("autotune_version", "")), path=path,
         global_batch=doc.get("job", {}).get("global_batch"),
+        speedup_low=_maybe_float(result.get("speedup_low")),
+        speedup_high=_maybe_float(result.get("speedup_high")),
         notes=tuple(result.get("notes", ())))
 
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from autotune.launching import allreduce, engines, rank_command
 from autotune.store import fingerprint
-from autotune.tuning import space
+from autotune.tuning import fitting, space
 from autotune import AutotuneError
 from autotune.measuring.outcome import Outcome
 from autotune.tuning.prober import Prober
@@ -92,16 +92,18 @@ def measure(prober: Prober, state: TuneState) -> TuneState:
         prober.emit("trial_finished", trial="baseline", number=None, mode=result.mode,
                     result=result)
 
+    first_max = prober.spec(values, 1, "baseline").max_s
     result = probe(values)
     no_loader = result.source == "none" and result.steps_per_s > 0  # more time won't help
     if result.outcome == Outcome.NO_SIGNAL and result.exit_code in (0, None) and not no_loader:
         # Too few batches inside the window: a slow start (imports, data) or slow steps, not a
         # broken script. One more try with twice the time before giving up.
-        prober.note("hint", f"baseline: no throughput within {settings.seconds:.0f} s "
+        prober.note("hint", f"baseline: no throughput within {first_max:.0f} s "
                             f"({result.reason}); trying once more with "
-                            f"{2 * settings.seconds:.0f} s (raise --seconds for slow starts)")
+                            f"{2 * first_max:.0f} s" + (" (raise --seconds for slow starts)"
+                                                        if settings.seconds else ""))
         finished(result)
-        result = probe(values, max_s=2 * settings.seconds)
+        result = probe(values, max_s=2 * first_max)
     world = own_world(result.seen, gb, devices) \
         if result.ok or result.outcome == Outcome.FOREIGN_LOAD else devices
     if world != devices:
@@ -139,6 +141,11 @@ def measure(prober: Prober, state: TuneState) -> TuneState:
                                  settings.command[1:]))), devices=devices)
     sp = space.build(machine, base, req)
     finished(dataclasses.replace(result, knobs=dict(sp.baseline)))  # one rank: no bucket_mb
+    timing = fitting.ScriptTiming.of(result, sp.trial_knobs(sp.baseline)[0])
+    if timing is not None:
+        prober.timing = timing
+        prober.note("info", f"baseline: {timing.describe()}" + (
+            "; later probes are fitted to it" if not settings.seconds else ""))
     base, ranks_probe = discover_ranks(prober, machine, base, req)
     sp = space.build(machine, base, req)
     saved = None
@@ -149,6 +156,7 @@ def measure(prober: Prober, state: TuneState) -> TuneState:
             sp = space.build(dataclasses.replace(machine, bucket_mb_range=bounds), base, req)
         _tell_buckets(prober, saved, bounds, sp.domains.get("bucket_mb", ()))
     return dataclasses.replace(state, space=sp, allreduce=saved, ranks_probe=ranks_probe,
+                               timing=timing.to_dict() if timing else None,
                                baseline=BaselineRecord(dict(sp.baseline), result.samples_per_s,
                                                        result.ci_half, result.source,
                                                        result.seen))
@@ -205,13 +213,13 @@ def discover_ranks(prober: Prober, machine: space.Machine, base: space.Baseline,
         return prober.probe(prober.spec(knobs, instances, "ranks", alone_after_s=ALONE_AFTER_S,
                                         **over), label="ranks", number=None, cfg=cfg)
 
+    first_max = prober.spec(knobs, instances, "ranks").max_s
     result = probe()
     if result.outcome == Outcome.NO_SIGNAL and result.exit_code in (0, None):
         # two ranks start slower than one (a process group to form, twice the imports)
-        prober.tell("info", f"ranks: no throughput within {prober.settings.seconds:.0f} s "
-                            f"({result.reason}); trying once more with "
-                            f"{2 * prober.settings.seconds:.0f} s")
-        result = probe(max_s=2 * prober.settings.seconds)
+        prober.tell("info", f"ranks: no throughput within {first_max:.0f} s "
+                            f"({result.reason}); trying once more with {2 * first_max:.0f} s")
+        result = probe(max_s=2 * first_max)
     seen = result.seen
     joined = bool(seen.get("backend")) and int(seen.get("world_size") or 0) >= 2 and \
         not seen.get("started_by_script")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from autotune.measuring import bottleneck
 from autotune.measuring.outcome import Outcome
-from autotune.tuning import decision
+from autotune.tuning import decision, fitting
 from autotune.tuning.decision import Measured
 from autotune.tuning.prober import Prober
 from autotune.tuning.records import Known, Scored
@@ -21,6 +21,7 @@ from autotune.tuning.space import Space
 from autotune.tuning.state import TuneState
 
 CONFIRM_TARGET_REL = 0.02  # tight enough that a confirmation probe measures its whole window
+TOO_SHORT_SHARE = 0.75  # less than this share of one round left: no re-measurement
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,8 @@ class Confirmed:
     kept_baseline: bool
     reason: str
     verdict: bottleneck.Verdict | None = None  # with --verdict: the winner's bottleneck
+    speedup_low: float = 1.0  # the speed-up's 95% interval (`decision.speedup_interval`)
+    speedup_high: float = 1.0
 
 
 def _candidates(space: Space, known: Mapping[tuple, Known]) -> list[tuple[str, dict]]:
@@ -44,25 +47,14 @@ def _candidates(space: Space, known: Mapping[tuple, Known]) -> list[tuple[str, d
                                                   for k in oks]
 
 
-def fit(rounds: int, window_s: float, configs: int, left_s: float | None,
-        least_s: float) -> tuple[int, float]:
-    """Rounds and probe length that fit ``left_s`` of the budget (None: no budget); at least
-    one round of probes as long as the search's (``least_s``)."""
-    if left_s is None or rounds * configs * window_s <= left_s:
-        return rounds, window_s
-    rounds = max(1, min(rounds, int(left_s // (configs * window_s))))
-    if rounds * configs * window_s > left_s:
-        window_s = max(least_s, left_s / (rounds * configs))
-    return rounds, window_s
-
-
 def _remeasure(prober: Prober, space: Space, entries, rounds: int,
-               window_s: float) -> dict[str, list]:
+               windows: Mapping[str, float]) -> dict[str, list]:
     cfgs = dict(entries)
     results: dict[str, list] = {name: [] for name in cfgs}
     for rnd, name in decision.interleave(list(cfgs), rounds):
         cfg = cfgs[name]
         label = f"confirm{rnd}-{name}"
+        window_s = windows[name]
         spec = prober.spec(*space.trial_knobs(cfg), label, max_s=window_s,
                            min_measure_s=0.6 * window_s, target_rel=CONFIRM_TARGET_REL)
         r = prober.probe(spec, label=label, number=None, cfg=cfg, events=False)
@@ -75,6 +67,14 @@ def _remeasure(prober: Prober, space: Space, entries, rounds: int,
             prober.tell("warning", f"confirmation round {rnd}, {name}: {r.outcome.value}: "
                                    f"{r.reason}")
     return results
+
+
+def _windows(prober: Prober, space: Space, entries) -> dict[str, float]:
+    """Each entry's confirmation probe: as given, else `fitting.CONFIRM_PROBE_FACTOR` times
+    its own fitted search probe (a config with longer steps measures longer)."""
+    given = prober.settings.confirm_probe_s
+    return {name: given or fitting.CONFIRM_PROBE_FACTOR * prober.probe_s(*space.trial_knobs(cfg))
+            for name, cfg in entries}
 
 
 def _probe_verdict(prober: Prober, space: Space, cfg: dict,
@@ -91,9 +91,10 @@ def _probe_verdict(prober: Prober, space: Space, cfg: dict,
 
 
 def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
-           left_s: float | None) -> Confirmed:
+           left_s: float | None, stretch: bool = False) -> Confirmed:
     """Confirm the best two of ``known`` against the state's baseline within ``left_s`` of the
-    budget (None: no budget), decide, and journal the ``best``."""
+    budget (None: no budget), decide, and journal the ``best``. With ``stretch`` (the search
+    stopped for its budget), what is left buys more rounds."""
     settings, space, baseline = state.settings, state.space, state.baseline
     entries = _candidates(space, known)
     names = [n for n, _ in entries]
@@ -104,12 +105,25 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
         k = baseline if name == "baseline" else known[space.key(cfgs[name])]
         return Measured(k.samples_per_s if name == "baseline" else k.value, k.ci_half)
 
+    windows = _windows(prober, space, entries)
+    mean_window = sum(windows.values()) / len(windows)
+    # no entry's probe shorter than its search probe: the windows shrink together
+    least = sum(prober.probe_s(*space.trial_knobs(c)) for _, c in entries) / len(entries)
+    if len(entries) > 1 and rounds > 0 and left_s is not None and \
+            left_s < TOO_SHORT_SHARE * len(entries) * least:
+        prober.note("warning", f"confirmation: {max(left_s, 0):.0f} s of the budget left, too "
+                               f"little for one round of {len(entries)} probes of "
+                               f"~{least:.0f} s; the search's own probes decide, and the "
+                               f"speed-up's interval allows for new processes")
+        rounds = 0
     if len(entries) > 1 and rounds > 0:
-        rounds, window_s = fit(rounds, settings.confirm_probe_s, len(entries), left_s,
-                               settings.seconds)
+        rounds, window_s = fitting.confirm_fit(rounds, mean_window, len(entries), left_s,
+                                               least, stretch=stretch)
+        scale = window_s / mean_window
+        windows = {n: w * scale for n, w in windows.items()}
         prober.tell("info", f"confirming: {', '.join(names)}, {rounds} interleaved round(s) of "
-                            f"{window_s:.0f} s probes")
-        results = _remeasure(prober, space, entries, rounds, window_s)
+                            f"{', '.join(f'{w:.0f}' for w in windows.values())} s probes")
+        results = _remeasure(prober, space, entries, rounds, windows)
         for name, ms in results.items():
             if all(m is None for m in ms):  # nothing measured is never a figure: the search's
                 results[name] = [searched(name)]
@@ -133,5 +147,7 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
         if settings.verdict else None
     prober.emit("best", knobs=best_cfg, samples_per_s=best.samples_per_s,
                 ci_half=best.ci_half, baseline_samples_per_s=base.samples_per_s,
-                speedup=d.speedup, kept_baseline=d.kept_baseline, reason=d.reason)
-    return Confirmed(best, base, d.speedup, d.kept_baseline, d.reason, verdict)
+                speedup=d.speedup, kept_baseline=d.kept_baseline, reason=d.reason,
+                speedup_low=d.speedup_low, speedup_high=d.speedup_high)
+    return Confirmed(best, base, d.speedup, d.kept_baseline, d.reason, verdict,
+                     d.speedup_low, d.speedup_high)

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from autotune.measuring.steady import t975
 
 MIN_GAIN_REL = 0.03  # a winner must beat the baseline by more than this, whatever the intervals
+# One config's throughput between separate processes, as a share (DESIGN.md, Measuring: ~10%);
+# what a speed-up measured in one round of two processes cannot see from inside either.
+PROCESS_NOISE_REL = 0.10
 PRUNE_MARGIN_REL = 0.10  # a probe is pruned when its upper bound is this far under the best
 
 
@@ -133,6 +136,30 @@ class Decision:
     baseline_summary: Summary
     noise_rel: float
     reason: str
+    # the 95% interval of ``speedup`` (`speedup_interval`); (1, 1) when the baseline was kept
+    speedup_low: float = 1.0
+    speedup_high: float = 1.0
+
+
+def speedup_interval(speedup: float, pairs: Sequence[tuple[float, float]],
+                     winner: Summary, base: Summary) -> tuple[float, float]:
+    """A 95% interval for ``speedup`` that holds when the two configs are run again, in new
+    processes: from the spread of the per-round ratios (``pairs``: winner, baseline) when there
+    are two rounds or more, never narrower than the probes' own intervals; from one round, the
+    probes' intervals widened by `PROCESS_NOISE_REL` for each of the two processes."""
+    within = math.hypot(_rel(winner), _rel(base))
+    half = math.log1p(within) if math.isfinite(within) else math.inf
+    logs = [math.log(w / b) for w, b in pairs if w > 0 and b > 0]
+    if len(logs) >= 2:
+        m = sum(logs) / len(logs)
+        sd = math.sqrt(sum((x - m) ** 2 for x in logs) / (len(logs) - 1))
+        half = max(half, t975(len(logs) - 1) * sd / math.sqrt(len(logs)))
+    else:
+        one = math.hypot(within, 1.96 * math.sqrt(2) * PROCESS_NOISE_REL)
+        half = math.log1p(one) if math.isfinite(one) else math.inf
+    if not math.isfinite(half):
+        return 0.0, math.inf
+    return speedup * math.exp(-half), speedup * math.exp(half)
 
 
 def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
@@ -170,9 +197,12 @@ def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
             noise = max(noise, math.expm1(t975(len(logs) - 1) * sd / math.sqrt(len(logs))))
     every_round = bool(pairs) and all(w > b for w, b in pairs)
     if every_round and speedup - 1 > noise:
+        low, high = speedup_interval(speedup, pairs, best, base)
         return Decision(name, False, speedup, best, base, noise,
                         f"{name} beat the baseline in every round by {speedup - 1:+.1%} on "
-                        f"average, beyond the noise ({noise:.1%})")
+                        f"average, beyond the noise ({noise:.1%}); 95% interval of the "
+                        f"speed-up {low:.2f}x-{high:.2f}x over {len(pairs)} round(s)",
+                        low, high)
     why = ("it did not win every round" if not every_round
            else f"{speedup - 1:+.1%} is within the noise ({noise:.1%})")
     return Decision(baseline, True, 1.0, base, base, noise,

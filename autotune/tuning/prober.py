@@ -18,7 +18,7 @@ from autotune.measuring import series, trial
 from autotune.measuring.outcome import Outcome
 from autotune.measuring.trial import TrialResult, TrialSpec
 from autotune.store.journal import Journal
-from autotune.tuning import state
+from autotune.tuning import fitting, state
 from autotune.tuning.records import TuneSettings
 
 FOREIGN_WAIT_S = 5.0
@@ -43,6 +43,9 @@ class Prober:
         self._run_trial = run_trial
         self._told_busy = False
         self.probe_notes: dict[tuple, tuple[str, ...]] = {}  # a config's last probe's notes
+        # how the script moves, from the baseline (`autotune.tuning.fitting`); None before it
+        self.timing: fitting.ScriptTiming | None = None
+        self.paces: list[fitting.Pace] = []  # steps seen in probes since, by their knobs
 
     # -- the user and the journal ---------------------------------------------------------------
     def note(self, level: str, message: str) -> None:
@@ -59,16 +62,69 @@ class Prober:
 
     # -- probes ---------------------------------------------------------------------------------
     def spec(self, knobs: Mapping, instances: int, name: str, **over) -> TrialSpec:
-        """The probe of ``knobs`` on ``instances`` ranks; ``over`` replaces spec fields."""
+        """The probe of ``knobs`` on ``instances`` ranks; ``over`` replaces spec fields.
+
+        Its time limit is ``--seconds`` when given, else fitted to the script
+        (`fitting.limits`; before the baseline has timed it, the baseline's own limit); its hang
+        thresholds follow the script's steps once they are known.
+        """
         s = self.settings
         per_step = series.samples_per_step(s.command, knobs, s.samples_per_step)[0]
         spec = dict(command=tuple(s.command), knobs=dict(knobs), instances=instances,
                     cwd=s.cwd, log_dir=self.run_dir / "logs", name=name,
-                    max_s=s.seconds, min_measure_s=s.min_measure_s,
+                    max_s=s.seconds or self.baseline_max_s(), min_measure_s=s.min_measure_s,
                     samples_per_step=per_step, foreign_limit_cores=s.foreign_limit_cores,
                     launcher=self.launcher)
+        if self.timing is not None:
+            fitted = fitting.limits(self.timing, knobs, instances,
+                                    seen=self.paces).spec_fields()
+            if s.seconds:  # the user's length stands; the hang thresholds are the script's
+                fitted = {k: v for k, v in fitted.items() if k not in ("max_s", "min_measure_s")}
+            else:  # one probe never eats the budget
+                fitted["max_s"] = min(fitted["max_s"], self._budget_cap())
+            spec.update(fitted)
         spec.update(over)
+        spec["min_measure_s"] = min(spec["min_measure_s"], 0.6 * spec["max_s"])
         return TrialSpec.of(**spec)
+
+    def _budget_cap(self) -> float:
+        """The most one fitted probe may take: `fitting.PROBE_BUDGET_SHARE` of a budget."""
+        budget = self.settings.budget_s
+        if budget is None:
+            return fitting.MAX_PROBE_S
+        return max(2 * fitting.MIN_PROBE_S, fitting.PROBE_BUDGET_SHARE * budget)
+
+    def baseline_max_s(self) -> float:
+        """The baseline's limit without ``--seconds``: it ends once its interval is tight,
+        within `fitting.BASELINE_MAX_S` and a share of a budget."""
+        budget = self.settings.budget_s
+        if budget is None:
+            return fitting.BASELINE_MAX_S
+        return min(fitting.BASELINE_MAX_S,
+                   max(fitting.MIN_PROBE_S * 2, fitting.BASELINE_BUDGET_SHARE * budget))
+
+    def probe_s(self, knobs: Mapping, instances: int) -> float:
+        """What a probe of ``knobs`` is expected to take: ``--seconds``, or fitted."""
+        if self.settings.seconds or self.timing is None:
+            return self.settings.seconds or self.baseline_max_s()
+        return min(fitting.limits(self.timing, knobs, instances, seen=self.paces).expected_s,
+                   self._budget_cap())
+
+    def typical_s(self, space) -> float:
+        """What a search probe over ``space`` is expected to take: ``--seconds``, or fitted
+        to the script and averaged over the space's configs."""
+        if self.settings.seconds or self.timing is None or space is None:
+            return self.probe_s({}, 1)
+        configs = space.configs()
+        return sum(self.probe_s(*space.trial_knobs(c)) for c in configs) / max(1, len(configs))
+
+    def confirm_probe_s(self, space, probe_s: float | None = None) -> float:
+        """One confirmation probe: as given (``--confirm-seconds``, else 1.5 x
+        ``--seconds``), else `fitting.CONFIRM_PROBE_FACTOR` times a typical search probe."""
+        given = self.settings.confirm_probe_s
+        if given:
+            return given
+        return fitting.CONFIRM_PROBE_FACTOR * (probe_s or self.typical_s(space))
 
     def probe(self, spec: TrialSpec, *, label: str, number: int | None, cfg: Mapping,
               on_progress=None, events: bool = True, finish: bool = True) -> TrialResult:
@@ -91,6 +147,7 @@ class Prober:
             result = self._run_trial(spec, on_progress=progress, on_start=self._on_start)
             state.mark_live(self.run_dir, [])
             result = dataclasses.replace(result, knobs=dict(cfg))
+            self._keep_pace(spec, result)
             said = tuple(n for n in result.notes if not n.startswith("WARNING"))
             if said:  # what autotune did to this config (a backend replaced, a flag kept)
                 self.probe_notes[config_key(cfg)] = said
@@ -111,6 +168,13 @@ class Prober:
                                  f"load during the probe; measuring it again")
             self.clock.sleep(FOREIGN_WAIT_S)
             attempt += 1
+
+    def _keep_pace(self, spec: TrialSpec, result: TrialResult) -> None:
+        """A measured probe's step time, for fitting the next probes (`fitting.step_factor`)."""
+        knobs = spec.ranks.knobs
+        if result.ok and result.step_s > 0 and knobs.get("batch_size"):
+            self.paces.append(fitting.Pace(int(knobs["batch_size"]),
+                                           int(knobs.get("threads") or 0), result.step_s))
 
     def _on_start(self, launched) -> None:
         state.mark_live(self.run_dir, [lp.spec.marker for lp in launched])

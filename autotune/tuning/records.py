@@ -22,11 +22,12 @@ class TuneSettings:
 
     command: tuple[str, ...]
     cwd: str
-    seconds: float = 20.0  # one probe, start-up included
+    # one probe, start-up included; None: fitted to the script (`autotune.tuning.fitting`)
+    seconds: float | None = None
     trials: int | None = None  # probes, baseline included
     budget_s: float | None = None  # the whole run, confirmation included
-    confirm_rounds: int = 2
-    confirm_s: float | None = None  # one confirmation probe (default 1.5 x seconds)
+    confirm_rounds: int = 3
+    confirm_s: float | None = None  # one confirmation probe (default 1.5 x seconds, or fitted)
     ranges: Mapping[str, Range] = field(default_factory=dict)  # --space, by knob
     fixed: Mapping[str, Range] = field(default_factory=dict)  # --fix, by knob
     # --baseline: the script's own values of knobs it takes as placeholders, by placeholder name
@@ -51,11 +52,12 @@ class TuneSettings:
 
     @property
     def min_measure_s(self) -> float:
-        return min(5.0, 0.4 * self.seconds)
+        return min(5.0, 0.4 * self.seconds) if self.seconds else 5.0
 
     @property
-    def confirm_probe_s(self) -> float:
-        return self.confirm_s or 1.5 * self.seconds
+    def confirm_probe_s(self) -> float | None:
+        """One confirmation probe, as given (None: fitted to each config)."""
+        return self.confirm_s or (1.5 * self.seconds if self.seconds else None)
 
     def to_dict(self) -> dict:
         """For ``tune.json``: the parsed flags as the tokens they parse back from."""
@@ -111,11 +113,14 @@ class TuneReport:
     verdict: Verdict | None = None
     notes: tuple[str, ...] = ()
     best_notes: tuple[str, ...] = ()  # what the winner's probes said of it
+    speedup_low: float = 1.0  # the speed-up's 95% interval over the confirmation rounds
+    speedup_high: float = 1.0
 
     def to_dict(self) -> dict:
         return {"run_dir": str(self.run_dir),
                 "baseline": dataclasses.asdict(self.baseline),
                 "best": dataclasses.asdict(self.best), "speedup": self.speedup,
+                "speedup_interval": [self.speedup_low, self.speedup_high],
                 "kept_baseline": self.kept_baseline, "reason": self.reason,
                 "trials": self.trials_measured, "trials_total": self.trials_total,
                 "stop_reason": self.stop_reason, "source": self.source,

@@ -14,15 +14,15 @@ from dataclasses import dataclass
 
 from autotune import AutotuneError
 from autotune.measuring.outcome import Outcome
-from autotune.tuning import decision
+from autotune.tuning import decision, fitting
 from autotune.tuning import study as studies
 from autotune.tuning.prober import Prober
 from autotune.tuning.records import Known, study_tag
 from autotune.tuning.state import TuneState
 
 DUPLICATE_STREAK = 8  # proposals in a row of configs already known: the sampler has converged
-CONFIRM_SHARE = 0.35  # of a time budget, at most, for the confirmation
 WAIT_FOR_OTHERS_S = 600.0  # at most, for another tuner's probe of the same config
+BUDGET_SPENT = "time budget spent"  # the stop reason's start when the budget ended the search
 OOM_SKIPPED_TAG = "oom-skipped"  # a study trial's outcome: not tried, an OOM rules it out
 
 
@@ -35,6 +35,14 @@ class SearchResult:
     stop_reason: str
     source: str  # how throughput was counted (the baseline's, else the first clean probe's)
     state: TuneState  # the run's state as the search left it
+
+
+def budget_plan(prober: Prober, state: TuneState, left_s: float) -> fitting.Plan:
+    """What ``left_s`` of the budget holds after the baseline (`fitting.plan`)."""
+    probe_s = prober.typical_s(state.space)
+    return fitting.plan(left_s, state.settings.budget_s, probe_s,
+                        confirm_rounds=max(1, state.settings.confirm_rounds),
+                        confirm_probe_s=prober.confirm_probe_s(state.space, probe_s))
 
 
 def open_study(prober: Prober, state: TuneState, *, resume: bool) -> studies.StudyHandle:
@@ -245,8 +253,16 @@ class Search:
             return trial.should_prune()
 
         knobs, instances = self.space.trial_knobs(cfg)
+        spec = self.prober.spec(knobs, instances, label)
+        if self.settings.budget_s is not None and not self.settings.seconds:
+            # a config longer than the typical one ends where the budget's search part does
+            left = self.settings.budget_s - self.elapsed() - self._reserve_s()
+            if left < spec.max_s:
+                spec = dataclasses.replace(spec, max_s=max(left, fitting.MIN_PROBE_S),
+                                           min_measure_s=min(spec.min_measure_s,
+                                                             0.6 * max(left, fitting.MIN_PROBE_S)))
         try:
-            result = self.prober.probe(self.prober.spec(knobs, instances, label), label=label,
+            result = self.prober.probe(spec, label=label,
                                        number=trial.number, cfg=cfg, on_progress=on_progress)
         except (KeyboardInterrupt, AutotuneError):  # Ctrl-C, a write that failed: retried
             trial.set_user_attr("interrupted", True)  # by --resume (a storage that fails
@@ -288,22 +304,34 @@ class Search:
             self.stop_reason = reason
             study.stop()
 
+    def _candidates(self) -> list[dict]:
+        """The configs the confirmation would re-measure beside the baseline (the best two)."""
+        base = self.space.key(self.space.baseline)
+        oks = sorted((v for k, v in self.known.items() if k != base and v.outcome == Outcome.OK),
+                     key=lambda v: -v.value)
+        return [dict(v.cfg) for v in oks[:2]]
+
     def _reserve_s(self) -> float:
-        """Time kept for the confirmation: all its rounds, but never more than
-        `CONFIRM_SHARE` of a budget (a short budget confirms in fewer, shorter probes)."""
+        """Time kept for the confirmation (`fitting.confirm_reserve`); none while no config but
+        the baseline measured (nothing to confirm: the search may use it)."""
         s = self.settings
-        full = s.confirm_rounds * 3 * s.confirm_probe_s
-        if s.budget_s is None:
-            return full
-        return min(full, CONFIRM_SHARE * s.budget_s)
+        candidates = self._candidates()
+        if not candidates or s.confirm_rounds == 0:
+            return 0.0
+        entries = [dict(self.space.baseline), *candidates]
+        one_round = sum(self.prober.probe_s(*self.space.trial_knobs(c)) for c in entries)
+        full = s.confirm_rounds * len(entries) * self.prober.confirm_probe_s(self.space)
+        return fitting.confirm_reserve(s.budget_s, full, one_round)
 
     def _stop_reason(self) -> str:
         s = self.settings
         if s.max_trials is not None and self.measured + 1 >= s.max_trials:
             return f"{s.max_trials} trials done"
-        if s.budget_s is not None and \
-                self.elapsed() + s.seconds + self._reserve_s() > s.budget_s:
-            return "time budget spent (the rest is kept for the confirmation)"
+        if s.budget_s is not None:
+            reserve = self._reserve_s()
+            if self.elapsed() + self.prober.typical_s(self.space) + reserve > s.budget_s:
+                return BUDGET_SPENT + (" (the rest is kept for the confirmation)"
+                                              if reserve else "")
         answered = len(self.known) + (self._blocked_count() if self.ooms else 0)
         if answered >= self.size:
             return f"all {self.size} configs of the space measured"

@@ -47,6 +47,8 @@ class TuneState:
     # the two-rank probe that showed the script data-parallel (`baseline.discover_ranks`):
     # {"knobs", "samples_per_s", "ci_half"}, the study's first two-rank trial
     ranks_probe: Mapping | None = None
+    # how the script moved in the baseline (`autotune.tuning.fitting.ScriptTiming`, as a dict)
+    timing: Mapping | None = None
     enqueued: bool = False  # the baseline and the initial design are queued in the study
     combined: bool = False  # the one-at-a-time moves that paid off are queued, joined
 

@@ -16,6 +16,7 @@ Everything the run learns goes to the journal (the monitor's only source) and to
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from autotune.launching import engines
 from autotune.measuring import trial
 from autotune.store import jsontext, rundir
 from autotune.store.journal import Journal
-from autotune.tuning import baseline, confirm, search
+from autotune.tuning import baseline, confirm, fitting, search
 from autotune.tuning.prober import Notify, Prober, RunTrial, config_key
 from autotune.tuning.records import TuneReport
 from autotune.tuning.state import (TuneState, mark_controller, minutes, save, spent_s,
@@ -58,6 +59,27 @@ class Tuner:
     def _save(self, new: TuneState) -> None:
         save(self.run_dir, new)
 
+    def _tell_plan(self) -> None:
+        """What the rest of the budget holds, said before the search; a budget too short for
+        a few probes and the confirmation is told (with the budget that would be), not
+        silently spent."""
+        settings, spent = self.state.settings, self.elapsed()
+        left = settings.budget_s - spent
+        p = search.budget_plan(self.prober, self.state, left)
+        confirm = (f"a confirmation of {p.confirm_rounds} round(s) x {p.confirm_entries} probes "
+                   f"of ~{p.confirm_probe_s:.0f} s")
+        self.prober.note("info", f"budget {minutes(settings.budget_s)}: {minutes(spent)} spent "
+                                 f"on the baseline; {minutes(max(left, 0))} left holds about "
+                                 f"{p.probes} search probe(s) of ~{p.probe_s:.0f} s and "
+                                 f"{confirm}")
+        if p.short:
+            self.prober.note("warning", f"--budget {minutes(settings.budget_s)} holds "
+                                        f"{p.probes} search probe(s) of ~{p.probe_s:.0f} s "
+                                        f"beside the confirmation, fewer than "
+                                        f"{fitting.MIN_SEARCH_PROBES}; --budget "
+                                        f"{minutes(math.ceil(p.needed_s(spent) / 60) * 60)} "
+                                        f"would hold {fitting.MIN_SEARCH_PROBES}")
+
     def run(self) -> TuneReport:
         prober, settings = self.prober, self.state.settings
         mark_controller(self.run_dir)
@@ -72,18 +94,23 @@ class Tuner:
         else:
             self._save(self.state)
         handle = search.open_study(prober, self.state, resume=self.resume)  # before any probe
+        if self.state.timing:
+            prober.timing = fitting.ScriptTiming.from_dict(self.state.timing)
         if self.state.space is None:
             self.state = baseline.measure(prober, self.state)
             self._save(self.state)
         space = self.state.space
         for note in space.notes:
             prober.note("hint", note)
+        if settings.budget_s is not None:
+            self._tell_plan()
         self.found = search.Search(prober, self.state, handle, elapsed=self.elapsed,
                                    save=self._save).run()
         self.state = self.found.state
         prober.tell("info", f"search stopped: {self.found.stop_reason}")
         left_s = settings.budget_s - self.elapsed() if settings.budget_s is not None else None
-        c = confirm.finish(prober, self.state, self.found.known, left_s=left_s)
+        c = confirm.finish(prober, self.state, self.found.known, left_s=left_s,
+                           stretch=self.found.stop_reason.startswith(search.BUDGET_SPENT))
         trials = [t for t in handle.trials() if t.state.is_finished()]
         report = TuneReport(
             run_dir=self.run_dir, space=space, baseline=c.baseline, best=c.best,
@@ -91,7 +118,8 @@ class Tuner:
             trials_measured=self.found.measured + 1, trials_total=len(trials),
             stop_reason=self.found.stop_reason, source=self.found.source, verdict=c.verdict,
             notes=tuple(prober.notes),
-            best_notes=prober.probe_notes.get(config_key(c.best.knobs), ()))
+            best_notes=prober.probe_notes.get(config_key(c.best.knobs), ()),
+            speedup_low=c.speedup_low, speedup_high=c.speedup_high)
         rundir.write_atomic(self.run_dir / "summary.json",
                             jsontext.dumps(report.to_dict(), indent=2))
         return report

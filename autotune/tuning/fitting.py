@@ -1,0 +1,228 @@
+"""Probes fitted to the script: how long each one runs, when its silence is a hang, what a budget
+holds, and how long the confirmation measures.
+
+The baseline probe runs until its interval is tight (or its cap) and tells how the script moves
+(`ScriptTiming`): how long until its first batch (imports, data, sampling before the first step),
+how much after that is warm-up, one rank's time per batch, and how noisy its throughput is. From
+those, with a noise target, every later probe gets its limits (`limits`):
+
+- its length: start-up, warm-up, and the measuring time the target needs (the baseline's own,
+  scaled by how far its interval was from the target), stretched for a config whose steps are
+  longer (a larger per-rank batch, fewer threads per rank) and for ranks that start together;
+- its hang thresholds: no progress for many of its own steps while its ranks idle is a hang,
+  however long the probe (`autotune.measuring.trial`).
+
+`plan` says what a budget holds once those are known. Pure: numbers in, numbers out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+from autotune.measuring import steady
+from autotune.measuring.outcome import STALL_STEPS
+
+TARGET_REL = 0.05  # a search probe ends once its 95% half-width is this share of its mean
+MIN_WINDOWS = 6  # estimate windows a probe measures at least (steady.batch_means_ci needs 4)
+MARGIN = 1.3  # a probe's limit over what it is expected to need
+MIN_PROBE_S = 8.0
+MAX_PROBE_S = 240.0
+PROBE_BUDGET_SHARE = 0.2  # under a --budget, no probe's limit above this share of it
+MAX_STEP_FACTOR = 16.0  # steps stretched at most this much for a config's limits
+RANKS_START_FACTOR = 1.3  # several ranks on one host start slower than one (imports, a group)
+HANG_MIN_S = 10.0  # never a hang sooner than this
+BASELINE_MAX_S = 90.0  # the baseline's limit when --seconds is not given: it ends once tight
+BASELINE_BUDGET_SHARE = 0.25  # ... and at most this share of a --budget
+MIN_SEARCH_PROBES = 3  # a budget that holds fewer is told so
+CONFIRM_SHARE = 0.35  # of a time budget, at most, kept for the confirmation
+# A confirmation probe's length over the config's fitted search probe: that already reaches the
+# noise target inside one process, and the spread between processes is what more rounds measure.
+CONFIRM_PROBE_FACTOR = 1.0
+MIN_CONFIRM_ROUNDS = 3  # the rounds a t-interval of the per-round ratios needs to say anything
+MAX_CONFIRM_ROUNDS = 6  # leftover budget buys rounds up to this many
+
+
+@dataclass(frozen=True)
+class ScriptTiming:
+    """How the script moved in its baseline probe (seconds)."""
+
+    first_s: float  # launch to the first batch (or step)
+    warmup_s: float  # after it, left out of the estimate as warm-up
+    step_s: float  # one rank's time per batch (or step), steady
+    measured_s: float  # what the estimate stood on
+    rel_half: float  # its 95% half-width over its mean
+    paused_s: float = 0.0  # standstills left out (evaluation, checkpoints)
+    batch_size: int = 0  # per-rank batch it ran with (0: unknown)
+    threads: int = 0  # compute threads per rank (0: unknown)
+
+    @classmethod
+    def of(cls, result, knobs: Mapping[str, float]) -> ScriptTiming | None:
+        """From a probe's `TrialResult` and the knobs it ran with; None when it never
+        progressed steadily (nothing to fit)."""
+        if result.step_s <= 0 or result.measured_s <= 0 or result.samples_per_s <= 0:
+            return None
+        return cls(first_s=result.first_s, warmup_s=result.warmup_s, step_s=result.step_s,
+                   measured_s=result.measured_s,
+                   rel_half=result.ci_half / result.samples_per_s,
+                   paused_s=result.paused_s, batch_size=int(knobs.get("batch_size") or 0),
+                   threads=int(knobs.get("threads") or 0))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> ScriptTiming:
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+    def describe(self) -> str:
+        return (f"first batch after {self.first_s:.1f} s, {_secs(self.step_s)} per step, "
+                f"±{self.rel_half:.0%} after {self.measured_s:.0f} s of measuring")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A probe's limits (`autotune.measuring.trial.TrialSpec` fields) and what it should take."""
+
+    max_s: float
+    min_measure_s: float
+    hang_s: float
+    idle_hang_s: float
+    startup_s: float
+    expect_first_s: float  # when its first batch should come
+    expected_s: float  # what it should take, ending once tight
+
+    def spec_fields(self) -> dict:
+        return {"max_s": self.max_s, "min_measure_s": self.min_measure_s, "hang_s": self.hang_s,
+                "idle_hang_s": self.idle_hang_s, "startup_s": self.startup_s,
+                "expect_first_s": self.expect_first_s}
+
+
+@dataclass(frozen=True)
+class Pace:
+    """One rank's time per step seen in a probe, with the knobs that gave it."""
+
+    batch_size: int
+    threads: int
+    step_s: float
+
+
+def step_factor(t: ScriptTiming, knobs: Mapping[str, float], instances: int = 1,
+                seen: Sequence[Pace] = ()) -> float:
+    """How much longer one rank's step is expected to take under ``knobs`` than in the
+    baseline. From the nearest pace seen (the baseline's, or a later probe's of the nearest
+    batch size), scaled in proportion to a larger batch and to fewer compute threads: a step
+    that is part overhead grows less, so the nearer the anchor, the closer the guess. Never
+    below 1 (a probe is not shortened on a guess) nor above `MAX_STEP_FACTOR`."""
+    b, th = float(knobs.get("batch_size") or 0), float(knobs.get("threads") or 0)
+    anchors = [Pace(t.batch_size, t.threads, t.step_s), *seen]
+
+    def distance(p: Pace) -> float:
+        return (abs(math.log(b / p.batch_size)) if b and p.batch_size else 0.0) + \
+            (abs(math.log(th / p.threads)) if th and p.threads else 0.0)
+
+    best = min(anchors, key=distance)
+    step = best.step_s
+    if b and best.batch_size:
+        step *= max(1.0, b / best.batch_size)
+    if th and best.threads:
+        step *= max(1.0, best.threads / th)
+    return min(MAX_STEP_FACTOR, max(1.0, step / t.step_s))
+
+
+def measure_s(t: ScriptTiming, target_rel: float) -> float:
+    """Measuring time the baseline's pace needs to reach ``target_rel``: its own, scaled by the
+    square of how far its interval was from the target (an interval narrows as 1/sqrt(time)),
+    and at least `MIN_WINDOWS` estimate windows."""
+    need = min(t.measured_s * (t.rel_half / target_rel) ** 2, 4 * t.measured_s) \
+        if math.isfinite(t.rel_half) else 4 * t.measured_s
+    return max(need, MIN_WINDOWS * _window_s(t.step_s))
+
+
+def limits(t: ScriptTiming, knobs: Mapping[str, float], instances: int = 1, *,
+           seen: Sequence[Pace] = (), target_rel: float = TARGET_REL) -> Limits:
+    """A probe of ``knobs`` on ``instances`` ranks, fitted to the script's timing and the paces
+    ``seen`` since (`step_factor`)."""
+    f = step_factor(t, knobs, instances, seen)
+    start = t.first_s * (RANKS_START_FACTOR if instances > 1 else 1.0)
+    step = t.step_s * f
+    measure = max(measure_s(t, target_rel) * f, MIN_WINDOWS * _window_s(step))
+    expected = start + t.warmup_s * f + measure
+    max_s = min(MAX_PROBE_S, max(MIN_PROBE_S, MARGIN * expected + 2 * _window_s(step)))
+    idle_hang = max(HANG_MIN_S, STALL_STEPS * step, 2 * t.paused_s)
+    return Limits(max_s=max_s, min_measure_s=max(min(5.0, 0.4 * max_s), 4 * _window_s(step)),
+                  hang_s=max(30.0, idle_hang, 2 * t.warmup_s * f), idle_hang_s=idle_hang,
+                  startup_s=max(30.0, 4 * start), expect_first_s=start,
+                  expected_s=min(expected, max_s))
+
+
+def _window_s(step_s: float) -> float:
+    """The estimate's window for steps this long (`autotune.measuring.steady.window_s`)."""
+    return min(steady.MAX_WINDOW_S, max(steady.MIN_WINDOW_S, steady.BATCHES_PER_WINDOW * step_s))
+
+
+def _secs(s: float) -> str:
+    return f"{s * 1000:.0f} ms" if s < 1 else f"{s:.1f} s"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the rest of a budget holds: search probes, then the confirmation."""
+
+    left_s: float
+    probe_s: float  # a search probe, typically
+    probes: int  # search probes that fit beside the confirmation
+    confirm_s: float  # kept for the confirmation
+    confirm_rounds: int
+    confirm_probe_s: float
+    confirm_entries: int
+
+    @property
+    def short(self) -> bool:
+        return self.probes < MIN_SEARCH_PROBES
+
+    def needed_s(self, spent_s: float) -> float:
+        """A budget that would hold `MIN_SEARCH_PROBES` probes and the confirmation."""
+        return spent_s + MIN_SEARCH_PROBES * self.probe_s + self.confirm_s
+
+
+def confirm_reserve(budget_s: float | None, full_s: float, one_round_s: float) -> float:
+    """Time a search keeps for the confirmation: all of it (``full_s``) but at most
+    `CONFIRM_SHARE` of a budget, and never less than one round of probes as long as the
+    search's (``one_round_s``, what a confirmation takes at the least)."""
+    if budget_s is None:
+        return full_s
+    return max(min(full_s, CONFIRM_SHARE * budget_s), one_round_s)
+
+
+def plan(left_s: float, budget_s: float, probe_s: float, *, confirm_rounds: int,
+         confirm_probe_s: float, entries: int = 3) -> Plan:
+    """Split ``left_s`` between search probes of ``probe_s`` and the confirmation of
+    ``entries`` configs, as the search and the confirmation will (`confirm_reserve`,
+    `confirm_fit`)."""
+    reserve = confirm_reserve(budget_s, confirm_rounds * entries * confirm_probe_s,
+                              entries * probe_s)
+    rounds, window = confirm_fit(confirm_rounds, confirm_probe_s, entries, reserve, probe_s)
+    probes = max(0, int((left_s - reserve) // max(probe_s, 1e-9)))
+    return Plan(left_s, probe_s, probes, reserve, rounds, window, entries)
+
+
+def confirm_fit(rounds: int, window_s: float, entries: int, left_s: float | None,
+                least_s: float, *, stretch: bool = False) -> tuple[int, float]:
+    """Rounds and probe length of the confirmation within ``left_s`` (None: no budget).
+
+    Variance lives between processes more than within one, so rounds are kept before length:
+    a short budget first shortens the probes (down to ``least_s``, a search probe's), then drops
+    rounds (down to one). With ``stretch``, time left over buys more rounds (up to
+    `MAX_CONFIRM_ROUNDS`), so a run stopped for its budget has used it.
+    """
+    if left_s is None:
+        return rounds, window_s
+    if rounds * entries * window_s > left_s:
+        window_s = max(least_s, left_s / (rounds * entries))
+        if rounds * entries * window_s > left_s:
+            rounds = max(1, int(left_s // (entries * window_s)))
+    elif stretch:
+        rounds = max(rounds, min(MAX_CONFIRM_ROUNDS, int(left_s // (entries * window_s))))
+    return rounds, window_s

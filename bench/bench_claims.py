@@ -1,0 +1,157 @@
+"""Claims against the script's own clock: does the speed-up ``autotune tune`` claims hold when the
+script measures it, outside autotune?
+
+For each case (a script and the placeholders a user would write):
+
+1. ``autotune tune --budget B --json``, as a user runs it (a subprocess, no ``--seconds``: probes
+   fitted to the script). Its claim: the speed-up and its 95% interval, and the recipe.
+2. Rounds, interleaved: the script as the user runs it (its own defaults), then
+   ``autotune run --recipe`` with the same arguments, each for ``--run-seconds`` (then SIGINT).
+   Each run's figure is the mean of the script's own printed ``samples/s`` lines after the first
+   (the first holds start-up and warm-up).
+3. The measured speed-up: the mean of the per-round ratios (recipe / default) with a 95%
+   t-interval over the rounds. The claim holds when it lies inside that interval, and the two
+   intervals overlap.
+
+Prints a table per case and writes JSON (``--out``). Not a test: minutes per case.
+
+    .venv/bin/python bench/bench_claims.py --budget 4m --rounds 4 --run-seconds 45
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from autotune.measuring.steady import t975  # noqa: E402
+from autotune.store import fingerprint  # noqa: E402
+
+SCRIPTS = ROOT / "tests" / "scripts"
+RATE = re.compile(r"samples/s ([0-9.]+)")
+
+# name -> (script and its fixed args, placeholder args for tune/run, the same as the user's
+# own defaults for the plain run)
+CASES = {
+    # word_language_model's shape: real LSTM compute on the CPU, no DataLoader
+    "word_lm": ([str(SCRIPTS / "word_lm.py"), "--log-interval", "10"],
+                ["--batch_size", "{batch_size}"], ["--batch_size", "20"],
+                ["--baseline", "batch_size=20"]),
+    # minGPT chargpt's shape: 5 s of sampling, a slow first step, ~1 s steps
+    "slow_steps": ([str(SCRIPTS / "slow_steps.py"), "--log-every", "3"],
+                   ["--trainer.batch_size={batch_size}", "--trainer.num_workers={workers}"],
+                   ["--trainer.batch_size=32", "--trainer.num_workers=0"],
+                   ["--baseline", "batch_size=32", "workers=0"]),
+}
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def own_rate(text: str) -> float | None:
+    """The mean of the script's own samples/s lines after the first; None without two."""
+    rates = [float(m.group(1)) for m in RATE.finditer(text)]
+    return sum(rates[1:]) / len(rates[1:]) if len(rates) > 1 else None
+
+
+def timed_run(argv: list[str], cwd: Path, seconds: float, env: dict) -> str:
+    """Run ``argv`` for ``seconds``, then SIGINT (its whole process group), and its output."""
+    p = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGINT)
+        try:
+            out, _ = p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            out, _ = p.communicate()
+    return out
+
+
+def interval(ratios: list[float]) -> tuple[float, float]:
+    m = sum(ratios) / len(ratios)
+    if len(ratios) < 2:
+        return m, math.inf
+    sd = math.sqrt(sum((r - m) ** 2 for r in ratios) / (len(ratios) - 1))
+    return m, t975(len(ratios) - 1) * sd / math.sqrt(len(ratios))
+
+
+def run_case(name: str, args, work: Path) -> dict:
+    script, placeholders, plain_args, baseline = CASES[name]
+    env = dict(os.environ, AUTOTUNE_RUNS_DIR=str(work / "runs"))
+    cmd = [sys.executable, "-m", "autotune", "tune", "--json", "--plain", "--budget",
+           args.budget, "--recipe-dir", str(work / "recipes"), "--no-warm-start", *baseline,
+           "--", *script, *placeholders]
+    t0 = time.monotonic()
+    tuned = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+    tune_s = time.monotonic() - t0
+    if tuned.returncode != 0:
+        say(f"{name}: tune failed ({tuned.returncode}):\n{tuned.stderr[-3000:]}")
+        return {"case": name, "error": tuned.stderr[-3000:]}
+    s = json.loads(tuned.stdout.strip().splitlines()[-1])
+    low, high = s.get("speedup_interval", [math.nan, math.nan])
+    say(f"# {name}: tune {tune_s:.0f} s, {s['trials']} probes, stopped: {s['stop_reason']}")
+    say(f"# {name}: best {s['best']['knobs']}; claim {s['speedup']:.3f}x "
+        f"(95% interval {low:.3f}x-{high:.3f}x){' (kept the defaults)' if s['kept_baseline'] else ''}")
+    plain = [sys.executable, *script, *plain_args]
+    run = [sys.executable, "-m", "autotune", "run", "--plain", "--recipe", s["recipe"], "--",
+           *script, *placeholders]
+    rates: dict[str, list[float | None]] = {"default": [], "recipe": []}
+    for rnd in range(1, args.rounds + 1):
+        for label, argv in (("default", plain), ("recipe", run)):
+            r = own_rate(timed_run(argv, work, args.run_seconds, env))
+            rates[label].append(r)
+            say(f"{name} round {rnd} {label:8s} "
+                + (f"{r:8.2f} samples/s (the script's own)" if r else "no rate printed"))
+    ratios = [r / d for r, d in zip(rates["recipe"], rates["default"]) if r and d]
+    m, half = interval(ratios) if ratios else (math.nan, math.inf)
+    claim = 1.0 if s["kept_baseline"] else s["speedup"]
+    inside = m - half <= claim <= m + half
+    overlap = not s["kept_baseline"] and low <= m + half and m - half <= high
+    say(f"{name}: measured {m:.3f}x ± {half:.3f} over {len(ratios)} round(s); claim "
+        f"{claim:.3f}x {'inside' if inside else 'OUTSIDE'} the measured interval"
+        + (f"; intervals {'overlap' if overlap else 'DO NOT overlap'}"
+           if not s["kept_baseline"] else ""))
+    return {"case": name, "tune_s": tune_s, "summary": s, "claim": claim,
+            "claim_interval": [low, high], "rates": rates, "ratios": ratios,
+            "measured": [m, half], "inside": inside, "overlap": overlap}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    p.add_argument("--budget", default="4m", help="tune's --budget for each case")
+    p.add_argument("--rounds", type=int, default=4, help="interleaved rounds outside autotune")
+    p.add_argument("--run-seconds", type=float, default=45.0, help="one run outside autotune")
+    p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    args = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench_claims-"))
+    fp = fingerprint.current([sys.executable])
+    say(f"# bench_claims {datetime.datetime.now():%Y-%m-%d %H:%M} on "
+        f"{platform.node() or 'host'}: {fp.cores} cores ({fp.cpu_model}), Python "
+        f"{platform.python_version()}, torch {fp.torch_version}; tune --budget {args.budget}, "
+        f"{args.rounds} rounds of {args.run_seconds:.0f} s runs; work dir {work}")
+    results = [run_case(name, args, work) for name in args.cases]
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=2, default=str))
+    return 0 if all(r.get("inside") for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""Probes fitted to real scripts with slow steps, end to end: real processes, real training.
+
+The scripts (`scripts/slow_steps.py`, minGPT's shape; `scripts/word_lm.py`, word_language_model's)
+spend most of each step waiting, as a script on a slower device does, so these long tests leave
+the CPU to the rest of the suite. Foreign load is not flagged (``--foreign-limit``).
+"""
+
+import json
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from autotune.store.journal import read_events
+from conftest import SCRIPTS, autotune, live_children
+
+pytestmark = pytest.mark.slow
+
+QUIET = ["--plain", "--foreign-limit", "1000"]
+
+
+def _summary(p: subprocess.CompletedProcess) -> dict:
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_a_script_with_slow_steps_is_measured_by_every_probe_and_uses_its_budget(tmp_path):
+    """minGPT's shape: 5 s of sampling before the first step, a first step 3 s slower, then
+    about a second a step at batch 32, longer with the batch. No --seconds: fitted."""
+    t0 = time.monotonic()
+    p = autotune("tune", *QUIET, "--json", "--budget", "5m", "--seed", "3",
+                 "--baseline", "batch_size=32", "workers=0", "--",
+                 str(SCRIPTS / "slow_steps.py"), "--trainer.batch_size={batch_size}",
+                 "--trainer.num_workers={workers}", cwd=tmp_path, timeout=420)
+    wall = time.monotonic() - t0
+    s = _summary(p)
+    run_dir = s["run_dir"]
+    events, _ = read_events(run_dir)
+    searched = [e for e in events if e["event"] == "trial_finished"
+                and str(e.get("trial", "")).startswith("trial-")]
+    outcomes = [e["result"]["outcome"] for e in searched]
+    assert searched, outcomes  # (a 5-minute budget holds a few probes of such a script)
+    assert all(o in ("ok", "pruned") for o in outcomes), \
+        [(e["result"]["outcome"], e["result"]["reason"]) for e in searched]
+    assert "budget" in s["stop_reason"]
+    # used: the run ends near its budget, and not far past it
+    assert 0.8 * 300 <= wall <= 300 + 45, wall
+    notes = " | ".join(s["notes"])
+    assert "first batch after" in notes and "budget 5m:" in notes
+    assert live_children() == []
+
+
+def _own_rate(text: str) -> list[float]:
+    """The script's own samples/s lines (word_lm.py prints them every --log-interval)."""
+    return [float(m.group(1)) for m in re.finditer(r"samples/s ([0-9.]+)", text)]
+
+
+def test_a_claimed_speed_up_holds_when_the_script_measures_it(tmp_path):
+    """word_language_model's shape: no DataLoader, ``--batch_size {batch_size}``, steps of
+    0.2 s + 10 ms a sample (a slow first step), so batch 80 trains 1.6x the samples of the
+    script's own 20. The recipe's claim is checked against the script's own printed
+    throughput, default vs ``autotune run --recipe``, interleaved."""
+    script = [str(SCRIPTS / "word_lm.py"), "--pad-ms", "200", "--pad-ms-per-sample", "10",
+              "--first-step-s", "2", "--log-interval", "5", "--tokens", "200000"]
+    p = autotune("tune", *QUIET, "--json", "--trials", "2", "--seed", "1",
+                 "--space", "batch_size=20:80", "--fix", "instances=1", "thread_pct=100",
+                 "--confirm-rounds", "2", "--confirm-seconds", "20", "--baseline",
+                 "batch_size=20",
+                 "--recipe-dir", str(tmp_path / "recipes"),
+                 "--", *script, "--batch_size", "{batch_size}", cwd=tmp_path, timeout=300)
+    s = _summary(p)
+    assert not s["kept_baseline"], s["reason"]
+    low, high = s["speedup_interval"]
+    assert low < s["speedup"] < high
+    recipe = s["recipe"]
+    rates = {"default": [], "recipe": []}
+    for _ in range(2):  # interleaved: default, recipe, default, recipe
+        plain = subprocess.run([sys.executable, *script, "--batch_size", "20",
+                                "--max-seconds", "14"], cwd=tmp_path, text=True,
+                               capture_output=True, timeout=120)
+        assert plain.returncode == 0, plain.stderr[-2000:]
+        rates["default"] += _own_rate(plain.stdout)[1:]  # the first print holds step one
+        tuned = autotune("run", "--plain", "--recipe", recipe, "--runs-dir",
+                         str(tmp_path / "runs"), "--", *script, "--batch_size", "{batch_size}",
+                         "--max-seconds", "14", cwd=tmp_path, timeout=120)
+        assert tuned.returncode == 0, tuned.stderr[-2000:]
+        rates["recipe"] += _own_rate(tuned.stdout)[1:]
+    assert rates["default"] and rates["recipe"], rates
+    outside = (sum(rates["recipe"]) / len(rates["recipe"])) / \
+        (sum(rates["default"]) / len(rates["default"]))
+    assert low <= outside <= high, (outside, low, s["speedup"], high)
+    assert live_children() == []

@@ -1,0 +1,155 @@
+"""Probes fitted to the script (`autotune.tuning.fitting`): the rules on plain numbers, then a
+tuning run against a fake probe that behaves like a script with slow steps, on a fake clock."""
+
+import dataclasses
+import math
+
+import pytest
+
+from autotune.measuring.outcome import Outcome
+from autotune.tuning import decision, fitting
+from autotune.tuning.fitting import Pace, ScriptTiming
+from test_study import FakeProbe, events, machine, result, tune  # noqa: F401 - fixture
+
+SLOW = ScriptTiming(first_s=8.0, warmup_s=2.0, step_s=1.0, measured_s=16.0, rel_half=0.05,
+                    batch_size=32, threads=2)
+FAST = ScriptTiming(first_s=2.0, warmup_s=0.5, step_s=0.01, measured_s=5.0, rel_half=0.03,
+                    batch_size=32, threads=2)
+
+
+def test_a_slow_script_gets_long_probes_and_a_fast_one_short_ones():
+    slow, fast = fitting.limits(SLOW, {"batch_size": 32}), fitting.limits(FAST, {"batch_size": 32})
+    # start-up, warm-up and the baseline's measuring time, with a margin
+    assert slow.expected_s == pytest.approx(8 + 2 + 16)
+    assert slow.max_s >= slow.expected_s * fitting.MARGIN
+    assert fast.max_s < 15 < slow.max_s
+    # enough windows of ~2 steps each to measure
+    assert slow.min_measure_s >= 4 * 2 * SLOW.step_s
+
+
+def test_a_larger_batch_or_fewer_threads_stretch_the_probe():
+    base = fitting.limits(SLOW, {"batch_size": 32, "threads": 2})
+    big = fitting.limits(SLOW, {"batch_size": 128, "threads": 2})
+    thin = fitting.limits(SLOW, {"batch_size": 32, "threads": 1})
+    small = fitting.limits(SLOW, {"batch_size": 8, "threads": 2})
+    assert big.expected_s == pytest.approx(8 + 4 * (2 + 16))
+    assert thin.expected_s == pytest.approx(8 + 2 * (2 + 16))
+    assert small.expected_s == base.expected_s  # never shortened on a guess
+    # two ranks start slower than one
+    assert fitting.limits(SLOW, {"batch_size": 32}, 2).expected_s > base.expected_s
+
+
+def test_a_pace_seen_nearer_the_batch_replaces_the_proportional_guess():
+    # batch 128 stepped in 2 s, not the 4 s that proportion to the baseline's batch 32 says
+    seen = [Pace(batch_size=128, threads=2, step_s=2.0)]
+    assert fitting.step_factor(SLOW, {"batch_size": 128, "threads": 2}, 1, seen) == 2.0
+    assert fitting.step_factor(SLOW, {"batch_size": 256, "threads": 2}, 1, seen) == 4.0
+    assert fitting.step_factor(SLOW, {"batch_size": 32, "threads": 2}, 1, seen) == 1.0
+
+
+def test_a_noisy_baseline_asks_for_more_measuring_time_within_a_bound():
+    noisy = dataclasses.replace(SLOW, rel_half=0.10)
+    assert fitting.measure_s(noisy, 0.05) == pytest.approx(4 * 16)  # (0.10/0.05)^2 = 4
+    very = dataclasses.replace(SLOW, rel_half=0.5)
+    assert fitting.measure_s(very, 0.05) == 4 * 16  # at most four times the baseline's
+
+
+def test_hang_thresholds_follow_the_steps():
+    slow = fitting.limits(SLOW, {"batch_size": 32})
+    fast = fitting.limits(FAST, {"batch_size": 32})
+    assert fast.idle_hang_s == fitting.HANG_MIN_S  # never sooner than that
+    assert slow.idle_hang_s == 20 * SLOW.step_s
+    ten = dataclasses.replace(SLOW, step_s=10.0)
+    assert fitting.limits(ten, {"batch_size": 32}).hang_s == 200.0  # past the busy default
+
+
+def test_the_plan_tells_a_budget_too_short_for_a_few_probes():
+    roomy = fitting.plan(280.0, 300.0, 25.0, confirm_rounds=3, confirm_probe_s=37.5)
+    assert roomy.confirm_s == pytest.approx(0.35 * 300)  # at most its share of the budget
+    assert roomy.probes == int((280 - 105) // 25) and not roomy.short
+    tight = fitting.plan(100.0, 120.0, 25.0, confirm_rounds=3, confirm_probe_s=37.5)
+    assert tight.confirm_s == 75.0  # one round of search-length probes at the least
+    assert tight.probes == 1 and tight.short
+    assert tight.needed_s(20.0) == 20 + 3 * 25 + 75
+
+
+def test_the_speed_up_interval_allows_for_new_processes():
+    s = decision.Summary
+    one = decision.speedup_interval(1.3, [(130.0, 100.0)], s(130, 2, 1), s(100, 2, 1))
+    # one round: the probes' own 2% intervals are not the story; two new processes are
+    assert one[0] < 1.3 / 1.25 and one[1] > 1.3 * 1.25
+    steady = [(130.0, 100.0), (131.0, 100.5), (129.0, 99.0)]
+    three = decision.speedup_interval(1.3, steady, s(130, 2, 3), s(100, 2, 3))
+    assert one[0] < three[0] < 1.3 < three[1] < one[1]
+    spread = [(150.0, 100.0), (120.0, 100.0), (120.0, 100.0)]
+    wide = decision.speedup_interval(1.3, spread, s(130, 2, 3), s(100, 2, 3))
+    assert wide[1] - wide[0] > three[1] - three[0]
+
+
+class SlowScript(FakeProbe):
+    """Probes that behave like a script with 8 s of start-up and steps of 0.5 s + 15.6 ms a
+    sample: a probe measures only when its limit holds start-up, warm-up and 6 windows of
+    two steps; it takes that long (ending once tight) or its whole limit, on the fake clock."""
+
+    def __init__(self, clock, **kw):
+        super().__init__(lambda k: k["batch_size"] / (0.5 + 0.0156 * k["batch_size"]), **kw)
+        self.clock = clock
+
+    def __call__(self, spec, **kw):
+        knobs = {"batch_size": 32, **spec.ranks.knobs}
+        step = 0.5 + 0.0156 * knobs["batch_size"]
+        need = 8.0 + 2 * step + max(5.0, 6 * 2 * step)
+        if spec.max_s < need:
+            self.specs.append(spec)
+            self.clock.t += spec.max_s
+            return result(spec, Outcome.NO_SIGNAL, reason="only 3 batches in 20 s")
+        self.clock.t += need
+        r = super().__call__(spec, **kw)
+        return dataclasses.replace(r, first_s=8.0, step_s=step, warmup_s=2 * step,
+                                   measured_s=need - 8.0 - 2 * step)
+
+
+class Clock:
+    t = 0.0
+
+    def monotonic(self):
+        return self.t
+
+    def sleep(self, s):
+        self.t += s
+
+
+def test_a_budget_on_a_script_with_slow_steps_measures_every_probe_and_is_used(tmp_path,
+                                                                            machine):  # noqa: F811
+    clock = Clock()
+    fake = SlowScript(clock)
+    report, t, run_dir = tune(tmp_path, fake, seconds=None, budget_s=300.0, clock=clock,
+                              confirm_rounds=3)
+    searched = [e for e in events(run_dir, "trial_finished") if e["trial"].startswith("trial-")]
+    assert len(searched) >= 3
+    # each one measured: an answer, or an estimate that could not reach the best
+    assert all(e["result"]["outcome"] in ("ok", "pruned") for e in searched), searched
+    assert "budget" in report.stop_reason
+    assert 0.8 * 300 <= clock.t <= 300 + 10  # used, and not overrun
+    assert any(n.startswith("budget 5m: ") for n in report.notes)
+    assert not report.kept_baseline and report.best.knobs["batch_size"] > 32
+    # the claim comes with an interval that holds it
+    assert report.speedup_low < report.speedup < report.speedup_high
+    assert math.isfinite(report.speedup_high)
+
+
+def test_a_budget_too_short_is_told_with_the_budget_that_would_do(tmp_path, machine):  # noqa: F811
+    clock = Clock()
+    report, t, run_dir = tune(tmp_path, SlowScript(clock), seconds=None, budget_s=90.0,
+                              clock=clock)
+    warned = [n for n in report.notes if n.startswith("--budget 1m30s holds")]
+    assert warned and "would hold 3" in warned[0], report.notes
+
+
+def test_the_monitor_line_of_the_best_carries_the_interval():
+    from autotune.monitor.text import event_line
+
+    line = event_line({"event": "best", "knobs": {"batch_size": 64}, "samples_per_s": 130.0,
+                       "ci_half": 2.0, "baseline_samples_per_s": 100.0, "speedup": 1.3,
+                       "kept_baseline": False, "speedup_low": 1.18, "speedup_high": 1.43})
+    assert "1.30x the baseline 100.0 (95% interval 1.18x-1.43x)" in line
