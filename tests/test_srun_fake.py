@@ -26,7 +26,7 @@ def allocation(tmp_path, nodes):
 
 def test_probe_under_srun_takes_identity_from_slurm(tmp_path):
     env = allocation(tmp_path, ["localhost"])
-    p = autotune("probe", "--json", "--modes", "full", "--seconds", "12", "--launcher", "srun",
+    p = autotune("probe", "--json", "--modes", "full", "--seconds", "30", "--launcher", "srun",
                  "--instances", "2", DDP, "--print-env", "SLURM_PROCID", "LOCAL_RANK",
                  cwd=tmp_path, env=env, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -45,7 +45,7 @@ def test_a_two_node_allocation_starts_ranks_with_srun_by_default(tmp_path):
     the first node, reports to the collector's advertised address."""
     env = allocation(tmp_path, ["localhost", "127.0.0.1"])
     env["AUTOTUNE_COLLECTOR_HOST"] = "localhost"
-    p = autotune("probe", "--json", "--modes", "full", "--seconds", "12", DDP, "--print-env",
+    p = autotune("probe", "--json", "--modes", "full", "--seconds", "30", DDP, "--print-env",
                  "SLURM_NODEID", "MASTER_ADDR", cwd=tmp_path, env=env, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     full = json.loads(p.stdout.strip().splitlines()[-1])["modes"]["full"]

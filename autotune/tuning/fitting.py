@@ -40,7 +40,6 @@ CONFIRM_SHARE = 0.35  # of a time budget, at most, kept for the confirmation
 # A confirmation probe's length over the config's fitted search probe: that already reaches the
 # noise target inside one process, and the spread between processes is what more rounds measure.
 CONFIRM_PROBE_FACTOR = 1.0
-MIN_CONFIRM_ROUNDS = 3  # the rounds a t-interval of the per-round ratios needs to say anything
 MAX_CONFIRM_ROUNDS = 6  # leftover budget buys rounds up to this many
 
 
