@@ -41,20 +41,22 @@ from autotune.measuring.steady import t975  # noqa: E402
 from autotune.store import fingerprint  # noqa: E402
 
 SCRIPTS = ROOT / "tests" / "scripts"
-RATE = re.compile(r"samples/s ([0-9.]+)")
+# how each script prints its own throughput
+WORD_LM_RATE = re.compile(r"samples/s ([0-9.]+)")  # "| ms/batch 52.31 | samples/s 382.4 |"
+MINGPT_RATE = re.compile(r"([0-9.]+) samples/s")  # "iter 10: dt 1012 ms, 31.62 samples/s"
 
 # name -> (script and its fixed args, placeholder args for tune/run, the same as the user's
-# own defaults for the plain run)
+# own defaults for the plain run, tune's --baseline, how its own throughput lines read)
 CASES = {
     # word_language_model's shape: real LSTM compute on the CPU, no DataLoader
     "word_lm": ([str(SCRIPTS / "word_lm.py"), "--log-interval", "10"],
                 ["--batch_size", "{batch_size}"], ["--batch_size", "20"],
-                ["--baseline", "batch_size=20"]),
+                ["--baseline", "batch_size=20"], WORD_LM_RATE),
     # minGPT chargpt's shape: 5 s of sampling, a slow first step, ~1 s steps
     "slow_steps": ([str(SCRIPTS / "slow_steps.py"), "--log-every", "3"],
                    ["--trainer.batch_size={batch_size}", "--trainer.num_workers={workers}"],
                    ["--trainer.batch_size=32", "--trainer.num_workers=0"],
-                   ["--baseline", "batch_size=32", "workers=0"]),
+                   ["--baseline", "batch_size=32", "workers=0"], MINGPT_RATE),
 }
 
 
@@ -62,9 +64,9 @@ def say(msg: str) -> None:
     print(msg, flush=True)
 
 
-def own_rate(text: str) -> float | None:
+def own_rate(text: str, pattern: re.Pattern) -> float | None:
     """The mean of the script's own samples/s lines after the first; None without two."""
-    rates = [float(m.group(1)) for m in RATE.finditer(text)]
+    rates = [float(m.group(1)) for m in pattern.finditer(text)]
     return sum(rates[1:]) / len(rates[1:]) if len(rates) > 1 else None
 
 
@@ -93,7 +95,7 @@ def interval(ratios: list[float]) -> tuple[float, float]:
 
 
 def run_case(name: str, args, work: Path) -> dict:
-    script, placeholders, plain_args, baseline = CASES[name]
+    script, placeholders, plain_args, baseline, pattern = CASES[name]
     env = dict(os.environ, AUTOTUNE_RUNS_DIR=str(work / "runs"))
     cmd = [sys.executable, "-m", "autotune", "tune", "--json", "--plain", "--budget",
            args.budget, "--recipe-dir", str(work / "recipes"), "--no-warm-start", *baseline,
@@ -115,7 +117,7 @@ def run_case(name: str, args, work: Path) -> dict:
     rates: dict[str, list[float | None]] = {"default": [], "recipe": []}
     for rnd in range(1, args.rounds + 1):
         for label, argv in (("default", plain), ("recipe", run)):
-            r = own_rate(timed_run(argv, work, args.run_seconds, env))
+            r = own_rate(timed_run(argv, work, args.run_seconds, env), pattern)
             rates[label].append(r)
             say(f"{name} round {rnd} {label:8s} "
                 + (f"{r:8.2f} samples/s (the script's own)" if r else "no rate printed"))
