@@ -256,11 +256,10 @@ class Search:
         spec = self.prober.spec(knobs, instances, label)
         if self.settings.budget_s is not None and not self.settings.seconds:
             # a config longer than the typical one ends where the budget's search part does
-            left = self.settings.budget_s - self.elapsed() - self._reserve_s()
+            left = max(fitting.MIN_PROBE_S,
+                       self.settings.budget_s - self.elapsed() - self._reserve_s())
             if left < spec.max_s:
-                spec = dataclasses.replace(spec, max_s=max(left, fitting.MIN_PROBE_S),
-                                           min_measure_s=min(spec.min_measure_s,
-                                                             0.6 * max(left, fitting.MIN_PROBE_S)))
+                spec = self.prober.spec(knobs, instances, label, max_s=left)
         try:
             result = self.prober.probe(spec, label=label,
                                        number=trial.number, cfg=cfg, on_progress=on_progress)
