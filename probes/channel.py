@@ -64,12 +64,17 @@ class Channel:
         return nonce, rest
 
     def send(self, kind: str, /, **fields) -> None:
-        if not self.alive or self.sock is None:
+        if not self.alive:
             return
         data = protocol.encode(kind, **fields)
+        # The meter's ticker sends while the training thread may be closing: the socket is read
+        # once, under the lock that close() takes, so a send after close is a silent no-op.
         with self._send_lock:
+            sock = self.sock
+            if not self.alive or sock is None:
+                return
             try:
-                self.sock.sendall(data)
+                sock.sendall(data)
             except OSError:
                 self.alive = False
 
@@ -99,8 +104,9 @@ class Channel:
 
     def close(self) -> None:
         self._closing = True
-        sock, self.sock = self.sock, None
-        self.alive = False
+        with self._send_lock:
+            sock, self.sock = self.sock, None
+            self.alive = False
         if sock is None:
             return
         try:

@@ -220,3 +220,27 @@ def test_settle_gives_up_on_a_connection_still_open():
         ch.close()
     finally:
         col.close()
+
+
+def test_a_send_racing_close_is_a_silent_no_op(monkeypatch):
+    """The meter's ticker thread may send while the training thread closes the channel (at the
+    script's end): the send must not raise in its thread (a stray 'Exception in thread' line in
+    the script's output, seen under mpirun). The close is made to land inside the send, between
+    its first check and its write."""
+    import probes.channel as channel_mod
+    col = Collector()
+    try:
+        ch = Channel(col.addr, col.token)
+        assert ch.open(rank=0, pid=1)
+        encode = protocol.encode
+
+        def encode_then_close(kind, **fields):
+            data = encode(kind, **fields)
+            ch.close()
+            return data
+
+        monkeypatch.setattr(channel_mod.protocol, "encode", encode_then_close)
+        ch.send(protocol.TICK, samples=5)  # raised AttributeError on None.sendall before
+        assert ch.sock is None and not ch.alive
+    finally:
+        col.close()

@@ -105,6 +105,15 @@ def test_the_first_failing_rank_s_own_code_is_the_run_s(kind, engine_code, byes,
     assert fullrun._rank_said(spec, meter.failed, engine_code) == want
 
 
+@pytest.mark.parametrize("line, rank, want", [
+    ("step 3\n", None, "step 3\n"),
+    ("Exception in thread ", None, "Exception in thread \n"),  # a rank killed mid-line
+    ("loss 0.5", 1, "[rank 1] loss 0.5\n"),
+])
+def test_a_streamed_line_is_always_ended_so_our_summary_keeps_its_own_line(line, rank, want):
+    assert fullrun.streamed_line(line, rank) == want
+
+
 @pytest.mark.slow
 def test_run_tells_where_its_ranks_run(tmp_path):
     """Two ranks of every core each oversubscribe the host: the full run's group says so, in

@@ -115,6 +115,14 @@ class _Signals:
             proc.signal_group(lp, signum)
 
 
+def streamed_line(line: str, rank: int | None = None) -> str:
+    """One line of the script's output as we pass it on: labelled with its rank where several
+    are streamed, and always ended, so that a rank killed mid-line (or a last line without a
+    newline) does not run into the next rank's line or into our own summary."""
+    text = line if line.endswith("\n") else line + "\n"
+    return text if rank is None else f"[rank {rank}] {text}"
+
+
 def run_full(spec: FullRunSpec, journal: Journal, *, out=None) -> int:
     """Run the script to its end; returns its exit status (0 when every rank succeeded)."""
     asked = spec.ranks
@@ -128,7 +136,7 @@ def run_full(spec: FullRunSpec, journal: Journal, *, out=None) -> int:
         stream = out or sys.stdout
         with lock:
             try:
-                stream.write(f"[rank {rank}] {line}" if label else line)
+                stream.write(streamed_line(line, rank if label else None))
                 stream.flush()
             except (OSError, ValueError):
                 pass  # our stdout went away; the log file still has it
