@@ -41,9 +41,10 @@ from autotune.measuring.steady import t975  # noqa: E402
 from autotune.store import fingerprint  # noqa: E402
 
 SCRIPTS = ROOT / "tests" / "scripts"
-# how each script prints its own throughput
-WORD_LM_RATE = re.compile(r"samples/s ([0-9.]+)")  # "| ms/batch 52.31 | samples/s 382.4 |"
-MINGPT_RATE = re.compile(r"([0-9.]+) samples/s")  # "iter 10: dt 1012 ms, 31.62 samples/s"
+# how each script prints its own throughput, anchored to its own lines: `autotune run --plain`
+# prints its meter's figures beside them ("... 51.2 samples/s ..."), which are not the script's
+WORD_LM_RATE = re.compile(r"^\| epoch .*\| samples/s +([0-9.]+)", re.M)  # "| epoch 1 | ... | samples/s 382.4 |"
+MINGPT_RATE = re.compile(r"^iter \d+: dt [0-9.]+ ms, ([0-9.]+) samples/s", re.M)  # "iter 10: dt 1012 ms, 31.62 samples/s"
 
 # name -> (script and its fixed args, placeholder args for tune/run, the same as the user's
 # own defaults for the plain run, tune's --baseline, how its own throughput lines read)

@@ -54,7 +54,8 @@ def test_a_script_with_slow_steps_is_measured_by_every_probe_and_uses_its_budget
 
 def _own_rate(text: str) -> list[float]:
     """The script's own samples/s lines (word_lm.py prints them every --log-interval)."""
-    return [float(m.group(1)) for m in re.finditer(r"samples/s ([0-9.]+)", text)]
+    return [float(m.group(1)) for m in
+            re.finditer(r"^\| epoch .*\| samples/s +([0-9.]+)", text, re.M)]
 
 
 def test_a_claimed_speed_up_holds_when_the_script_measures_it(tmp_path):

@@ -101,3 +101,48 @@ def test_identical_windows_still_have_batch_resolution():
     est = steady.estimate(pts, batches=40, dt=1.0)
     assert est.samples_per_s == pytest.approx(64.0)
     assert est.ci_half >= 32.0 / est.measured_s > 0
+
+
+def staircase(step_s, batch, n, phase=0.0, jitter=0.0, seed=0):
+    """The meter's series of a script with long steps: one batch per tick, so each batch is a
+    jump at its own time (the count before it and after it, at the same instant)."""
+    rng = random.Random(seed)
+    pts, t, c = [(0.0, 0.0)], phase, 0.0
+    for _ in range(n):
+        t += step_s * (1 + rng.uniform(-jitter, jitter))
+        pts += [(t, c), (t, c + batch)]
+        c += batch
+    return pts
+
+
+@pytest.mark.parametrize("phase", [0.0, 0.7, 1.9, 3.3, 4.4])
+def test_long_steps_are_measured_between_batches_not_in_whole_batches_per_window(phase):
+    # 256 samples every 4.53 s (minGPT at a large batch): 56.5 samples/s; 5 s windows hold one
+    # batch or two, and whole-window counts read 51.2 or 61.4 depending on where they fall
+    pts = staircase(4.53, 256, 9, phase=phase)
+    est = steady.estimate(pts, batches=9)
+    assert est.samples_per_s == pytest.approx(256 / 4.53, rel=0.01)
+    window_mean = sum(steady.resample(pts, 0.0, 5.0)[-5:]) / 5
+    assert est.ci_half > 0 and window_mean != pytest.approx(est.samples_per_s, rel=0.001)
+
+
+def test_the_aligned_mean_leaves_pauses_out():
+    # 1 s steps of 32, a 20 s evaluation after the tenth, then on: 32 samples/s while training
+    pts, t, c = [(0.0, 0.0)], 0.0, 0.0
+    for k in range(40):
+        t += 1.0 + (20.0 if k == 10 else 0.0)
+        pts += [(t, c), (t, c + 32)]
+        c += 32
+    est = steady.estimate(pts, batches=40, dt=2.0)
+    assert est.samples_per_s == pytest.approx(32.0, rel=0.02)
+    assert est.paused_s >= 16.0
+
+
+def test_long_steps_get_their_interval_from_the_steps_not_from_the_windows():
+    # 4.5 s steps with ±4% jitter (slow_steps.py at batch 256): the windows' spread (one batch
+    # or two in each) made a ±60% interval; the steps' own spread gives a few per cent
+    pts = staircase(4.5, 256, 12, phase=1.1, jitter=0.04, seed=3)
+    est = steady.estimate(pts, batches=12)
+    assert est.samples_per_s == pytest.approx(256 / 4.5, rel=0.03)
+    assert 0 < est.rel_half < 0.06
+    assert abs(est.samples_per_s - 256 / 4.5) <= est.ci_half * 1.5

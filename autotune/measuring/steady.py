@@ -31,6 +31,9 @@ MIN_IDLE_S = 0.25  # ...and at least this long (a stall of the machine is not a 
 MIN_WINDOW_S = 0.5
 MAX_WINDOW_S = 5.0
 BATCHES_PER_WINDOW = 2
+# An interval from steps' own spread is never claimed narrower than this share of the rate:
+# identical steps are a clock's rounding, not a certainty.
+MIN_STEP_REL_HALF = 0.005
 
 
 def t975(dof: int) -> float:
@@ -164,6 +167,61 @@ def window_s(points: list[tuple[float, float]], batches: int) -> float:
     return min(MAX_WINDOW_S, max(MIN_WINDOW_S, BATCHES_PER_WINDOW * per_batch))
 
 
+@dataclass(frozen=True)
+class _Aligned:
+    """The kept windows measured from point to point (`_aligned`)."""
+
+    samples: float
+    span_s: float
+    gaps: list[float]  # time between consecutive points at which the count rose
+
+    @property
+    def rate(self) -> float:
+        return self.samples / self.span_s
+
+    def ci_half(self) -> float:
+        """From the spread of the gaps (the mean gap's relative interval is the rate's)."""
+        mean_gap = sum(self.gaps) / len(self.gaps)
+        return self.rate * max(batch_means_ci(self.gaps) / mean_gap, MIN_STEP_REL_HALF)
+
+
+def _aligned(points: list[tuple[float, float]], index: list[int], t0: float,
+             dt: float) -> _Aligned | None:
+    """The kept windows' count from point to point: over each stretch of consecutive kept
+    windows, the count between its first and its last point over the time between them.
+
+    Window rates of a staircase (a batch every few seconds) hold whole batches, so their mean
+    is off by up to a batch over the measured time, depending on where the windows fall: 5 s
+    steps over 25 s read 5 or 6 batches, ±10%. Measured between points the count is exact. None
+    when no stretch holds two points at different times."""
+    pts = sorted(points)
+    runs, start = [], index[0]
+    for prev, i in zip(index, index[1:]):
+        if i != prev + 1:
+            runs.append((start, prev))
+            start = i
+    runs.append((start, index[-1]))
+    samples = span = 0.0
+    gaps: list[float] = []
+    for first, last in runs:
+        lo, hi = t0 + (first + 1) * dt, t0 + (last + 2) * dt  # rates[i] spans these
+        inside = [p for p in pts if lo <= p[0] <= hi]
+        if len(inside) < 2:
+            continue
+        # the count once each instant's points are in (a batch is a jump at one instant)
+        at: dict[float, float] = {}
+        for t, v in inside:
+            at[t] = max(v, at.get(t, v))
+        times = sorted(at)
+        if times[-1] <= times[0]:
+            continue
+        samples += at[times[-1]] - at[times[0]]
+        span += times[-1] - times[0]
+        rose = [t for a, t in zip(times, times[1:]) if at[t] > at[a]]
+        gaps += [b - a for a, b in zip([times[0], *rose], rose)]
+    return _Aligned(samples, span, gaps) if span > 0 and samples > 0 else None
+
+
 def estimate(points: list[tuple[float, float]], *, batches: int,
              dt: float | None = None) -> Estimate | None:
     """Steady-state samples/s from cumulative ``(t, samples)`` points; None when too few.
@@ -197,11 +255,17 @@ def estimate(points: list[tuple[float, float]], *, batches: int,
     if not index:
         return None
     kept = [rates[i] for i in index]
-    mean = sum(kept) / len(kept)
+    aligned = _aligned(points, index, t0, dt)
+    mean = aligned.rate if aligned is not None else sum(kept) / len(kept)
     # Counts come in whole batches: over the measured time the rate is known to one batch at
     # best, however alike the windows look (identical windows would otherwise claim a zero CI).
     batch = (points[-1][1] - points[0][1]) / max(batches, 1)
     ci = max(batch_means_ci(kept), batch / (len(kept) * dt))
+    if aligned is not None and batch / mean >= MAX_WINDOW_S / BATCHES_PER_WINDOW \
+            and len(aligned.gaps) >= 4:
+        # Steps too long for windows of a few batches: each window holds a batch or two, and
+        # their spread is where the windows fall, not the script. The steps themselves say it.
+        ci = aligned.ci_half()
     # rates[i] is the window [t0 + (i+1) dt, t0 + (i+2) dt]: the first one was dropped above.
     return Estimate(samples_per_s=mean, ci_half=ci,
                     measured_s=len(kept) * dt, warmup_s=warmup * dt, paused_s=paused * dt,
