@@ -239,6 +239,7 @@ class Interceptor:
             training = torch.is_grad_enabled()
             if mode == "io" and training:
                 interceptor._drain(it, next_)  # never returns
+            start = time.monotonic()
             try:
                 if mode == "synthetic" and training:
                     batch = interceptor._replay(it, next_)
@@ -247,6 +248,8 @@ class Interceptor:
             except (ConnectionError, EOFError) as exc:
                 _name_dead_worker(it, exc)
                 raise
+            if training:
+                meter.clock.data(start, time.monotonic())
             meter.count_batch(batch, training=training)
             return batch
 
@@ -297,18 +300,30 @@ class Interceptor:
     def _install_steps(self, torch) -> None:
         meter = self.meter
 
+        step_started = {}  # optimizer -> when its step began (steps may nest: a wrapper's)
+
+        def before_step(optimizer, args, kwargs):
+            step_started.setdefault(id(optimizer), time.monotonic())
+
         def after_step(optimizer, args, kwargs):
+            start = step_started.pop(id(optimizer), None)
+            if start is not None and not step_started:
+                meter.clock.optimizer(start, time.monotonic())
             meter.count_step()
             meter.maybe_stop()
 
-        from torch.optim.optimizer import register_optimizer_step_post_hook
+        from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                           register_optimizer_step_pre_hook)
 
+        register_optimizer_step_pre_hook(before_step)
         register_optimizer_step_post_hook(after_step)
 
         backward = torch.Tensor.backward
 
         def tensor_backward(tensor, *args, **kwargs):
+            start = time.monotonic()
             result = backward(tensor, *args, **kwargs)
+            meter.clock.backward(start, time.monotonic())
             meter.count_backward()
             if not meter.steps:  # weights updated by hand: a backward pass ends the step
                 meter.maybe_stop()
@@ -317,6 +332,50 @@ class Interceptor:
         torch.Tensor.backward = tensor_backward
 
     # -- DDP --------------------------------------------------------------------------------
+    def _install_comm_timing(self, DDP) -> None:
+        """Time DDP's bucket launches through its communication hook (`probes.parts`): a hook
+        the script registers is wrapped; without one, DDP's default allreduce is registered,
+        wrapped, before the first forward pass. A model with a built-in (C++) hook, or one
+        that refuses ours, trains as it would and its communication is not timed."""
+        clock = self.meter.clock
+        register = DDP.register_comm_hook
+        builtin = DDP._register_builtin_comm_hook
+
+        def timed(hook):
+            @functools.wraps(hook)
+            def timed_hook(state, bucket):
+                clock.bucket_launched()
+                return hook(state, bucket)
+            return timed_hook
+
+        @functools.wraps(register)
+        def register_comm_hook(model, state, hook):
+            model._autotune_comm = True
+            return register(model, state, timed(hook))
+
+        @functools.wraps(builtin)
+        def register_builtin_comm_hook(model, comm_hook_type):
+            model._autotune_comm = True
+            return builtin(model, comm_hook_type)
+
+        DDP.register_comm_hook = register_comm_hook
+        DDP._register_builtin_comm_hook = register_builtin_comm_hook
+        forward = DDP.forward
+
+        @functools.wraps(forward)
+        def ddp_forward(model, *args, **kwargs):
+            if not getattr(model, "_autotune_comm", False):
+                model._autotune_comm = True
+                try:
+                    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+                    register(model, model.process_group, timed(default_hooks.allreduce_hook))
+                except Exception:  # noqa: BLE001 - untimed is better than a failed script
+                    pass
+            return forward(model, *args, **kwargs)
+
+        DDP.forward = ddp_forward
+
     def _install_ddp(self, torch) -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -337,6 +396,7 @@ class Interceptor:
             return init(*bound.args, **bound.kwargs)
 
         DDP.__init__ = __init__
+        self._install_comm_timing(DDP)
 
         if torch.distributed.is_available():
             init_pg = torch.distributed.init_process_group

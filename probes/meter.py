@@ -16,6 +16,7 @@ import time
 
 from probes import protocol
 from probes.channel import Channel
+from probes.parts import StepClock
 
 
 def batch_len(batch) -> int:
@@ -144,6 +145,7 @@ class Meter:
         self.eval_samples = 0  # fetched with autograd off: evaluation, not training
         self.steps = 0
         self.backwards = 0
+        self.clock = StepClock()  # where the training time goes (probes.parts)
         self.last_batch_t = 0.0
         self.last_step_t = 0.0
         self.first_batch_t = 0.0
@@ -210,6 +212,7 @@ class Meter:
                       protocol.TICK_FIRST_BATCH_T: self.tick_first_batch_t,
                       protocol.TICK_FIRST_STEP_T: self.tick_first_step_t}
             self.tick_first_batch_t = self.tick_first_step_t = 0.0
+        fields[protocol.TICK_PARTS] = self.clock.snapshot()
         fields[protocol.TICK_RSS_PEAK_BYTES] = _read_vm_hwm_bytes()
         fields[protocol.TICK_CUDA_PEAK_BYTES] = _cuda_peak_bytes()
         self.channel.send(protocol.TICK, **fields)

@@ -93,6 +93,8 @@ TICK_LAST_BATCH_T = "last_batch_t"  # the latest training batch (0: none yet)
 TICK_LAST_STEP_T = "last_step_t"
 TICK_FIRST_BATCH_T = "first_batch_t"  # the first training batch since the previous tick (0: none)
 TICK_FIRST_STEP_T = "first_step_t"
+TICK_PARTS = "parts"  # {part: cumulative host seconds} for each of PARTS (probes.parts)
+PARTS = ("data", "forward", "backward", "comm", "optimizer")
 SEEN = "seen"  # {what, requested, applied, note}; what="writes": {paths: [{path, op, existed}]}
 # what="distributed": requested {backend, asked}, applied {world_size, rank} (torch's, once
 #      init_process_group returned)

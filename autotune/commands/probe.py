@@ -10,7 +10,7 @@ import sys
 from autotune.monitor import console
 from autotune.store import jsontext, rundir
 from autotune.launching import engines
-from autotune.measuring import bottleneck
+from autotune.measuring import bottleneck, breakdown
 from autotune.commands import common
 from autotune.store.journal import Journal
 from autotune.measuring.outcome import Outcome
@@ -160,5 +160,9 @@ def _print_table(results, v, run_dir, *, plain: bool) -> None:
                             else "")
         table.add_row(mode, rate, ci, r.source, r.outcome.value, note)
     out.print(table)
+    for mode, r in results.items():
+        b = breakdown.Breakdown.from_dict(r.breakdown)
+        if b is not None and _measured(r):
+            out.print(f"where the time goes ({mode}, share of wall time ±95%): {b.describe()}")
     out.print(f"verdict: {v.text}")
     out.print(f"run directory: {run_dir}")

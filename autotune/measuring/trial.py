@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune.launching import script_flags, proc
-from autotune.measuring import logs, series, steady
+from autotune.measuring import breakdown, logs, series, steady
 from autotune.launching.collector import Collector, for_launcher
 from autotune.measuring.script_facts import Seen
 from autotune.measuring.foreign_load import FOREIGN_CORES_LIMIT, ForeignLoad, cpu_s
@@ -111,6 +111,9 @@ class TrialResult:
     # one rank's time per batch (or step) while it progressed; 0 when never seen.
     first_s: float = 0.0
     step_s: float = 0.0
+    # Where the time went over the measured span (`autotune.measuring.breakdown`), as
+    # ``Breakdown.to_dict``; None when it could not be told.
+    breakdown: dict | None = None
 
     @property
     def foreign_flagged(self) -> bool:
@@ -134,6 +137,7 @@ class _Rank:
     tick: dict = field(default_factory=dict)
     batch_points: list = field(default_factory=list)  # (t, cumulative samples)
     step_points: list = field(default_factory=list)  # (t, cumulative steps)
+    part_points: list = field(default_factory=list)  # (t, cumulative seconds by part)
     error: dict | None = None
     teardown: dict | None = None  # an error after we asked it to stop (a peer left first)
     bye: dict | None = None
@@ -208,6 +212,9 @@ class _Probe:
         rank.tick = msg
         rank.batch_points.extend(batch_points)
         rank.step_points.extend(step_points)
+        parts = msg.get(protocol.TICK_PARTS)
+        if isinstance(parts, dict) and protocol.TICK_T in msg:
+            rank.part_points.append((float(msg[protocol.TICK_T]) + rank.offset, parts))
 
     def _seen(self, msg: dict) -> None:
         self.script.fold(msg)
@@ -457,7 +464,14 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         notes=tuple(notes), knobs=dict(probe.spec.ranks.knobs), mode=probe.spec.ranks.mode,
         foreign_limit_cores=probe.spec.foreign_limit_cores, counted_samples_per_s=counted,
         window_start_t=est.start_t if est else 0.0, window_end_t=est.end_t if est else 0.0,
-        **_pace(probe))
+        breakdown=_breakdown(probe, est) if has_estimate else None, **_pace(probe))
+
+
+def _breakdown(probe: _Probe, est: steady.Estimate) -> dict | None:
+    """The parts of a step over the estimate's own span, when the meters timed them."""
+    b = breakdown.from_ticks([r.part_points for r in probe.ranks.values()], est.start_t,
+                             est.end_t, windows=est.windows)
+    return b.to_dict() if b is not None else None
 
 
 def _pace(probe: _Probe) -> dict:

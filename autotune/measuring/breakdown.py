@@ -1,0 +1,97 @@
+"""Where a probe's time went: each part of a step as a share of wall time, with an interval. Pure.
+
+The meters send cumulative seconds per part (`probes.parts`: data, forward, backward, comm,
+optimizer) with every tick. Over the span the throughput estimate stands on, a part's share is
+what it grew by over the span's length, per rank, averaged over ranks; "other" is the rest of
+the wall clock (``zero_grad``, logging, checkpoints, the script's own code between steps). The
+interval comes from the same span cut into windows, by batch means (`steady.batch_means_ci`),
+as the throughput's does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from autotune.measuring import steady
+from probes.protocol import PARTS
+
+ALL_PARTS = (*PARTS, "other")
+LABELS = {"data": "data wait", "forward": "forward", "backward": "backward",
+          "comm": "exposed comm", "optimizer": "optimizer", "other": "other"}
+MIN_WINDOWS = 4
+
+PartPoints = list[tuple[float, Mapping[str, float]]]  # (controller time, cumulative seconds)
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Shares of wall time by part of a step, each with its 95% half-width."""
+
+    shares: Mapping[str, tuple[float, float]]
+    ranks: int
+
+    def share(self, part: str) -> float:
+        return self.shares.get(part, (0.0, 0.0))[0]
+
+    def binding(self) -> str:
+        """The part that takes most of the time."""
+        return max(self.shares, key=lambda p: self.shares[p][0])
+
+    def describe(self) -> str:
+        return ", ".join(f"{LABELS[p]} {s:.0%} ±{h * 100:.0f}" for p, (s, h) in
+                         self.shares.items() if s >= 0.005 or p in ("data", "other"))
+
+    def to_dict(self) -> dict:
+        return {"shares": {p: [round(s, 4), round(h, 4)] for p, (s, h) in self.shares.items()},
+                "ranks": self.ranks}
+
+    @classmethod
+    def from_dict(cls, d: Mapping | None) -> Breakdown | None:
+        if not d or not d.get("shares"):
+            return None
+        return cls({p: (float(v[0]), float(v[1])) for p, v in d["shares"].items()},
+                   int(d.get("ranks", 1)))
+
+
+def _window_shares(points: PartPoints, edges: Sequence[float]) -> list[dict[str, float]]:
+    """Per window between consecutive ``edges``: each part's share of the window."""
+    series = {p: [(t, parts.get(p, 0.0)) for t, parts in points] for p in PARTS}
+    out = []
+    for a, b in zip(edges, edges[1:]):
+        w = {p: (steady.interp(series[p], b) - steady.interp(series[p], a)) / (b - a)
+             for p in PARTS}
+        w["other"] = max(0.0, 1.0 - sum(w.values()))
+        out.append(w)
+    return out
+
+
+def from_ticks(per_rank: Sequence[PartPoints], start_t: float, end_t: float, *,
+               windows: int) -> Breakdown | None:
+    """The shares over ``[start_t, end_t]`` (the estimate's span, controller clock), cut into
+    ``windows`` for the interval; None when no rank's points cover the span."""
+    ranks = [sorted(pts, key=lambda p: p[0]) for pts in per_rank if len(pts) >= 2]
+    if not ranks or end_t <= start_t:
+        return None
+    # the ticks bound what is known: a span they cover less than half of tells nothing
+    lo, hi = max(start_t, *(pts[0][0] for pts in ranks)), min(end_t, *(pts[-1][0] for pts in ranks))
+    if hi - lo < 0.5 * (end_t - start_t):
+        return None
+    start_t, end_t = lo, hi
+    n = max(windows, MIN_WINDOWS)
+    edges = [start_t + (end_t - start_t) * k / n for k in range(n + 1)]
+    per = [_window_shares(pts, edges) for pts in ranks]
+    shares = {}
+    for part in ALL_PARTS:
+        xs = [sum(r[k][part] for r in per) / len(per) for k in range(n)]
+        whole = [(_at(pts, end_t, part) - _at(pts, start_t, part)) / (end_t - start_t)
+                 for pts in ranks] if part != "other" else None
+        mean = sum(whole) / len(whole) if whole is not None else sum(xs) / n
+        shares[part] = (mean, steady.batch_means_ci(xs))
+    rest = max(0.0, 1.0 - sum(shares[p][0] for p in PARTS))
+    shares["other"] = (rest, shares["other"][1])
+    return Breakdown(shares, len(ranks))
+
+
+def _at(points: PartPoints, t: float, part: str) -> float:
+    return steady.interp([(u, parts.get(part, 0.0)) for u, parts in points], t)
