@@ -93,3 +93,23 @@ def test_the_data_stall_share_is_the_scripts_own_within_ten_points(tmp_path, ite
         assert b.binding() in ("data", "forward") and b.share("data") > 0.2
     else:
         assert b.share("data") < 0.1 and b.binding() != "data"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hook", ["none", "fp16", "builtin"])
+def test_ddp_communication_is_timed_through_the_scripts_own_hook_or_ours(tmp_path, hook):
+    """Two DDP ranks: with no hook of the script's, ours (DDP's default allreduce, timed)
+    measures exposed communication; a hook the script registers is wrapped and still runs; a
+    built-in hook trains untimed. No case breaks the script."""
+    r = subprocess.run([sys.executable, "-m", "autotune", "probe", "--json", "--modes", "full",
+                        "--instances", "2", "--seconds", "15", "--runs-dir", str(tmp_path),
+                        str(SCRIPTS / "ddp_toy.py"), "--comm-hook", hook],
+                       capture_output=True, text=True, timeout=180)
+    full = json.loads(r.stdout)["modes"]["full"]
+    assert full["outcome"] in ("ok", "foreign-load"), full["reason"]
+    b = breakdown.Breakdown.from_dict(full["breakdown"])
+    assert b.ranks == 2
+    if hook == "builtin":
+        assert b.share("comm") == 0.0
+    else:
+        assert b.share("comm") > 0.0

@@ -45,6 +45,8 @@ def main():
     p.add_argument("--exit-code", type=int, default=0)
     p.add_argument("--fail-rank", type=int, default=-1)
     p.add_argument("--linger", type=float, default=0.0)
+    p.add_argument("--comm-hook", choices=["none", "fp16", "builtin"], default="none",
+                   help="register DDP's fp16 compression hook, or the built-in (C++) allreduce")
     p.add_argument("--print-env", nargs="*", default=[], metavar="NAME",
                    help="print these environment variables at start")
     args = p.parse_args()
@@ -60,6 +62,11 @@ def main():
     sampler = DistributedSampler(data)
     loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler)
     model = DistributedDataParallel(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)))
+    if args.comm_hook == "fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif args.comm_hook == "builtin":
+        model._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     t_first, steps, epoch = None, 0, 0
     while True:
