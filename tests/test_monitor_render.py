@@ -226,3 +226,17 @@ def test_allreduce_timing_is_one_short_line():
               "error": "the allreduce probe failed (exit codes [1, 1]); see x.log:\ntrace"}
     assert event_line(failed) == ("allreduce not timed (the allreduce probe failed (exit codes "
                                   "[1, 1]); see x.log:); bucket_mb candidates 1, 5, 25")
+
+
+def test_a_finished_trial_says_where_its_time_went():
+    result = {"outcome": "ok", "samples_per_s": 180.0, "ci_half": 4.0, "duration_s": 12.0,
+              "breakdown": {"shares": {"data": [0.41, 0.05], "forward": [0.49, 0.04],
+                                       "backward": [0.09, 0.02], "comm": [0.0, 0.0],
+                                       "optimizer": [0.0, 0.0], "other": [0.01, 0.01]},
+                            "ranks": 1}}
+    line = event_line({"t": 1.0, "event": "trial_finished", "trial": "trial-3", "number": 3,
+                       "result": result})
+    assert "time: forward 49%, data wait 41%" in line
+    del result["breakdown"]
+    assert "time:" not in event_line({"t": 1.0, "event": "trial_finished", "trial": "trial-3",
+                                      "number": 3, "result": result})

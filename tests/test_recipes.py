@@ -47,6 +47,18 @@ def test_the_speed_up_interval_is_kept_and_shown(tmp_path, capsys):
     assert "1.50x (95% interval 1.31x-1.72x)" in capsys.readouterr().out
 
 
+def test_the_winner_s_breakdown_is_kept_and_shown(tmp_path, capsys):
+    from autotune.commands import cli
+
+    shares = {"data": (0.31, 0.02), "forward": (0.4, 0.03), "backward": (0.2, 0.01),
+              "comm": (0.0, 0.0), "optimizer": (0.04, 0.0), "other": (0.05, 0.01)}
+    path = recipes.save(recipe(breakdown=shares), tmp_path)
+    assert recipes.load(path).breakdown == shares
+    assert recipes.load(recipes.save(recipe(name="old"), tmp_path)).breakdown is None
+    assert cli.main(["recipes", "show", str(path)]) == 0
+    assert "time goes: data wait 31% ±2, forward 40% ±3" in capsys.readouterr().out
+
+
 def test_run_knobs_turn_the_share_into_threads():
     knobs, instances = recipe().run_knobs(cores=8)
     assert knobs == {"batch_size": 64, "workers": 2, "threads": 4, "instances": 1}
@@ -111,6 +123,7 @@ def good_text(tmp_path):
     (lambda t: t + "\n[job]\nglobal_batch = 0\n", ["field 'job.global_batch' must be a whole"]),
     (lambda t: t + '\n[job]\nglobal_batch = "256"\n', ["'job.global_batch'", "'256'"]),
     (lambda t: t.replace("name = ", "job = 3\nname = ", 1), ["[job] must be a table"]),
+    (lambda t: t + "\n[breakdown]\ndata = 0.3\n", ["field 'breakdown.data' must be a [share"]),
 ])
 def test_validation_names_file_and_field(tmp_path, edit, words):
     path = write(tmp_path, edit(good_text(tmp_path / "src")))

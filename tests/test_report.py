@@ -162,3 +162,25 @@ def test_a_broken_study_falls_back_to_the_journal(tmp_path):
     _study_db(run_dir, corrupt=True)
     data = embedded_data(report(run_dir, tmp_path / "r.html"))
     assert data["importance_method"] == "correlation ratio over this run's successful trials"
+
+
+def test_the_report_shows_where_the_time_goes(tmp_path):
+    """A probe whose full mode carried a breakdown: one stacked bar, each part's share."""
+    run_dir = make_run(tmp_path, "probe_io_bound")
+    shares = {"data": [0.41, 0.05], "forward": [0.35, 0.04], "backward": [0.2, 0.02],
+              "comm": [0.0, 0.0], "optimizer": [0.03, 0.0], "other": [0.01, 0.01]}
+    lines = []
+    for line in (run_dir / "events.jsonl").read_text().splitlines():
+        ev = json.loads(line)
+        if ev.get("event") == "trial_finished" and ev.get("mode") == "full":
+            ev["result"]["breakdown"] = {"shares": shares, "ranks": 1}
+        lines.append(json.dumps(ev))
+    (run_dir / "events.jsonl").write_text("\n".join(lines) + "\n")
+    html = report(run_dir, tmp_path / "p.html")
+    parts = re.findall(r'class="part" data-label="full" data-part="([\w ]+)" '
+                       r'data-value="([\d.]+)"', html)
+    assert parts[0] == ("data wait", "0.4100") and len(parts) == 6
+    assert "Where the time goes" in html
+    assert "Where the time goes" not in report(make_run(tmp_path / "b", "probe_io_bound"),
+                                               tmp_path / "q.html")
+    assert_offline(html)

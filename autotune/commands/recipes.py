@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from autotune.measuring import breakdown
 from autotune.monitor import console
 from autotune.store import fingerprint, jsontext, recipes
 from autotune import RecipeError, UsageError
@@ -149,6 +150,7 @@ def _show(r: recipes.Recipe, out) -> None:
                                            else _interval(r)),
         f"why:       {r.reason}" if r.reason else "",
         f"verdict:   {r.verdict.get('text')}" if r.verdict else "",
+        f"time goes: {breakdown.Breakdown(r.breakdown, 0).describe()}" if r.breakdown else "",
         f"hardware:  {fingerprint.summary(r.fingerprint)}",
         f"script sha256: {r.fingerprint.script_sha256[:16]}  trials: {r.trials}  "
         f"created: {r.created}  autotune {r.autotune_version}",

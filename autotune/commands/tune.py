@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from autotune.measuring import breakdown
 from autotune.monitor import console
 from autotune.store import fingerprint, jsontext, recipes, rundir
 from autotune.launching import rank_command, engines
@@ -282,6 +283,7 @@ def build_recipe(report: TuneReport, prep: Prepared,
         source=report.source, reason=report.reason,
         verdict=report.verdict.to_dict() if report.verdict else None,
         global_batch=global_batch, notes=report.best_notes,
+        breakdown=(report.best_breakdown or {}).get("shares"),
         speedup_low=None if report.kept_baseline else report.speedup_low,
         speedup_high=None if report.kept_baseline else report.speedup_high)
 
@@ -306,6 +308,10 @@ def print_summary(report: TuneReport, recipe_path: Path, *, plain: bool) -> None
               f"stopped: {report.stop_reason}")
     if report.verdict:
         out.print(f"verdict: {report.verdict.text}")
+    for label, d in (("baseline", report.baseline_breakdown), ("best", report.best_breakdown)):
+        b = breakdown.Breakdown.from_dict(d)
+        if b is not None:
+            out.print(f"where the time goes ({label}): {b.describe()}")
     out.print(f"recipe: {recipe_path}")
     out.print(f"run directory: {report.run_dir}")
 

@@ -42,6 +42,12 @@ class Breakdown:
         return ", ".join(f"{LABELS[p]} {s:.0%} ±{h * 100:.0f}" for p, (s, h) in
                          self.shares.items() if s >= 0.005 or p in ("data", "other"))
 
+    def short(self) -> str:
+        """The parts that take a tenth of the time or more, largest first."""
+        big = sorted((p for p, (s, _) in self.shares.items() if s >= 0.1),
+                     key=lambda p: -self.shares[p][0])
+        return ", ".join(f"{LABELS[p]} {self.shares[p][0]:.0%}" for p in big)
+
     def to_dict(self) -> dict:
         return {"shares": {p: [round(s, 4), round(h, 4)] for p, (s, h) in self.shares.items()},
                 "ranks": self.ranks}

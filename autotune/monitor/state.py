@@ -35,6 +35,7 @@ class TrialRow:
     source: str = ""
     foreign_flagged: bool = False
     log_path: str = ""
+    breakdown: dict | None = None  # where its time went (`autotune.measuring.breakdown`)
 
     @property
     def finished(self) -> bool:
@@ -262,6 +263,7 @@ def _trial_finished(s: RunState, ev: dict, t) -> None:
     row.source = str(res.get("source") or "")
     row.foreign_flagged = bool(res.get("foreign_flagged"))
     row.log_path = str(res.get("log_path") or "")
+    row.breakdown = res.get("breakdown") if isinstance(res.get("breakdown"), dict) else None
     if not row.ok:
         row.samples_per_s = row.samples_per_s or None
 

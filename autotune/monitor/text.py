@@ -10,6 +10,7 @@ import math
 import os
 import time
 
+from autotune.measuring.breakdown import Breakdown
 from autotune.measuring.outcome import Outcome
 
 GIB = 1024 ** 3
@@ -192,8 +193,10 @@ def _trial_finished(ev):
     dur = fmt_duration(r.get("duration_s"))
     if outcome == Outcome.OK:
         flag = " [foreign load: not comparable]" if r.get("foreign_flagged") else ""
+        parts = Breakdown.from_dict(r.get("breakdown"))
+        time_goes = f" · time: {parts.short()}" if parts is not None and parts.short() else ""
         return (f"{head}: {fmt_rate(r.get('samples_per_s'), r.get('ci_half'))} samples/s "
-                f"in {dur}{knobs}{flag}")
+                f"in {dur}{knobs}{time_goes}{flag}")
     log = f" (log: {r['log_path']})" if r.get("log_path") else ""
     return f"{head}: {r.get('reason') or 'no reason given'}{knobs} · {dur}{log}"
 

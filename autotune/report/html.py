@@ -15,6 +15,7 @@ from html import escape
 from pathlib import Path
 
 from autotune.store import jsontext
+from autotune.measuring.breakdown import LABELS, Breakdown
 from autotune.measuring.outcome import Outcome
 from autotune.report import importance, svg
 from autotune.store.journal import read_events
@@ -237,6 +238,29 @@ def probe_section(state: RunState) -> str:
     return html
 
 
+def breakdown_section(state: RunState) -> str:
+    """Where the time goes, for the baseline and the best (a probe: its full mode)."""
+    picks = []
+    if state.kind == "probe":
+        row = state.mode_rows().get("full")
+        picks = [("full", row)] if row is not None else []
+    else:
+        base = state.trials.get("baseline")
+        picks = [("baseline", base), ("best", state.best_row)]
+    rows = []
+    for label, row in picks:
+        b = Breakdown.from_dict(row.breakdown) if row is not None else None
+        if b is not None:
+            rows.append((label, [(LABELS[p], s, f"{label}: {LABELS[p]} {s:.0%} ±{h * 100:.0f} "
+                                  f"points of wall time") for p, (s, h) in b.shares.items()]))
+    if not rows:
+        return ""
+    return ("<h2>Where the time goes</h2>" + svg.stacked(rows, chart="breakdown") +
+            "<p class='note'>shares of each rank's wall time over the measured span: waiting "
+            "for the next batch, forward (to the backward pass), backward, communication "
+            "not hidden behind it, the optimizer step, and the rest</p>")
+
+
 def fullrun_section(state: RunState) -> str:
     fr = state.fullrun
     if fr is None:
@@ -285,7 +309,8 @@ def build_html(run_dir: Path, state: RunState | None = None) -> str:
             "fullrun": [[t, v] for t, v in state.fullrun.history] if state.fullrun else []}
     blob = jsontext.dumps(data).replace("</", "<\\/")
     parts = [summary_section(state), best_section(state), probe_section(state),
-             search_section(state, imp, how), fullrun_section(state), trials_section(state)]
+             breakdown_section(state), search_section(state, imp, how), fullrun_section(state),
+             trials_section(state)]
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>{escape(title)}</title><style>{CSS}</style></head><body>"
             f"<h1>{escape(title)}</h1><p class='note'>run directory "

@@ -194,3 +194,36 @@ def bars(items: list[tuple[str, float | None, str]], *, chart: str, unit: str = 
                     f'<text x="{label_w + width + 6:.1f}" y="{y + 18}">{_fmt(value)}{unit}'
                     f'</text></g>')
     return _svg(body, chart=chart, height=height)
+
+
+PART_COLORS = ("#d73027", "#2b7bb9", "#74add1", "#fdae61", "#1a9850", "#bbbbbb")
+
+
+def stacked(rows: list[tuple[str, list[tuple[str, float, str]]]], *, chart: str) -> str:
+    """One horizontal bar per row, split into its parts: (label, [(part, share, hover)]),
+    shares of 1; a legend of the parts below."""
+    if not rows:
+        return '<p class="empty">no data</p>'
+    row_h, label_w, width = 30, 110, W - 110 - 40
+    names = [name for name, _, _ in rows[0][1]]
+    height = PAD_T + row_h * len(rows) + 30
+    body = []
+    for i, (label, parts) in enumerate(rows):
+        y = PAD_T + i * row_h
+        body.append(f'<text x="{label_w - 8}" y="{y + 18}" text-anchor="end">{escape(label)}'
+                    f'</text>')
+        x = float(label_w)
+        for k, (name, share, title) in enumerate(parts):
+            w = width * max(0.0, share)
+            body.append(f'<g class="part" data-label="{escape(label)}" data-part="{escape(name)}"'
+                        f' data-value="{share:.4f}"><title>{escape(title)}</title>'
+                        f'<rect x="{x:.1f}" y="{y + 4}" width="{w:.1f}" height="{row_h - 10}" '
+                        f'fill="{PART_COLORS[k % len(PART_COLORS)]}"/></g>')
+            x += w
+    y = PAD_T + row_h * len(rows) + 16
+    for k, name in enumerate(names):
+        x = label_w + k * 110
+        body.append(f'<rect x="{x}" y="{y - 10}" width="12" height="12" '
+                    f'fill="{PART_COLORS[k % len(PART_COLORS)]}"/>'
+                    f'<text x="{x + 16}" y="{y}">{escape(name)}</text>')
+    return _svg(body, chart=chart, height=height)

@@ -18,6 +18,8 @@ Layout (schema version 1)::
                    said of it, e.g. a backend autotune replaced)
     [baseline]     the script's own knobs
     [verdict]      bottleneck, text, bound_samples_per_s (only when known)
+    [breakdown]    where the winner's time goes: data, forward, backward, comm, optimizer,
+                   other, each [share of wall time, its 95% half-width] (only when measured)
     [job]          global_batch (only when tuned with --global-batch: a run on another number
                    of hosts or GPUs divides it again over its own world)
     [fingerprint]  cpu_model, cores, gpu_names, gpu_count, gpu_driver, torch_version,
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune import __version__
+from autotune.measuring.breakdown import ALL_PARTS
 from autotune.store import fingerprint, rundir
 from autotune.tuning import space
 from autotune import RecipeError
@@ -59,6 +62,7 @@ _FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
                 "bound_samples_per_s": ("int or float", False),
                 "full_share_of_bound": ("int or float", False)},
     "job": {"global_batch": ("a whole number >= 1", False)},
+    "breakdown": {part: ("a [share, half-width] pair", False) for part in ALL_PARTS},
     "fingerprint": {"cpu_model": ("str", True), "cores": ("int", True),
                     "gpu_names": ("list of str", True), "gpu_count": ("int", True),
                     "gpu_driver": ("str", False), "torch_version": ("str", True),
@@ -78,6 +82,8 @@ _KINDS = {
     "list of str": lambda v: isinstance(v, list) and all(isinstance(a, str) for a in v),
     "a whole number >= 0": lambda v: _is_int(v) and v >= 0,
     "a whole number >= 1": lambda v: _is_int(v) and v >= 1,
+    "a [share, half-width] pair": lambda v: isinstance(v, list) and len(v) == 2 and all(
+        (_is_int(a) or isinstance(a, float)) and 0 <= a <= 10 for a in v),
 }
 
 
@@ -107,6 +113,7 @@ class Recipe:
     speedup_high: float | None = None
     global_batch: int | None = None  # the job's batch, kept whatever the world
     notes: tuple[str, ...] = ()  # what the winner's probes said of it (a backend replaced, ...)
+    breakdown: Mapping[str, tuple[float, float]] | None = None  # part -> (share, half-width)
 
     def run_knobs(self, cores: int, gpus: int | None = None,
                   hosts: int | None = None) -> tuple[dict[str, float], int]:
@@ -157,6 +164,8 @@ class Recipe:
             doc["verdict"] = {k: v for k, v in self.verdict.items() if v is not None}
         if self.global_batch:
             doc["job"] = {"global_batch": int(self.global_batch)}
+        if self.breakdown:
+            doc["breakdown"] = {p: [float(v) for v in sh] for p, sh in self.breakdown.items()}
         return doc
 
 
@@ -250,7 +259,9 @@ def load(path: Path | str) -> Recipe:
         global_batch=doc.get("job", {}).get("global_batch"),
         speedup_low=_maybe_float(result.get("speedup_low")),
         speedup_high=_maybe_float(result.get("speedup_high")),
-        notes=tuple(result.get("notes", ())))
+        notes=tuple(result.get("notes", ())),
+        breakdown={p: (float(v[0]), float(v[1])) for p, v in doc["breakdown"].items()}
+        if doc.get("breakdown") else None)
 
 
 def listing(recipe_dir: Path) -> list[tuple[Path, Recipe | RecipeError]]:

@@ -115,6 +115,9 @@ class TuneReport:
     best_notes: tuple[str, ...] = ()  # what the winner's probes said of it
     speedup_low: float = 1.0  # the speed-up's 95% interval over the confirmation rounds
     speedup_high: float = 1.0
+    # where the time goes (`autotune.measuring.breakdown.Breakdown.to_dict`), None: not told
+    best_breakdown: Mapping | None = None
+    baseline_breakdown: Mapping | None = None
 
     def to_dict(self) -> dict:
         return {"run_dir": str(self.run_dir),
@@ -126,7 +129,8 @@ class TuneReport:
                 "stop_reason": self.stop_reason, "source": self.source,
                 "space": self.space.to_dict(),
                 "verdict": self.verdict.to_dict() if self.verdict else None,
-                "notes": list(self.notes), "best_notes": list(self.best_notes)}
+                "notes": list(self.notes), "best_notes": list(self.best_notes),
+                "breakdown": {"best": self.best_breakdown, "baseline": self.baseline_breakdown}}
 
 
 # The outcome a study trial records (``user_attrs["outcome"]``, a constraint's name) for any

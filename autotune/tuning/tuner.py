@@ -119,6 +119,8 @@ class Tuner:
             stop_reason=self.found.stop_reason, source=self.found.source, verdict=c.verdict,
             notes=tuple(prober.notes),
             best_notes=prober.probe_notes.get(config_key(c.best.knobs), ()),
+            best_breakdown=prober.breakdowns.get(config_key(c.best.knobs)),
+            baseline_breakdown=prober.breakdowns.get(config_key(c.baseline.knobs)),
             speedup_low=c.speedup_low, speedup_high=c.speedup_high)
         rundir.write_atomic(self.run_dir / "summary.json",
                             jsontext.dumps(report.to_dict(), indent=2))
