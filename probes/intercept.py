@@ -333,10 +333,14 @@ class Interceptor:
 
     # -- DDP --------------------------------------------------------------------------------
     def _install_comm_timing(self, DDP) -> None:
-        """Time DDP's bucket launches through its communication hook (`probes.parts`): a hook
-        the script registers is wrapped; without one, DDP's default allreduce is registered,
-        wrapped, before the first forward pass. A model with a built-in (C++) hook, or one
-        that refuses ours, trains as it would and its communication is not timed."""
+        """Time DDP's bucket launches through its communication hook (`probes.parts`).
+
+        A hook the script registers before its first forward pass is wrapped. Without one, a
+        timed dispatcher is registered at the first forward pass; it runs DDP's default
+        allreduce, or the hook the script registers later (DDP takes one registration only, so
+        the later one goes to the dispatcher instead). A model with a built-in (C++) hook
+        trains as it would, its communication untimed, and so does one that refuses ours.
+        """
         clock = self.meter.clock
         register = DDP.register_comm_hook
         builtin = DDP._register_builtin_comm_hook
@@ -350,11 +354,25 @@ class Interceptor:
 
         @functools.wraps(register)
         def register_comm_hook(model, state, hook):
+            slot = getattr(model, "_autotune_slot", None)
+            if slot is not None:  # ours went first: the script's hook runs through it
+                model._check_comm_hook(hook)
+                slot[:] = [state, hook]
+                return None
             model._autotune_comm = True
             return register(model, state, timed(hook))
 
         @functools.wraps(builtin)
         def register_builtin_comm_hook(model, comm_hook_type):
+            if getattr(model, "_autotune_slot", None) is not None:
+                from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+                hook = {"ALLREDUCE": default_hooks.allreduce_hook,
+                        "FP16_COMPRESS": default_hooks.fp16_compress_hook}.get(
+                    getattr(comm_hook_type, "name", ""))
+                if hook is not None:
+                    model._autotune_slot[:] = [model.process_group, hook]
+                    return None
             model._autotune_comm = True
             return builtin(model, comm_hook_type)
 
@@ -369,7 +387,15 @@ class Interceptor:
                 try:
                     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-                    register(model, model.process_group, timed(default_hooks.allreduce_hook))
+                    # the slot, not the model, in the hook's closure: the reducer holds the
+                    # hook, and a model reachable from it would never be freed
+                    slot = [model.process_group, default_hooks.allreduce_hook]
+
+                    def autotune_dispatch(state, bucket):
+                        return slot[1](slot[0], bucket)
+
+                    register(model, None, timed(autotune_dispatch))
+                    model._autotune_slot = slot
                 except Exception:  # noqa: BLE001 - untimed is better than a failed script
                     pass
             return forward(model, *args, **kwargs)

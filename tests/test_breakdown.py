@@ -96,11 +96,12 @@ def test_the_data_stall_share_is_the_scripts_own_within_ten_points(tmp_path, ite
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("hook", ["none", "fp16", "builtin"])
+@pytest.mark.parametrize("hook", ["none", "fp16", "builtin", "fp16-late"])
 def test_ddp_communication_is_timed_through_the_scripts_own_hook_or_ours(tmp_path, hook):
     """Two DDP ranks: with no hook of the script's, ours (DDP's default allreduce, timed)
-    measures exposed communication; a hook the script registers is wrapped and still runs; a
-    built-in hook trains untimed. No case breaks the script."""
+    measures exposed communication; a hook the script registers is wrapped and still runs, also
+    one registered after the first forward pass (DDP takes one registration: it goes through
+    ours); a built-in hook trains untimed. No case breaks the script."""
     r = subprocess.run([sys.executable, "-m", "autotune", "probe", "--json", "--modes", "full",
                         "--instances", "2", "--seconds", "15", "--runs-dir", str(tmp_path),
                         str(SCRIPTS / "ddp_toy.py"), "--comm-hook", hook],

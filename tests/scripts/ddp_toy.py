@@ -45,8 +45,9 @@ def main():
     p.add_argument("--exit-code", type=int, default=0)
     p.add_argument("--fail-rank", type=int, default=-1)
     p.add_argument("--linger", type=float, default=0.0)
-    p.add_argument("--comm-hook", choices=["none", "fp16", "builtin"], default="none",
-                   help="register DDP's fp16 compression hook, or the built-in (C++) allreduce")
+    p.add_argument("--comm-hook", choices=["none", "fp16", "builtin", "fp16-late"],
+                   default="none", help="register DDP's fp16 compression hook (before the first "
+                   "step, or after it), or the built-in (C++) allreduce")
     p.add_argument("--print-env", nargs="*", default=[], metavar="NAME",
                    help="print these environment variables at start")
     args = p.parse_args()
@@ -69,6 +70,11 @@ def main():
         model._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     t_first, steps, epoch = None, 0, 0
+    if args.comm_hook == "fp16-late":  # one step first, as a script warming up would
+        x, y = next(iter(loader))
+        nn.functional.cross_entropy(model(x), y).backward()
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
     while True:
         sampler.set_epoch(epoch)
         for x, y in loader:
