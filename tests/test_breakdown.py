@@ -114,3 +114,25 @@ def test_ddp_communication_is_timed_through_the_scripts_own_hook_or_ours(tmp_pat
         assert b.share("comm") == 0.0
     else:
         assert b.share("comm") > 0.0
+
+
+@pytest.mark.slow
+def test_what_a_sample_costs_is_the_cpu_the_script_used(tmp_path):
+    """A script that sleeps for its data and spins one core for its compute: the core-seconds
+    a sample costs, times samples/s, is the cores it kept busy, i.e. its own compute share."""
+    r = subprocess.run([sys.executable, "-m", "autotune", "probe", "--json", "--modes", "full",
+                        "--seconds", "20", "--runs-dir", str(tmp_path),
+                        str(SCRIPTS / "data_wait.py"), "--item-ms", "2", "--spin",
+                        "--log-every", "10"],
+                       capture_output=True, text=True, timeout=180)
+    full = json.loads(r.stdout)["modes"]["full"]
+    assert full["samples_per_s"] > 0, r.stderr[-2000:]
+    cores = full["core_s_per_sample"] * full["samples_per_s"]
+    with open(full["log_path"]) as f:
+        lines = re.findall(r"share data [0-9.]+ compute ([0-9.]+) steps \d+ t ([0-9.]+)",
+                           f.read())
+    own = [float(c) for c, t in lines
+           if full["window_start_t"] < float(t) <= full["window_end_t"] + 1.0]
+    assert own, lines
+    assert abs(cores - sum(own) / len(own)) <= 0.15, (cores, own)
+    assert full["gpu_s_per_sample"] == 0.0

@@ -117,3 +117,28 @@ def test_confirmation_fits_what_is_left_of_the_budget():
     assert confirm_fit(3, 30.0, 3, 450.0, 20.0, stretch=True) == (5, 30.0)
     assert confirm_fit(3, 30.0, 3, 9000.0, 20.0, stretch=True) == (MAX_CONFIRM_ROUNDS, 30.0)
     assert confirm_fit(3, 30.0, 3, 450.0, 20.0) == (3, 30.0)  # not stretched otherwise
+
+
+def test_scaling_efficiency_weighs_n_ranks_against_the_best_one_rank_config():
+    from types import SimpleNamespace
+
+    from autotune.measuring.outcome import Outcome
+    from autotune.tuning.records import Known, Scored, TuneReport
+    from autotune.tuning.tuner import _one_rank_best
+
+    base = Scored({"batch_size": 32, "instances": 1}, 400.0, 10.0)
+    best = Scored({"batch_size": 32, "instances": 2}, 720.0, 12.0)
+    known = {1: Known(1, Outcome.OK, 450.0, 9.0, {"batch_size": 64, "instances": 1}),
+             2: Known(2, Outcome.OK, 720.0, 12.0, dict(best.knobs)),
+             3: Known(3, Outcome.CRASHED, 0.0, 0.0, {"batch_size": 256, "instances": 1})}
+    one = _one_rank_best(known, SimpleNamespace(baseline=base))
+    assert one == 450.0
+
+    def report(winner, one_rank):
+        return TuneReport(run_dir=None, space=None, baseline=base, best=winner, speedup=1.0,
+                          kept_baseline=False, reason="", trials_measured=3, trials_total=3,
+                          stop_reason="", source="dataloader", one_rank_samples_per_s=one_rank)
+
+    assert report(best, one).scaling_efficiency == 720.0 / 900.0
+    assert report(base, one).scaling_efficiency is None  # one rank: nothing to weigh
+    assert report(best, 0.0).scaling_efficiency is None  # no one-rank figure

@@ -240,3 +240,10 @@ def test_a_finished_trial_says_where_its_time_went():
     del result["breakdown"]
     assert "time:" not in event_line({"t": 1.0, "event": "trial_finished", "trial": "trial-3",
                                       "number": 3, "result": result})
+
+
+@pytest.mark.parametrize("core_s, gpu_s, want", [
+    (0.00374, 0.0, "3.74 core-ms"), (0.002, 0.0005, "0.5 GPU-ms, 2 core-ms"), (0.0, 0.0, "-")])
+def test_what_a_sample_costs_reads_in_the_unit_a_user_buys(core_s, gpu_s, want):
+    from autotune.monitor.text import cost_text
+    assert cost_text(core_s, gpu_s) == want

@@ -11,6 +11,7 @@ from autotune.monitor import console
 from autotune.store import jsontext, rundir
 from autotune.launching import engines
 from autotune.measuring import bottleneck, breakdown
+from autotune.monitor.text import cost_text
 from autotune.commands import common
 from autotune.store.journal import Journal
 from autotune.measuring.outcome import Outcome
@@ -164,5 +165,8 @@ def _print_table(results, v, run_dir, *, plain: bool) -> None:
         b = breakdown.Breakdown.from_dict(r.breakdown)
         if b is not None and _measured(r):
             out.print(f"where the time goes ({mode}, share of wall time ±95%): {b.describe()}")
+        if _measured(r) and (r.core_s_per_sample or r.gpu_s_per_sample):
+            out.print(f"a sample costs ({mode}): "
+                      f"{cost_text(r.core_s_per_sample, r.gpu_s_per_sample)}")
     out.print(f"verdict: {v.text}")
     out.print(f"run directory: {run_dir}")

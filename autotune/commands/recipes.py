@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from autotune.measuring import breakdown
+from autotune.monitor.text import cost_text
 from autotune.monitor import console
 from autotune.store import fingerprint, jsontext, recipes
 from autotune import RecipeError, UsageError
@@ -143,7 +144,9 @@ def _show(r: recipes.Recipe, out) -> None:
         f"global batch: {r.global_batch} (a run divides it over its own world)"
         if r.global_batch else "",
         f"per rank:  {_knobs(knobs)} ({instances} rank(s) per host)",
-        f"measured:  {r.samples_per_s:.1f} ± {r.ci_half:.1f} samples/s ({r.source or '?'})",
+        f"measured:  {r.samples_per_s:.1f} ± {r.ci_half:.1f} samples/s ({r.source or '?'})"
+        + (f"; a sample costs {cost_text(r.core_s_per_sample, r.gpu_s_per_sample)}"
+           if r.core_s_per_sample or r.gpu_s_per_sample else ""),
         f"baseline:  {r.baseline_samples_per_s:.1f} ± {r.baseline_ci_half:.1f} samples/s with "
         f"{_knobs(r.baseline_knobs)}",
         f"speedup:   {r.speedup:.2f}x" + (" (kept the script's defaults)" if r.kept_baseline

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from autotune.measuring import breakdown
 from autotune.monitor import console
+from autotune.monitor.text import cost_text
 from autotune.store import fingerprint, jsontext, recipes, rundir
 from autotune.launching import rank_command, engines
 from autotune.tuning import space
@@ -284,6 +285,8 @@ def build_recipe(report: TuneReport, prep: Prepared,
         verdict=report.verdict.to_dict() if report.verdict else None,
         global_batch=global_batch, notes=report.best_notes,
         breakdown=(report.best_breakdown or {}).get("shares"),
+        core_s_per_sample=report.best_probe.core_s_per_sample if report.best_probe else 0.0,
+        gpu_s_per_sample=report.best_probe.gpu_s_per_sample if report.best_probe else 0.0,
         speedup_low=None if report.kept_baseline else report.speedup_low,
         speedup_high=None if report.kept_baseline else report.speedup_high)
 
@@ -297,13 +300,21 @@ def summary(report: TuneReport, recipe_path: Path) -> dict:
 def print_summary(report: TuneReport, recipe_path: Path, *, plain: bool) -> None:
     out = console.make_console(plain=plain)
     table = console.Table(title="autotune tune", show_lines=False)
-    for col in ("", "knobs", "samples/s", "± 95% CI"):
-        table.add_column(col, justify="right" if col.startswith(("s", "±")) else "left")
-    for label, s in (("baseline", report.baseline), ("best", report.best)):
+    for col in ("", "knobs", "samples/s", "± 95% CI", "cost per sample"):
+        table.add_column(col, justify="right" if col.startswith(("s", "±", "c")) else "left")
+    for label, s, facts in (("baseline", report.baseline, report.baseline_probe),
+                            ("best", report.best, report.best_probe)):
         knobs = " ".join(f"{k}={v}" for k, v in s.knobs.items())
-        table.add_row(label, knobs, f"{s.samples_per_s:.1f}", f"{s.ci_half:.1f}")
+        table.add_row(label, knobs, f"{s.samples_per_s:.1f}", f"{s.ci_half:.1f}",
+                      cost_text(facts.core_s_per_sample, facts.gpu_s_per_sample)
+                      if facts else "-")
     out.print(table)
     out.print(f"speedup: {report.speedup:.2f}x{_interval(report)} — {report.reason}")
+    eff = report.scaling_efficiency
+    if eff is not None:
+        n = int(report.best.knobs.get("instances", 1))
+        out.print(f"scaling: {n} ranks give {n * eff:.2f}x the best one-rank throughput "
+                  f"({report.one_rank_samples_per_s:.1f} samples/s): {eff:.0%} efficiency")
     out.print(f"trials: {report.trials_measured} measured ({report.trials_total} in the study); "
               f"stopped: {report.stop_reason}")
     if report.verdict:

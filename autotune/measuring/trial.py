@@ -114,6 +114,11 @@ class TrialResult:
     # Where the time went over the measured span (`autotune.measuring.breakdown`), as
     # ``Breakdown.to_dict``; None when it could not be told.
     breakdown: dict | None = None
+    # What a sample costs over the measured span: CPU seconds of the trial's processes on this
+    # host (ranks, their DataLoader workers), and GPUs held x wall time; 0 when not known (ranks
+    # on other hosts; no GPU).
+    core_s_per_sample: float = 0.0
+    gpu_s_per_sample: float = 0.0
 
     @property
     def foreign_flagged(self) -> bool:
@@ -169,7 +174,8 @@ class _Probe:
         self.pruned = False
         self.cpu_seen = 0.0
         self.ours_at_progress = 0.0  # the ranks' CPU seconds when the counters last moved
-        self.cpu_trail: collections.deque = collections.deque(maxlen=int(120 / POLL_S))
+        # (when, CPU seconds of the trial's processes so far): idle checks and core-seconds
+        self.cpu_trail: collections.deque = collections.deque()
         self.samples_per_step, self.step_note = series.samples_per_step(
             spec.ranks.command, spec.ranks.knobs, spec.samples_per_step)
         self.metric = MetricLog(parse_metric(spec.metric)) if spec.metric else None
@@ -464,7 +470,25 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         notes=tuple(notes), knobs=dict(probe.spec.ranks.knobs), mode=probe.spec.ranks.mode,
         foreign_limit_cores=probe.spec.foreign_limit_cores, counted_samples_per_s=counted,
         window_start_t=est.start_t if est else 0.0, window_end_t=est.end_t if est else 0.0,
-        breakdown=_breakdown(probe, est) if has_estimate else None, **_pace(probe))
+        breakdown=_breakdown(probe, est) if has_estimate else None,
+        **(_cost(probe, est) if has_estimate else {}), **_pace(probe))
+
+
+def _cost(probe: _Probe, est: steady.Estimate) -> dict:
+    """``core_s_per_sample`` and ``gpu_s_per_sample`` of the result (see `TrialResult`)."""
+    out = {}
+    span = est.end_t - est.start_t
+    trail = list(probe.cpu_trail)
+    local = probe.spec.ranks.launcher.kind == "local"
+    if local and span > 0 and len(trail) >= 2 and trail[0][0] <= est.start_t + POLL_S \
+            and trail[-1][0] >= est.end_t - POLL_S:
+        used = steady.interp(trail, est.end_t) - steady.interp(trail, est.start_t)
+        out["core_s_per_sample"] = used / (est.samples_per_s * span)
+    plan = probe.group.plan if probe.group is not None else None
+    gpus = {slot.gpu.uuid for slot in plan.slots if slot.gpu is not None} if plan else set()
+    if gpus and local:
+        out["gpu_s_per_sample"] = len(gpus) / est.samples_per_s
+    return out
 
 
 def _breakdown(probe: _Probe, est: steady.Estimate) -> dict | None:

@@ -293,3 +293,11 @@ _LINES = {
     "device_sample": lambda ev: f"device: {device_summary(ev)}",
     "run_ended": lambda ev: f"run ended: exit code {ev.get('exit_code')}",
 }
+
+
+def cost_text(core_s: float, gpu_s: float) -> str:
+    """What one sample costs, in the unit a user buys: GPU-ms where GPUs ran, core-ms of CPU."""
+    parts = [f"{gpu_s * 1000:.3g} GPU-ms"] if gpu_s > 0 else []
+    if core_s > 0:
+        parts.append(f"{core_s * 1000:.3g} core-ms")
+    return ", ".join(parts) or "-"

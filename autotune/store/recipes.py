@@ -13,7 +13,8 @@ Layout (schema version 1)::
     [script]       path, args, sha256
     [knobs]        batch_size, workers, thread_pct, instances, bucket_mb (those that were tuned)
     [result]       samples_per_s, ci_half, baseline_samples_per_s, baseline_ci_half, speedup,
-                   speedup_low and speedup_high (its 95% interval),
+                   speedup_low and speedup_high (its 95% interval), core_s_per_sample and
+                   gpu_s_per_sample (what a sample cost the winner, when measured),
                    kept_baseline, trials, source, reason, notes (what the winner's probes
                    said of it, e.g. a backend autotune replaced)
     [baseline]     the script's own knobs
@@ -56,6 +57,8 @@ _FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
                "baseline_ci_half": ("int or float", False), "speedup": ("int or float", True),
                "kept_baseline": ("bool", True), "speedup_low": ("int or float", False),
                "speedup_high": ("int or float", False), "trials": ("int", False),
+               "core_s_per_sample": ("int or float", False),
+               "gpu_s_per_sample": ("int or float", False),
                "source": ("str", False),
                "reason": ("str", False), "notes": ("list of str", False)},
     "verdict": {"bottleneck": ("str", False), "text": ("str", False),
@@ -114,6 +117,8 @@ class Recipe:
     global_batch: int | None = None  # the job's batch, kept whatever the world
     notes: tuple[str, ...] = ()  # what the winner's probes said of it (a backend replaced, ...)
     breakdown: Mapping[str, tuple[float, float]] | None = None  # part -> (share, half-width)
+    core_s_per_sample: float = 0.0  # what a sample cost the winner (0: not measured)
+    gpu_s_per_sample: float = 0.0
 
     def run_knobs(self, cores: int, gpus: int | None = None,
                   hosts: int | None = None) -> tuple[dict[str, float], int]:
@@ -164,6 +169,9 @@ class Recipe:
             doc["verdict"] = {k: v for k, v in self.verdict.items() if v is not None}
         if self.global_batch:
             doc["job"] = {"global_batch": int(self.global_batch)}
+        for name in ("core_s_per_sample", "gpu_s_per_sample"):
+            if getattr(self, name):
+                doc["result"][name] = float(getattr(self, name))
         if self.breakdown:
             doc["breakdown"] = {p: [float(v) for v in sh] for p, sh in self.breakdown.items()}
         return doc
@@ -260,6 +268,8 @@ def load(path: Path | str) -> Recipe:
         speedup_low=_maybe_float(result.get("speedup_low")),
         speedup_high=_maybe_float(result.get("speedup_high")),
         notes=tuple(result.get("notes", ())),
+        core_s_per_sample=float(result.get("core_s_per_sample", 0.0)),
+        gpu_s_per_sample=float(result.get("gpu_s_per_sample", 0.0)),
         breakdown={p: (float(v[0]), float(v[1])) for p, v in doc["breakdown"].items()}
         if doc.get("breakdown") else None)
 

@@ -43,8 +43,8 @@ class Prober:
         self._run_trial = run_trial
         self._told_busy = False
         self.probe_notes: dict[tuple, tuple[str, ...]] = {}  # a config's last probe's notes
-        # a config's last measured probe's breakdown (`autotune.measuring.breakdown`), as a dict
-        self.breakdowns: dict[tuple, dict] = {}
+        # a config's last measured probe in full mode: its breakdown and cost per sample
+        self.last_ok: dict[tuple, TrialResult] = {}
         # how the script moves, from the baseline (`autotune.tuning.fitting`); None before it
         self.timing: fitting.ScriptTiming | None = None
         self.paces: list[fitting.Pace] = []  # steps seen in probes since, by their knobs
@@ -153,8 +153,8 @@ class Prober:
             said = tuple(n for n in result.notes if not n.startswith("WARNING"))
             if said:  # what autotune did to this config (a backend replaced, a flag kept)
                 self.probe_notes[config_key(cfg)] = said
-            if result.breakdown and result.outcome == Outcome.OK and spec.ranks.mode == "full":
-                self.breakdowns[config_key(cfg)] = result.breakdown
+            if result.outcome == Outcome.OK and spec.ranks.mode == "full":
+                self.last_ok[config_key(cfg)] = result
             spoiled = result.outcome in (Outcome.OK, Outcome.PRUNED, Outcome.FOREIGN_LOAD) \
                 and result.foreign_flagged
             last = not spoiled or attempt == self.settings.foreign_retries
@@ -194,5 +194,5 @@ class Prober:
 
 
 def config_key(cfg: Mapping) -> tuple:
-    """A config as a key of `Prober.probe_notes` and `Prober.breakdowns`."""
+    """A config as a key of `Prober.probe_notes` and `Prober.last_ok`."""
     return tuple(sorted((k, int(v)) for k, v in cfg.items()))

@@ -98,6 +98,16 @@ class BaselineRecord(Scored):
 
 
 @dataclass(frozen=True)
+class ProbeFacts:
+    """What a config's probe told beyond its throughput: where the time goes
+    (`autotune.measuring.breakdown.Breakdown.to_dict`) and what a sample costs."""
+
+    breakdown: Mapping | None = None
+    core_s_per_sample: float = 0.0  # CPU seconds of its processes on this host
+    gpu_s_per_sample: float = 0.0  # GPUs held x wall time
+
+
+@dataclass(frozen=True)
 class TuneReport:
     run_dir: Path
     space: Space
@@ -115,9 +125,27 @@ class TuneReport:
     best_notes: tuple[str, ...] = ()  # what the winner's probes said of it
     speedup_low: float = 1.0  # the speed-up's 95% interval over the confirmation rounds
     speedup_high: float = 1.0
-    # where the time goes (`autotune.measuring.breakdown.Breakdown.to_dict`), None: not told
-    best_breakdown: Mapping | None = None
-    baseline_breakdown: Mapping | None = None
+    one_rank_samples_per_s: float = 0.0  # the best one-rank config's (0: none measured)
+    # what the last probes of the winner and the baseline told beyond throughput
+    best_probe: ProbeFacts | None = None
+    baseline_probe: ProbeFacts | None = None
+
+    @property
+    def scaling_efficiency(self) -> float | None:
+        """The winner's throughput over N times the best one-rank throughput, for a winner of
+        N > 1 ranks (per host on CPU, per GPU on GPUs); None otherwise."""
+        n = int(self.best.knobs.get("instances", 1))
+        if n <= 1 or self.one_rank_samples_per_s <= 0:
+            return None
+        return self.best.samples_per_s / (n * self.one_rank_samples_per_s)
+
+    @property
+    def best_breakdown(self) -> Mapping | None:
+        return self.best_probe.breakdown if self.best_probe else None
+
+    @property
+    def baseline_breakdown(self) -> Mapping | None:
+        return self.baseline_probe.breakdown if self.baseline_probe else None
 
     def to_dict(self) -> dict:
         return {"run_dir": str(self.run_dir),
@@ -130,7 +158,11 @@ class TuneReport:
                 "space": self.space.to_dict(),
                 "verdict": self.verdict.to_dict() if self.verdict else None,
                 "notes": list(self.notes), "best_notes": list(self.best_notes),
-                "breakdown": {"best": self.best_breakdown, "baseline": self.baseline_breakdown}}
+                "scaling_efficiency": self.scaling_efficiency,
+                "probes": {"best": dataclasses.asdict(self.best_probe) if self.best_probe
+                           else None,
+                           "baseline": dataclasses.asdict(self.baseline_probe)
+                           if self.baseline_probe else None}}
 
 
 # The outcome a study trial records (``user_attrs["outcome"]``, a constraint's name) for any

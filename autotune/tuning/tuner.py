@@ -22,11 +22,12 @@ from pathlib import Path
 
 from autotune.launching import engines
 from autotune.measuring import trial
+from autotune.measuring.outcome import Outcome
 from autotune.store import jsontext, rundir
 from autotune.store.journal import Journal
 from autotune.tuning import baseline, confirm, fitting, search
 from autotune.tuning.prober import Notify, Prober, RunTrial, config_key
-from autotune.tuning.records import TuneReport
+from autotune.tuning.records import ProbeFacts, TuneReport
 from autotune.tuning.state import (TuneState, mark_controller, minutes, save, spent_s,
                                    sweep_orphans)
 
@@ -119,9 +120,29 @@ class Tuner:
             stop_reason=self.found.stop_reason, source=self.found.source, verdict=c.verdict,
             notes=tuple(prober.notes),
             best_notes=prober.probe_notes.get(config_key(c.best.knobs), ()),
-            best_breakdown=prober.breakdowns.get(config_key(c.best.knobs)),
-            baseline_breakdown=prober.breakdowns.get(config_key(c.baseline.knobs)),
+            one_rank_samples_per_s=_one_rank_best(self.found.known, c),
+            best_probe=_measured(prober, c.best.knobs),
+            baseline_probe=_measured(prober, c.baseline.knobs),
             speedup_low=c.speedup_low, speedup_high=c.speedup_high)
         rundir.write_atomic(self.run_dir / "summary.json",
                             jsontext.dumps(report.to_dict(), indent=2))
         return report
+
+
+def _measured(prober, knobs) -> ProbeFacts | None:
+    """What the last probe of ``knobs`` told beyond its throughput."""
+    r = prober.last_ok.get(config_key(knobs))
+    if r is None:
+        return None
+    return ProbeFacts(breakdown=r.breakdown, core_s_per_sample=r.core_s_per_sample,
+                    gpu_s_per_sample=r.gpu_s_per_sample)
+
+
+def _one_rank_best(known, c) -> float:
+    """The best one-rank throughput measured (the baseline's included): what N ranks are
+    weighed against (`TuneReport.scaling_efficiency`)."""
+    rates = [k.value for k in known.values()
+             if k.outcome == Outcome.OK and int(k.cfg.get("instances", 1)) == 1]
+    if int(c.baseline.knobs.get("instances", 1)) == 1:
+        rates.append(c.baseline.samples_per_s)
+    return max(rates, default=0.0)

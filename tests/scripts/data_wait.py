@@ -36,6 +36,8 @@ def main():
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--item-ms", type=float, default=2.0)
     p.add_argument("--compute-ms", type=float, default=30.0)
+    p.add_argument("--spin", action="store_true",
+                   help="compute in a pure-Python loop (one core exactly) instead of torch")
     p.add_argument("--log-every", type=int, default=20)
     p.add_argument("--max-seconds", type=float, default=None)
     args = p.parse_args()
@@ -58,6 +60,8 @@ def main():
             waited += t_got - t_ask
             deadline = t_got + args.compute_ms / 1000
             h = x
+            while args.spin and time.perf_counter() < deadline:
+                sum(i * i for i in range(2000))
             while time.perf_counter() < deadline:  # real compute, for as long as asked
                 with torch.no_grad():
                     h = torch.tanh(model[0](x)) @ model[0].weight
