@@ -100,6 +100,8 @@ def run_case(name: str, args, work: Path) -> dict:
     env = dict(os.environ, AUTOTUNE_RUNS_DIR=str(work / "runs"))
     cmd = [sys.executable, "-m", "autotune", "tune", "--json", "--plain", "--budget",
            args.budget, "--recipe-dir", str(work / "recipes"), "--no-warm-start", *baseline,
+           *(["--foreign-limit", str(args.foreign_limit)] if args.foreign_limit is not None
+             else []),
            "--", *script, *placeholders]
     t0 = time.monotonic()
     tuned = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
@@ -142,6 +144,9 @@ def main() -> int:
     p.add_argument("--budget", default="4m", help="tune's --budget for each case")
     p.add_argument("--rounds", type=int, default=4, help="interleaved rounds outside autotune")
     p.add_argument("--run-seconds", type=float, default=45.0, help="one run outside autotune")
+    p.add_argument("--foreign-limit", type=float, default=None,
+                   help="tune's --foreign-limit (default: autotune's); a higher one lets a "
+                        "case whose steps wait (slow_steps) be tuned beside other work")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench_claims-"))
@@ -149,7 +154,9 @@ def main() -> int:
     say(f"# bench_claims {datetime.datetime.now():%Y-%m-%d %H:%M} on "
         f"{platform.node() or 'host'}: {fp.cores} cores ({fp.cpu_model}), Python "
         f"{platform.python_version()}, torch {fp.torch_version}; tune --budget {args.budget}, "
-        f"{args.rounds} rounds of {args.run_seconds:.0f} s runs; work dir {work}")
+        f"{args.rounds} rounds of {args.run_seconds:.0f} s runs"
+        + (f", --foreign-limit {args.foreign_limit:g}" if args.foreign_limit is not None else "")
+        + f"; work dir {work}")
     results = [run_case(name, args, work) for name in args.cases]
     if args.out:
         args.out.write_text(json.dumps(results, indent=2, default=str))
