@@ -83,6 +83,24 @@ def test_verdict_compute_bound_and_balanced():
     assert decide(50.0, 100.0, 105.0).bottleneck == "balanced"
 
 
+def test_the_verdict_names_the_share_that_binds_and_the_knob_that_moves_it():
+    """The bars fixture's shape: compute-bound by the ceilings, the full run at 70% of the
+    bound because a third of each step waits for the loader in the main process."""
+    from autotune.measuring.breakdown import Breakdown
+
+    parts = Breakdown({"data": (0.33, 0.02), "forward": (0.45, 0.02), "backward": (0.17, 0.01),
+                       "comm": (0.0, 0.0), "optimizer": (0.02, 0.0), "other": (0.03, 0.01)}, 1)
+    v = decide(620.0, 890.0, 2000.0, parts)
+    assert v.bottleneck == "compute" and "70% of the bound" in v.text
+    assert "compute (forward, backward, optimizer) takes 64% of each step" in v.text
+    assert "33% waits for data: more DataLoader workers" in v.text
+    comm = Breakdown({"data": (0.0, 0.0), "forward": (0.2, 0.02), "backward": (0.15, 0.01),
+                      "comm": (0.45, 0.03), "optimizer": (0.02, 0.0), "other": (0.18, 0.0)}, 2)
+    assert "exposed communication takes 45% of each step: a larger DDP bucket" in \
+        decide(50.0, None, None, comm).text
+    assert comm.moves()[:2] == ("bucket_mb", "instances")
+
+
 def test_verdict_unknown_when_mode_failed():
     v = decide(50.0, None, 100.0)
     assert v.bottleneck == "unknown" and "synthetic" in v.text

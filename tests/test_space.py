@@ -240,6 +240,22 @@ def test_one_at_a_time_moves_each_knob_to_its_far_end():
                      {**sp.baseline, "thread_pct": 50}]
 
 
+def test_the_first_moves_follow_what_binds_the_baseline():
+    from autotune.measuring.breakdown import Breakdown
+
+    sp = build()
+    stalled = Breakdown({"data": (0.34, 0.02), "forward": (0.5, 0.02), "backward": (0.1, 0.01),
+                         "comm": (0.0, 0.0), "optimizer": (0.02, 0.0), "other": (0.04, 0.01)}, 1)
+    assert stalled.binding_group() == "compute" and stalled.moves()[:2] == ("workers",
+                                                                            "batch_size")
+    design = sp.initial_design(stalled.moves())
+    assert design[0] == {**sp.baseline, "workers": 2}  # the data wait first, then compute's
+    assert sorted(map(str, design)) == sorted(map(str, sp.initial_design()))  # same set
+    compute = Breakdown({"data": (0.01, 0.0), "forward": (0.7, 0.02), "backward": (0.25, 0.01),
+                         "comm": (0.0, 0.0), "optimizer": (0.02, 0.0), "other": (0.02, 0.0)}, 1)
+    assert sp.initial_design(compute.moves())[0] == {**sp.baseline, "thread_pct": 50}
+
+
 def test_initial_design_adds_a_core_balanced_config():
     sp = build()  # 2 cores: one worker and one thread fill them
     design = sp.initial_design()

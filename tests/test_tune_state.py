@@ -56,7 +56,8 @@ def test_a_tune_json_from_before_loads_and_saves_back_the_same(tmp_path):
     assert again == {**{k: v for k, v in OLD.items() if v is not None},
                      "settings": {**OLD["settings"], "launcher": "local", "hostfile": None,
                                   "recipe_dir": None},
-                     "space": st.space.to_dict()}
+                     "space": st.space.to_dict(),
+                     "baseline": {**OLD["baseline"], "breakdown": None}}
     assert load_state(tmp_path) == st
 
 

@@ -84,7 +84,11 @@ def run(args) -> int:
             # A probe flagged for foreign load still measured something: the verdict uses it and
             # says so, rather than giving none on a busy machine.
             rate = {m: (r.samples_per_s if _measured(r) else None) for m, r in results.items()}
-            v = bottleneck.decide(rate.get("full"), rate.get("synthetic"), rate.get("io"))
+            full = results.get("full")
+            parts = breakdown.Breakdown.from_dict(full.breakdown) \
+                if full is not None and _measured(full) else None
+            v = bottleneck.decide(rate.get("full"), rate.get("synthetic"), rate.get("io"),
+                                  parts)
             if any(r.outcome == Outcome.FOREIGN_LOAD for r in results.values()):
                 v = dataclasses.replace(v, text=v.text + " (WARNING: measured while other "
                                         "programs loaded the CPU; re-run on a quiet machine)")

@@ -25,12 +25,15 @@ class Verdict:
                 "full_share_of_bound": self.full_share_of_bound, "text": self.text}
 
 
-def decide(full: float | None, synthetic: float | None, io: float | None) -> Verdict:
-    """Verdict from the three throughputs (None or 0 where a mode failed)."""
+def decide(full: float | None, synthetic: float | None, io: float | None,
+           parts=None) -> Verdict:
+    """Verdict from the three throughputs (None or 0 where a mode failed); ``parts``, the full
+    mode's `autotune.measuring.breakdown.Breakdown`, names the share that binds."""
     if not synthetic or not io:
         missing = [m for m, v in (("synthetic", synthetic), ("io", io)) if not v]
         return Verdict("unknown", 0.0, 0.0,
-                       f"no verdict: the {' and '.join(missing)} probe gave no throughput")
+                       f"no verdict: the {' and '.join(missing)} probe gave no throughput"
+                       + (f"; {parts.advice()}" if parts is not None else ""))
     bound = min(synthetic, io)
     share = (full or 0.0) / bound
     ratio = io / synthetic
@@ -50,4 +53,6 @@ def decide(full: float | None, synthetic: float | None, io: float | None) -> Ver
                 f"instances should help")
     tail = (f"; full run reaches {share:.0%} of the bound ({bound:.1f}/s)" if full
             else "; the full probe gave no throughput")
+    if parts is not None:
+        tail += f"; {parts.advice()}"
     return Verdict(kind, bound, share, head + tail)

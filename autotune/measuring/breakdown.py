@@ -20,6 +20,18 @@ ALL_PARTS = (*PARTS, "other")
 LABELS = {"data": "data wait", "forward": "forward", "backward": "backward",
           "comm": "exposed comm", "optimizer": "optimizer", "other": "other"}
 MIN_WINDOWS = 4
+# What binds, in the terms a user acts on: the parts grouped, and the knobs that move each group
+# (first the ones a search should try first).
+GROUPS = {"data": ("data",), "comm": ("comm",), "compute": ("forward", "backward", "optimizer"),
+          "other": ("other",)}
+MOVES = {"data": ("workers", "batch_size"), "comm": ("bucket_mb", "instances"),
+         "compute": ("thread_pct", "batch_size", "instances"), "other": ()}
+ADVICE = {"data": "more DataLoader workers, so that loading overlaps compute",
+          "comm": "a larger DDP bucket (fewer, larger allreduces) or fewer ranks",
+          "compute": "threads, batch size or more instances",
+          "other": "the script's own work between steps (logging, checkpoints), which no knob "
+                   "here moves"}
+DATA_WORTH = 0.15  # a data wait this large is named even when compute binds
 
 PartPoints = list[tuple[float, Mapping[str, float]]]  # (controller time, cumulative seconds)
 
@@ -41,6 +53,30 @@ class Breakdown:
     def describe(self) -> str:
         return ", ".join(f"{LABELS[p]} {s:.0%} ±{h * 100:.0f}" for p, (s, h) in
                          self.shares.items() if s >= 0.005 or p in ("data", "other"))
+
+    def group(self, name: str) -> float:
+        return sum(self.share(p) for p in GROUPS[name])
+
+    def binding_group(self) -> str:
+        """What takes most of the time: data, comm, compute or other."""
+        return max(GROUPS, key=self.group)
+
+    def moves(self) -> tuple[str, ...]:
+        """The knobs worth moving first, for what binds (a data wait worth naming first)."""
+        first = ("data",) if self.group("data") >= DATA_WORTH else ()
+        out: list[str] = []
+        for g in (*first, self.binding_group()):
+            out += [k for k in MOVES[g] if k not in out]
+        return tuple(out)
+
+    def advice(self) -> str:
+        """The share that binds and what moves it, in one clause."""
+        g = self.binding_group()
+        text = (f"{_group_label(g)} takes {self.group(g):.0%} of each step: "
+                f"{ADVICE[g]} should move it")
+        if g != "data" and self.group("data") >= DATA_WORTH:
+            text += (f"; {self.group('data'):.0%} waits for data: {ADVICE['data']}")
+        return text
 
     def short(self) -> str:
         """The parts that take a tenth of the time or more, largest first."""
@@ -101,3 +137,8 @@ def from_ticks(per_rank: Sequence[PartPoints], start_t: float, end_t: float, *,
 
 def _at(points: PartPoints, t: float, part: str) -> float:
     return steady.interp([(u, parts.get(part, 0.0)) for u, parts in points], t)
+
+
+def _group_label(group: str) -> str:
+    return {"data": "the data wait", "comm": "exposed communication",
+            "compute": "compute (forward, backward, optimizer)", "other": "the rest"}[group]

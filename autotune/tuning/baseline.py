@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
+from autotune.measuring.breakdown import Breakdown
 from autotune.launching import allreduce, engines, rank_command
 from autotune.store import fingerprint
 from autotune.tuning import fitting, space
@@ -146,6 +147,10 @@ def measure(prober: Prober, state: TuneState) -> TuneState:
         prober.timing = timing
         prober.note("info", f"baseline: {timing.describe()}" + (
             "; later probes are fitted to it" if not settings.seconds else ""))
+    parts = Breakdown.from_dict(result.breakdown)
+    if parts is not None:
+        prober.note("info", f"baseline: where the time goes: {parts.describe()}; "
+                            f"{parts.advice()}")
     base, ranks_probe = discover_ranks(prober, machine, base, req)
     sp = space.build(machine, base, req)
     saved = None
@@ -159,7 +164,7 @@ def measure(prober: Prober, state: TuneState) -> TuneState:
                                timing=timing.to_dict() if timing else None,
                                baseline=BaselineRecord(dict(sp.baseline), result.samples_per_s,
                                                        result.ci_half, result.source,
-                                                       result.seen))
+                                                       result.seen, result.breakdown))
 
 
 def ranks_unasked(machine: space.Machine, base: space.Baseline, req: space.SpaceRequest) -> str:

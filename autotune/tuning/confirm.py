@@ -12,10 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from autotune.measuring import bottleneck
+from autotune.measuring.breakdown import Breakdown
 from autotune.measuring.outcome import Outcome
 from autotune.tuning import decision, fitting
 from autotune.tuning.decision import Measured
-from autotune.tuning.prober import Prober
+from autotune.tuning.prober import Prober, config_key
 from autotune.tuning.records import Known, Scored
 from autotune.tuning.space import Space
 from autotune.tuning.state import TuneState
@@ -85,7 +86,9 @@ def _probe_verdict(prober: Prober, space: Space, cfg: dict,
         r = prober.probe(prober.spec(*space.trial_knobs(cfg), label, mode=mode), label=label,
                          number=None, cfg=cfg)
         rates[mode] = r.samples_per_s if r.ok else None
-    v = bottleneck.decide(full, rates["synthetic"], rates["io"])
+    last = prober.last_ok.get(config_key(cfg))
+    v = bottleneck.decide(full, rates["synthetic"], rates["io"],
+                          Breakdown.from_dict(last.breakdown) if last is not None else None)
     prober.emit("probe_verdict", verdict=v.to_dict())
     return v
 

@@ -95,6 +95,7 @@ class BaselineRecord(Scored):
 
     source: str = ""
     seen: Mapping = field(default_factory=dict)
+    breakdown: Mapping | None = None  # where its time went (`Breakdown.to_dict`)
 
 
 @dataclass(frozen=True)

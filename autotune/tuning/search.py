@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from autotune.measuring.breakdown import Breakdown
 from autotune import AutotuneError
 from autotune.measuring.outcome import Outcome
 from autotune.tuning import decision, fitting
@@ -121,7 +122,16 @@ class Search:
                      "ci_half": ranks["ci_half"]})
         if self.state.warm_start:
             self.handle.enqueue(sp.choice_from_config(self.state.warm_start), {"warm_start": True})
-        for cfg in sp.initial_design():
+        parts = Breakdown.from_dict(self.state.baseline.breakdown) \
+            if self.state.baseline is not None else None
+        first = parts.moves() if parts is not None else ()
+        design = sp.initial_design(first)
+        if first and design:
+            moved = [n for n in first if n in sp.names]
+            if moved:
+                self.prober.tell("info", f"the first probes move {', '.join(moved)}: what "
+                                         f"binds the baseline ({parts.binding_group()})")
+        for cfg in design:
             self.handle.enqueue(sp.choice_from_config(cfg), {"design": "initial"})
         self._keep(enqueued=True)
 

@@ -60,14 +60,17 @@ class Space:
         base = {**self.baseline, **cfg}
         return {n: self.index(n, int(base[n])) for n in self.names if n in base}
 
-    def one_at_a_time(self) -> list[dict[str, int]]:
-        """The baseline with one knob moved to its far end: the first configs worth measuring.
+    def one_at_a_time(self, first: Sequence[str] = ()) -> list[dict[str, int]]:
+        """The baseline with one knob moved to its far end: the first configs worth measuring,
+        the knobs in ``first`` first (those that move what binds the baseline).
 
         With a handful of noisy probes, learning each knob's direction first beats random
         starting points; `autotune.tuning.decision.combine` then joins the moves that paid off.
         """
         out = []
-        for n in self.names:
+        order = [n for n in first if n in self.names] + \
+            [n for n in self.names if n not in first]
+        for n in order:
             values = self.domains[n]
             i = self.index(n, self.baseline.get(n, values[0]))
             far = values[-1] if i < (len(values) - 1) / 2 else values[0]
@@ -76,11 +79,11 @@ class Space:
                 out.append(cfg)
         return out
 
-    def initial_design(self) -> list[dict[str, int]]:
-        """What to measure right after the baseline: `one_at_a_time`, then the device's
-        informed starting points (`DESIGN_RULES`: on CPU, workers and threads sharing the
-        cores)."""
-        out = self.one_at_a_time()
+    def initial_design(self, first: Sequence[str] = ()) -> list[dict[str, int]]:
+        """What to measure right after the baseline: `one_at_a_time` (``first`` first), then
+        the device's informed starting points (`DESIGN_RULES`: on CPU, workers and threads
+        sharing the cores)."""
+        out = self.one_at_a_time(first)
         rule = DESIGN_RULES.get(self.device)
         for change in (rule(self.domains, self.baseline, self.cores) if rule else []):
             cfg = self.config({**self.baseline, **change})
