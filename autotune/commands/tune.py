@@ -315,6 +315,8 @@ def print_summary(report: TuneReport, recipe_path: Path, *, plain: bool) -> None
         n = int(report.best.knobs.get("instances", 1))
         out.print(f"scaling: {n} ranks give {n * eff:.2f}x the best one-rank throughput "
                   f"({report.one_rank_samples_per_s:.1f} samples/s): {eff:.0%} efficiency")
+    if report.memory:
+        out.print(f"memory: {report.memory['text']}")
     out.print(f"trials: {report.trials_measured} measured ({report.trials_total} in the study); "
               f"stopped: {report.stop_reason}")
     if report.verdict:

@@ -119,6 +119,7 @@ class TrialResult:
     # on other hosts; no GPU).
     core_s_per_sample: float = 0.0
     gpu_s_per_sample: float = 0.0
+    ranks_seen: int = 0  # training processes that reported (peak_rss_bytes is their sum)
 
     @property
     def foreign_flagged(self) -> bool:
@@ -470,7 +471,7 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         notes=tuple(notes), knobs=dict(probe.spec.ranks.knobs), mode=probe.spec.ranks.mode,
         foreign_limit_cores=probe.spec.foreign_limit_cores, counted_samples_per_s=counted,
         window_start_t=est.start_t if est else 0.0, window_end_t=est.end_t if est else 0.0,
-        breakdown=_breakdown(probe, est) if has_estimate else None,
+        breakdown=_breakdown(probe, est) if has_estimate else None, ranks_seen=len(ticks),
         **(_cost(probe, est) if has_estimate else {}), **_pace(probe))
 
 

@@ -36,6 +36,8 @@ class TrialRow:
     foreign_flagged: bool = False
     log_path: str = ""
     breakdown: dict | None = None  # where its time went (`autotune.measuring.breakdown`)
+    # (per-rank batch, one rank's peak bytes, "host" | "gpu") when the probe measured it
+    memory: tuple | None = None
 
     @property
     def finished(self) -> bool:
@@ -86,6 +88,7 @@ class RunState:
     best: dict | None = None
     recipe_path: str | None = None
     verdict: dict | None = None
+    memory: dict | None = None  # the memory_fit event: memory by batch
     fullrun: FullRun | None = None
     device: dict | None = None  # the latest device_sample
     events: int = 0
@@ -264,6 +267,7 @@ def _trial_finished(s: RunState, ev: dict, t) -> None:
     row.foreign_flagged = bool(res.get("foreign_flagged"))
     row.log_path = str(res.get("log_path") or "")
     row.breakdown = res.get("breakdown") if isinstance(res.get("breakdown"), dict) else None
+    row.memory = _memory_point(res)
     if not row.ok:
         row.samples_per_s = row.samples_per_s or None
 
@@ -287,6 +291,22 @@ def _best(s: RunState, ev: dict, t) -> None:
     s.best = {k: ev.get(k) for k in ("knobs", "samples_per_s", "ci_half",
                                       "baseline_samples_per_s", "speedup", "kept_baseline",
                                       "reason")}
+
+
+def _memory_point(res: dict) -> tuple | None:
+    """(per-rank batch, one rank's peak bytes, kind) of a measured probe's result."""
+    knobs, ranks = res.get("knobs") or {}, _num(res.get("ranks_seen"))
+    batch = _num(knobs.get("batch_size")) if isinstance(knobs, dict) else None
+    if res.get("outcome") != Outcome.OK.value or not batch or not ranks:
+        return None
+    if _num(res.get("cuda_peak_bytes")):
+        return int(batch), float(res["cuda_peak_bytes"]), "gpu"
+    rss = _num(res.get("peak_rss_bytes"))
+    return (int(batch), rss / ranks, "host") if rss else None
+
+
+def _memory_fit(s: RunState, ev: dict, t) -> None:
+    s.memory = {k: v for k, v in ev.items() if k not in ("t", "event")}
 
 
 def _recipe_saved(s: RunState, ev: dict, t) -> None:
@@ -349,6 +369,7 @@ _HANDLERS = {
     "run_started": _run_started, "trial_started": _trial_started,
     "trial_progress": _trial_progress, "trial_finished": _trial_finished,
     "trial_pruned": _trial_pruned, "confirmation": _confirmation, "best": _best,
+    "memory_fit": _memory_fit,
     "recipe_saved": _recipe_saved, "probe_verdict": _probe_verdict,
     "fullrun_started": _fullrun_started, "fullrun_progress": _fullrun_progress,
     "fullrun_ended": _fullrun_ended, "device_sample": _device_sample, "run_ended": _run_ended,

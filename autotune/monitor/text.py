@@ -285,6 +285,7 @@ _LINES = {
     "confirmation": _confirmation,
     "best": _best,
     "recipe_saved": lambda ev: f"recipe saved: {ev.get('path')}",
+    "memory_fit": lambda ev: f"memory: {ev['text']}",
     "probe_verdict": _verdict,
     "fullrun_started": _fullrun_started,
     "fullrun_progress": _fullrun_progress,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from autotune.store import jsontext
 from autotune.measuring.breakdown import LABELS, Breakdown
+from autotune.tuning.memory import MemoryFit
 from autotune.measuring.outcome import Outcome
 from autotune.report import importance, svg
 from autotune.store.journal import read_events
@@ -261,6 +262,29 @@ def breakdown_section(state: RunState) -> str:
             "not hidden behind it, the optimizer step, and the rest</p>")
 
 
+def memory_section(state: RunState) -> str:
+    """Memory by batch size: one rank's peak in each measured probe, the fitted line, and the
+    batches that fit (seed 003's chart)."""
+    pts = [r.memory for r in state.rows if r.memory is not None]
+    kinds = {k for _, _, k in pts}
+    kind = "gpu" if "gpu" in kinds else "host"
+    pts = [(b, m) for b, m, k in pts if k == kind]
+    fit = MemoryFit.of(pts, kind)
+    if fit is None:
+        return ""
+    mb = 2**20
+    points = [{"x": b, "y": round(m / mb, 1), "kind": "ok",
+               "title": f"batch {b}: {m / mb:.0f} MB per rank"} for b, m in pts]
+    xs = sorted({b for b, _ in pts})
+    trend = [(b, fit.at(b) / mb) for b in xs]
+    text = (state.memory or {}).get("text") or fit.describe()
+    return ("<h2>Memory by batch size</h2><figure>" +
+            svg.scatter(points, chart="memory", x_label="per-rank batch",
+                        y_label=f"{'GPU' if kind == 'gpu' else 'host'} MB per rank",
+                        trend=trend, log_x=max(xs) / max(1, min(xs)) >= 8) +
+            f"</figure><p class='note'>{escape(text)}</p>")
+
+
 def fullrun_section(state: RunState) -> str:
     fr = state.fullrun
     if fr is None:
@@ -309,7 +333,8 @@ def build_html(run_dir: Path, state: RunState | None = None) -> str:
             "fullrun": [[t, v] for t, v in state.fullrun.history] if state.fullrun else []}
     blob = jsontext.dumps(data).replace("</", "<\\/")
     parts = [summary_section(state), best_section(state), probe_section(state),
-             breakdown_section(state), search_section(state, imp, how), fullrun_section(state),
+             breakdown_section(state), search_section(state, imp, how), memory_section(state),
+             fullrun_section(state),
              trials_section(state)]
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>{escape(title)}</title><style>{CSS}</style></head><body>"

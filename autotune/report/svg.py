@@ -113,19 +113,25 @@ def _svg(body: list[str], *, chart: str, height: int = H) -> str:
 
 
 def scatter(points: list[dict], *, chart: str, x_label: str, y_label: str,
-            step_line: list[tuple] | None = None, log_x: bool = False) -> str:
+            step_line: list[tuple] | None = None, log_x: bool = False,
+            trend: list[tuple] | None = None) -> str:
     """Points: dicts with ``x``, ``y`` (None: failed, drawn on the axis), ``kind``, ``title``.
 
-    ``step_line``: (x, y) points of a best-so-far line drawn over the points.
+    ``step_line``: (x, y) points of a best-so-far line drawn over the points; ``trend``: (x, y)
+    points of a fitted curve, joined straight.
     """
     if not points:
         return '<p class="empty">no data</p>'
     xs = [p["x"] for p in points]
     categorical = not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs)
     ys = [p["y"] for p in points if p.get("y") is not None]
-    f = _Frame(xs, ys + [y for _, y in step_line or [] if y is not None],
+    f = _Frame(xs, ys + [y for _, y in (step_line or []) + (trend or []) if y is not None],
                categorical=categorical, log_x=log_x)
     body = _axes(f, x_label, y_label)
+    if trend and len(trend) >= 2:
+        coords = " ".join(f"{f.px(x):.1f},{f.py(y):.1f}" for x, y in trend)
+        body.append(f'<polyline points="{coords}" fill="none" stroke="{COLOR["line"]}" '
+                    f'stroke-width="2" stroke-dasharray="5,3" class="trend"/>')
     if step_line:
         coords, prev = [], None
         for x, y in step_line:

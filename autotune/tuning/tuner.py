@@ -16,6 +16,7 @@ Everything the run learns goes to the journal (the monitor's only source) and to
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from pathlib import Path
@@ -23,9 +24,9 @@ from pathlib import Path
 from autotune.launching import engines
 from autotune.measuring import trial
 from autotune.measuring.outcome import Outcome
-from autotune.store import jsontext, rundir
+from autotune.store import fingerprint, jsontext, rundir
 from autotune.store.journal import Journal
-from autotune.tuning import baseline, confirm, fitting, search
+from autotune.tuning import baseline, confirm, fitting, memory, search
 from autotune.tuning.prober import Notify, Prober, RunTrial, config_key
 from autotune.tuning.records import ProbeFacts, TuneReport
 from autotune.tuning.state import (TuneState, mark_controller, minutes, save, spent_s,
@@ -124,6 +125,9 @@ class Tuner:
             best_probe=_measured(prober, c.best.knobs),
             baseline_probe=_measured(prober, c.baseline.knobs),
             speedup_low=c.speedup_low, speedup_high=c.speedup_high)
+        report = dataclasses.replace(report, memory=_memory(prober, c.best.knobs))
+        if report.memory is not None:
+            prober.emit("memory_fit", **report.memory)
         rundir.write_atomic(self.run_dir / "summary.json",
                             jsontext.dumps(report.to_dict(), indent=2))
         return report
@@ -146,3 +150,24 @@ def _one_rank_best(known, c) -> float:
     if int(c.baseline.knobs.get("instances", 1)) == 1:
         rates.append(c.baseline.samples_per_s)
     return max(rates, default=0.0)
+
+
+def _memory(prober, best_knobs) -> dict | None:
+    """Memory by batch from the measured probes (`autotune.tuning.memory`), with the largest
+    per-rank batch that fits the winner's ranks in what this host (or GPU) has free now."""
+    points, kind = memory.rank_points((dict(k), r) for k, r in prober.last_ok.items())
+    fit = memory.MemoryFit.of(points, kind)
+    if fit is None:
+        return None
+    m = fingerprint.machine()
+    free = m.gpu_mem_available_bytes if kind == "gpu" else m.mem_available_bytes
+    ranks = int(best_knobs.get("instances", 1))
+    top = fit.max_batch(free, ranks)
+    if top is None:
+        text = f"{fit.describe()}; it does not grow with the batch"
+    else:
+        who = f"{ranks} ranks" if ranks > 1 else "one rank"
+        text = (f"{fit.describe()}; batches up to {top} per rank fit {who} in "
+                f"{memory.HEADROOM:.0%} of the {free / 2**30:.1f} GB free")
+    return {**fit.to_dict(), "available_bytes": free, "ranks": ranks, "max_batch": top,
+            "text": text}
