@@ -85,7 +85,25 @@ def apply_loader_knobs(arguments: dict, knobs: dict) -> tuple[dict, list[str]]:
             if args.get("persistent_workers"):
                 args["persistent_workers"] = False
                 notes.append("persistent_workers off: torch allows it only with workers > 0")
+    if int(args.get("num_workers") or 0) > 0:  # torch takes these only with workers
+        if "prefetch" in knobs:
+            args["prefetch_factor"] = int(knobs["prefetch"])
+        if "persistent" in knobs:
+            args["persistent_workers"] = bool(knobs["persistent"])
+    if "pin_memory" in knobs:
+        args["pin_memory"] = bool(knobs["pin_memory"])
     return args, notes
+
+
+def loader_facts(args: dict) -> dict:
+    """What a DataLoader's (bound) arguments say of the knobs, in the knobs' own terms:
+    prefetch_factor None means torch's 2 once there are workers."""
+    workers = args.get("num_workers")
+    prefetch = args.get("prefetch_factor")
+    return {"batch_size": args.get("batch_size"), "workers": workers,
+            "prefetch": prefetch if prefetch is not None else (2 if workers else None),
+            "persistent": int(bool(args.get("persistent_workers"))),
+            "pin_memory": int(bool(args.get("pin_memory")))}
 
 
 def override_backend(asked, override: str | None, *, nccl_why_not: str = "") -> tuple[object, str]:
@@ -209,10 +227,7 @@ class Interceptor:
             interceptor.loaders += 1
             bound.arguments.update(applied)
             meter.send(protocol.SEEN, what="dataloader", tag=loader._autotune_tag,
-                       requested={"batch_size": requested.get("batch_size"),
-                                  "workers": requested.get("num_workers")},
-                       applied={"batch_size": applied.get("batch_size"),
-                                "workers": applied.get("num_workers")},
+                       requested=loader_facts(requested), applied=loader_facts(applied),
                        note="; ".join(notes))
             return init(*bound.args, **bound.kwargs)
 

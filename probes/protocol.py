@@ -45,6 +45,9 @@ ENV_BATCH_SIZE = "AUTOTUNE_BATCH_SIZE"  # per-rank DataLoader batch size to appl
 ENV_WORKERS = "AUTOTUNE_WORKERS"  # DataLoader num_workers to apply
 ENV_THREADS = "AUTOTUNE_THREADS"  # torch intra-op threads to apply
 ENV_BUCKET_MB = "AUTOTUNE_BUCKET_MB"  # DDP bucket_cap_mb to apply
+ENV_PREFETCH = "AUTOTUNE_PREFETCH"  # DataLoader prefetch_factor to apply (workers > 0 only)
+ENV_PERSISTENT = "AUTOTUNE_PERSISTENT"  # DataLoader persistent_workers, 0 or 1 (workers > 0)
+ENV_PIN_MEMORY = "AUTOTUNE_PIN_MEMORY"  # DataLoader pin_memory, 0 or 1
 ENV_SYNTHETIC_BATCHES = "AUTOTUNE_SYNTHETIC_BATCHES"  # batches cached for synthetic replay
 
 # Placement (set by autotune.launching.placement / autotune.launching.group, applied by probes.ranks_env at start-up)
@@ -72,6 +75,9 @@ KNOB_ENV = {
     "workers": ENV_WORKERS,
     "threads": ENV_THREADS,
     "bucket_mb": ENV_BUCKET_MB,
+    "prefetch": ENV_PREFETCH,
+    "persistent": ENV_PERSISTENT,
+    "pin_memory": ENV_PIN_MEMORY,
 }
 
 # --- messages ---------------------------------------------------------------------------------

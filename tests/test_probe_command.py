@@ -76,3 +76,19 @@ def test_probe_agrees_with_the_scripts_own_throughput(tmp_path):
     assert len(inside) >= 10, (r.window_start_t, r.window_end_t, reports)
     theirs = sum(rate for rate, _ in inside) / len(inside)
     assert r.samples_per_s == pytest.approx(theirs, rel=0.05), (r, inside)
+
+
+@pytest.mark.slow
+def test_input_pipeline_knobs_reach_the_scripts_dataloader(tmp_path):
+    """prefetch, persistent and pin_memory are intercepted like workers: the script's own
+    DataLoader holds them, and the baseline's seen values say what the script asked for."""
+    r = run_trial(TrialSpec.of(command=(str(SCRIPTS / "ok.py"), "--print-loader"),
+                               cwd=str(tmp_path), log_dir=tmp_path,
+                               name="pipeline", max_s=20.0,
+                               knobs={"workers": 2, "prefetch": 8, "persistent": 1,
+                                      "pin_memory": 1}))
+    assert r.outcome.value in ("ok", "foreign-load"), r.reason
+    assert "loader: workers 2 prefetch_factor 8 persistent_workers True pin_memory True" in \
+        open(r.log_path).read()
+    # the script's own: no workers, so torch's prefetch does not apply
+    assert (r.seen["workers"], r.seen.get("prefetch"), r.seen["persistent"]) == (0, None, 0)

@@ -4,7 +4,7 @@ import torch
 
 from probes import protocol
 from probes.boot import is_oom
-from probes.intercept import apply_loader_knobs, knobs_from_env
+from probes.intercept import apply_loader_knobs, knobs_from_env, loader_facts
 from probes.meter import Meter, batch_len
 
 
@@ -41,6 +41,23 @@ def test_loader_workers_zero_drops_multiprocessing_only_options():
     torch.utils.data.DataLoader(list(range(4)), batch_size=2,
                                 **{k: args[k] for k in ("num_workers", "prefetch_factor",
                                                         "persistent_workers")})
+
+
+def test_prefetch_and_persistent_workers_apply_only_with_workers():
+    knobs = {"prefetch": 8, "persistent": 1, "pin_memory": 1}
+    args, _ = apply_loader_knobs(defaults(num_workers=2), knobs)
+    assert (args["prefetch_factor"], args["persistent_workers"], args["pin_memory"]) == \
+        (8, True, True)
+    torch.utils.data.DataLoader(list(range(4)), batch_size=2,
+                                **{k: args[k] for k in ("num_workers", "prefetch_factor",
+                                                        "persistent_workers")})
+    args, _ = apply_loader_knobs(defaults(num_workers=2), {**knobs, "workers": 0})
+    assert args["prefetch_factor"] is None and args["persistent_workers"] is False
+    assert args["pin_memory"] is True  # torch pins in the main process as well
+    assert loader_facts(defaults(num_workers=2)) == {"batch_size": 1, "workers": 2,
+                                                     "prefetch": 2, "persistent": 0,
+                                                     "pin_memory": 0}
+    assert loader_facts(defaults())["prefetch"] is None
 
 
 def test_loader_batch_sampler_not_touched():

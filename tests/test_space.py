@@ -97,6 +97,24 @@ def test_default_space_on_two_cores():
     assert sp.size() == 6 * 3 * 2
 
 
+def test_input_pipeline_knobs_are_searched_where_the_script_s_loader_has_workers():
+    sp = build(workers=2, prefetch=2, persistent=0)
+    assert sp.domains["prefetch"] == (2, 4, 8) and sp.domains["persistent"] == (0, 1)
+    assert sp.baseline["prefetch"] == 2 and sp.baseline["persistent"] == 0
+    # without workers neither has an effect: such configs hold neither, and count once
+    assert all("prefetch" not in c and "persistent" not in c
+               for c in sp.configs() if c["workers"] == 0)
+    assert sp.size() == 6 * 2 * (1 + 2 * 3 * 2)
+    assert "prefetch" not in build().domains  # a workers=0 script: --space adds them
+    asked = build(ranges=["prefetch=2:8 persistent=0:1"])
+    assert asked.domains["prefetch"] == (2, 4, 8) and asked.domains["persistent"] == (0, 1)
+    with pytest.raises(UsageError, match="cannot tune prefetch: the script builds no "
+                                         "DataLoader"):
+        build(ranges=["prefetch=2:8"], batch_size=None, workers=None,
+              placeholders=["batch_size"])
+    assert "pin_memory" not in sp.domains  # CPU: nothing to pin for
+
+
 def test_defaults_follow_the_machine():
     sp = build(cores=16, workers=4)
     assert sp.domains["workers"] == tuple(range(9))

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from autotune import UsageError
 from autotune.tuning.space.knobs import (ALIASES, DESIGN_RULES, DOMAIN_RULES, KNOBS, ORDER,
+                                         WITH_WORKERS,
                                          Baseline, Machine, pct_for_threads, threads_per_rank)
 from autotune.tuning.space.parse import Range, expand
 
@@ -155,13 +156,17 @@ def rank_knobs(cfg: Mapping[str, int], *, cores: int, device: str,
 def canonical(cfg: Mapping[str, int], global_batch: int | None = None,
               devices: int = 1, *, own_ranks: bool = False) -> dict[str, int]:
     """Derived knobs filled in (with a global batch, the per-rank batch for a world of
-    ``instances x devices`` ranks); knobs without effect dropped (bucket_mb on one rank)."""
+    ``instances x devices`` ranks); knobs without effect dropped (bucket_mb on one rank,
+    prefetch and persistent without DataLoader workers)."""
     out = {n: int(cfg[n]) for n in ORDER if n in cfg}
     instances = out.get("instances", 1)
     if global_batch:
         out["batch_size"] = global_batch // (instances * devices)
     if instances * devices <= 1 and not own_ranks:
         out.pop("bucket_mb", None)
+    if out.get("workers", 1) == 0:  # torch takes them only with workers
+        for name in WITH_WORKERS:
+            out.pop(name, None)
     return {n: out[n] for n in ORDER if n in out}
 
 
@@ -230,6 +235,11 @@ def build(machine: Machine, baseline: Baseline, req: SpaceRequest) -> Space:
         base_cfg["batch_size"] = req.global_batch // (base_cfg.get("instances", 1) * req.devices)
     can_multi = baseline.own_ranks or \
         max(domains.get("instances", (fixed.get("instances", 1),))) * req.devices > 1
+    if max(domains.get("workers", (fixed.get("workers", base_cfg.get("workers", 0)),))) == 0:
+        for name in WITH_WORKERS:  # no config has workers: nothing to prefetch or keep
+            if domains.pop(name, None) is not None:
+                notes.append(f"{name}: not tuned: no config has DataLoader workers")
+            fixed.pop(name, None)
     if not can_multi:
         domains.pop("bucket_mb", None)
         fixed.pop("bucket_mb", None)
@@ -263,6 +273,9 @@ def _baseline_config(b: Baseline, cores: int, placeholders: Sequence[str],
         pct_for_threads(min(b.threads or cores, cores), cores)
     if b.bucket_mb:
         cfg["bucket_mb"] = int(b.bucket_mb)
+    for name in ("prefetch", "persistent", "pin_memory"):
+        if getattr(b, name) is not None:
+            cfg[name] = int(getattr(b, name))
     for name in placeholders:
         name = ALIASES.get(name, name)
         if name in KNOBS:
@@ -301,6 +314,10 @@ def _applicable(name: str, values: tuple[int, ...], b: Baseline, base_cfg: Mappi
             raise UsageError("cannot tune workers: the script builds no DataLoader; put "
                              "{workers} in its arguments")
         return (), "workers: not tuned: the script builds no DataLoader"
+    if name in ("prefetch", "persistent", "pin_memory") and "workers" not in base_cfg:
+        if asked:
+            raise UsageError(f"cannot tune {name}: the script builds no DataLoader")
+        return (), ""  # said once, of workers
     if machine.device == "gpu" and not machine.mps and name in _MPS_KNOBS and not asked:
         alone, why = _MPS_KNOBS[name]
         return (alone,), f"{name}: fixed at {alone}: {why}, which is not available here: " \

@@ -14,7 +14,11 @@ from dataclasses import dataclass
 
 from autotune.launching import placement
 
-ORDER = ("batch_size", "workers", "thread_pct", "instances", "bucket_mb")
+ORDER = ("batch_size", "workers", "thread_pct", "instances", "bucket_mb", "prefetch",
+         "persistent", "pin_memory")
+# DataLoader knobs torch takes only with workers: without, they have no effect (dropped)
+WITH_WORKERS = ("prefetch", "persistent")
+PREFETCH = (2, 4, 8)  # batches each worker loads ahead; torch's default is 2
 ALIASES = {"threads": "thread_pct"}  # --space/--fix may give threads per rank instead of a share
 BUCKET_MB = (1, 5, 10, 25, 50, 100)
 DDP_DEFAULT_BUCKET_MB = placement.DDP_DEFAULT_BUCKET_MB
@@ -50,6 +54,14 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("bucket_mb", "DDP gradient bucket size, MB", "geometric", DDP_DEFAULT_BUCKET_MB,
          {"cpu": "DDP bucket_cap_mb (gloo)",
           "gpu": "DDP bucket_cap_mb, HOROVOD_FUSION_THRESHOLD"}),
+    Knob("prefetch", "batches each DataLoader worker loads ahead", "geometric", 2,
+         {"cpu": "DataLoader prefetch_factor (with workers)",
+          "gpu": "DataLoader prefetch_factor (with workers)"}),
+    Knob("persistent", "DataLoader workers kept between epochs (0 or 1)", "linear", 0,
+         {"cpu": "DataLoader persistent_workers (with workers)",
+          "gpu": "DataLoader persistent_workers (with workers)"}),
+    Knob("pin_memory", "batches in page-locked host memory (0 or 1)", "linear", 0,
+         {"gpu": "DataLoader pin_memory: faster, asynchronous copies to the GPU"}),
 )}
 
 
@@ -86,6 +98,9 @@ class Baseline:
     peak_rss_bytes: int = 0
     cuda_peak_bytes: int = 0  # the largest rank's torch.cuda.max_memory_allocated; 0: no CUDA
     alone_why: str = ""  # not distributed: what showed it (a two-rank probe), for the note
+    prefetch: int | None = None  # the first DataLoader's prefetch_factor (with workers)
+    persistent: int | None = None  # ...its persistent_workers, 0 or 1
+    pin_memory: int | None = None  # ...its pin_memory, 0 or 1
 
     @classmethod
     def from_seen(cls, seen: Mapping, *, peak_rss_bytes: int = 0, cuda_peak_bytes: int = 0,
@@ -99,7 +114,10 @@ class Baseline:
                    distributed=bool(seen.get("backend")),
                    own_ranks=bool(seen.get("backend") and seen.get("started_by_script")),
                    bucket_mb=seen.get("bucket_mb"), peak_rss_bytes=int(peak_rss_bytes or 0),
-                   cuda_peak_bytes=int(cuda_peak_bytes or 0))
+                   cuda_peak_bytes=int(cuda_peak_bytes or 0),
+                   prefetch=_int_or_none(given.get("prefetch", seen.get("prefetch"))),
+                   persistent=_int_or_none(given.get("persistent", seen.get("persistent"))),
+                   pin_memory=_int_or_none(given.get("pin_memory", seen.get("pin_memory"))))
 
 
 def _int_or_none(v) -> int | None:
@@ -213,6 +231,22 @@ def _bucket_mb(m: Machine, b: Baseline) -> tuple[int, ...]:
     return _with(BUCKET_MB, own)
 
 
+# The input pipeline's finer knobs (seed 004) are searched by default where the script's own
+# DataLoader has workers, the pipeline they tune; elsewhere --space adds them (a search over
+# workers=0 scripts would otherwise grow several times for knobs most of its configs drop).
+def _prefetch(m: Machine, b: Baseline) -> tuple[int, ...]:
+    return _with(PREFETCH, b.prefetch) if b.workers else ()
+
+
+def _persistent(m: Machine, b: Baseline) -> tuple[int, ...]:
+    return (0, 1) if b.workers else ()
+
+
+def _pin_memory(m: Machine, b: Baseline) -> tuple[int, ...]:
+    """Only where batches go to a GPU: a script that used CUDA."""
+    return (0, 1) if b.workers and b.cuda_peak_bytes else ()
+
+
 # (knob, device kind) -> default candidates. A new device kind adds its rows here. Why a knob
 # is left out or fixed (no DataLoader, no torch.distributed, no MPS) is `space.build`'s note.
 DOMAIN_RULES: dict[tuple[str, str], Callable[[Machine, Baseline], tuple[int, ...]]] = {
@@ -226,6 +260,11 @@ DOMAIN_RULES: dict[tuple[str, str], Callable[[Machine, Baseline], tuple[int, ...
     ("thread_pct", "gpu"): _gpu_thread_pct,
     ("instances", "gpu"): _gpu_instances,
     ("bucket_mb", "gpu"): _bucket_mb,
+    ("prefetch", "cpu"): _prefetch,
+    ("prefetch", "gpu"): _prefetch,
+    ("persistent", "cpu"): _persistent,
+    ("persistent", "gpu"): _persistent,
+    ("pin_memory", "gpu"): _pin_memory,
 }
 
 

@@ -48,10 +48,15 @@ def _int(text: str, flag: str, token: str) -> int:
         raise UsageError(f"{flag}: {text!r} in {token!r} is not a whole number") from None
 
 
+_SWITCHES = ("persistent", "pin_memory")  # 0 (off) or 1 (on)
+
+
 def _check_value(name: str, alias: str, value: int, flag: str, token: str) -> None:
-    least = 0 if name == "workers" else 1
+    least = 0 if name == "workers" or name in _SWITCHES else 1
     if value < least:
         raise UsageError(f"{flag}: {alias} must be >= {least}, but got {value} in {token!r}")
+    if name in _SWITCHES and value > 1:
+        raise UsageError(f"{flag}: {alias} is 0 (off) or 1 (on), but got {value} in {token!r}")
     if name == "thread_pct" and alias == "thread_pct" and value > 100:
         raise UsageError(f"{flag}: thread_pct must be <= 100, but got {value} in {token!r}")
 
