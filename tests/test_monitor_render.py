@@ -247,3 +247,8 @@ def test_a_finished_trial_says_where_its_time_went():
 def test_what_a_sample_costs_reads_in_the_unit_a_user_buys(core_s, gpu_s, want):
     from autotune.monitor.text import cost_text
     assert cost_text(core_s, gpu_s) == want
+
+
+def test_a_changed_global_batch_and_memory_get_their_own_lines():
+    assert event_line({"t": 1.0, "event": "batch_change", "text": "the winner trains with a "
+                       "global batch of 256"}) == "batch: the winner trains with a global batch of 256"

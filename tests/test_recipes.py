@@ -186,3 +186,26 @@ def test_warm_start_needs_a_matching_fingerprint(tmp_path):
     changed = fingerprint.current([str(script)])
     found, note = recipes.warm_start_candidate(tmp_path / "recipes", (str(script),), changed)
     assert found is None and "script_sha256" in note
+
+
+def test_a_changed_global_batch_is_told_with_its_ratio_and_the_learning_rate_rule(tmp_path,
+                                                                                    capsys):
+    from autotune.commands import cli
+    from autotune.tuning import space
+
+    note = space.batch_change_note({"batch_size": 32, "instances": 1},
+                                   {"batch_size": 128, "instances": 2})
+    assert "global batch of 256 (batch_size 128 x 2 ranks), 8x the script's own 32" in note
+    assert "8x by the linear rule" in note and "2.83x by the square-root rule" in note
+    assert "--global-batch 32" in note
+    assert space.batch_change_note({"batch_size": 64}, {"batch_size": 32, "instances": 2}) == ""
+    assert "0.5x the script's own 64" in space.batch_change_note({"batch_size": 64},
+                                                                  {"batch_size": 32})
+    # eight GPUs at the script's own batch: the same job, nothing to tell
+    assert space.batch_change_note({"batch_size": 32}, {"batch_size": 32}, devices=8) == ""
+    assert "(batch_size 64 x 8 ranks), 2x" in space.batch_change_note(
+        {"batch_size": 32}, {"batch_size": 64}, devices=8)
+    path = recipes.save(recipe(batch_note=note), tmp_path)
+    assert recipes.load(path).batch_note == note
+    assert cli.main(["recipes", "show", str(path)]) == 0
+    assert "batch:     the winner trains with a global batch of 256" in capsys.readouterr().out

@@ -76,6 +76,8 @@ def rank_knobs(recipe: recipes.Recipe, fp: fingerprint.Fingerprint,
     knobs, instances = recipe.run_knobs(fp.cores, fp.gpu_count, hosts=launcher.host_count)
     for note in recipe.notes:  # what its probes said of it: a backend replaced, say
         console.hint(f"recipe: {note}")
+    if recipe.batch_note and not recipe.global_batch:
+        console.warning(f"recipe: {recipe.batch_note}")
     if recipe.global_batch and knobs.get("batch_size") != recipe.knobs.get("batch_size"):
         console.hint(f"the recipe's global batch of {recipe.global_batch} is kept: "
                      f"batch_size={knobs['batch_size']} per rank on this run's "

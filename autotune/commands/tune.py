@@ -284,7 +284,7 @@ def build_recipe(report: TuneReport, prep: Prepared,
         source=report.source, reason=report.reason,
         verdict=report.verdict.to_dict() if report.verdict else None,
         global_batch=global_batch, notes=report.best_notes,
-        breakdown=(report.best_breakdown or {}).get("shares"),
+        breakdown=(report.best_breakdown or {}).get("shares"), batch_note=report.batch_note,
         core_s_per_sample=report.best_probe.core_s_per_sample if report.best_probe else 0.0,
         gpu_s_per_sample=report.best_probe.gpu_s_per_sample if report.best_probe else 0.0,
         speedup_low=None if report.kept_baseline else report.speedup_low,
@@ -317,6 +317,8 @@ def print_summary(report: TuneReport, recipe_path: Path, *, plain: bool) -> None
                   f"({report.one_rank_samples_per_s:.1f} samples/s): {eff:.0%} efficiency")
     if report.memory:
         out.print(f"memory: {report.memory['text']}")
+    if report.batch_note:
+        out.print(f"batch: {report.batch_note}")
     out.print(f"trials: {report.trials_measured} measured ({report.trials_total} in the study); "
               f"stopped: {report.stop_reason}")
     if report.verdict:

@@ -10,7 +10,7 @@ from pathlib import Path
 from autotune.measuring.bottleneck import Verdict
 from autotune.measuring.foreign_load import FOREIGN_CORES_LIMIT
 from autotune.measuring.outcome import Outcome
-from autotune.tuning.space import Range, Space, parse_fix, parse_space
+from autotune.tuning.space import Range, Space, batch_change_note, parse_fix, parse_space
 from autotune.tuning.space.parse import parse_values
 
 DEFAULT_TRIALS = 20
@@ -133,6 +133,13 @@ class TuneReport:
     baseline_probe: ProbeFacts | None = None
 
     @property
+    def batch_note(self) -> str:
+        """What the winner does to the job's global batch ("" when it keeps the script's)."""
+        if self.kept_baseline or self.space is None or self.space.global_batch:
+            return ""
+        return batch_change_note(self.baseline.knobs, self.best.knobs, self.space.devices)
+
+    @property
     def scaling_efficiency(self) -> float | None:
         """The winner's throughput over N times the best one-rank throughput, for a winner of
         N > 1 ranks (per host on CPU, per GPU on GPUs); None otherwise."""
@@ -161,6 +168,7 @@ class TuneReport:
                 "verdict": self.verdict.to_dict() if self.verdict else None,
                 "notes": list(self.notes), "best_notes": list(self.best_notes),
                 "scaling_efficiency": self.scaling_efficiency, "memory": self.memory,
+                "batch_note": self.batch_note,
                 "probes": {"best": dataclasses.asdict(self.best_probe) if self.best_probe
                            else None,
                            "baseline": dataclasses.asdict(self.baseline_probe)

@@ -128,6 +128,9 @@ class Tuner:
         report = dataclasses.replace(report, memory=_memory(prober, c.best.knobs))
         if report.memory is not None:
             prober.emit("memory_fit", **report.memory)
+        if report.batch_note:
+            prober.note("warning", report.batch_note)
+            prober.emit("batch_change", text=report.batch_note)
         rundir.write_atomic(self.run_dir / "summary.json",
                             jsontext.dumps(report.to_dict(), indent=2))
         return report

@@ -13,8 +13,9 @@ the thread count a rank gets. On GPUs it is each rank's MPS share of its GPU
 
 from __future__ import annotations
 
-from autotune.tuning.space.build import (Space, SpaceRequest, build, canonical, check_request,
-                                         job_devices, rank_knobs)
+from autotune.tuning.space.build import (Space, SpaceRequest, batch_change_note, build,
+                                         canonical, check_request, global_batch, job_devices,
+                                         rank_knobs)
 from autotune.tuning.space.knobs import (ALIASES, DESIGN_RULES, DOMAIN_RULES, KNOBS, ORDER,
                                          Baseline, Knob, Machine, bucket_candidates, divisors,
                                          geometric, linear, pct_for_threads, threads_per_rank)

@@ -170,6 +170,33 @@ def canonical(cfg: Mapping[str, int], global_batch: int | None = None,
     return {n: out[n] for n in ORDER if n in out}
 
 
+def global_batch(cfg: Mapping[str, int], devices: int = 1) -> int | None:
+    """Samples in one step of the whole job: per-rank batch x ranks (instances x devices)."""
+    if not cfg.get("batch_size"):
+        return None
+    return int(cfg["batch_size"]) * int(cfg.get("instances", 1)) * max(1, devices)
+
+
+def batch_change_note(base_cfg: Mapping[str, int], best_cfg: Mapping[str, int],
+                      devices: int = 1) -> str:
+    """What a winner that changes the job's global batch does to training, in one sentence
+    ("" when it keeps the script's own). Throughput is not the whole story: the learning rate
+    that fitted the script's batch no longer fits, and past the critical batch size a sample
+    teaches less."""
+    base, best = global_batch(base_cfg, devices), global_batch(best_cfg, devices)
+    if not base or not best or base == best:
+        return ""
+    ratio = best / base
+    ranks = int(best_cfg.get("instances", 1)) * max(1, devices)
+    how = f"batch_size {best_cfg['batch_size']} x {ranks} ranks" if ranks > 1 else \
+        f"batch_size {best_cfg['batch_size']}"
+    return (f"the winner trains with a global batch of {best} ({how}), {ratio:.3g}x the "
+            f"script's own {base}: a learning rate set for {base} usually needs scaling with "
+            f"it ({ratio:.3g}x by the linear rule, with warm-up; {ratio ** 0.5:.3g}x by the "
+            f"square-root rule, common with Adam), and past the critical batch size a sample "
+            f"teaches less; to keep the script's batch, tune with --global-batch {base}")
+
+
 def _product(ranges: Sequence[range]):
     if not ranges:
         yield ()
