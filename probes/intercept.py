@@ -100,10 +100,14 @@ def loader_facts(args: dict) -> dict:
     prefetch_factor None means torch's 2 once there are workers."""
     workers = args.get("num_workers")
     prefetch = args.get("prefetch_factor")
+    try:  # samples in an epoch, when the dataset knows (an iterable one may not)
+        dataset_len = len(args.get("dataset"))
+    except Exception:  # noqa: BLE001 - a dataset's __len__ may raise anything
+        dataset_len = None
     return {"batch_size": args.get("batch_size"), "workers": workers,
             "prefetch": prefetch if prefetch is not None else (2 if workers else None),
             "persistent": int(bool(args.get("persistent_workers"))),
-            "pin_memory": int(bool(args.get("pin_memory")))}
+            "pin_memory": int(bool(args.get("pin_memory"))), "dataset_len": dataset_len}
 
 
 def override_backend(asked, override: str | None, *, nccl_why_not: str = "") -> tuple[object, str]:

@@ -56,7 +56,8 @@ def test_prefetch_and_persistent_workers_apply_only_with_workers():
     assert args["pin_memory"] is True  # torch pins in the main process as well
     assert loader_facts(defaults(num_workers=2)) == {"batch_size": 1, "workers": 2,
                                                      "prefetch": 2, "persistent": 0,
-                                                     "pin_memory": 0}
+                                                     "pin_memory": 0, "dataset_len": None}
+    assert loader_facts(defaults(dataset=list(range(7))))["dataset_len"] == 7
     assert loader_facts(defaults())["prefetch"] is None
 
 

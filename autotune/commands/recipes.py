@@ -153,6 +153,7 @@ def _show(r: recipes.Recipe, out) -> None:
                                            else _interval(r)),
         f"why:       {r.reason}" if r.reason else "",
         f"batch:     {r.batch_note}" if r.batch_note else "",
+        f"payback:   {r.payback_note}" if r.payback_note else "",
         f"verdict:   {r.verdict.get('text')}" if r.verdict else "",
         f"time goes: {breakdown.Breakdown(r.breakdown, 0).describe()}" if r.breakdown else "",
         f"hardware:  {fingerprint.summary(r.fingerprint)}",

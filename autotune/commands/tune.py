@@ -285,6 +285,7 @@ def build_recipe(report: TuneReport, prep: Prepared,
         verdict=report.verdict.to_dict() if report.verdict else None,
         global_batch=global_batch, notes=report.best_notes,
         breakdown=(report.best_breakdown or {}).get("shares"), batch_note=report.batch_note,
+        payback_note=report.payback["text"] if report.payback else "",
         core_s_per_sample=report.best_probe.core_s_per_sample if report.best_probe else 0.0,
         gpu_s_per_sample=report.best_probe.gpu_s_per_sample if report.best_probe else 0.0,
         speedup_low=None if report.kept_baseline else report.speedup_low,
@@ -319,6 +320,8 @@ def print_summary(report: TuneReport, recipe_path: Path, *, plain: bool) -> None
         out.print(f"memory: {report.memory['text']}")
     if report.batch_note:
         out.print(f"batch: {report.batch_note}")
+    if report.payback:
+        out.print(f"payback: {report.payback['text']}")
     out.print(f"trials: {report.trials_measured} measured ({report.trials_total} in the study); "
               f"stopped: {report.stop_reason}")
     if report.verdict:

@@ -21,7 +21,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Explicit", "LONG_NAMES", "SHORT_NAMES", "explicit_knobs", "split_knobs"]
+__all__ = ["Explicit", "LONG_NAMES", "RUN_NAMES", "SHORT_NAMES", "explicit_knobs", "run_length",
+           "split_knobs"]
 
 # Knob -> normalised long names that mean it. Only per-rank batch sizes: an eval, global or
 # accumulated batch size is something else.
@@ -37,6 +38,14 @@ LONG_NAMES: dict[str, frozenset[str]] = {
     }),
 }
 SHORT_NAMES: dict[str, str] = {"b": "batch_size", "j": "workers"}  # -b 32, -j 4 (ImageNet example)
+# How long the run is, as scripts spell it: epochs over the dataset, or optimizer steps.
+RUN_NAMES: dict[str, frozenset[str]] = {
+    "epochs": frozenset({"epochs", "epoch", "numepochs", "nepochs", "maxepochs",
+                         "numtrainepochs", "trainepochs", "totalepochs"}),
+    "steps": frozenset({"maxsteps", "maxiters", "maxiter", "maxiterations", "numsteps",
+                        "totalsteps", "trainsteps", "numiters", "iters", "iterations",
+                        "steps", "numtrainsteps", "maxtrainsteps"}),
+}
 
 _PLACEHOLDER = re.compile(r"\{[a-z_]+\}")
 _NEGATIVE = re.compile(r"^-\d")
@@ -81,13 +90,14 @@ def _norm(name: str) -> str:
     return name.rsplit(".", 1)[-1].replace("-", "").replace("_", "").lower()
 
 
-def _knob_of(name: str, *, short: bool) -> str | None:
+def _knob_of(name: str, *, short: bool, table: Mapping[str, frozenset[str]] = LONG_NAMES,
+             shorts: Mapping[str, str] = SHORT_NAMES) -> str | None:
     if short:
-        return SHORT_NAMES.get(name)
+        return shorts.get(name)
     key = _norm(name)
     if len(key) < 2:
         return None
-    for knob, names in LONG_NAMES.items():
+    for knob, names in table.items():
         if key in names:
             return knob
     return None
@@ -97,8 +107,9 @@ def _is_value(token: str) -> bool:
     return not token.startswith("-") or bool(_NEGATIVE.match(token))
 
 
-def _scan(args: Sequence[str]):
-    """Yield (knob, flag, value, sep) for every knob flag, in order."""
+def _scan(args: Sequence[str], table: Mapping[str, frozenset[str]] = LONG_NAMES,
+          shorts: Mapping[str, str] = SHORT_NAMES):
+    """Yield (knob, flag, value, sep) for every flag of ``table`` (and ``shorts``), in order."""
     i = 0
     while i < len(args):
         token = args[i]
@@ -108,10 +119,11 @@ def _scan(args: Sequence[str]):
             body = token.lstrip("-")
             dashes = len(token) - len(body)
             name, sep, value = body.partition("=")
-            if dashes == 1 and not sep and len(body) > 1 and body[0] in SHORT_NAMES \
+            if dashes == 1 and not sep and len(body) > 1 and body[0] in shorts \
                     and body[1:].isdigit():  # -b32: short option glued to its value
                 name, sep, value = body[0], "", body[1:]
-            knob = _knob_of(name, short=dashes == 1 and len(name) == 1)
+            knob = _knob_of(name, short=dashes == 1 and len(name) == 1, table=table,
+                            shorts=shorts)
             if knob is not None:
                 if sep or value:
                     yield knob, token[:dashes] + name, value, sep
@@ -120,7 +132,7 @@ def _scan(args: Sequence[str]):
                     i += 1
         else:
             m = _KEY.match(token)
-            knob = _knob_of(m.group(1), short=False) if m else None
+            knob = _knob_of(m.group(1), short=False, table=table, shorts=shorts) if m else None
             if knob is not None:
                 yield knob, token[: len(token) - len(m.group(2)) - 1], m.group(2), "="
         i += 1
@@ -149,3 +161,18 @@ def split_knobs(knobs: Mapping[str, float],
     explicit = explicit_knobs(args)
     kept = {k: v for k, v in knobs.items() if k not in explicit}
     return kept, [e for k, e in explicit.items() if k in knobs]
+
+
+def run_length(args: Sequence[str]) -> dict[str, tuple[int, str]]:
+    """How long the user asked the run to be, where the arguments say it: ``{"epochs": (90,
+    "--epochs 90")}`` and/or ``{"steps": (5000, "--max_iters=5000")}``; the last one wins, and
+    a value that is no whole number (a placeholder) is left out."""
+    found: dict[str, tuple[int, str]] = {}
+    for what, flag, value, sep in _scan(list(args), RUN_NAMES, {}):
+        try:
+            n = int(value)
+        except ValueError:
+            continue
+        if n > 0:
+            found[what] = (n, f"{flag}{sep}{value}")
+    return found

@@ -26,7 +26,7 @@ class Seen:
         if what == "dataloader" and msg.get("tag") == 0:
             facts.setdefault("batch_size", requested.get("batch_size"))
             facts.setdefault("workers", requested.get("workers"))
-            for name in ("prefetch", "persistent", "pin_memory"):
+            for name in ("prefetch", "persistent", "pin_memory", "dataset_len"):
                 if requested.get(name) is not None:
                     facts.setdefault(name, requested[name])
             if self.loader_batch is None:

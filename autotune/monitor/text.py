@@ -287,6 +287,7 @@ _LINES = {
     "recipe_saved": lambda ev: f"recipe saved: {ev.get('path')}",
     "memory_fit": lambda ev: f"memory: {ev['text']}",
     "batch_change": lambda ev: f"batch: {ev['text']}",
+    "payback": lambda ev: f"payback: {ev['text']}",
     "probe_verdict": _verdict,
     "fullrun_started": _fullrun_started,
     "fullrun_progress": _fullrun_progress,

@@ -16,7 +16,8 @@ Layout (schema version 1)::
                    speedup_low and speedup_high (its 95% interval), core_s_per_sample and
                    gpu_s_per_sample (what a sample cost the winner, when measured),
                    batch_note (when the winner changes the job's global batch: by how much,
-                   and what that asks of the learning rate),
+                   and what that asks of the learning rate), payback_note (tuning's cost
+                   against the saving projected over the run, when its length is known),
                    kept_baseline, trials, source, reason, notes (what the winner's probes
                    said of it, e.g. a backend autotune replaced)
     [baseline]     the script's own knobs
@@ -59,7 +60,7 @@ _FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
                "baseline_ci_half": ("int or float", False), "speedup": ("int or float", True),
                "kept_baseline": ("bool", True), "speedup_low": ("int or float", False),
                "speedup_high": ("int or float", False), "trials": ("int", False),
-               "batch_note": ("str", False),
+               "batch_note": ("str", False), "payback_note": ("str", False),
                "core_s_per_sample": ("int or float", False),
                "gpu_s_per_sample": ("int or float", False),
                "source": ("str", False),
@@ -121,6 +122,7 @@ class Recipe:
     notes: tuple[str, ...] = ()  # what the winner's probes said of it (a backend replaced, ...)
     breakdown: Mapping[str, tuple[float, float]] | None = None  # part -> (share, half-width)
     batch_note: str = ""  # what the winner does to the job's global batch ("" : nothing)
+    payback_note: str = ""  # tuning's cost against the projected saving ("": run unknown)
     core_s_per_sample: float = 0.0  # what a sample cost the winner (0: not measured)
     gpu_s_per_sample: float = 0.0
 
@@ -173,8 +175,9 @@ class Recipe:
             doc["verdict"] = {k: v for k, v in self.verdict.items() if v is not None}
         if self.global_batch:
             doc["job"] = {"global_batch": int(self.global_batch)}
-        if self.batch_note:
-            doc["result"]["batch_note"] = self.batch_note
+        for name in ("batch_note", "payback_note"):
+            if getattr(self, name):
+                doc["result"][name] = getattr(self, name)
         for name in ("core_s_per_sample", "gpu_s_per_sample"):
             if getattr(self, name):
                 doc["result"][name] = float(getattr(self, name))
@@ -275,6 +278,7 @@ def load(path: Path | str) -> Recipe:
         speedup_high=_maybe_float(result.get("speedup_high")),
         notes=tuple(result.get("notes", ())),
         batch_note=str(result.get("batch_note", "")),
+        payback_note=str(result.get("payback_note", "")),
         core_s_per_sample=float(result.get("core_s_per_sample", 0.0)),
         gpu_s_per_sample=float(result.get("gpu_s_per_sample", 0.0)),
         breakdown={p: (float(v[0]), float(v[1])) for p, v in doc["breakdown"].items()}

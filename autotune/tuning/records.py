@@ -128,6 +128,7 @@ class TuneReport:
     speedup_high: float = 1.0
     one_rank_samples_per_s: float = 0.0  # the best one-rank config's (0: none measured)
     memory: Mapping | None = None  # memory by batch (`autotune.tuning.tuner._memory`)
+    payback: Mapping | None = None  # `autotune.tuning.payback.Payback.to_dict`; None: run unknown
     # what the last probes of the winner and the baseline told beyond throughput
     best_probe: ProbeFacts | None = None
     baseline_probe: ProbeFacts | None = None
@@ -168,7 +169,7 @@ class TuneReport:
                 "verdict": self.verdict.to_dict() if self.verdict else None,
                 "notes": list(self.notes), "best_notes": list(self.best_notes),
                 "scaling_efficiency": self.scaling_efficiency, "memory": self.memory,
-                "batch_note": self.batch_note,
+                "batch_note": self.batch_note, "payback": self.payback,
                 "probes": {"best": dataclasses.asdict(self.best_probe) if self.best_probe
                            else None,
                            "baseline": dataclasses.asdict(self.baseline_probe)

@@ -26,7 +26,8 @@ from autotune.measuring import trial
 from autotune.measuring.outcome import Outcome
 from autotune.store import fingerprint, jsontext, rundir
 from autotune.store.journal import Journal
-from autotune.tuning import baseline, confirm, fitting, memory, search
+from autotune.tuning import baseline, confirm, fitting, memory, payback, search
+from autotune.tuning.space import global_batch
 from autotune.tuning.prober import Notify, Prober, RunTrial, config_key
 from autotune.tuning.records import ProbeFacts, TuneReport
 from autotune.tuning.state import (TuneState, mark_controller, minutes, save, spent_s,
@@ -82,6 +83,35 @@ class Tuner:
                                         f"{minutes(math.ceil(p.needed_s(spent) / 60) * 60)} "
                                         f"would hold {fitting.MIN_SEARCH_PROBES}")
 
+    def _run_length(self) -> payback.RunLength | None:
+        """The full run's length, from the script's arguments and the baseline's facts."""
+        st = self.state
+        if st.baseline is None or st.space is None:
+            return None
+        return payback.project(st.settings.command[1:], st.baseline.seen,
+                               global_batch(st.space.baseline, st.space.devices))
+
+    def _budget_from_run(self) -> None:
+        """Say how long the full run will be; without --budget or --trials, tuning gets a
+        share of it (`autotune.tuning.payback`)."""
+        run, s = self._run_length(), self.state.settings
+        if run is None:
+            return
+        rate = self.state.baseline.samples_per_s
+        run_s = run.seconds_at(rate)
+        self.prober.note("info", f"the full run: {run.how}, about {payback.duration(run_s)} at "
+                                 f"the baseline's {rate:.1f} samples/s")
+        if s.budget_s is not None or s.trials is not None:
+            return
+        budget = payback.budget_for(run_s)
+        new = dataclasses.replace(s, budget_s=budget)
+        self.state = dataclasses.replace(self.state, settings=new)
+        self.prober.settings = new
+        self.prober.note("info", f"tuning budget {minutes(budget)}: "
+                                 f"{payback.SHARE:.0%} of the projected run (at least "
+                                 f"{minutes(payback.MIN_BUDGET_S)}, never more than the run); "
+                                 f"--budget or --trials sets another")
+
     def run(self) -> TuneReport:
         prober, settings = self.prober, self.state.settings
         mark_controller(self.run_dir)
@@ -100,6 +130,7 @@ class Tuner:
             prober.timing = fitting.ScriptTiming.from_dict(self.state.timing)
         if self.state.space is None:
             self.state = baseline.measure(prober, self.state)
+            self._budget_from_run()
             self._save(self.state)
         space = self.state.space
         for note in space.notes:
@@ -125,7 +156,13 @@ class Tuner:
             best_probe=_measured(prober, c.best.knobs),
             baseline_probe=_measured(prober, c.baseline.knobs),
             speedup_low=c.speedup_low, speedup_high=c.speedup_high)
-        report = dataclasses.replace(report, memory=_memory(prober, c.best.knobs))
+        run = self._run_length()
+        report = dataclasses.replace(
+            report, memory=_memory(prober, c.best.knobs),
+            payback=payback.payback(self.elapsed(), run, c.baseline.samples_per_s,
+                                    c.best.samples_per_s).to_dict() if run else None)
+        if report.payback:
+            prober.emit("payback", **report.payback)
         if report.memory is not None:
             prober.emit("memory_fit", **report.memory)
         if report.batch_note:
