@@ -47,11 +47,17 @@ def test_the_payback_says_cost_and_saving():
 
 
 class KnownDataset(FakeProbe):
-    """The script's DataLoader holds 50,000 samples."""
+    """The script's DataLoader holds ``size`` samples (50,000)."""
+
+    size = 50_000
 
     def __call__(self, spec, **kw):
         r = super().__call__(spec, **kw)
-        return dataclasses.replace(r, seen={**r.seen, "dataset_len": 50_000})
+        return dataclasses.replace(r, seen={**r.seen, "dataset_len": self.size})
+
+
+class SmallDataset(KnownDataset):
+    size = 5_000
 
 
 def test_without_a_budget_tuning_takes_its_share_of_the_projected_run(tmp_path, machine):
@@ -74,3 +80,11 @@ def test_a_given_budget_or_trials_stays_and_an_unknown_run_tells_no_payback(tmp_
     assert t.state.settings.budget_s is None and report.payback is not None
     report, t, _ = tune(tmp_path / "b", FakeProbe(surface), trials=4, confirm_rounds=0)
     assert report.payback is None
+
+
+def test_a_run_shorter_than_tuning_could_pay_for_is_told(tmp_path, machine):
+    report, t, _ = tune(tmp_path, SmallDataset(surface), command=("train.py", "--epochs", "1"),
+                        confirm_rounds=0)
+    run_s = 5_000 / report.baseline.samples_per_s  # under 3 minutes
+    assert t.state.settings.budget_s == pytest.approx(run_s)
+    assert any("a run this short cannot pay for tuning" in n for n in report.notes)

@@ -107,10 +107,15 @@ class Tuner:
         new = dataclasses.replace(s, budget_s=budget)
         self.state = dataclasses.replace(self.state, settings=new)
         self.prober.settings = new
-        self.prober.note("info", f"tuning budget {minutes(budget)}: "
-                                 f"{payback.SHARE:.0%} of the projected run (at least "
-                                 f"{minutes(payback.MIN_BUDGET_S)}, never more than the run); "
-                                 f"--budget or --trials sets another")
+        if run_s < payback.MIN_BUDGET_S:
+            self.prober.note("warning", f"tuning budget {payback.duration(budget)}, the whole "
+                                        f"projected run: a run this short cannot pay for "
+                                        f"tuning; --budget or --trials tunes anyway")
+        else:
+            self.prober.note("info", f"tuning budget {minutes(budget)}: "
+                                     f"{payback.SHARE:.0%} of the projected run (at least "
+                                     f"{minutes(payback.MIN_BUDGET_S)}, never more than the "
+                                     f"run); --budget or --trials sets another")
 
     def run(self) -> TuneReport:
         prober, settings = self.prober, self.state.settings
