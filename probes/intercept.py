@@ -319,15 +319,17 @@ class Interceptor:
     def _install_steps(self, torch) -> None:
         meter = self.meter
 
-        step_started = {}  # optimizer -> when its step began (steps may nest: a wrapper's)
+        in_step = set()  # optimizers inside their step (steps may nest: a wrapper's)
 
         def before_step(optimizer, args, kwargs):
-            step_started.setdefault(id(optimizer), time.monotonic())
+            if not in_step:
+                meter.clock.optimizer_begin()
+            in_step.add(id(optimizer))
 
         def after_step(optimizer, args, kwargs):
-            start = step_started.pop(id(optimizer), None)
-            if start is not None and not step_started:
-                meter.clock.optimizer(start, time.monotonic())
+            in_step.discard(id(optimizer))
+            if not in_step:
+                meter.clock.optimizer_end()
             meter.count_step()
             meter.maybe_stop()
 
@@ -340,9 +342,9 @@ class Interceptor:
         backward = torch.Tensor.backward
 
         def tensor_backward(tensor, *args, **kwargs):
-            start = time.monotonic()
+            meter.clock.backward_begin()
             result = backward(tensor, *args, **kwargs)
-            meter.clock.backward(start, time.monotonic())
+            meter.clock.backward_end()
             meter.count_backward()
             if not meter.steps:  # weights updated by hand: a backward pass ends the step
                 meter.maybe_stop()

@@ -213,6 +213,7 @@ class Meter:
                       protocol.TICK_FIRST_STEP_T: self.tick_first_step_t}
             self.tick_first_batch_t = self.tick_first_step_t = 0.0
         fields[protocol.TICK_PARTS] = self.clock.snapshot()
+        fields[protocol.TICK_PARTS_CLOCK] = self.clock.clock
         fields[protocol.TICK_RSS_PEAK_BYTES] = _read_vm_hwm_bytes()
         fields[protocol.TICK_CUDA_PEAK_BYTES] = _cuda_peak_bytes()
         self.channel.send(protocol.TICK, **fields)

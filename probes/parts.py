@@ -1,4 +1,4 @@
-"""Where a rank's training time goes: cumulative host seconds per part of a step.
+"""Where a rank's training time goes: cumulative seconds per part of a step.
 
 The interceptor's hooks mark the boundaries they already sit on; this keeps the sums:
 
@@ -14,9 +14,16 @@ The interceptor's hooks mark the boundaries they already sit on; this keeps the 
 - ``optimizer``: inside ``optimizer.step``.
 
 Everything else in a step (``zero_grad``, logging, checkpoints) is what the wall clock holds
-beyond these; the controller calls it "other". Times are the host's: on CUDA the host runs
-ahead of the device until something synchronises (a ``.item()``, the loss printed, DDP's
-allreduce), so a kernel's time shows where the host next waits for it.
+beyond these; the controller calls it "other".
+
+On the CPU the host's clock is the truth. On CUDA the host only queues kernels and runs ahead
+until something synchronises, so host times would land wherever the host next waits. Once the
+process has initialised CUDA, every boundary also records a CUDA event on the current stream
+(``torch.cuda.Event(enable_timing=True).record()``: a few microseconds, no synchronisation), and
+forward, backward, exposed communication and the optimizer are the device's time between those
+events, read with ``elapsed_time`` once ``query()`` says the later one has completed (at the
+next tick; nothing waits for the GPU). The data wait stays the host's: it is the host that waits
+for the loader. `clock` says which the sums are.
 """
 
 from __future__ import annotations
@@ -26,40 +33,120 @@ import time
 
 from probes.protocol import PARTS
 
+HOST, CUDA = "host", "cuda-events"
+
+
+def _torch_cuda():
+    try:
+        import torch
+    except Exception:  # noqa: BLE001 - no torch, no CUDA
+        return None
+    return torch.cuda
+
 
 class StepClock:
-    """Cumulative seconds per part of one process's training steps."""
+    """Cumulative seconds per part of one process's training steps.
 
-    def __init__(self):
+    ``cuda``: a ``torch.cuda``-like module (tests hand in a fake); None finds torch's. Events are
+    recorded only once it reports ``is_initialized()``.
+    """
+
+    def __init__(self, cuda=None):
         self.lock = threading.Lock()
-        self.total = dict.fromkeys(PARTS, 0.0)
-        self._handed_t = 0.0  # when the latest training batch was handed to the script
+        self.total = dict.fromkeys(PARTS, 0.0)  # host seconds
+        self.device = dict.fromkeys(PARTS, 0.0)  # CUDA event seconds (all but data)
+        self.clock = HOST
+        self._cuda = cuda
+        self._handed = (0.0, None)  # (host time, event) the latest training batch was handed
         self._forward_open = False  # a batch was handed over and no backward has run since
-        self._last_launch_t = 0.0  # the latest DDP bucket launched (0: none in this backward)
+        self._backward = (0.0, None)
+        self._optimizer = (0.0, None)
+        self._launch = (0.0, None)  # the latest DDP bucket launched in this backward
+        self._pending: list[tuple[str, object, object]] = []  # (part, start, end) events
+
+    # -- marks --------------------------------------------------------------------------------
+    def _mark(self) -> tuple[float, object]:
+        """Now, on the host and (once CUDA is up) on the current stream."""
+        return time.monotonic(), self._event()
+
+    def _event(self):
+        cuda = self._cuda if self._cuda is not None else _torch_cuda()
+        try:
+            if cuda is None or not cuda.is_initialized():
+                return None
+            event = cuda.Event(enable_timing=True)
+            event.record()
+        except Exception:  # noqa: BLE001 - timing never breaks a training step
+            return None
+        return event
 
     def data(self, start: float, end: float) -> None:
+        """The loader's ``__next__`` ran from ``start`` to ``end`` (host) for a training batch."""
+        event = self._event()
         with self.lock:
             self.total["data"] += end - start
-            self._handed_t, self._forward_open = end, True
+            self._handed, self._forward_open = (end, event), True
 
     def bucket_launched(self) -> None:
-        self._last_launch_t = time.monotonic()
+        self._launch = self._mark()
 
-    def backward(self, start: float, end: float) -> None:
+    def backward_begin(self) -> None:
+        self._backward = self._mark()
+
+    def backward_end(self) -> None:
+        end, end_ev = self._mark()
+        start, start_ev = self._backward
         with self.lock:
             if self._forward_open:
-                self.total["forward"] += max(0.0, start - self._handed_t)
+                self.total["forward"] += max(0.0, start - self._handed[0])
+                self._pair("forward", self._handed[1], start_ev)
                 self._forward_open = False
-            launched = self._last_launch_t
+            launched, launch_ev = self._launch
             exposed = end - launched if start <= launched <= end else 0.0
             self.total["comm"] += exposed
             self.total["backward"] += (end - start) - exposed
-            self._last_launch_t = 0.0
+            if start <= launched <= end:
+                self._pair("backward", start_ev, launch_ev)
+                self._pair("comm", launch_ev, end_ev)
+            else:
+                self._pair("backward", start_ev, end_ev)
+            self._launch = (0.0, None)
 
-    def optimizer(self, start: float, end: float) -> None:
+    def optimizer_begin(self) -> None:
+        self._optimizer = self._mark()
+
+    def optimizer_end(self) -> None:
+        end, end_ev = self._mark()
+        start, start_ev = self._optimizer
         with self.lock:
             self.total["optimizer"] += end - start
+            self._pair("optimizer", start_ev, end_ev)
 
+    def _pair(self, part: str, start, end) -> None:
+        if start is not None and end is not None:
+            self._pending.append((part, start, end))
+
+    # -- reading ------------------------------------------------------------------------------
     def snapshot(self) -> dict[str, float]:
+        """The sums so far: the device's where CUDA events timed the step, else the host's."""
         with self.lock:
+            self._resolve()
+            if self.clock == CUDA:
+                return {p: self.total[p] if p == "data" else self.device[p] for p in PARTS}
             return dict(self.total)
+
+    def _resolve(self) -> None:
+        """Add the pairs whose later event has completed; the rest wait for the next tick."""
+        waiting = []
+        for part, start, end in self._pending:
+            try:
+                done = end.query()
+                seconds = start.elapsed_time(end) / 1000.0 if done else 0.0
+            except Exception:  # noqa: BLE001 - an event of a torn-down context: dropped
+                continue
+            if not done:
+                waiting.append((part, start, end))
+                continue
+            self.device[part] += max(0.0, seconds)
+            self.clock = CUDA
+        self._pending = waiting

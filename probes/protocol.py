@@ -101,6 +101,7 @@ TICK_FIRST_BATCH_T = "first_batch_t"  # the first training batch since the previ
 TICK_FIRST_STEP_T = "first_step_t"
 TICK_PARTS = "parts"  # {part: cumulative host seconds} for each of PARTS (probes.parts)
 PARTS = ("data", "forward", "backward", "comm", "optimizer")
+TICK_PARTS_CLOCK = "parts_clock"  # "host", or "cuda-events": the device's time between events
 SEEN = "seen"  # {what, requested, applied, note}; what="writes": {paths: [{path, op, existed}]}
 # what="distributed": requested {backend, asked}, applied {world_size, rank} (torch's, once
 #      init_process_group returned)

@@ -13,27 +13,121 @@ from conftest import SCRIPTS
 from probes.parts import StepClock
 
 
-def test_the_step_clock_splits_a_step_at_the_hooks():
-    c = StepClock()
+class Clock:
+    """time.monotonic for `probes.parts`, moved by hand."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+@pytest.fixture
+def now(monkeypatch):
+    import probes.parts as parts
+    clock = Clock()
+    monkeypatch.setattr(parts.time, "monotonic", clock)
+    return clock
+
+
+def test_the_step_clock_splits_a_step_at_the_hooks(now):
+    c = StepClock(cuda=NoCuda())
     c.data(0.0, 0.3)  # waited 0.3 s for the batch
-    c.backward(0.5, 0.7)  # forward ran 0.3 -> 0.5
-    c.optimizer(0.7, 0.75)
-    c.backward(0.8, 0.9)  # a second backward on the same batch: no forward is charged again
+    now.t = 0.5
+    c.backward_begin()  # forward ran 0.3 -> 0.5
+    now.t = 0.7
+    c.backward_end()
+    c.optimizer_begin()
+    now.t = 0.75
+    c.optimizer_end()
+    now.t = 0.8
+    c.backward_begin()  # a second backward on the same batch: no forward is charged again
+    now.t = 0.9
+    c.backward_end()
     assert c.snapshot() == pytest.approx(
         {"data": 0.3, "forward": 0.2, "backward": 0.3, "comm": 0.0, "optimizer": 0.05})
+    assert c.clock == "host"
 
 
-def test_waiting_after_the_last_bucket_launched_is_exposed_communication(monkeypatch):
-    import probes.parts as parts
-    c = StepClock()
+def test_waiting_after_the_last_bucket_launched_is_exposed_communication(now):
+    c = StepClock(cuda=NoCuda())
     c.data(0.0, 0.1)
-    monkeypatch.setattr(parts.time, "monotonic", lambda: 0.6)
+    now.t = 0.2
+    c.backward_begin()
+    now.t = 0.6
     c.bucket_launched()  # the last bucket at 0.6: no compute left after it
-    c.backward(0.2, 0.9)
+    now.t = 0.9
+    c.backward_end()
     snap = c.snapshot()
     assert snap["backward"] == pytest.approx(0.4) and snap["comm"] == pytest.approx(0.3)
-    c.backward(1.0, 1.2)  # the next backward launched nothing (no DDP): all compute
+    now.t = 1.0
+    c.backward_begin()
+    now.t = 1.2
+    c.backward_end()  # the next backward launched nothing (no DDP): all compute
     assert c.snapshot()["comm"] == pytest.approx(0.3)
+
+
+class NoCuda:
+    """torch.cuda in a process that never initialised CUDA."""
+
+    def is_initialized(self):
+        return False
+
+
+class FakeCuda:
+    """torch.cuda as its documentation has it, on a device that runs behind the host: an
+    event's ``record()`` stamps the stream, ``query()`` is False until the device reached it,
+    ``elapsed_time(end)`` is milliseconds between two completed events (and raises before)."""
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            self.device_t = None
+
+        def record(self):
+            FakeCuda.recorded.append(self)
+
+        def query(self):
+            return self.device_t is not None and self.device_t <= FakeCuda.device_now
+
+        def elapsed_time(self, end):
+            if not (self.query() and end.query()):
+                raise RuntimeError("Both events must be completed before calculating "
+                                   "elapsed time.")
+            return (end.device_t - self.device_t) * 1000.0
+
+    recorded: list = []
+    device_now = 0.0
+
+    def is_initialized(self):
+        return True
+
+
+def test_on_cuda_the_parts_are_the_device_s_time_between_events(now):
+    """The host queues a step in 0.05 s and runs ahead; the device takes 1.0 s for it. The host
+    clock would put the step's time wherever the host next waits; the events put it where the
+    device spent it, once the device has got there (nothing waits for it)."""
+    FakeCuda.recorded, FakeCuda.device_now = [], 0.0
+    c = StepClock(cuda=FakeCuda())
+    c.data(0.0, 0.01)
+    now.t = 0.02
+    c.backward_begin()
+    now.t = 0.04
+    c.backward_end()
+    c.optimizer_begin()
+    now.t = 0.05
+    c.optimizer_end()
+    # where the device reached each event: forward 0.4 s, backward 0.5 s, optimizer 0.1 s
+    for ev, t in zip(FakeCuda.recorded, (0.0, 0.4, 0.9, 0.9, 1.0)):
+        ev.device_t = t
+    FakeCuda.device_now = 0.95  # the optimizer's end not reached yet: it waits for a tick
+    snap = c.snapshot()
+    assert c.clock == "cuda-events"
+    assert snap["forward"] == pytest.approx(0.4) and snap["backward"] == pytest.approx(0.5)
+    assert snap["optimizer"] == 0.0 and snap["data"] == pytest.approx(0.01)  # the host's wait
+    FakeCuda.device_now = 2.0
+    assert c.snapshot()["optimizer"] == pytest.approx(0.1)
 
 
 def ticks(per_step, n, tick_s=0.25, step_s=0.1, t0=0.0):
@@ -55,7 +149,10 @@ def test_shares_and_other_from_the_ticks():
     assert b.shares["data"][1] == pytest.approx(0.0, abs=1e-9)  # a steady script: no spread
     again = breakdown.Breakdown.from_dict(json.loads(json.dumps(b.to_dict())))
     assert again.share("data") == pytest.approx(0.30, abs=1e-4)
-    assert "data wait 30%" in b.describe()
+    assert "data wait 30%" in b.describe() and "CUDA" not in b.describe()
+    gpu = breakdown.from_ticks([ticks(step, 80)], 2.0, 18.0, windows=8, clock="cuda-events")
+    assert gpu.describe().endswith("(GPU time from CUDA events)")
+    assert breakdown.Breakdown.from_dict(gpu.to_dict()).clock == "cuda-events"
 
 
 def test_two_ranks_are_averaged_and_a_span_the_ticks_miss_tells_nothing():

@@ -112,6 +112,6 @@ def test_a_tick_carries_the_fields_the_protocol_names():
     meter.send_tick()
     assert meter.channel.kind == protocol.TICK
     named = {v for k, v in vars(protocol).items() if k.startswith("TICK_")}
-    assert set(meter.channel.fields) == named and len(named) == 13
+    assert set(meter.channel.fields) == named and len(named) == 14
     assert meter.channel.fields[protocol.TICK_SAMPLES] == 4
     assert meter.channel.fields[protocol.TICK_STEPS] == 1

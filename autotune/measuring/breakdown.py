@@ -42,6 +42,7 @@ class Breakdown:
 
     shares: Mapping[str, tuple[float, float]]
     ranks: int
+    clock: str = "host"  # or "cuda-events": the device's time between events (`probes.parts`)
 
     def share(self, part: str) -> float:
         return self.shares.get(part, (0.0, 0.0))[0]
@@ -51,8 +52,9 @@ class Breakdown:
         return max(self.shares, key=lambda p: self.shares[p][0])
 
     def describe(self) -> str:
-        return ", ".join(f"{LABELS[p]} {s:.0%} ±{h * 100:.0f}" for p, (s, h) in
+        text = ", ".join(f"{LABELS[p]} {s:.0%} ±{h * 100:.0f}" for p, (s, h) in
                          self.shares.items() if s >= 0.005 or p in ("data", "other"))
+        return text + (" (GPU time from CUDA events)" if self.clock != "host" else "")
 
     def group(self, name: str) -> float:
         return sum(self.share(p) for p in GROUPS[name])
@@ -86,14 +88,14 @@ class Breakdown:
 
     def to_dict(self) -> dict:
         return {"shares": {p: [round(s, 4), round(h, 4)] for p, (s, h) in self.shares.items()},
-                "ranks": self.ranks}
+                "ranks": self.ranks, "clock": self.clock}
 
     @classmethod
     def from_dict(cls, d: Mapping | None) -> Breakdown | None:
         if not d or not d.get("shares"):
             return None
         return cls({p: (float(v[0]), float(v[1])) for p, v in d["shares"].items()},
-                   int(d.get("ranks", 1)))
+                   int(d.get("ranks", 1)), str(d.get("clock", "host")))
 
 
 def _window_shares(points: PartPoints, edges: Sequence[float]) -> list[dict[str, float]]:
@@ -109,7 +111,7 @@ def _window_shares(points: PartPoints, edges: Sequence[float]) -> list[dict[str,
 
 
 def from_ticks(per_rank: Sequence[PartPoints], start_t: float, end_t: float, *,
-               windows: int) -> Breakdown | None:
+               windows: int, clock: str = "host") -> Breakdown | None:
     """The shares over ``[start_t, end_t]`` (the estimate's span, controller clock), cut into
     ``windows`` for the interval; None when no rank's points cover the span."""
     ranks = [sorted(pts, key=lambda p: p[0]) for pts in per_rank if len(pts) >= 2]
@@ -132,7 +134,7 @@ def from_ticks(per_rank: Sequence[PartPoints], start_t: float, end_t: float, *,
         shares[part] = (mean, steady.batch_means_ci(xs))
     rest = max(0.0, 1.0 - sum(shares[p][0] for p in PARTS))
     shares["other"] = (rest, shares["other"][1])
-    return Breakdown(shares, len(ranks))
+    return Breakdown(shares, len(ranks), clock)
 
 
 def _at(points: PartPoints, t: float, part: str) -> float:

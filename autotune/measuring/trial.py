@@ -144,6 +144,7 @@ class _Rank:
     batch_points: list = field(default_factory=list)  # (t, cumulative samples)
     step_points: list = field(default_factory=list)  # (t, cumulative steps)
     part_points: list = field(default_factory=list)  # (t, cumulative seconds by part)
+    parts_clock: str = "host"  # what those seconds are (`probes.parts`)
     error: dict | None = None
     teardown: dict | None = None  # an error after we asked it to stop (a peer left first)
     bye: dict | None = None
@@ -221,6 +222,9 @@ class _Probe:
         rank.step_points.extend(step_points)
         parts = msg.get(protocol.TICK_PARTS)
         if isinstance(parts, dict) and protocol.TICK_T in msg:
+            clock = msg.get(protocol.TICK_PARTS_CLOCK, "host")
+            if clock != rank.parts_clock:  # the sums switched to CUDA events: start over
+                rank.part_points, rank.parts_clock = [], clock
             rank.part_points.append((float(msg[protocol.TICK_T]) + rank.offset, parts))
 
     def _seen(self, msg: dict) -> None:
@@ -494,8 +498,11 @@ def _cost(probe: _Probe, est: steady.Estimate) -> dict:
 
 def _breakdown(probe: _Probe, est: steady.Estimate) -> dict | None:
     """The parts of a step over the estimate's own span, when the meters timed them."""
-    b = breakdown.from_ticks([r.part_points for r in probe.ranks.values()], est.start_t,
-                             est.end_t, windows=est.windows)
+    ranks = list(probe.ranks.values())
+    b = breakdown.from_ticks([r.part_points for r in ranks], est.start_t, est.end_t,
+                             windows=est.windows,
+                             clock=next((r.parts_clock for r in ranks
+                                         if r.parts_clock != "host"), "host"))
     return b.to_dict() if b is not None else None
 
 
