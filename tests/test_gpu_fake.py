@@ -34,7 +34,8 @@ def host(tmp_path):
     mps_dir = tempfile.mkdtemp(prefix="atg", dir="/tmp")  # short, as the daemon needs
     out = tmp_path / "ranks"
     out.mkdir()
-    env = fake_gpu_env(write_nvml_config(tmp_path, gpus=2), mps_dir)
+    env = fake_gpu_env(write_nvml_config(tmp_path, gpus=2, energy_mj=5_000_000,
+                                         energy_since=time.time()), mps_dir)
     env["FAKE_RANK_OUT"] = str(out)
     yield {"env": env, "mps_dir": Path(mps_dir), "out": out, "result": tmp_path / "result.json"}
     shutil.rmtree(mps_dir, ignore_errors=True)
@@ -109,6 +110,10 @@ def test_success_six_ranks_placed_and_daemon_stopped(host):
         assert rec["HOROVOD_FUSION_THRESHOLD"] == str(8 * 2**20)
         assert rec["backend"] == "gloo"  # the script asked for nccl
     assert any("NCCL refuses two ranks on one GPU" in n for n in result["notes"])
+    # both GPUs' energy counters (60 W and 61 W, as the fake NVML draws them) per sample
+    energy = result["energy"]
+    assert energy["gpu"] == "NVML energy counter"
+    assert energy["gpu_j_per_sample"] == pytest.approx(121.0 / result["samples_per_s"], rel=0.1)
     assert "MPS serves 6 rank(s)" in out
     log = assert_daemon_stopped(host)
     commands = re.findall(r"Cmd:(.*)", log)

@@ -252,3 +252,11 @@ def test_what_a_sample_costs_reads_in_the_unit_a_user_buys(core_s, gpu_s, want):
 def test_a_changed_global_batch_and_memory_get_their_own_lines():
     assert event_line({"t": 1.0, "event": "batch_change", "text": "the winner trains with a "
                        "global batch of 256"}) == "batch: the winner trains with a global batch of 256"
+
+
+def test_energy_reads_by_source_or_says_why_not():
+    from autotune.monitor.text import energy_text
+    assert energy_text({"gpu_j_per_sample": 0.523, "cpu_j_per_sample": None,
+                        "gpu": "NVML energy counter", "cpu": "unavailable: no RAPL"}) == \
+        "GPU 0.523 J (NVML energy counter); CPU package unavailable: no RAPL"
+    assert energy_text(None) == "not measured"

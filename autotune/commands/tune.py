@@ -17,7 +17,7 @@ from pathlib import Path
 
 from autotune.measuring import breakdown
 from autotune.monitor import console
-from autotune.monitor.text import cost_text
+from autotune.monitor.text import cost_text, energy_text
 from autotune.store import fingerprint, jsontext, recipes, rundir
 from autotune.launching import rank_command, engines
 from autotune.tuning import space
@@ -316,6 +316,9 @@ def print_summary(report: TuneReport, recipe_path: Path, *, plain: bool) -> None
         n = int(report.best.knobs.get("instances", 1))
         out.print(f"scaling: {n} ranks give {n * eff:.2f}x the best one-rank throughput "
                   f"({report.one_rank_samples_per_s:.1f} samples/s): {eff:.0%} efficiency")
+    for label, facts in (("baseline", report.baseline_probe), ("best", report.best_probe)):
+        if facts is not None and facts.energy:
+            out.print(f"energy per sample ({label}): {energy_text(facts.energy)}")
     if report.memory:
         out.print(f"memory: {report.memory['text']}")
     if report.batch_note:

@@ -13,6 +13,8 @@ API (all cheap after the first call, safe from any thread, never raising)::
     devices() -> list[DeviceInfo]       # index, name, uuid, memory, utilisation, power, pids
     sample() -> list[dict]              # keys: index, name, util_pct, mem_used_bytes,
                                         #       mem_total_bytes, power_w, pids
+    energy_j(index) -> float | None     # the total energy counter (Volta and newer), joules
+    power_w(index) -> float | None      # power draw now, watts
     shutdown()                          # release NVML (it is re-initialised on next use)
 
 Units are in the names: bytes, percent, watts (NVML reports milliwatts).
@@ -171,6 +173,25 @@ def sample() -> list[dict]:
     """One reading per GPU for the monitor (`device_sample` journal event), never raising."""
     keys = ("index", "name", "util_pct", "mem_used_bytes", "mem_total_bytes", "power_w", "pids")
     return [{k: v for k, v in d.to_dict().items() if k in keys} for d in devices()]
+
+
+def energy_j(index: int) -> float | None:
+    """Energy GPU ``index`` has consumed since the driver was loaded, in joules (NVML's total
+    energy counter, in millijoules: Volta and newer); `NA` where it is not supported."""
+    handle = _call("nvmlDeviceGetHandleByIndex", index)
+    if handle is None:
+        return NA
+    mj = _call("nvmlDeviceGetTotalEnergyConsumption", handle)
+    return mj / 1000.0 if mj is not None else NA
+
+
+def power_w(index: int) -> float | None:
+    """GPU ``index``'s power draw now, in watts; `NA` where it is not supported."""
+    handle = _call("nvmlDeviceGetHandleByIndex", index)
+    if handle is None:
+        return NA
+    mw = _call("nvmlDeviceGetPowerUsage", handle)
+    return mw / 1000.0 if mw is not None else NA
 
 
 def shutdown() -> None:

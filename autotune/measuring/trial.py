@@ -20,6 +20,7 @@ from autotune.launching import script_flags, proc
 from autotune.measuring import breakdown, logs, series, steady
 from autotune.launching.collector import Collector, for_launcher
 from autotune.measuring.script_facts import Seen
+from autotune.measuring.energy import EnergyMeter
 from autotune.measuring.foreign_load import FOREIGN_CORES_LIMIT, ForeignLoad, cpu_s
 from autotune.measuring.metric import MetricLog, parse_metric
 from autotune.measuring.outcome import Observed, Outcome, classify, script_exit_code
@@ -120,6 +121,9 @@ class TrialResult:
     core_s_per_sample: float = 0.0
     gpu_s_per_sample: float = 0.0
     ranks_seen: int = 0  # training processes that reported (peak_rss_bytes is their sum)
+    # joules per sample over the measured span, and where they come from
+    # (`autotune.measuring.energy.EnergyPerSample.to_dict`); None when nothing was measured
+    energy: dict | None = None
 
     @property
     def foreign_flagged(self) -> bool:
@@ -182,6 +186,7 @@ class _Probe:
             spec.ranks.command, spec.ranks.knobs, spec.samples_per_step)
         self.metric = MetricLog(parse_metric(spec.metric)) if spec.metric else None
         self.log: logs.Reader | None = None  # rank 0's log, from where it ended at the start
+        self.energy: EnergyMeter | None = None  # the host's energy counters, read at each poll
 
     def idle_for(self, over_s: float, now: float) -> bool:
         """The ranks used next to no CPU over the last ``over_s`` seconds."""
@@ -306,6 +311,9 @@ def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool]
     try:
         group = start_group(ranks_spec, channel=collector.env())
         probe.group = group
+        if asked.launcher.kind == "local":  # counters of this host only
+            probe.energy = EnergyMeter([slot.gpu.index for slot in group.plan.slots
+                                        if slot.gpu is not None])
         probe.launched.extend(group.launched)
         if on_start is not None:
             on_start(probe.launched)
@@ -379,6 +387,8 @@ def _loop(probe: _Probe, collector: Collector, load: ForeignLoad) -> None:
                     probe.pruned = True
                     return
         probe.cpu_trail.append((now, load.ours_s()))
+        if probe.energy is not None:
+            probe.energy.read(now)
         if now - probe.t_begin > spec.max_s:
             late = spec.expect_first_s is not None and \
                 now - probe.t_begin >= max(MIN_IDLE_START_S, 3 * spec.expect_first_s)
@@ -476,6 +486,9 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         foreign_limit_cores=probe.spec.foreign_limit_cores, counted_samples_per_s=counted,
         window_start_t=est.start_t if est else 0.0, window_end_t=est.end_t if est else 0.0,
         breakdown=_breakdown(probe, est) if has_estimate else None, ranks_seen=len(ticks),
+        energy=probe.energy.per_sample(est.start_t, est.end_t, est.samples_per_s *
+                                       (est.end_t - est.start_t)).to_dict()
+        if has_estimate and probe.energy is not None else None,
         **(_cost(probe, est) if has_estimate else {}), **_pace(probe))
 
 

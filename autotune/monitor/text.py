@@ -304,3 +304,16 @@ def cost_text(core_s: float, gpu_s: float) -> str:
     if core_s > 0:
         parts.append(f"{core_s * 1000:.3g} core-ms")
     return ", ".join(parts) or "-"
+
+
+def energy_text(e: dict | None) -> str:
+    """Joules per sample by source, or why a source is unavailable."""
+    if not e:
+        return "not measured"
+    parts = []
+    for key, label in (("gpu", "GPU"), ("cpu", "CPU package")):
+        j = e.get(f"{key}_j_per_sample")
+        source = str(e.get(key) or "")
+        parts.append(f"{label} {j:.3g} J ({source})" if j is not None else
+                     f"{label} {source or 'unavailable'}")
+    return "; ".join(parts)

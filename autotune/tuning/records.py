@@ -106,6 +106,7 @@ class ProbeFacts:
     breakdown: Mapping | None = None
     core_s_per_sample: float = 0.0  # CPU seconds of its processes on this host
     gpu_s_per_sample: float = 0.0  # GPUs held x wall time
+    energy: Mapping | None = None  # joules per sample (`autotune.measuring.energy`)
 
 
 @dataclass(frozen=True)

@@ -184,7 +184,7 @@ def _measured(prober, knobs) -> ProbeFacts | None:
     if r is None:
         return None
     return ProbeFacts(breakdown=r.breakdown, core_s_per_sample=r.core_s_per_sample,
-                    gpu_s_per_sample=r.gpu_s_per_sample)
+                      gpu_s_per_sample=r.gpu_s_per_sample, energy=r.energy)
 
 
 def _one_rank_best(known, c) -> float:

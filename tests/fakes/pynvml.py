@@ -9,6 +9,8 @@ pynvml`` gets this module. The machine it pretends to be is read from the JSON f
      "devices": [{"name": "NVIDIA A100-SXM4-40GB", "uuid": "GPU-...",
                   "memory_total": 42949672960, "memory_used": 0, "util_gpu": 0,
                   "util_memory": 0, "power_mw": 60000,      # null: NVMLError_NotSupported
+                  "energy_mj": 1000, "energy_since": 1.7e9, # null: NotSupported (pre-Volta);
+                                                            # grows by power_mw since then
                   "lost": false,                            # true: NVMLError_GpuIsLost
                   "processes": [{"pid": 123, "used_memory": 1048576}],
                   "mps_processes": []}]}
@@ -226,6 +228,20 @@ def nvmlDeviceGetPowerUsage(handle):
     if power is None:
         raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
     return int(power)
+
+
+def nvmlDeviceGetTotalEnergyConsumption(handle):
+    """Millijoules since the driver was loaded (Volta and newer; NOT_SUPPORTED before): the
+    device's ``energy_mj`` at ``energy_since`` (a time.time()), plus its power draw since."""
+    import time
+
+    dev = _device(handle)
+    base = dev.get("energy_mj", 0)
+    if base is None:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    since = dev.get("energy_since")
+    grown = (time.time() - since) * dev.get("power_mw", 50000) if since is not None else 0
+    return int(base + grown)
 
 
 def _procs(entries):
