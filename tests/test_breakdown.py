@@ -2,6 +2,7 @@
 against a script that keeps its own clock of its data wait."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -233,3 +234,31 @@ def test_what_a_sample_costs_is_the_cpu_the_script_used(tmp_path):
     assert own, lines
     assert abs(cores - sum(own) / len(own)) <= 0.15, (cores, own)
     assert full["gpu_s_per_sample"] == 0.0
+
+
+@pytest.mark.slow
+def test_a_loader_in_the_main_process_is_tuned_to_its_bound_or_the_recipe_names_the_stall(
+        tmp_path):
+    """The shape the verdict used to misread: the loader in the training process, a third of
+    each step waiting for it, the full run well under its bound. The search starts from the
+    data wait (workers first); after it the winner reaches 90% of its bound, or the recipe's
+    verdict says which share stops it."""
+    import tomllib
+
+    from conftest import autotune
+
+    p = autotune("tune", "--plain", "--foreign-limit", "1000", "--json", "--trials", "4",
+                 "--seconds", "12", "--confirm-rounds", "1", "--verdict", "--fix", "threads=1",
+                 "--recipe-dir", str(tmp_path / "recipes"), "--", str(SCRIPTS / "data_wait.py"),
+                 "--item-ms", "1", "--compute-ms", "25", "--workers", "{workers}",
+                 cwd=tmp_path, env=dict(os.environ, AUTOTUNE_RUNS_DIR=str(tmp_path / "runs")),
+                 timeout=400)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "the first probes move workers" in p.stderr
+    summary = json.loads(p.stdout.strip().splitlines()[-1])
+    recipe = tomllib.loads(open(summary["recipe"]).read())
+    verdict = recipe["verdict"]
+    names_the_stall = "the data wait takes" in verdict["text"] or \
+        "waits for data" in verdict["text"]
+    assert verdict["full_share_of_bound"] >= 0.9 or names_the_stall, verdict
+    assert summary["best"]["knobs"]["workers"] >= 1  # loading overlapped with compute
