@@ -146,3 +146,11 @@ def test_long_steps_get_their_interval_from_the_steps_not_from_the_windows():
     assert est.samples_per_s == pytest.approx(256 / 4.5, rel=0.03)
     assert 0 < est.rel_half < 0.06
     assert abs(est.samples_per_s - 256 / 4.5) <= est.ci_half * 1.5
+
+
+@pytest.mark.parametrize("phase", [0.1, 0.45, 0.8])
+def test_second_long_steps_are_counted_from_jump_to_jump_too(phase):
+    # minGPT at its own batch: 32 samples a second, 2 s windows holding two batches or three
+    pts = staircase(1.0, 32, 40, phase=phase, jitter=0.03, seed=5)
+    est = steady.estimate(pts, batches=40)
+    assert est.samples_per_s == pytest.approx(32.0, rel=0.015)

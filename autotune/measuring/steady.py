@@ -34,6 +34,8 @@ BATCHES_PER_WINDOW = 2
 # An interval from steps' own spread is never claimed narrower than this share of the rate:
 # identical steps are a clock's rounding, not a certainty.
 MIN_STEP_REL_HALF = 0.005
+# Steps at least this long are one batch per meter tick (0.25 s): measured from jump to jump.
+ALIGNED_MIN_STEP_S = 0.5
 
 
 def t975(dof: int) -> float:
@@ -187,13 +189,14 @@ class _Aligned:
 
 def _aligned(points: list[tuple[float, float]], index: list[int], t0: float,
              dt: float) -> _Aligned | None:
-    """The kept windows' count from point to point: over each stretch of consecutive kept
-    windows, the count between its first and its last point over the time between them.
+    """The kept windows' count from jump to jump, for a staircase series (steps longer than
+    a tick, so each batch is a jump of its own): over each stretch of consecutive kept windows,
+    the count after its first jump to the count after its last, over the time between them.
 
     Window rates of a staircase (a batch every few seconds) hold whole batches, so their mean
     is off by up to a batch over the measured time, depending on where the windows fall: 5 s
-    steps over 25 s read 5 or 6 batches, ±10%. Measured between points the count is exact. None
-    when no stretch holds two points at different times."""
+    steps over 25 s read 5 or 6 batches, ±10%. From jump to jump the count is exact. None when
+    no stretch holds two points at different times."""
     pts = sorted(points)
     runs, start = [], index[0]
     for prev, i in zip(index, index[1:]):
@@ -255,17 +258,21 @@ def estimate(points: list[tuple[float, float]], *, batches: int,
     if not index:
         return None
     kept = [rates[i] for i in index]
-    aligned = _aligned(points, index, t0, dt)
-    mean = aligned.rate if aligned is not None else sum(kept) / len(kept)
+    mean = sum(kept) / len(kept)
     # Counts come in whole batches: over the measured time the rate is known to one batch at
     # best, however alike the windows look (identical windows would otherwise claim a zero CI).
     batch = (points[-1][1] - points[0][1]) / max(batches, 1)
     ci = max(batch_means_ci(kept), batch / (len(kept) * dt))
-    if aligned is not None and batch / mean >= MAX_WINDOW_S / BATCHES_PER_WINDOW \
-            and len(aligned.gaps) >= 4:
-        # Steps too long for windows of a few batches: each window holds a batch or two, and
-        # their spread is where the windows fall, not the script. The steps themselves say it.
-        ci = aligned.ci_half()
+    step = batch / mean if mean > 0 else 0.0
+    aligned = _aligned(points, index, t0, dt) if step >= ALIGNED_MIN_STEP_S else None
+    if aligned is not None:
+        # Steps longer than two ticks: each batch is a jump of its own in the series, so the
+        # windows count whole batches and their mean depends on where they fall; measured from
+        # jump to jump the count is exact. Steps too long for windows of a few batches also
+        # take their interval from their own spread: the windows' is where they fall.
+        mean = aligned.rate
+        if step >= MAX_WINDOW_S / BATCHES_PER_WINDOW and len(aligned.gaps) >= 4:
+            ci = aligned.ci_half()
     # rates[i] is the window [t0 + (i+1) dt, t0 + (i+2) dt]: the first one was dropped above.
     return Estimate(samples_per_s=mean, ci_half=ci,
                     measured_s=len(kept) * dt, warmup_s=warmup * dt, paused_s=paused * dt,
