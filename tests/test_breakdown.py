@@ -262,3 +262,37 @@ def test_a_loader_in_the_main_process_is_tuned_to_its_bound_or_the_recipe_names_
         "waits for data" in verdict["text"]
     assert verdict["full_share_of_bound"] >= 0.9 or names_the_stall, verdict
     assert summary["best"]["knobs"]["workers"] >= 1  # loading overlapped with compute
+
+
+@pytest.mark.slow
+def test_the_full_run_reports_where_its_time_goes_live_and_over_the_whole_run(tmp_path):
+    """`autotune run`: each progress report carries the shares since the last one, the end the
+    whole run's, whose data wait is the script's own within ten points; the monitor's line
+    and the report show it."""
+    from autotune.monitor.text import event_line
+    from autotune.store import fingerprint, recipes
+    from autotune.store.journal import read_events
+    from conftest import autotune
+
+    script = str(SCRIPTS / "data_wait.py")
+    recipe = recipes.save(recipes.Recipe(
+        name="dw", knobs={"workers": 0}, samples_per_s=1.0, ci_half=0.1,
+        baseline_samples_per_s=1.0, speedup=1.0, kept_baseline=True,
+        fingerprint=fingerprint.current([script]), script_path=script), tmp_path)
+    p = autotune("run", "--plain", "--recipe", str(recipe), "--", script, "--item-ms", "2",
+                 "--max-seconds", "16", "--log-every", "10", cwd=tmp_path,
+                 env=dict(os.environ, AUTOTUNE_RUNS_DIR=str(tmp_path / "runs")), timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    run_dir, = (tmp_path / "runs").iterdir()
+    events, _ = read_events(run_dir)
+    live = [e["breakdown"] for e in events
+            if e["event"] == "fullrun_progress" and e.get("breakdown")]
+    assert live, [e for e in events if e["event"] == "fullrun_progress"]
+    ended = next(e for e in events if e["event"] == "fullrun_ended")
+    whole = breakdown.Breakdown.from_dict(ended.get("breakdown"))
+    assert whole is not None, ended
+    own = [float(d) for d in re.findall(r"share data ([0-9.]+) compute", p.stdout)]
+    assert len(own) >= 3, p.stdout[-2000:]
+    truth = sum(own) / len(own)
+    assert abs(whole.share("data") - truth) <= 0.10, (whole.shares, truth)
+    assert "where the time went: data wait" in event_line(ended)

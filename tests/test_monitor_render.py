@@ -100,6 +100,29 @@ def test_mixed_run_full_run_panel(mixed):
     assert field(text, "trend") == sparkline([300 + 3 * (k % 5) for k in range(12)])
 
 
+def test_the_full_run_panel_and_report_tell_where_its_time_goes(mixed):
+    """Live: the shares since the last report; once ended: the whole run's, in the panel and
+    as a bar of the report's chart."""
+    from autotune.report.html import breakdown_section
+
+    shares = {"data": [0.31, 0.02], "forward": [0.4, 0.03], "backward": [0.2, 0.02],
+              "comm": [0.0, 0.0], "optimizer": [0.05, 0.01], "other": [0.04, 0.01]}
+    evs = [e for e in events("tune_mixed") if e.get("event") not in ("fullrun_ended",
+                                                                       "run_ended")]
+    t = evs[-1]["t"]
+    evs.append({"event": "fullrun_progress", "t": t + 1, "samples_per_s": 300.0, "steps": 130,
+                "samples": 24000, "breakdown": {"shares": shares, "ranks": 1}})
+    running = fold(evs)
+    assert "data wait 31% ±2" in field(screen(running, now=t + 2), "time")
+    assert "time: forward 40%, data wait 31%, backward 20%" in event_line(evs[-1])
+    whole = dict(shares, data=[0.12, 0.01], forward=[0.59, 0.02])
+    evs.append({"event": "fullrun_ended", "t": t + 3, "exit_code": 0,
+                "breakdown": {"shares": whole, "ranks": 1}})
+    ended = fold(evs)
+    assert "data wait 12% ±1" in field(screen(ended, now=t + 4), "time (whole run)")
+    assert "full run: data wait 12%" in breakdown_section(ended)
+
+
 def test_cpu_device_panel_shows_cores_memory_and_loader_workers(mixed):
     text = screen(mixed, now=mixed.last_t)
     cpu = field(text, "cpu")

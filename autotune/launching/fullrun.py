@@ -2,8 +2,10 @@
 
 Ranks start through `autotune.launching.group.start_group` (the same path as probes), their
 output is streamed to our stdout (and kept in the run's logs), and the meter keeps reporting: the
-journal gets ``fullrun_progress`` with live samples/s, and ``fullrun_notes`` with what the group
-says about where the ranks run (collectives on gloo, oversubscribed cores, whether the MPS
+journal gets ``fullrun_progress`` with live samples/s and where the time went since the last
+report (`autotune.measuring.breakdown`, from the meters' cumulative part times), ``fullrun_ended``
+the same over the whole run, and ``fullrun_notes`` with what the group says about where the ranks
+run (collectives on gloo, oversubscribed cores, whether the MPS
 daemon really serves them). SIGINT and SIGTERM are forwarded to every rank's
 process group; a second one escalates to TERM-grace-KILL. When a rank fails, the others are
 stopped, as torchrun does, and its exit code is the run's (the earliest failure is the cause).
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field, replace
 
 from autotune.launching import engines, proc
 from autotune.launching.collector import Collector, for_launcher
-from autotune.measuring import series
+from autotune.measuring import breakdown, series
 from autotune.store.journal import Journal
 from autotune.launching.group import RanksSpec, start_group
 from probes import protocol
@@ -54,20 +56,57 @@ def exit_status(code: int | None) -> int:
 
 
 class _Meter:
-    """Live samples/s of the run from the ranks' cumulative ticks."""
+    """Live samples/s of the run from the ranks' cumulative ticks, and where the time goes."""
 
-    def __init__(self, samples_per_step: int | None):
+    def __init__(self, samples_per_step: int | None, thin_s: float = 5.0):
         self.samples_per_step = samples_per_step
         self.ticks: dict[int, dict] = {}
         self.last: tuple[float, int] | None = None
         self.failed: tuple[int, int] | None = None  # (rank, exit code) of the first to fail
+        # per rank: (time received, cumulative seconds by part), and what clock they are on
+        self.parts: dict[int, list[tuple[float, dict]]] = {}
+        self.clock: dict[int, str] = {}
+        self.thin_s = thin_s  # points older than the last report are kept this far apart
 
     def absorb(self, received) -> None:
         for r in received:
             if r.msg.get("type") == protocol.TICK:
                 self.ticks[r.conn_id] = r.msg
+                self._parts(r.conn_id, r.t, r.msg)
             elif self.failed is None and r.failed_code() is not None:
                 self.failed = (int(r.hello.get("rank", -1)), r.failed_code())
+
+    def _parts(self, conn: int, t: float, msg: dict) -> None:
+        parts = msg.get(protocol.TICK_PARTS)
+        if not isinstance(parts, dict):
+            return
+        clock = msg.get(protocol.TICK_PARTS_CLOCK, "host")
+        if clock != self.clock.get(conn):  # the sums switched to CUDA events: start over
+            self.parts[conn], self.clock[conn] = [], clock
+        self.parts[conn].append((t, parts))
+
+    def breakdown(self, start_t: float | None, end_t: float) -> dict | None:
+        """Where the time went over ``[start_t, end_t]``; from the training's start when None
+        (the first tick with time in a part: start-up before the first batch is no step's)."""
+        ranks = [pts for pts in self.parts.values() if len(pts) >= 2]
+        begun = [t for t in map(_first_work, ranks) if t is not None]
+        if not begun:
+            return None
+        start = min(begun) if start_t is None else start_t
+        clock = next((c for c in self.clock.values() if c != "host"), "host")
+        b = breakdown.from_ticks(ranks, start, end_t, windows=breakdown.MIN_WINDOWS,
+                                 clock=clock)
+        return b.to_dict() if b is not None else None
+
+    def thin(self, before_t: float) -> None:
+        """Points before ``before_t`` kept `thin_s` apart (a long run's memory stays small;
+        the whole run's breakdown needs no more)."""
+        for conn, pts in self.parts.items():
+            kept: list[tuple[float, dict]] = []
+            for p in pts:
+                if p[0] >= before_t or not kept or p[0] - kept[-1][0] >= self.thin_s:
+                    kept.append(p)
+            self.parts[conn] = kept
 
     def totals(self) -> tuple[int, int]:
         """(samples over every rank, the job's steps)."""
@@ -84,6 +123,11 @@ class _Meter:
         if prev is None or now <= prev[0]:
             return None, steps, samples
         return (samples - prev[1]) / (now - prev[0]), steps, samples
+
+
+def _first_work(points: list[tuple[float, dict]]) -> float | None:
+    """When a rank's part times first grew: its first batch asked for."""
+    return next((t for t, parts in points if any(float(v) > 0 for v in parts.values())), None)
 
 
 class _Signals:
@@ -183,10 +227,11 @@ def _supervise(spec: FullRunSpec, signals: _Signals, collector: Collector, journ
     """Waits for every process; returns the run's exit status and what ``fullrun_ended`` adds:
     ``rank`` (the first to fail, when a rank said so) and ``launcher_exit_code`` (an engine's
     own status, when it differs from the rank's)."""
-    meter = _Meter(spec.samples_per_step)
+    meter = _Meter(spec.samples_per_step, thin_s=spec.progress_every_s)
     launched = signals.launched
-    next_report = time.monotonic() + spec.progress_every_s
-    meter.rate(time.monotonic())
+    last_report = time.monotonic()
+    next_report = last_report + spec.progress_every_s
+    meter.rate(last_report)
     first_failure: int | None = None
     stopping = False
     engine = spec.ranks.launcher.kind != "local"
@@ -201,8 +246,10 @@ def _supervise(spec: FullRunSpec, signals: _Signals, collector: Collector, journ
             rate, steps, samples = meter.rate(now)
             if rate is not None and samples:
                 journal.emit("fullrun_progress", samples_per_s=rate, steps=steps,
-                             samples=samples)
+                             samples=samples, breakdown=meter.breakdown(last_report, now))
                 reported = samples
+            meter.thin(last_report)
+            last_report = now
         codes = [lp.poll() for lp in launched]
         if not stopping:
             first_failure = next((c for c in codes if c not in (None, 0)), None)
@@ -225,7 +272,9 @@ def _supervise(spec: FullRunSpec, signals: _Signals, collector: Collector, journ
                              samples=samples)
             code = exit_status(first_failure if first_failure is not None
                                else next((c for c in codes if c != 0), 0))
-            return _rank_said(spec, meter.failed, code)
+            code, ended = _rank_said(spec, meter.failed, code)
+            whole = meter.breakdown(None, time.monotonic())
+            return code, {**ended, **({"breakdown": whole} if whole else {})}
 
 
 def _rank_said(spec: FullRunSpec, failed: tuple[int, int] | None, code: int) -> tuple[int, dict]:

@@ -65,6 +65,9 @@ class FullRun:
     exit_code: int | None = None
     notes: list = field(default_factory=list)  # where its ranks run, whether MPS serves them
     ended_t: float | None = None
+    # where the time went (`Breakdown.to_dict`): since the last report while it runs, over the
+    # whole run once it has ended
+    breakdown: dict | None = None
 
 
 @dataclass
@@ -334,6 +337,8 @@ def _fullrun_progress(s: RunState, ev: dict, t) -> None:
     steps, samples = _num(ev.get("steps")), _num(ev.get("samples"))
     fr.steps = int(steps) if steps is not None else fr.steps
     fr.samples = int(samples) if samples is not None else fr.samples
+    if isinstance(ev.get("breakdown"), dict):
+        fr.breakdown = ev["breakdown"]
     if fr.samples_per_s is not None:
         fr.history.append((t, fr.samples_per_s))
         del fr.history[:-HISTORY_MAX]
@@ -345,6 +350,8 @@ def _fullrun_ended(s: RunState, ev: dict, t) -> None:
     code = ev.get("exit_code")
     s.fullrun.exit_code = int(code) if code is not None else 0
     s.fullrun.ended_t = t
+    if isinstance(ev.get("breakdown"), dict):
+        s.fullrun.breakdown = ev["breakdown"]
 
 
 def _fullrun_notes(s: RunState, ev: dict, t) -> None:

@@ -245,16 +245,20 @@ def _fullrun_progress(ev):
         parts.append(f"step {ev['steps']:,}")
     if ev.get("samples") is not None:
         parts.append(f"{ev['samples']:,} samples")
+    b = Breakdown.from_dict(ev.get("breakdown"))
+    if b is not None and b.short():
+        parts.append(f"time: {b.short()}")
     return " · ".join(parts)
 
 
 def _fullrun_ended(ev):
     line = f"full run ended: exit code {ev.get('exit_code')}"
-    if ev.get("rank") is None:
-        return line
-    engine = ev.get("launcher_exit_code")
-    return line + (f" (rank {ev['rank']}; the launcher returned {engine})" if engine is not None
-                   else f" (rank {ev['rank']})")
+    if ev.get("rank") is not None:
+        engine = ev.get("launcher_exit_code")
+        line += (f" (rank {ev['rank']}; the launcher returned {engine})" if engine is not None
+                 else f" (rank {ev['rank']})")
+    b = Breakdown.from_dict(ev.get("breakdown"))
+    return line + (f"; where the time went: {b.describe()}" if b is not None else "")
 
 
 def fullrun_notes(ev) -> list[str]:

@@ -11,6 +11,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from autotune.measuring.breakdown import Breakdown
 from autotune.measuring.outcome import Outcome
 from autotune.monitor import text as fmt
 from autotune.monitor.state import RUNNING, RunState, TrialRow
@@ -275,6 +276,10 @@ def fullrun_panel(state: RunState, *, now: float) -> Panel | None:
                 f" · instances {fr.instances}" if fr.instances else ""))
         for note in fr.notes:
             grid.add_row("note", Text(note, style="red" if note.startswith("WARNING") else ""))
+        parts = Breakdown.from_dict(fr.breakdown)
+        if parts is not None:
+            grid.add_row("time" if fr.exit_code is None else "time (whole run)",
+                         parts.describe())
         if len(fr.history) > 1:
             grid.add_row("trend", Text(fmt.sparkline([v for _, v in fr.history]),
                                          style="cyan"))

@@ -248,6 +248,8 @@ def breakdown_section(state: RunState) -> str:
     else:
         base = state.trials.get("baseline")
         picks = [("baseline", base), ("best", state.best_row)]
+    if state.fullrun is not None:
+        picks.append(("full run", state.fullrun))
     rows = []
     for label, row in picks:
         b = Breakdown.from_dict(row.breakdown) if row is not None else None
@@ -257,7 +259,8 @@ def breakdown_section(state: RunState) -> str:
     if not rows:
         return ""
     return ("<h2>Where the time goes</h2>" + svg.stacked(rows, chart="breakdown") +
-            "<p class='note'>shares of each rank's wall time over the measured span: waiting "
+            "<p class='note'>shares of each rank's wall time over the measured span (the full "
+            "run: over the whole run once it has ended, else since its last report): waiting "
             "for the next batch, forward (to the backward pass), backward, communication "
             "not hidden behind it, the optimizer step, and the rest</p>")
 
