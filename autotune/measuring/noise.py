@@ -90,7 +90,7 @@ class NoiseEstimate:
     ranks: int = 0
     grad_sq: float | None = None  # |G|^2, per step
     trace_cov: float | None = None  # S, the per-sample gradients' covariance trace
-    skipped: int = 0  # synchronised backward passes not counted (not one batch's gradient)
+    skipped: int = 0  # per rank: synchronised backward passes not counted (not one batch's)
     reason: str = ""
 
     def to_dict(self) -> dict:
@@ -118,6 +118,10 @@ def _grown(points: NoisePoints, start_t: float, end_t: float) -> dict[str, float
     return {k: float(b.get(k, 0.0)) - float(a.get(k, 0.0)) for k in NOISE_FIELDS}
 
 
+def _per_rank(counts: Sequence[float]) -> int:
+    return round(sum(counts) / len(counts)) if counts else 0
+
+
 def fold(per_rank: Sequence[NoisePoints], start_t: float, end_t: float, *, world_size: int,
          samples_per_step: int | None = None, mode: str = "full") -> NoiseEstimate:
     """The noise scale over ``[start_t, end_t]`` (the probe's measured span, controller clock)
@@ -139,7 +143,7 @@ def fold(per_rank: Sequence[NoisePoints], start_t: float, end_t: float, *, world
             f"only {len(reporting)} of {world_size} ranks sent gradient norms"))
     grown = [_grown(pts, start_t, end_t) for pts in reporting]
     if any(g is None or g["steps"] < 1 for g in grown):
-        skipped = sum(int(g["skipped"]) for g in grown if g is not None)
+        skipped = _per_rank([g["skipped"] for g in grown if g is not None])
         why = (f"; {skipped} synchronised backward passes added to an earlier one's gradient "
                f"(accumulation with an allreduce each time) and were not counted"
                if skipped else "")
@@ -155,10 +159,10 @@ def fold(per_rank: Sequence[NoisePoints], start_t: float, end_t: float, *, world
     b_big = sum(batches)
     small = sum(g["local_sq"] / g["steps"] for g in grown) / len(grown)
     big = sum(g["avg_sq"] / g["steps"] for g in grown) / len(grown)
-    steps = round(sum(g["steps"] for g in grown) / len(grown))
+    steps = _per_rank([g["steps"] for g in grown])
     est = NoiseScale()
     est.add(small, big, b_small, b_big, steps=steps)
-    skipped = sum(int(g["skipped"]) for g in grown)
+    skipped = _per_rank([g["skipped"] for g in grown])
     reason = "" if est.value is not None else (
         f"the {steps} steps measured give no positive estimate (|G|^2 {est.grad_sq:.3g}, "
         f"S {est.trace_cov:.3g}): the true gradient is small beside its noise at this batch; "

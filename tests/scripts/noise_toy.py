@@ -3,8 +3,12 @@ synthetic classification set, trained at ``--lr 0`` by default, so its weights, 
 the noise scale, stay where they started. The test builds the same data and model
 (`make_data`, `make_model`) and computes the noise scale from every per-sample gradient.
 
-A small ``--bucket-mb`` cuts the model's gradient into several DDP buckets. Runs until stopped.
+A small ``--bucket-mb`` cuts the model's gradient into several DDP buckets. ``--accumulate K``
+steps the optimizer once every K batches, each backward pass under ``no_sync`` but the last
+(``--no-sync``), or each one allreducing. Runs until stopped.
 """
+
+import contextlib
 
 import argparse
 
@@ -37,6 +41,8 @@ def main():
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=0.0)
     p.add_argument("--bucket-mb", type=float, default=0.004)
+    p.add_argument("--accumulate", type=int, default=1, metavar="K")
+    p.add_argument("--no-sync", action="store_true")
     args = p.parse_args()
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
@@ -49,10 +55,15 @@ def main():
     epoch = 0
     while True:
         sampler.set_epoch(epoch)
-        for xb, yb in loader:
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(xb), yb).backward()
-            opt.step()
+        for k, (xb, yb) in enumerate(loader):
+            last = (k + 1) % args.accumulate == 0
+            quiet = model.no_sync() if args.no_sync and not last else contextlib.nullcontext()
+            with quiet:
+                loss = nn.functional.cross_entropy(model(xb), yb) / args.accumulate
+                loss.backward()
+            if last:
+                opt.step()
+                opt.zero_grad()
         epoch += 1
 
 
