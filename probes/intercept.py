@@ -189,6 +189,14 @@ def _after(norms, fut):
     return value
 
 
+def _then_after(fut, norms):
+    """The hook's future, chained to `_after`; as it was when it cannot be (DDP will say why)."""
+    try:
+        return fut.then(functools.partial(_after, norms))
+    except Exception:  # noqa: BLE001 - not a Future: DDP's own error, not ours
+        return fut
+
+
 class Interceptor:
     """Owns the patches on torch for one process."""
 
@@ -403,7 +411,7 @@ class Interceptor:
                     return hook(state, bucket)
                 norms = meter.noise
                 _try(norms.before, bucket.buffer())  # before the hook divides it in place
-                return hook(state, bucket).then(functools.partial(_after, norms))
+                return _then_after(hook(state, bucket), norms)
             return timed_hook
 
         @functools.wraps(register)
