@@ -4,7 +4,7 @@ against the exact one from per-sample gradients, on a small real model.
 A two-layer MLP classifies synthetic data (a fixed random teacher, label noise). At a few points
 of its training (its weights after 0, 50, 200 SGD steps), the exact noise scale
 ``B_noise = tr(Sigma) / |G|^2`` is computed from every per-sample gradient of a 4,096-sample
-dataset (``torch.func``: vmap over grad); then ``autotune.tuning.goodput.NoiseScale`` estimates
+dataset (``torch.func``: vmap over grad); then ``autotune.measuring.noise.NoiseScale`` estimates
 it as a DDP job's communication hook would see it, from each of ``--ranks`` ranks' local
 gradient over ``--batch`` samples and their average, over ``--steps`` steps of that same
 weight. Prints the ratio estimate / exact for each point.
@@ -23,7 +23,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from autotune.tuning.goodput import NoiseScale  # noqa: E402
+from autotune.measuring.noise import NoiseScale  # noqa: E402
 
 
 def data(n=4096, d=32, classes=10, seed=0):

@@ -166,6 +166,37 @@ def nccl_why_not(torch) -> str:
     return ""
 
 
+def _world_size(model) -> int:
+    """The size of a DDP model's process group (1 when it cannot be told)."""
+    try:
+        return int(model.process_group.size())
+    except Exception:  # noqa: BLE001 - a group we cannot read: no noise scale, nothing broken
+        return 1
+
+
+def _try(fn, *args) -> None:
+    try:
+        fn(*args)
+    except Exception:  # noqa: BLE001 - measuring never breaks a training step
+        pass
+
+
+def _after(norms, fut):
+    """The ``then`` of a hook's future: the averaged bucket's norm, the value passed on as is
+    (an allreduce that failed raises here, as it would have without us)."""
+    value = fut.value()
+    _try(norms.after, value[0] if isinstance(value, (list, tuple)) else value)
+    return value
+
+
+def _then_after(fut, norms):
+    """The hook's future, chained to `_after`; as it was when it cannot be (DDP will say why)."""
+    try:
+        return fut.then(functools.partial(_after, norms))
+    except Exception:  # noqa: BLE001 - not a Future: DDP's own error, not ours
+        return fut
+
+
 class Interceptor:
     """Owns the patches on torch for one process."""
 
@@ -322,6 +353,7 @@ class Interceptor:
         in_step = set()  # optimizers inside their step (steps may nest: a wrapper's)
 
         def before_step(optimizer, args, kwargs):
+            meter.close_backward()
             if not in_step:
                 meter.clock.optimizer_begin()
             in_step.add(id(optimizer))
@@ -345,6 +377,7 @@ class Interceptor:
             meter.clock.backward_begin()
             result = backward(tensor, *args, **kwargs)
             meter.clock.backward_end()
+            meter.close_backward()
             meter.count_backward()
             if not meter.steps:  # weights updated by hand: a backward pass ends the step
                 meter.maybe_stop()
@@ -362,15 +395,23 @@ class Interceptor:
         the later one goes to the dispatcher instead). A model with a built-in (C++) hook
         trains as it would, its communication untimed, and so does one that refuses ours.
         """
-        clock = self.meter.clock
+        meter = self.meter
         register = DDP.register_comm_hook
         builtin = DDP._register_builtin_comm_hook
 
-        def timed(hook):
+        def timed(hook, model):
+            # the gradient noise scale's norms (`probes.noise`): at one rank there is no
+            # second batch to compare with, and they would cost for nothing
+            multi = _world_size(model) > 1
+
             @functools.wraps(hook)
             def timed_hook(state, bucket):
-                clock.bucket_launched()
-                return hook(state, bucket)
+                meter.clock.bucket_launched()
+                if not multi:
+                    return hook(state, bucket)
+                norms = meter.noise
+                _try(norms.before, bucket.buffer())  # before the hook divides it in place
+                return _then_after(hook(state, bucket), norms)
             return timed_hook
 
         @functools.wraps(register)
@@ -381,7 +422,7 @@ class Interceptor:
                 slot[:] = [state, hook]
                 return None
             model._autotune_comm = True
-            return register(model, state, timed(hook))
+            return register(model, state, timed(hook, model))
 
         @functools.wraps(builtin)
         def register_builtin_comm_hook(model, comm_hook_type):
@@ -403,6 +444,7 @@ class Interceptor:
 
         @functools.wraps(forward)
         def ddp_forward(model, *args, **kwargs):
+            meter.close_backward()  # a backward pass not seen to end ends here
             if not getattr(model, "_autotune_comm", False):
                 model._autotune_comm = True
                 try:
@@ -415,7 +457,7 @@ class Interceptor:
                     def autotune_dispatch(state, bucket):
                         return slot[1](slot[0], bucket)
 
-                    register(model, None, timed(autotune_dispatch))
+                    register(model, None, timed(autotune_dispatch, model))
                     model._autotune_slot = slot
                 except Exception:  # noqa: BLE001 - untimed is better than a failed script
                     pass

@@ -16,6 +16,7 @@ import time
 
 from probes import protocol
 from probes.channel import Channel
+from probes.noise import GradNorms
 from probes.parts import StepClock
 
 
@@ -146,6 +147,7 @@ class Meter:
         self.steps = 0
         self.backwards = 0
         self.clock = StepClock()  # where the training time goes (probes.parts)
+        self.noise = GradNorms()  # gradient norms for the noise scale (probes.noise)
         self.last_batch_t = 0.0
         self.last_step_t = 0.0
         self.first_batch_t = 0.0
@@ -214,6 +216,9 @@ class Meter:
             self.tick_first_batch_t = self.tick_first_step_t = 0.0
         fields[protocol.TICK_PARTS] = self.clock.snapshot()
         fields[protocol.TICK_PARTS_CLOCK] = self.clock.clock
+        noise = self.noise.snapshot()
+        if noise["steps"] or noise["skipped"]:
+            fields[protocol.TICK_NOISE] = noise
         fields[protocol.TICK_RSS_PEAK_BYTES] = _read_vm_hwm_bytes()
         fields[protocol.TICK_CUDA_PEAK_BYTES] = _cuda_peak_bytes()
         self.channel.send(protocol.TICK, **fields)
@@ -278,6 +283,13 @@ class Meter:
                 self.last_step_t = time.monotonic()
                 if not self.tick_first_step_t:
                     self.tick_first_step_t = self.last_step_t
+
+    def close_backward(self) -> None:
+        """A backward pass ended: the buckets DDP's hook saw in it make one step's norms."""
+        self._check_fork()
+        with self.lock:
+            samples, steps = self.samples, self.steps
+        self.noise.close(samples=samples, steps=steps)
 
     def maybe_stop(self) -> None:
         """Leave the script at a batch/step boundary when the controller asked for it."""

@@ -17,7 +17,9 @@ Channel, in order:
    controller over it), so seeing one conversation does not help to open another. A hello whose
    ``version`` is not `VERSION` (a rank of another autotune install) is refused, saying so.
 2. The rank sends ``tick`` messages with *cumulative* counters every ``AUTOTUNE_TICK_S``. A lost
-   or late tick loses nothing: the next one carries the totals.
+   or late tick loses nothing: the next one carries the totals. A new tick field (the step
+   parts, the gradient norms) keeps `VERSION`: the reader takes a field that is absent as not
+   measured, and a meter of this version always sends what it measured.
 3. ``seen`` reports what the script asked for (its own batch size, worker count...) and what the
    interception applied; ``error`` reports an uncaught exception (``oom`` flagged); ``bye`` is sent
    when the script ends, with its exit code.
@@ -102,6 +104,14 @@ TICK_FIRST_STEP_T = "first_step_t"
 TICK_PARTS = "parts"  # {part: cumulative host seconds} for each of PARTS (probes.parts)
 PARTS = ("data", "forward", "backward", "comm", "optimizer")
 TICK_PARTS_CLOCK = "parts_clock"  # "host", or "cuda-events": the device's time between events
+# Gradient norms for the noise scale (probes.noise), sent once a DDP rank of a world of more
+# than one has synchronised a backward pass; cumulative over the steps counted: {local_sq: sum
+# of |g_local|^2 (the rank's own gradient, before the allreduce), avg_sq: sum of |g_avg|^2 (the
+# gradient the allreduce returned, the ranks' mean), steps, samples: the samples those local
+# gradients were taken over, skipped: synchronised backward passes that were not one batch's
+# gradient (accumulation with an allreduce each time)}. Absent: not measured.
+TICK_NOISE = "noise"
+NOISE_FIELDS = ("local_sq", "avg_sq", "steps", "samples", "skipped")
 SEEN = "seen"  # {what, requested, applied, note}; what="writes": {paths: [{path, op, existed}]}
 # what="distributed": requested {backend, asked}, applied {world_size, rank} (torch's, once
 #      init_process_group returned)

@@ -112,6 +112,13 @@ def test_a_tick_carries_the_fields_the_protocol_names():
     meter.send_tick()
     assert meter.channel.kind == protocol.TICK
     named = {v for k, v in vars(protocol).items() if k.startswith("TICK_")}
-    assert set(meter.channel.fields) == named and len(named) == 14
+    # the gradient norms only once a DDP rank of a world of two or more measured them
+    assert set(meter.channel.fields) == named - {protocol.TICK_NOISE} and len(named) == 15
     assert meter.channel.fields[protocol.TICK_SAMPLES] == 4
     assert meter.channel.fields[protocol.TICK_STEPS] == 1
+    meter.noise.before(torch.ones(4))
+    meter.noise.after(torch.ones(4))
+    meter.close_backward()
+    meter.send_tick()
+    assert set(meter.channel.fields) == named
+    assert set(meter.channel.fields[protocol.TICK_NOISE]) == set(protocol.NOISE_FIELDS)

@@ -11,7 +11,7 @@ from autotune.monitor import console
 from autotune.store import jsontext, rundir
 from autotune.launching import engines
 from autotune.measuring import bottleneck, breakdown
-from autotune.monitor.text import cost_text, energy_text
+from autotune.monitor.text import cost_text, energy_text, noise_text
 from autotune.commands import common
 from autotune.store.journal import Journal
 from autotune.measuring.outcome import Outcome
@@ -174,5 +174,7 @@ def _print_table(results, v, run_dir, *, plain: bool) -> None:
                       f"{cost_text(r.core_s_per_sample, r.gpu_s_per_sample)}")
         if _measured(r) and r.energy:
             out.print(f"energy per sample ({mode}): {energy_text(r.energy)}")
+        if _measured(r) and r.noise and mode == "full":
+            out.print(f"gradient noise scale ({mode}): {noise_text(r.noise)}")
     out.print(f"verdict: {v.text}")
     out.print(f"run directory: {run_dir}")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune.launching import script_flags, proc
-from autotune.measuring import breakdown, logs, series, steady
+from autotune.measuring import breakdown, logs, noise, series, steady
 from autotune.launching.collector import Collector, for_launcher
 from autotune.measuring.script_facts import Seen
 from autotune.measuring.energy import EnergyMeter
@@ -124,6 +124,7 @@ class TrialResult:
     # joules per sample over the measured span, and where they come from
     # (`autotune.measuring.energy.EnergyPerSample.to_dict`); None when nothing was measured
     energy: dict | None = None
+    noise: dict | None = None  # gradient noise scale (autotune.tuning.goodput), None when not measured
 
     @property
     def foreign_flagged(self) -> bool:
@@ -149,6 +150,7 @@ class _Rank:
     step_points: list = field(default_factory=list)  # (t, cumulative steps)
     part_points: list = field(default_factory=list)  # (t, cumulative seconds by part)
     parts_clock: str = "host"  # what those seconds are (`probes.parts`)
+    noise_points: list = field(default_factory=list)  # (t, cumulative gradient norms)
     error: dict | None = None
     teardown: dict | None = None  # an error after we asked it to stop (a peer left first)
     bye: dict | None = None
@@ -231,6 +233,9 @@ class _Probe:
             if clock != rank.parts_clock:  # the sums switched to CUDA events: start over
                 rank.part_points, rank.parts_clock = [], clock
             rank.part_points.append((float(msg[protocol.TICK_T]) + rank.offset, parts))
+        norms = msg.get(protocol.TICK_NOISE)
+        if isinstance(norms, dict) and protocol.TICK_T in msg:
+            rank.noise_points.append((float(msg[protocol.TICK_T]) + rank.offset, norms))
 
     def _seen(self, msg: dict) -> None:
         self.script.fold(msg)
@@ -489,6 +494,7 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         energy=probe.energy.per_sample(est.start_t, est.end_t, est.samples_per_s *
                                        (est.end_t - est.start_t)).to_dict()
         if has_estimate and probe.energy is not None else None,
+        noise=_noise(probe, est) if has_estimate else None,
         **(_cost(probe, est) if has_estimate else {}), **_pace(probe))
 
 
@@ -517,6 +523,13 @@ def _breakdown(probe: _Probe, est: steady.Estimate) -> dict | None:
                              clock=next((r.parts_clock for r in ranks
                                          if r.parts_clock != "host"), "host"))
     return b.to_dict() if b is not None else None
+
+
+def _noise(probe: _Probe, est: steady.Estimate) -> dict:
+    """The gradient noise scale over the estimate's span (`autotune.measuring.noise`)."""
+    return noise.fold([r.noise_points for r in probe.ranks.values()], est.start_t, est.end_t,
+                      world_size=probe.world_size(), samples_per_step=probe.samples_per_step,
+                      mode=probe.spec.ranks.mode).to_dict()
 
 
 def _pace(probe: _Probe) -> dict:

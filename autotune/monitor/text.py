@@ -321,3 +321,16 @@ def energy_text(e: dict | None) -> str:
         parts.append(f"{label} {j:.3g} J ({source})" if j is not None else
                      f"{label} {source or 'unavailable'}")
     return "; ".join(parts)
+
+
+def noise_text(n: dict | None) -> str:
+    """The gradient noise scale and what it stands on, or why there is none."""
+    if not n:
+        return "not measured"
+    value = n.get("noise_scale")
+    if value is None:
+        return str(n.get("reason") or "not measured")
+    text = (f"B_noise {value:.3g} samples (from {n.get('steps', 0)} steps, {n.get('ranks', 0)} "
+            f"ranks x {n.get('b_small', 0)} = {n.get('b_big', 0)} per step)")
+    return text + (f"; {n['skipped']} accumulated backward passes not counted"
+                   if n.get("skipped") else "")

@@ -1,0 +1,230 @@
+"""The gradient noise scale: the meters' norms in DDP's hook (`probes.noise`), their fold over a
+probe's span (`autotune.measuring.noise`), and a real two-rank probe against the exact noise
+scale from every per-sample gradient."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from autotune.measuring import noise
+from autotune.monitor.text import noise_text
+from conftest import SCRIPTS
+from probes import intercept
+from probes.noise import GradNorms
+
+# -- the fold (controller) ---------------------------------------------------------------------
+
+
+def problem(n=20_000, d=16, seed=0):
+    """Per-sample gradients of linear regression at a fixed weight, and the exact noise scale."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g, dtype=torch.float64)
+    w_true = torch.randn(d, generator=g, dtype=torch.float64)
+    y = x @ w_true + 0.5 * torch.randn(n, generator=g, dtype=torch.float64)
+    w = w_true + 0.3 * torch.randn(d, generator=g, dtype=torch.float64)
+    per_sample = x * (x @ w - y)[:, None]
+    G = per_sample.mean(0)
+    return per_sample, float(((per_sample - G) ** 2).sum(1).mean() / (G @ G))
+
+
+def ticks(per_sample, *, b, ranks, steps, t0=0.0, step_s=0.01, tick_every=25, seed=1,
+          start=None):
+    """What each rank's meter sends: cumulative sums of its local and the averaged squared norm,
+    a tick every ``tick_every`` steps; also the sums added step by step, for comparison."""
+    g = torch.Generator().manual_seed(seed)
+    zero = dict.fromkeys(("local_sq", "avg_sq", "steps", "samples", "skipped"), 0.0)
+    sums = [dict(start[r] if start else zero) for r in range(ranks)]
+    points = [[] for _ in range(ranks)]
+    direct = noise.NoiseScale()
+    for k in range(steps):
+        idx = torch.randint(0, len(per_sample), (ranks, b), generator=g)
+        local = per_sample[idx].mean(1)
+        avg = local.mean(0)
+        direct.add(float((local ** 2).sum(1).mean()), float(avg @ avg), b, b * ranks)
+        for r in range(ranks):
+            s = sums[r]
+            s["local_sq"] += float(local[r] @ local[r])
+            s["avg_sq"] += float(avg @ avg)
+            s["steps"] += 1
+            s["samples"] += b
+            if (k + 1) % tick_every == 0:
+                points[r].append((t0 + (k + 1) * step_s + 0.001 * r, dict(s)))
+    return points, direct
+
+
+def test_the_fold_over_the_span_is_the_ratio_of_means_of_its_steps_and_near_the_truth():
+    per_sample, truth = problem()
+    points, direct = ticks(per_sample, b=8, ranks=2, steps=2000)
+    est = noise.fold(points, 0.0, 20.1, world_size=2)
+    assert est.noise_scale == pytest.approx(direct.value, rel=1e-6)
+    assert (est.steps, est.b_small, est.b_big, est.ranks) == (2000, 8, 16, 2)
+    assert truth / 1.5 <= est.noise_scale <= truth * 1.5, (est.noise_scale, truth)
+    d = est.to_dict()
+    assert set(d) >= {"noise_scale", "steps", "b_small", "b_big"} and "reason" not in d
+
+
+def test_only_the_measured_span_counts():
+    """Warm-up steps of another noise scale before the span are left out."""
+    per_sample, truth = problem()
+    warm, _ = ticks(per_sample + 1.0, b=8, ranks=2, steps=500, tick_every=500)
+    points, direct = ticks(per_sample, b=8, ranks=2, steps=1000, t0=6.0,
+                           start=[w[-1][1] for w in warm])
+    per_rank = [w + p for w, p in zip(warm, points)]
+    est = noise.fold(per_rank, 5.5, 16.1, world_size=2)
+    assert est.steps == 1000
+    assert est.noise_scale == pytest.approx(direct.value, rel=1e-6)
+
+
+def test_without_a_dataloader_the_batch_is_the_known_samples_per_step():
+    per_sample, _ = problem()
+    points, direct = ticks(per_sample, b=8, ranks=2, steps=500)
+    for pts in points:
+        for _, s in pts:
+            s["samples"] = 0
+    assert noise.fold(points, 0.0, 5.1, world_size=2, samples_per_step=8).noise_scale == \
+        pytest.approx(direct.value, rel=1e-6)
+    unknown = noise.fold(points, 0.0, 5.1, world_size=2)
+    assert unknown.noise_scale is None and "batch size is unknown" in unknown.reason
+
+
+@pytest.mark.parametrize("case, said", [
+    ("one rank", "one rank: no second batch"),
+    ("synthetic", "synthetic mode"),
+    ("no norms", "no rank sent gradient norms"),
+    ("one of two", "only 1 of 2 ranks"),
+    ("no step in span", "no rank counted a step"),
+])
+def test_what_cannot_be_measured_says_why(case, said):
+    per_sample, _ = problem()
+    points, _ = ticks(per_sample, b=8, ranks=2, steps=500)
+    est = {"one rank": lambda: noise.fold(points[:1], 0.0, 5.1, world_size=1),
+           "synthetic": lambda: noise.fold(points, 0.0, 5.1, world_size=2, mode="synthetic"),
+           "no norms": lambda: noise.fold([[], []], 0.0, 5.1, world_size=2),
+           "one of two": lambda: noise.fold(points[:1], 0.0, 5.1, world_size=2),
+           "no step in span": lambda: noise.fold(points, 0.0, 0.1, world_size=2)}[case]()
+    assert est.noise_scale is None
+    assert said in est.reason
+    assert est.to_dict()["reason"] == est.reason
+    assert said in noise_text(est.to_dict())
+
+
+def test_the_probe_prints_the_noise_scale_and_what_it_stands_on():
+    text = noise_text({"noise_scale": 137.2, "steps": 900, "b_small": 16, "b_big": 32,
+                       "ranks": 2, "skipped": 0})
+    assert text == "B_noise 137 samples (from 900 steps, 2 ranks x 16 = 32 per step)"
+    assert noise_text(None) == "not measured"
+
+
+# -- the norms (probes) ------------------------------------------------------------------------
+
+
+def bucket_step(norms, local: list[torch.Tensor], avg: list[torch.Tensor]):
+    for t in local:
+        norms.before(t)
+    for t in avg:
+        norms.after(t)
+
+
+def test_a_step_is_the_sum_of_its_buckets_squares_and_its_batch_the_samples_since_the_last():
+    norms = GradNorms()
+    bucket_step(norms, [torch.tensor([3.0, 4.0]), torch.tensor([1.0])],
+                [torch.tensor([1.0, 2.0]), torch.tensor([2.0])])
+    norms.close(samples=16, steps=0)
+    bucket_step(norms, [torch.tensor([2.0])], [torch.tensor([1.0])])
+    norms.close(samples=32, steps=1)
+    assert norms.snapshot() == {"local_sq": 26.0 + 4.0, "avg_sq": 9.0 + 1.0, "steps": 2,
+                                "samples": 32, "skipped": 0}
+
+
+def test_accumulation_under_no_sync_is_one_larger_batch_and_with_allreduce_each_time_skipped():
+    norms = GradNorms()
+    bucket_step(norms, [torch.tensor([1.0])], [torch.tensor([1.0])])
+    norms.close(samples=16, steps=0)  # the first step: one batch
+    norms.close(samples=32, steps=1)  # no_sync: no bucket, nothing counted...
+    bucket_step(norms, [torch.tensor([1.0])], [torch.tensor([1.0])])
+    norms.close(samples=48, steps=1)  # ...and the synchronised pass holds both batches
+    bucket_step(norms, [torch.tensor([1.0])], [torch.tensor([1.0])])
+    norms.close(samples=64, steps=2)  # accumulation with an allreduce each time: the first...
+    bucket_step(norms, [torch.tensor([5.0])], [torch.tensor([5.0])])
+    norms.close(samples=80, steps=2)  # ...counts, the next adds to its average: skipped
+    got = norms.snapshot()
+    assert (got["steps"], got["samples"], got["skipped"]) == (3, 16 + 32 + 16, 1)
+    assert got["local_sq"] == 3.0
+
+
+def test_a_step_missing_an_averaged_bucket_is_skipped():
+    norms = GradNorms()
+    bucket_step(norms, [torch.tensor([1.0]), torch.tensor([1.0])], [torch.tensor([1.0])])
+    norms.close(samples=16, steps=0)
+    assert norms.snapshot()["steps"] == 0 and norms.snapshot()["skipped"] == 1
+
+
+def test_the_hooks_future_passes_its_value_on_after_the_norm_and_its_error_too():
+    norms = GradNorms()
+    fut = torch.futures.Future()
+    chained = fut.then(lambda f: intercept._after(norms, f))
+    value = torch.tensor([0.6, 0.8])
+    fut.set_result(value)
+    assert chained.wait() is value
+    assert norms._after and float(norms._after[0]) == pytest.approx(1.0)
+    failed = torch.futures.Future()
+    chained = failed.then(lambda f: intercept._after(norms, f))
+    failed.set_exception(RuntimeError("allreduce failed"))
+    with pytest.raises(RuntimeError, match="allreduce failed"):
+        chained.wait()
+
+
+# -- a real probe ------------------------------------------------------------------------------
+
+
+def exact_noise_scale() -> float:
+    """B_noise = tr(Sigma) / |G|^2 of noise_toy's model at its starting weights, from every
+    per-sample gradient of its data set."""
+    from torch.func import functional_call, grad, vmap
+
+    spec = importlib.util.spec_from_file_location("noise_toy", SCRIPTS / "noise_toy.py")
+    toy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(toy)
+    x, y = toy.make_data()
+    model = toy.make_model()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss(p, xi, yi):
+        return torch.nn.functional.cross_entropy(functional_call(model, p, (xi[None],)), yi[None])
+
+    g = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
+    g = torch.cat([v.reshape(len(x), -1) for v in g.values()], 1).double()
+    G = g.mean(0)
+    return float(((g - G) ** 2).sum(1).mean() / (G @ G))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("accumulate", ["", "no_sync", "allreduce each time"])
+def test_a_two_rank_probe_estimates_the_noise_scale_within_a_factor_of_2(tmp_path, accumulate):
+    """Two DDP ranks of an MLP held at its starting weights (lr 0), its gradient cut into
+    several buckets: the probe's noise scale is within 2x of the exact one. Accumulating two
+    batches per step under ``no_sync`` makes each step one batch of twice the size; with an
+    allreduce each time, only the first pass after a step counts."""
+    extra = {"": [], "no_sync": ["--accumulate", "2", "--no-sync"],
+             "allreduce each time": ["--accumulate", "2"]}[accumulate]
+    r = subprocess.run([sys.executable, "-m", "autotune", "probe", "--json", "--modes", "full",
+                        "--instances", "2", "--seconds", "15", "--runs-dir", str(tmp_path),
+                        str(SCRIPTS / "noise_toy.py"), "--batch-size", "16", *extra],
+                       capture_output=True, text=True, timeout=120)
+    full = json.loads(r.stdout)["modes"]["full"]
+    assert full["outcome"] in ("ok", "foreign-load"), full["reason"]
+    got = full["noise"]
+    b = 32 if accumulate == "no_sync" else 16
+    assert (got["b_small"], got["b_big"], got["ranks"]) == (b, 2 * b, 2), got
+    assert got["steps"] >= 200, got
+    if accumulate == "allreduce each time":
+        assert abs(got["skipped"] - got["steps"]) <= 0.05 * got["steps"], got
+    else:
+        assert got["skipped"] == 0, got
+    truth = exact_noise_scale()
+    assert got["noise_scale"] is not None, got
+    assert truth / 2 <= got["noise_scale"] <= truth * 2, (got, truth)
