@@ -124,6 +124,7 @@ class TrialResult:
     # joules per sample over the measured span, and where they come from
     # (`autotune.measuring.energy.EnergyPerSample.to_dict`); None when nothing was measured
     energy: dict | None = None
+    noise: dict | None = None  # gradient noise scale (autotune.tuning.goodput), None when not measured
 
     @property
     def foreign_flagged(self) -> bool:
