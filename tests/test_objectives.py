@@ -1,0 +1,247 @@
+"""``--objective``: each config's score, the Pareto front and its pick (pure), and the search
+driven by each objective against a fake probe (a real Optuna study, no processes)."""
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+from autotune import UsageError
+from autotune.measuring.outcome import Outcome
+from autotune.tuning import decision, goodput, objective
+from autotune.tuning import study as studies
+from autotune.tuning.decision import Measured
+from autotune.tuning.objective import Kind, Objective, Point, Scorer
+from test_study import SEEN, FakeProbe, events, machine, tune  # noqa: F401 - a fixture
+
+GOODPUT = Objective.parse("goodput")
+ENERGY = Objective.parse("energy")
+BOTH = Objective.parse("throughput,energy")
+
+
+# -- parsing --------------------------------------------------------------------------------------
+def test_objectives_parse_once_into_a_typed_value():
+    assert Objective.parse("throughput") == objective.THROUGHPUT
+    assert Objective.parse(" Throughput , ENERGY ").kinds == (Kind.THROUGHPUT, Kind.ENERGY)
+    assert BOTH.multi and BOTH.uses_energy and not BOTH.prunes and BOTH.token == \
+        "throughput,energy"
+    assert GOODPUT.prunes and not ENERGY.prunes and not GOODPUT.multi
+
+
+@pytest.mark.parametrize("bad", ["speed", "energy,throughput", "goodput,energy", ""])
+def test_an_unknown_objective_is_a_usage_error_naming_the_choices(bad):
+    with pytest.raises(UsageError, match=r"--objective: must be one of throughput, goodput, "
+                                         r"energy, throughput,energy, got"):
+        Objective.parse(bad)
+
+
+# -- scores ---------------------------------------------------------------------------------------
+def test_goodput_scales_the_throughput_and_its_interval_by_the_efficiency():
+    s = Scorer(GOODPUT, batch0=32, noise_scale=64.0)
+    cfg = {"batch_size": 64, "instances": 2}  # a global batch of 128
+    eff = goodput.efficiency(128, 32, 64.0)
+    assert eff == pytest.approx(96 / 192)
+    sc = s.score(200.0, 10.0, cfg)
+    assert sc.value == pytest.approx(200 * eff) and sc.ci_half == pytest.approx(10 * eff)
+    assert sc.efficiency == pytest.approx(eff) and sc.noise_scale == 64.0
+    assert s.factor(cfg) == pytest.approx(eff)
+    # the script's own batch keeps its throughput; without B_noise goodput is throughput
+    assert s.score(100.0, 5.0, {"batch_size": 32}).value == pytest.approx(100.0)
+    plain = Scorer(GOODPUT, batch0=32).score(200.0, 10.0, cfg)
+    assert plain.value == 200.0 and plain.efficiency is None
+    # throughput ignores B_noise even when one is known
+    assert Scorer(objective.THROUGHPUT, 32, 64.0).score(200.0, 10.0, cfg).value == 200.0
+
+
+def test_energy_scores_samples_per_joule_of_what_is_readable():
+    e = {"gpu_j_per_sample": 0.3, "cpu_j_per_sample": 0.2, "gpu": "NVML energy counter",
+         "cpu": "RAPL package energy"}
+    sc = Scorer(ENERGY).score(100.0, 5.0, {}, e)
+    assert sc.j_per_sample == pytest.approx(0.5) and sc.value == pytest.approx(2.0)
+    assert sc.ci_half == pytest.approx(2.0 * 5.0 / 100.0)  # as wide, relatively, as samples/s
+    cpu_only = {**e, "gpu_j_per_sample": None, "gpu": "unavailable: no GPU in use"}
+    assert Scorer(ENERGY).score(100.0, 5.0, {}, cpu_only).value == pytest.approx(5.0)
+    none = {"gpu_j_per_sample": None, "cpu_j_per_sample": None,
+            "gpu": "unavailable: no GPU in use",
+            "cpu": "unavailable: /sys/class/powercap does not exist (no RAPL driver here)"}
+    assert Scorer(ENERGY).score(100.0, 5.0, {}, none).value is None
+    assert objective.energy_why(none) == ("GPU: no GPU in use; CPU package: /sys/class/powercap "
+                                          "does not exist (no RAPL driver here)")
+    assert "no span" in objective.energy_why(None)
+    # the pair: the study gets both; without energy it cannot be told
+    both = Scorer(BOTH)
+    assert both.values(both.score(100.0, 5.0, {}, e)) == [100.0, pytest.approx(2.0)]
+    assert both.values(both.score(100.0, 5.0, {}, none)) is None and both.failed() == [0, 0]
+
+
+def test_the_noise_scale_over_the_most_steps_is_used():
+    assert objective.noise_of([None, {"noise_scale": None, "reason": "one rank"}]) == (None, 0)
+    assert objective.noise_of([{"noise_scale": 50.0, "steps": 10},
+                               {"noise_scale": 80.0, "steps": 40},
+                               {"noise_scale": -3.0, "steps": 99}]) == (80.0, 40)
+
+
+# -- the Pareto front -----------------------------------------------------------------------------
+def test_the_front_keeps_only_undominated_configs_fastest_first():
+    pts = [Point("a", {}, 100, 5.0), Point("b", {}, 80, 6.0), Point("c", {}, 70, 5.5),
+           Point("d", {}, 120, 2.0), Point("e", {}, 100, 4.0)]
+    assert [p.name for p in objective.front(pts)] == ["d", "a", "b"]
+
+
+def test_the_pick_is_the_fastest_within_ten_percent_of_the_best_samples_per_joule():
+    pts = [Point("fast", {}, 200, 4.0), Point("mid", {}, 150, 9.2), Point("frugal", {}, 90, 10.0)]
+    assert objective.pick(pts).name == "mid"  # 9.2 >= 0.9 x 10
+    assert objective.pick(pts, within_rel=0.7).name == "fast"  # 4.0 >= 0.3 x 10
+    assert objective.pick(pts, within_rel=0.0).name == "frugal"
+    assert objective.pick([]) is None
+
+
+def test_two_objectives_win_only_better_on_one_and_not_worse_on_the_other():
+    rounds = 3
+    base = [Measured(100.0, 1.0)] * rounds
+    faster = [Measured(130.0, 1.0)] * rounds
+    e_base = [Measured(10.0, 0.1)] * rounds
+    d = decision.decide_pair({"baseline": base, "x": faster},
+                             {"baseline": e_base, "x": [Measured(10.1, 0.1)] * rounds},
+                             "baseline")
+    assert d.winner == "x" and not d.kept_baseline and d.speedup == pytest.approx(1.3)
+    assert "+30.0% samples/s" in d.reason
+    # faster, but each sample costs 40% more energy: not a winner of the pair
+    d = decision.decide_pair({"baseline": base, "x": faster},
+                             {"baseline": e_base, "x": [Measured(6.0, 0.1)] * rounds},
+                             "baseline")
+    assert d.kept_baseline and d.winner == "baseline"
+    # slower within the noise, clearly more frugal: wins on samples/J
+    d = decision.decide_pair({"baseline": base, "x": [Measured(99.0, 1.0)] * rounds},
+                             {"baseline": e_base, "x": [Measured(14.0, 0.1)] * rounds},
+                             "baseline")
+    assert d.winner == "x" and "samples/J beyond the noise" in d.reason
+
+
+# -- the search on each objective (fake probes) ---------------------------------------------------
+def bigger_is_faster(knobs):
+    """Throughput grows with the batch (the trap goodput avoids)."""
+    return 100.0 * (1 + knobs["batch_size"] / 32) * (1.2 if knobs["threads"] == 1 else 1.0)
+
+
+class NoisyDdp(FakeProbe):
+    """Data-parallel ranks that measure the gradient noise scale."""
+
+    def __init__(self, rate, noise_scale, **kw):
+        super().__init__(rate, ddp=True, **kw)
+        self.noise_scale = noise_scale
+
+    def __call__(self, spec, **kw):
+        r = super().__call__(spec, **kw)
+        noise = {"noise_scale": self.noise_scale, "steps": 40, "b_small": 16, "b_big": 32} \
+            if spec.ranks.instances > 1 else {"noise_scale": None, "reason": "one rank"}
+        return dataclasses.replace(r, noise=noise)
+
+
+def test_goodput_fixes_b_noise_from_the_two_rank_probe_and_scores_the_study(tmp_path, machine):
+    fake = NoisyDdp(bigger_is_faster, noise_scale=8.0)
+    report, t, run_dir = tune(tmp_path, fake, trials=8, objective="goodput",
+                              space_tokens=("batch_size=8:64",), fix_tokens=("bucket_mb=25",))
+    assert report.objective == "goodput"
+    assert "B_noise 8 (over 40 steps), fixed for the search" in report.objective_note
+    base_batch = 16  # SEEN: the script's own batch at one rank
+    h = studies.open_study(studies.sqlite_url(run_dir / "study.db"),
+                           f"autotune-{run_dir.name}", run_id=run_dir.name)
+    scored = [t for t in h.trials() if studies.comparable(t)]
+    assert len(scored) >= 4
+    for tr in scored:  # each value is samples/s x the efficiency of its global batch
+        k = tr.user_attrs["knobs"]
+        eff = goodput.efficiency(k["batch_size"] * k.get("instances", 1), base_batch, 8.0)
+        assert tr.value == pytest.approx(tr.user_attrs["samples_per_s"] * eff)
+        assert tr.user_attrs["score_ci_half"] == pytest.approx(tr.user_attrs["ci_half"] * eff)
+    best = report.score["best"]
+    assert best["efficiency"] is not None and best["noise_scale"] == 8.0
+    # the fastest config in samples/s (the largest batch) is not the goodput winner
+    assert report.best.knobs["batch_size"] * report.best.knobs.get("instances", 1) <= 32
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["objective"] == "goodput" and summary["score"]["best"]["efficiency"]
+
+
+def test_goodput_without_a_data_parallel_trial_says_it_scored_throughput(tmp_path, machine):
+    fake = FakeProbe(bigger_is_faster)  # ranks train alone: no noise scale ever
+    report, _, _ = tune(tmp_path, fake, trials=4, objective="goodput", confirm_rounds=1,
+                        space_tokens=("batch_size=8:64",))
+    assert report.objective_note.startswith("goodput needs a data-parallel trial: scored as "
+                                            "throughput")
+    assert report.score["best"]["efficiency"] is None
+    assert "goodput needs a data-parallel trial" in " ".join(report.notes)
+
+
+def joules(knobs):
+    """Small batches burn more per sample, one thread saves; 2 workers cost a lot."""
+    return 0.5 * 32 / knobs["batch_size"] * (0.7 if knobs["threads"] == 1 else 1.0) * \
+        (3.0 if knobs["workers"] == 2 else 1.0)
+
+
+class Metered(FakeProbe):
+    """A probe whose meter read CPU package energy (or, with ``readable=False``, none)."""
+
+    def __init__(self, rate, j, *, readable=True, **kw):
+        super().__init__(rate, **kw)
+        self.j, self.readable = j, readable
+
+    def __call__(self, spec, **kw):
+        r = super().__call__(spec, **kw)
+        knobs = {**SEEN, "threads": 2, **spec.ranks.knobs}
+        e = {"gpu_j_per_sample": None, "gpu": "unavailable: no GPU in use",
+             "cpu_j_per_sample": self.j(knobs) if self.readable else None,
+             "cpu": "RAPL package energy" if self.readable else
+             "unavailable: /sys/class/powercap does not exist (no RAPL driver here)"}
+        return dataclasses.replace(r, energy=e)
+
+
+def workers_fast(knobs):
+    return 100.0 * (1 + knobs["workers"]) * (1 + knobs["batch_size"] / 1024)
+
+
+def test_energy_search_maximises_samples_per_joule(tmp_path, machine):
+    fake = Metered(workers_fast, joules)
+    report, _, run_dir = tune(tmp_path, fake, trials=10, objective="energy",
+                              space_tokens=("batch_size=16:64",), fix_tokens=("instances=1",))
+    h = studies.open_study(studies.sqlite_url(run_dir / "study.db"),
+                           f"autotune-{run_dir.name}", run_id=run_dir.name)
+    for tr in (t for t in h.trials() if studies.comparable(t)):
+        k = {**SEEN, **tr.user_attrs["knobs"]}
+        threads = 1 if k.get("thread_pct") == 50 else 2
+        assert tr.value == pytest.approx(1 / joules({**k, "threads": threads}))
+    assert not any(e["trial"].startswith("trial") for e in events(run_dir, "trial_pruned"))
+    # the fastest (2 workers) spends 3x the energy: the winner runs without them
+    assert report.best.knobs["workers"] != 2 and not report.kept_baseline
+    assert report.score["best"]["samples_per_j"] > report.score["baseline"]["samples_per_j"]
+
+
+def test_energy_objective_without_a_baseline_reading_stops_before_the_search(tmp_path, machine):
+    fake = Metered(workers_fast, joules, readable=False)
+    with pytest.raises(UsageError, match=r"--objective energy: the baseline probe read no energy "
+                                         r"\(GPU: no GPU in use; CPU package: /sys/class/"
+                                         r"powercap does not exist"):
+        tune(tmp_path, fake, trials=6, objective="energy", fix_tokens=("instances=1",))
+    assert [s.ranks.name for s in fake.specs] == ["baseline"]
+
+
+def test_two_objectives_make_a_multi_objective_study_and_a_pareto_pick(tmp_path, machine):
+    fake = Metered(workers_fast, joules)
+    report, _, run_dir = tune(tmp_path, fake, trials=10, objective="throughput,energy",
+                              confirm_rounds=1, space_tokens=("batch_size=16:64",),
+                              fix_tokens=("instances=1",))
+    h = studies.open_study(studies.sqlite_url(run_dir / "study.db"),
+                           f"autotune-{run_dir.name}", run_id=run_dir.name, objectives=2,
+                           prune=False)
+    assert len(h.study.directions) == 2
+    done = [t for t in h.trials() if studies.comparable(t)]
+    assert len(done) >= 5 and all(len(t.values) == 2 for t in done)
+    front = report.pareto
+    assert front and sum(p["picked"] for p in front) <= 1
+    pts = [Point(p["name"], p["knobs"], p["samples_per_s"], p["samples_per_j"]) for p in front]
+    assert objective.front(pts) == pts  # nothing on it dominates another
+    pick = objective.pick(pts)
+    assert any(p["picked"] and p["name"] == pick.name for p in front) or pick.name == "baseline"
+    ev = events(run_dir, "pareto")[-1]
+    assert ev["picked"] == pick.name and len(ev["points"]) >= len(ev["front"])
+    assert not any(math.isnan(p["samples_per_j"]) for p in ev["points"])
