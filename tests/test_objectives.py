@@ -245,3 +245,97 @@ def test_two_objectives_make_a_multi_objective_study_and_a_pareto_pick(tmp_path,
     ev = events(run_dir, "pareto")[-1]
     assert ev["picked"] == pick.name and len(ev["points"]) >= len(ev["front"])
     assert not any(math.isnan(p["samples_per_j"]) for p in ev["points"])
+
+
+# -- end to end, as a user runs it (real training on the CPU) ------------------------------------
+import os  # noqa: E402
+
+from conftest import SCRIPTS, assert_one_error_line, autotune  # noqa: E402
+from fakes.rapl import growing_powercap  # noqa: E402
+
+TOY = str(SCRIPTS / "tune_toy.py")
+# one rank, no workers: the baseline and two probes of batch size or threads
+SHORT = ["--plain", "--json", "--foreign-limit", "1000", "--trials", "3", "--seconds", "6",
+         "--confirm-rounds", "1", "--confirm-seconds", "5", "--space", "batch_size=8:32",
+         "--fix", "workers=0", "instances=1"]
+
+
+def _env(**extra):
+    return {**os.environ, **extra}
+
+
+def _summary(p):
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_energy_objective_without_any_counter_is_one_error_before_anything_runs(tmp_path):
+    p = autotune("tune", "--objective", "energy", "--", TOY, cwd=tmp_path, timeout=60,
+                 env=_env(AUTOTUNE_RAPL_ROOT=str(tmp_path / "no-powercap"),
+                          AUTOTUNE_RUNS_DIR=str(tmp_path / "runs")))
+    assert_one_error_line(p, "--objective energy: no energy counter can be read here",
+                          "no-powercap does not exist")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_unknown_objective_is_one_error_line(tmp_path):
+    p = autotune("wrap", "--objective", "watts", "--", TOY, cwd=tmp_path, timeout=60)
+    assert_one_error_line(p, "--objective", "'watts'", "throughput,energy")
+
+
+@pytest.mark.slow
+def test_tune_for_energy_reads_the_rapl_counter_and_keeps_samples_per_joule(tmp_path):
+    with growing_powercap(tmp_path / "powercap", watts=20.0) as root:
+        p = autotune("tune", *SHORT, "--objective", "energy", "--recipe-dir",
+                     str(tmp_path / "recipes"), "--", TOY, cwd=tmp_path, timeout=240,
+                     env=_env(AUTOTUNE_RAPL_ROOT=str(root),
+                              AUTOTUNE_RUNS_DIR=str(tmp_path / "runs")))
+    s = _summary(p)
+    assert s["objective"] == "energy"
+    best, base = s["score"]["best"], s["score"]["baseline"]
+    # 20 W over whatever the config trains: J/sample = 20 / (samples/s), within the meter's span
+    for sc in (best, base):
+        assert sc["j_per_sample"] == pytest.approx(20.0 / sc["samples_per_s"], rel=0.25)
+        assert sc["value"] == pytest.approx(sc["samples_per_j"])
+    shown = autotune("recipes", "show", s["recipe"], cwd=tmp_path, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "objective: energy" in shown.stdout and "J/sample" in shown.stdout
+
+
+@pytest.mark.slow
+def test_tune_for_throughput_and_energy_lists_and_draws_the_pareto_front(tmp_path):
+    with growing_powercap(tmp_path / "powercap", watts=20.0) as root:
+        p = autotune("tune", *SHORT, "--objective", "throughput,energy", "--recipe-dir",
+                     str(tmp_path / "recipes"), "--", TOY, cwd=tmp_path, timeout=240,
+                     env=_env(AUTOTUNE_RAPL_ROOT=str(root),
+                              AUTOTUNE_RUNS_DIR=str(tmp_path / "runs")))
+    s = _summary(p)
+    assert s["objective"] == "throughput,energy"
+    front = s["pareto"]
+    assert front and all(p["samples_per_j"] > 0 for p in front)
+    pts = [Point(p["name"], p["knobs"], p["samples_per_s"], p["samples_per_j"]) for p in front]
+    assert objective.front(pts) == pts
+    recipe = (tmp_path / "recipes").glob("*.toml").__next__().read_text()
+    assert "[objective]" in recipe and 'name = "throughput,energy"' in recipe and "front" in recipe
+    rep = autotune("report", s["run_dir"], cwd=tmp_path, timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    html = (tmp_path / "runs").glob("*/report.html").__next__().read_text()
+    assert "Pareto front" in html and 'data-chart="pareto"' in html
+    assert html.count('class="front"') == len(front)
+
+
+@pytest.mark.slow
+def test_tune_for_goodput_on_a_script_that_never_trains_data_parallel_falls_back(tmp_path):
+    # instances left free: a probe of two ranks finds the script training alone
+    args = [a for a in SHORT if a != "instances=1"] + ["--confirm-rounds", "0"]
+    p = autotune("tune", *args, "--objective", "goodput", "--recipe-dir",
+                 str(tmp_path / "recipes"), "--", TOY, cwd=tmp_path, timeout=240,
+                 env=_env(AUTOTUNE_RUNS_DIR=str(tmp_path / "runs")))
+    s = _summary(p)
+    assert s["objective"] == "goodput"
+    assert s["objective_note"].startswith("goodput needs a data-parallel trial: scored as "
+                                          "throughput")
+    assert "saw them train alone" in s["objective_note"]  # why: the two-rank probe's answer
+    assert s["space"]["domains"].get("instances", [1]) == [1]
+    assert "goodput needs a data-parallel trial: scored as throughput" in p.stderr
+    assert s["score"]["best"]["efficiency"] is None

@@ -232,10 +232,11 @@ class Tuner:
             return scorer, ("goodput: no gradient noise scale measured yet (a data-parallel "
                             "trial measures it): configs score as throughput until one has")
         if value is None:
+            alone = "instances: fixed at 1: "  # the space's note, when it says why
             why = next((n.get("reason") for n in (st.baseline.noise, ranks, *noises)
                         if n and n.get("reason")), "") or \
-                ("every trial ran one rank" if not st.space.domains.get("instances") or
-                 max(st.space.domains["instances"]) < 2 else "no data-parallel trial measured it")
+                next((n[len(alone):].split("; --space")[0] for n in st.space.notes
+                      if n.startswith(alone)), "") or "no data-parallel trial measured it"
             return scorer, (f"goodput needs a data-parallel trial: scored as throughput "
                             f"(no gradient noise scale measured: {why})")
         tail = ("fixed for the search" if before is not None else
