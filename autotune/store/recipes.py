@@ -48,12 +48,13 @@ from pathlib import Path
 from autotune import __version__
 from autotune.measuring.breakdown import ALL_PARTS
 from autotune.store import fingerprint, rundir
-from autotune.tuning import space
+from autotune.tuning import objective, space
 from autotune import RecipeError
 
 SCHEMA_VERSION = 1
 DEFAULT_DIR = "recipes"
 
+_OBJECTIVE = f"one of {', '.join(objective.CHOICES)}"  # the kind of [objective] name
 # Every field a recipe may hold: section ("" for the top level) -> field -> (kind, required).
 # A section marked None is a table whose every value has that kind ([knobs], [baseline]).
 _FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
@@ -74,7 +75,7 @@ _FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
                 "bound_samples_per_s": ("int or float", False),
                 "full_share_of_bound": ("int or float", False)},
     "job": {"global_batch": ("a whole number >= 1", False)},
-    "objective": {"name": ("str", False), "note": ("str", False),
+    "objective": {"name": (_OBJECTIVE, False), "note": ("str", False),
                   "score": ("int or float", False), "efficiency": ("int or float", False),
                   "noise_scale": ("int or float", False),
                   "j_per_sample": ("int or float", False),
@@ -99,6 +100,7 @@ _KINDS = {
     "int": _is_int, "str": lambda v: isinstance(v, str), "bool": lambda v: isinstance(v, bool),
     "int or float": lambda v: _is_int(v) or isinstance(v, float),
     "list of str": lambda v: isinstance(v, list) and all(isinstance(a, str) for a in v),
+    _OBJECTIVE: lambda v: v in objective.CHOICES,
     "a whole number >= 0": lambda v: _is_int(v) and v >= 0,
     "a whole number >= 1": lambda v: _is_int(v) and v >= 1,
     "a [share, half-width] pair": lambda v: isinstance(v, list) and len(v) == 2 and all(
