@@ -163,6 +163,31 @@ def test_goodput_fixes_b_noise_from_the_two_rank_probe_and_scores_the_study(tmp_
     assert summary["objective"] == "goodput" and summary["score"]["best"]["efficiency"]
 
 
+class NoisyLater(NoisyDdp):
+    """The two-rank probe of the baseline stage measures no noise scale; the search's do."""
+
+    def __call__(self, spec, **kw):
+        r = super().__call__(spec, **kw)
+        return r if spec.ranks.name.startswith("trial") else dataclasses.replace(r, noise=None)
+
+
+def test_goodput_measured_only_in_the_search_rescores_the_confirmation_not_the_study(
+        tmp_path, machine):
+    fake = NoisyLater(bigger_is_faster, noise_scale=8.0)
+    report, _, run_dir = tune(tmp_path, fake, trials=8, objective="goodput",
+                              space_tokens=("batch_size=8:64",), fix_tokens=("bucket_mb=25",))
+    assert "measured during the search, which was steered by throughput" in \
+        report.objective_note
+    h = studies.open_study(studies.sqlite_url(run_dir / "study.db"),
+                           f"autotune-{run_dir.name}", run_id=run_dir.name)
+    for tr in (t for t in h.trials() if studies.comparable(t)):  # the study: throughput
+        assert tr.value == pytest.approx(tr.user_attrs["samples_per_s"])
+    # the confirmation compared goodput: the largest global batch (fastest) is not chosen
+    assert report.score["best"]["noise_scale"] == 8.0
+    assert report.best.knobs["batch_size"] * report.best.knobs.get("instances", 1) <= 32, \
+        report.best.knobs
+
+
 def test_goodput_without_a_data_parallel_trial_says_it_scored_throughput(tmp_path, machine):
     fake = FakeProbe(bigger_is_faster)  # ranks train alone: no noise scale ever
     report, _, _ = tune(tmp_path, fake, trials=4, objective="goodput", confirm_rounds=1,

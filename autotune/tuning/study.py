@@ -58,7 +58,7 @@ def comparable(t: FrozenTrial) -> bool:
 
 def best_comparable(trials: list[FrozenTrial]) -> FrozenTrial | None:
     ok = [t for t in trials if comparable(t)]
-    return max(ok, key=lambda t: t.value, default=None)
+    return max(ok, key=lambda t: t.values[0], default=None)
 
 
 def best_floor(trials: list[FrozenTrial]) -> float | None:
@@ -70,7 +70,7 @@ def best_floor(trials: list[FrozenTrial]) -> float | None:
         if comparable(t):
             ci = t.user_attrs.get("score_ci_half", t.user_attrs.get("ci_half"))
             if isinstance(ci, (int, float)) and ci == ci and ci != float("inf"):
-                floors.append(t.value - ci)
+                floors.append(t.values[0] - ci)  # a two-objective study: its samples/s
     return max(floors, default=None)
 
 
