@@ -203,6 +203,8 @@ class Search:
         if not t.state.is_finished():
             return None  # still running (here or in another tuner): not an answer yet
         self.learned.add(t.number)
+        if t.user_attrs.get("noise"):  # a resumed run (or another tuner) measured B_noise
+            self.noises.append(t.user_attrs["noise"])
         known = Known.of_trial(t)
         if known is None:
             return None
@@ -213,7 +215,8 @@ class Search:
         return key
 
     # -- one trial ------------------------------------------------------------------------------
-    def _objective(self, trial: studies.Trial) -> float:
+    def _objective(self, trial: studies.Trial) -> float | list[float]:
+        """The trial's value: its score (`objective.Scorer.values`; two for two objectives)."""
         sp = self.space
         trial.set_user_attr("run", self.run_id)
         choice = {n: sp.domains[n][trial.suggest_int(n, 0, len(sp.domains[n]) - 1)]
@@ -245,7 +248,7 @@ class Search:
         self.duplicate_streak = 0
         return self._measure(trial, cfg, key, label)
 
-    def _record_baseline(self, trial, cfg):
+    def _record_baseline(self, trial, cfg) -> float | list[float]:
         b = self.state.baseline
         known = Known(trial.number, Outcome.OK, b.samples_per_s, b.ci_half, dict(cfg), b.energy)
         score = self._score(known)
@@ -263,7 +266,7 @@ class Search:
         self.convergence.update(score.value)
         return value
 
-    def _replay(self, trial, known: Known) -> float:
+    def _replay(self, trial, known: Known) -> float | list[float]:
         """A config already answered: the same answer, without a probe."""
         self.duplicate_streak += 1
         trial.set_user_attr("duplicate_of", known.number)
@@ -282,7 +285,7 @@ class Search:
                                         f"energy reading")
         return value
 
-    def _measure(self, trial, cfg, key, label) -> float:
+    def _measure(self, trial, cfg, key, label) -> float | list[float]:
         reported: list[float] = []
         pruner = self.handle.pruner
         factor = self.scorer.factor(cfg)  # goodput's efficiency: the interval scales alike
