@@ -267,6 +267,13 @@ def test_two_objectives_make_a_multi_objective_study_and_a_pareto_pick(tmp_path,
     assert objective.front(pts) == pts  # nothing on it dominates another
     pick = objective.pick(pts)
     assert any(p["picked"] and p["name"] == pick.name for p in front) or pick.name == "baseline"
+    from autotune.commands.tune import objective_lines, objective_parts
+
+    lines = objective_lines(report)
+    assert lines[0] == "objective: throughput,energy" and any(
+        ln.startswith("Pareto front (") for ln in lines)
+    assert sum(ln.startswith("  * ") for ln in lines) == sum(p["picked"] for p in front)
+    assert len(objective_parts(report)["front"]) == len(front)
     ev = events(run_dir, "pareto")[-1]
     assert ev["picked"] == pick.name and len(ev["points"]) >= len(ev["front"])
     assert not any(math.isnan(p["samples_per_j"]) for p in ev["points"])

@@ -218,4 +218,5 @@ def pick(points: Sequence[Point], *, within_rel: float = PICK_WITHIN_REL) -> Poi
 
 def front_line(p: Point) -> str:
     knobs = " ".join(f"{k}={v}" for k, v in p.cfg.items())
-    return f"{knobs}: {p.samples_per_s:.1f} samples/s, {p.samples_per_j:.3g} samples/J"
+    return (f"{p.name} ({knobs}): {p.samples_per_s:.1f} samples/s, "
+            f"{p.samples_per_j:.3g} samples/J")
