@@ -371,3 +371,40 @@ def test_tune_for_goodput_on_a_script_that_never_trains_data_parallel_falls_back
     assert s["space"]["domains"].get("instances", [1]) == [1]
     assert "goodput needs a data-parallel trial: scored as throughput" in p.stderr
     assert s["score"]["best"]["efficiency"] is None
+
+
+@pytest.mark.slow
+def test_tune_for_energy_on_the_fake_gpu_host_reads_nvml_s_energy_counter(tmp_path):
+    """The GPU's joules from NVML's total-energy counter (the fake grows it by the GPU's 60 W as
+    NVIDIA documents); no RAPL here, so the GPU's are the only joules."""
+    import subprocess
+    import sys
+    import tempfile
+    import time
+    import shutil
+    from pathlib import Path
+
+    from fakes.gpu_host import fake_gpu_env, write_nvml_config
+
+    mps_dir = tempfile.mkdtemp(prefix="atg", dir="/tmp")  # short, as the daemon needs
+    try:
+        cfg = write_nvml_config(tmp_path, gpus=1, energy_mj=1000, energy_since=time.time())
+        env = fake_gpu_env(cfg, mps_dir)
+        env.update(FAKE_RANK_OUT=str(tmp_path), AUTOTUNE_RUNS_DIR=str(tmp_path / "runs"),
+                   AUTOTUNE_RAPL_ROOT=str(tmp_path / "no-powercap"))
+        p = subprocess.run(
+            [sys.executable, "-m", "autotune", "tune", "--plain", "--json", "--foreign-limit",
+             "1000", "--objective", "energy", "--trials", "2", "--seconds", "8",
+             "--confirm-rounds", "0", "--seed", "1", "--space", "thread_pct=50:100", "--fix",
+             "instances=1", "workers=0", "batch_size=8", "bucket_mb=25", "--recipe-dir",
+             str(tmp_path / "recipes"), "--", str(SCRIPTS / "fake_gpu_train.py")],
+            cwd=tmp_path, env=env, text=True, capture_output=True, timeout=300)
+    finally:
+        shutil.rmtree(mps_dir, ignore_errors=True)
+    s = _summary(p)
+    base = s["score"]["baseline"]
+    assert base["j_per_sample"] == pytest.approx(60.0 / base["samples_per_s"], rel=0.25)
+    read = [e["result"]["energy"] for e in events(Path(s["run_dir"]), "trial_finished")
+            if e["trial"] == "baseline" and e["result"]["outcome"] == "ok"][-1]
+    assert read["gpu"] == "NVML energy counter" and read["cpu_j_per_sample"] is None
+    assert "no-powercap does not exist" in read["cpu"]
