@@ -251,7 +251,7 @@ def start_journal(prep: Prepared) -> None:
     prep.journal.emit("run_started", kind=prep.state.kind, command=list(s.command), cwd=s.cwd,
                       budget_s=s.budget_s, trials=s.max_trials,
                       hardware=fingerprint.summary(prep.fp), resumed=prep.resume,
-                      launcher=engines.describe(prep.launcher),
+                      launcher=engines.describe(prep.launcher), objective=s.objective.token,
                       space={"space": saved["space_tokens"], "fix": saved["fix_tokens"]})
 
 
