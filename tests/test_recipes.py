@@ -209,3 +209,45 @@ def test_a_changed_global_batch_is_told_with_its_ratio_and_the_learning_rate_rul
     assert recipes.load(path).batch_note == note
     assert cli.main(["recipes", "show", str(path)]) == 0
     assert "batch:     the winner trains with a global batch of 256" in capsys.readouterr().out
+
+
+def test_the_objective_and_its_parts_are_kept_and_shown(tmp_path, capsys):
+    from autotune.commands import cli
+
+    parts = {"note": "goodput: B_noise 812 (over 40 steps), fixed for the search",
+             "score": 120.5, "efficiency": 0.8, "noise_scale": 812.0, "j_per_sample": 0.05,
+             "samples_per_j": 20.0, "baseline_j_per_sample": 0.07,
+             "front": ["* batch_size=64: 150.0 samples/s, 20 samples/J",
+                       "  batch_size=128: 180.0 samples/s, 12 samples/J"]}
+    path = recipes.save(recipe(objective="throughput,energy", objective_parts=parts), tmp_path)
+    loaded = recipes.load(path)
+    assert loaded.objective == "throughput,energy" and loaded.objective_parts == parts
+    assert cli.main(["recipes", "show", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "objective: throughput,energy: efficiency 0.800 of the script's batch (B_noise 812)" \
+        in out and "0.05 J/sample (baseline 0.07)" in out
+    assert "Pareto front (* the pick):" in out and "* batch_size=64" in out
+    assert "gain:      1.50x" in out
+    # a recipe from before objectives: tuned for throughput, shown as ever
+    old = recipes.load(recipes.save(recipe(name="old"), tmp_path))
+    assert old.objective == "throughput" and old.objective_parts is None
+    assert "[objective]" not in (tmp_path / "old.toml").read_text()
+    assert cli.main(["recipes", "show", str(tmp_path / "old.toml")]) == 0
+    out = capsys.readouterr().out
+    assert "objective:" not in out and "speedup:   1.50x" in out
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda t: t + '\n[objective]\nname = "energy"\nj_per_sample = "0.1"\n',
+     ["field 'objective.j_per_sample' must be int or float", "'0.1'"]),
+    (lambda t: t + "\n[objective]\nname = 3\n", ["field 'objective.name' must be one of "
+                                                  "throughput, goodput, energy"]),
+    (lambda t: t + '\n[objective]\nname = "watts"\n', ["'objective.name'", "'watts'"]),
+    (lambda t: t + '\n[objective]\nfront = "a"\n', ["field 'objective.front' must be list"]),
+])
+def test_a_bad_objective_table_names_the_field(tmp_path, edit, words):
+    path = write(tmp_path, edit(good_text(tmp_path / "src")))
+    with pytest.raises(RecipeError) as e:
+        recipes.load(path)
+    for w in words:
+        assert w in str(e.value)

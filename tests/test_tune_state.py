@@ -55,9 +55,10 @@ def test_a_tune_json_from_before_loads_and_saves_back_the_same(tmp_path):
     again = json.loads((tmp_path / "tune.json").read_text())
     assert again == {**{k: v for k, v in OLD.items() if v is not None},
                      "settings": {**OLD["settings"], "launcher": "local", "hostfile": None,
-                                  "recipe_dir": None},
+                                  "recipe_dir": None, "objective": "throughput"},
                      "space": st.space.to_dict(),
-                     "baseline": {**OLD["baseline"], "breakdown": None}}
+                     "baseline": {**OLD["baseline"], "breakdown": None, "energy": None,
+                                  "noise": None}}
     assert load_state(tmp_path) == st
 
 

@@ -149,8 +149,9 @@ def _show(r: recipes.Recipe, out) -> None:
            if r.core_s_per_sample or r.gpu_s_per_sample else ""),
         f"baseline:  {r.baseline_samples_per_s:.1f} ± {r.baseline_ci_half:.1f} samples/s with "
         f"{_knobs(r.baseline_knobs)}",
-        f"speedup:   {r.speedup:.2f}x" + (" (kept the script's defaults)" if r.kept_baseline
-                                           else _interval(r)),
+        ("speedup:   " if r.objective == "throughput" else "gain:      ")
+        + f"{r.speedup:.2f}x" + (" (kept the script's defaults)" if r.kept_baseline
+                                 else _interval(r)),
         f"why:       {r.reason}" if r.reason else "",
         f"batch:     {r.batch_note}" if r.batch_note else "",
         f"payback:   {r.payback_note}" if r.payback_note else "",
@@ -160,9 +161,36 @@ def _show(r: recipes.Recipe, out) -> None:
         f"script sha256: {r.fingerprint.script_sha256[:16]}  trials: {r.trials}  "
         f"created: {r.created}  autotune {r.autotune_version}",
     ]
+    at = next(i for i, x in enumerate(lines) if x.startswith(("speedup:", "gain:"))) + 1
+    lines[at:at] = objective_lines(r)
     for line in lines:
         if line:
             out.print(line)
+
+
+def objective_lines(r: recipes.Recipe) -> list[str]:
+    """What the recipe was tuned for and the winner's score parts (nothing for throughput)."""
+    parts = dict(r.objective_parts or {})
+    if r.objective == "throughput" and not parts:
+        return []
+    said = []
+    if parts.get("efficiency") is not None:
+        said.append(f"efficiency {parts['efficiency']:.3f} of the script's batch"
+                    + (f" (B_noise {parts['noise_scale']:.4g})"
+                       if parts.get("noise_scale") is not None else ""))
+    if parts.get("j_per_sample") is not None:
+        said.append(f"{parts['j_per_sample']:.3g} J/sample"
+                    + (f" (baseline {parts['baseline_j_per_sample']:.3g})"
+                       if parts.get("baseline_j_per_sample") is not None else ""))
+    if parts.get("score") is not None:
+        said.append(f"score {parts['score']:.4g}")
+    out = [f"objective: {r.objective}" + (f": {', '.join(said)}" if said else "")]
+    if parts.get("note"):
+        out.append(f"           {parts['note']}")
+    if parts.get("front"):
+        out.append("Pareto front (* the pick):")
+        out.extend(f"  {line}" for line in parts["front"])
+    return out
 
 
 def _interval(r: recipes.Recipe) -> str:

@@ -15,12 +15,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune.measuring import breakdown
+from autotune.measuring import breakdown, energy
 from autotune.monitor import console
 from autotune.monitor.text import cost_text, energy_text
 from autotune.store import fingerprint, jsontext, recipes, rundir
 from autotune.launching import rank_command, engines
-from autotune.tuning import space
+from autotune.tuning import objective, space
 from autotune.commands import common
 from autotune import AutotuneError, UsageError
 from autotune.store.journal import Journal
@@ -78,6 +78,12 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--confirm-seconds", type=common.positive_float, metavar="S",
                    help="time limit of one confirmation probe (default 1.5 x --seconds, or "
                         "each config's fitted probe)")
+    s.add_argument("--objective", metavar="NAME", default=None,
+                   help="what the search maximises: throughput (samples/s, the default), "
+                        "goodput (samples/s x statistical efficiency of the global batch, "
+                        "from the gradient noise scale of a data-parallel trial), energy "
+                        "(samples per joule, from NVML or RAPL), or throughput,energy (both: "
+                        "the winner is picked from the Pareto front)")
     s.add_argument("--seed", type=int, help="seed of the sampler, for a reproducible search")
     s.add_argument("--verdict", action="store_true",
                    help="also probe the winner in synthetic and io modes and record the "
@@ -131,7 +137,8 @@ class Prepared:
 
 def _settings(args, target: tuple[str, ...], cwd: str, launcher: engines.Launcher,
               ranges: dict[str, space.Range], fixed: dict[str, space.Range],
-              baseline_values: dict[str, int]) -> TuneSettings:
+              baseline_values: dict[str, int],
+              goal: objective.Objective = objective.THROUGHPUT) -> TuneSettings:
     space.check_request(space.SpaceRequest(ranges=ranges, fixed=fixed,
                                            global_batch=args.global_batch))
     space.explicit_fixes(target[1:], ranges, fixed, global_batch=args.global_batch)
@@ -146,7 +153,19 @@ def _settings(args, target: tuple[str, ...], cwd: str, launcher: engines.Launche
         samples_per_step=args.samples_per_step, seed=args.seed, verdict=args.verdict,
         storage=args.storage, study_name=args.study_name, launcher=launcher.kind,
         hostfile=launcher.hostfile, recipe_dir=os.path.abspath(
-            os.path.expanduser(args.recipe_dir or recipes.DEFAULT_DIR)), **extra)
+            os.path.expanduser(args.recipe_dir or recipes.DEFAULT_DIR)), objective=goal,
+        **extra)
+
+
+def check_energy_readable(goal: objective.Objective) -> None:
+    """An energy objective on a host with no GPU and no readable RAPL counter: one line, exit
+    2, before anything runs (with a GPU, the baseline's reading decides)."""
+    if not goal.uses_energy or fingerprint.gpus()[0]:
+        return
+    why = energy.EnergyMeter([]).rapl.why
+    if why:
+        raise UsageError(f"--objective {goal.token}: no energy counter can be read here (no "
+                         f"GPU visible; CPU package: {why}); use --objective throughput")
 
 
 def prepare(args, kind: str) -> Prepared:
@@ -154,6 +173,7 @@ def prepare(args, kind: str) -> Prepared:
     ranges = space.parse_space(args.space)  # first: it names a script it swallowed by mistake
     fixed = space.parse_fix(args.fix)
     baseline_values = parse_values(args.baseline)
+    goal = objective.Objective.parse(args.objective) if args.objective else None
     if args.resume:
         if args.target:
             raise UsageError("--resume continues a run with its own script and settings; "
@@ -165,6 +185,9 @@ def prepare(args, kind: str) -> Prepared:
         if not run_dir.is_dir():
             raise UsageError(f"--resume: {run_dir} is not a directory")
         state = load_state(run_dir)
+        if goal is not None and goal != state.settings.objective:
+            raise UsageError(f"--resume keeps the run's --objective "
+                             f"{state.settings.objective.token}; drop --objective {goal.token}")
         check_not_running(run_dir)
         if "recipe" in _summary(run_dir):
             raise UsageError(f"--resume: the tuning in {run_dir} finished (see its "
@@ -183,7 +206,9 @@ def prepare(args, kind: str) -> Prepared:
     launcher = engines.from_args(args)
     cwd = common.probe_cwd(args)
     probe_target = common.absolute_script(target, cwd)
-    settings = _settings(args, probe_target, cwd, launcher, ranges, fixed, baseline_values)
+    settings = _settings(args, probe_target, cwd, launcher, ranges, fixed, baseline_values,
+                         goal or objective.THROUGHPUT)
+    check_energy_readable(settings.objective)
     recipe_dir = check_recipe_dir(settings.recipe_dir)
     fp = fingerprint.current(target)
     warm, note = (None, "")
@@ -226,7 +251,7 @@ def start_journal(prep: Prepared) -> None:
     prep.journal.emit("run_started", kind=prep.state.kind, command=list(s.command), cwd=s.cwd,
                       budget_s=s.budget_s, trials=s.max_trials,
                       hardware=fingerprint.summary(prep.fp), resumed=prep.resume,
-                      launcher=engines.describe(prep.launcher),
+                      launcher=engines.describe(prep.launcher), objective=s.objective.token,
                       space={"space": saved["space_tokens"], "fix": saved["fix_tokens"]})
 
 
@@ -289,7 +314,26 @@ def build_recipe(report: TuneReport, prep: Prepared,
         core_s_per_sample=report.best_probe.core_s_per_sample if report.best_probe else 0.0,
         gpu_s_per_sample=report.best_probe.gpu_s_per_sample if report.best_probe else 0.0,
         speedup_low=None if report.kept_baseline else report.speedup_low,
-        speedup_high=None if report.kept_baseline else report.speedup_high)
+        speedup_high=None if report.kept_baseline else report.speedup_high,
+        objective=report.objective, objective_parts=objective_parts(report))
+
+
+def _front_line(p: dict) -> str:
+    return ("* " if p.get("picked") else "  ") + objective.front_line(
+        objective.Point(p["name"], p["knobs"], p["samples_per_s"], p["samples_per_j"]))
+
+
+def objective_parts(report: TuneReport) -> dict | None:
+    """The recipe's [objective] table beyond its name (None for throughput)."""
+    if report.objective == objective.THROUGHPUT.token:
+        return None
+    best = (report.score or {}).get("best") or {}
+    base = (report.score or {}).get("baseline") or {}
+    return {"note": report.objective_note, "score": best.get("value"),
+            "efficiency": best.get("efficiency"), "noise_scale": best.get("noise_scale"),
+            "j_per_sample": best.get("j_per_sample"), "samples_per_j": best.get("samples_per_j"),
+            "baseline_j_per_sample": base.get("j_per_sample"),
+            "front": [_front_line(p) for p in report.pareto]}
 
 
 def summary(report: TuneReport, recipe_path: Path) -> dict:
@@ -310,7 +354,10 @@ def print_summary(report: TuneReport, recipe_path: Path, *, plain: bool) -> None
                       cost_text(facts.core_s_per_sample, facts.gpu_s_per_sample)
                       if facts else "-")
     out.print(table)
-    out.print(f"speedup: {report.speedup:.2f}x{_interval(report)} — {report.reason}")
+    out.print(f"{_gain_label(report.objective)}: {report.speedup:.2f}x{_interval(report)} — "
+              f"{report.reason}")
+    for line in objective_lines(report):
+        out.print(line)
     eff = report.scaling_efficiency
     if eff is not None:
         n = int(report.best.knobs.get("instances", 1))
@@ -335,6 +382,37 @@ def print_summary(report: TuneReport, recipe_path: Path, *, plain: bool) -> None
             out.print(f"where the time goes ({label}): {b.describe()}")
     out.print(f"recipe: {recipe_path}")
     out.print(f"run directory: {report.run_dir}")
+
+
+def _gain_label(token: str) -> str:
+    """What ``speedup`` measures under an objective."""
+    return {"goodput": "goodput gain", "energy": "energy gain (samples/J)"}.get(token, "speedup")
+
+
+def objective_lines(report: TuneReport) -> list[str]:
+    """The objective, the winner's score parts, and the Pareto front, for the summary."""
+    if report.objective == objective.THROUGHPUT.token:
+        return []
+    out = [f"objective: {report.objective}"]
+    for label in ("baseline", "best"):
+        sc = (report.score or {}).get(label)
+        if not sc:
+            continue
+        parts = [f"{sc['samples_per_s']:.1f} samples/s"]
+        if sc.get("efficiency") is not None:
+            parts.append(f"efficiency {sc['efficiency']:.3f} (B_noise {sc['noise_scale']:.4g})"
+                         f" -> goodput {sc['value']:.1f}")
+        if sc.get("j_per_sample") is not None:
+            parts.append(f"{sc['j_per_sample']:.3g} J/sample ({sc['samples_per_j']:.3g} "
+                         f"samples/J)")
+        out.append(f"score ({label}): {', '.join(parts)}")
+    if report.objective_note:
+        out.append(report.objective_note)
+    if report.pareto:
+        out.append(f"Pareto front ({len(report.pareto)}; * the pick: the fastest within "
+                   f"{objective.PICK_WITHIN_REL:.0%} of the best samples/J):")
+        out.extend("  " + _front_line(p) for p in report.pareto)
+    return out
 
 
 def _interval(report: TuneReport) -> str:

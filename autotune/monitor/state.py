@@ -92,6 +92,7 @@ class RunState:
     recipe_path: str | None = None
     verdict: dict | None = None
     memory: dict | None = None  # the memory_fit event: memory by batch
+    pareto: dict | None = None  # the pareto event (--objective throughput,energy)
     fullrun: FullRun | None = None
     device: dict | None = None  # the latest device_sample
     events: int = 0
@@ -312,6 +313,10 @@ def _memory_fit(s: RunState, ev: dict, t) -> None:
     s.memory = {k: v for k, v in ev.items() if k not in ("t", "event")}
 
 
+def _pareto(s: RunState, ev: dict, t) -> None:
+    s.pareto = {k: v for k, v in ev.items() if k not in ("t", "event")}
+
+
 def _recipe_saved(s: RunState, ev: dict, t) -> None:
     s.recipe_path = str(ev.get("path") or "")
 
@@ -376,7 +381,7 @@ _HANDLERS = {
     "run_started": _run_started, "trial_started": _trial_started,
     "trial_progress": _trial_progress, "trial_finished": _trial_finished,
     "trial_pruned": _trial_pruned, "confirmation": _confirmation, "best": _best,
-    "memory_fit": _memory_fit,
+    "memory_fit": _memory_fit, "pareto": _pareto,
     "recipe_saved": _recipe_saved, "probe_verdict": _probe_verdict,
     "fullrun_started": _fullrun_started, "fullrun_progress": _fullrun_progress,
     "fullrun_ended": _fullrun_ended, "device_sample": _device_sample, "run_ended": _run_ended,

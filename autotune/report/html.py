@@ -288,6 +288,26 @@ def memory_section(state: RunState) -> str:
             f"</figure><p class='note'>{escape(text)}</p>")
 
 
+def pareto_section(state: RunState) -> str:
+    """--objective throughput,energy: every config in samples/s against samples/J, the front
+    marked, the pick named."""
+    p = state.pareto
+    if not p or not p.get("points"):
+        return ""
+    front = p.get("front") or []
+    rows = "".join(f"<li{' class=best' if q['name'] == p.get('picked') else ''}>"
+                   f"{escape(q['name'])}: <code>{escape(fmt_knobs(q.get('knobs') or {}))}</code>"
+                   f" {q['samples_per_s']:.1f} samples/s, {q['samples_per_j']:.3g} samples/J"
+                   f"</li>" for q in front)
+    within = p.get("within_rel", 0.1)
+    return ("<h2>Pareto front: samples/s against samples/J</h2><figure>" +
+            svg.pareto(p["points"], front, chart="pareto", picked=p.get("picked", "")) +
+            f"<figcaption>the front joined, its configs ringed; picked "
+            f"({escape(str(p.get('picked')))}, green): the fastest within {within:.0%} of "
+            f"the front's best samples/J"
+            f"</figcaption></figure><ul>{rows}</ul>")
+
+
 def fullrun_section(state: RunState) -> str:
     fr = state.fullrun
     if fr is None:
@@ -333,11 +353,12 @@ def build_html(run_dir: Path, state: RunState | None = None) -> str:
             "best": state.best, "baseline_samples_per_s": state.baseline_samples_per_s,
             "probe_modes": state.mode_rates(), "verdict": state.verdict,
             "trials": trial_data(state), "importance": imp, "importance_method": how,
-            "fullrun": [[t, v] for t, v in state.fullrun.history] if state.fullrun else []}
+            "fullrun": [[t, v] for t, v in state.fullrun.history] if state.fullrun else [],
+            "pareto": state.pareto}
     blob = jsontext.dumps(data).replace("</", "<\\/")
     parts = [summary_section(state), best_section(state), probe_section(state),
-             breakdown_section(state), search_section(state, imp, how), memory_section(state),
-             fullrun_section(state),
+             breakdown_section(state), search_section(state, imp, how), pareto_section(state),
+             memory_section(state), fullrun_section(state),
              trials_section(state)]
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>{escape(title)}</title><style>{CSS}</style></head><body>"

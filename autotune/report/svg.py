@@ -233,3 +233,34 @@ def stacked(rows: list[tuple[str, list[tuple[str, float, str]]]], *, chart: str)
                     f'fill="{PART_COLORS[k % len(PART_COLORS)]}"/>'
                     f'<text x="{x + 16}" y="{y}">{escape(name)}</text>')
     return _svg(body, chart=chart, height=height)
+
+
+def pareto(points: list[dict], front: list[dict], *, chart: str, picked: str = "") -> str:
+    """Samples/s (x) against samples/J (y) of every measured config; the Pareto front joined
+    and its points ringed, the pick filled green. Points: dicts with ``name``,
+    ``samples_per_s``, ``samples_per_j``."""
+    if not points:
+        return '<p class="empty">no data</p>'
+    f = _Frame([p["samples_per_s"] for p in points], [p["samples_per_j"] for p in points],
+               categorical=False)
+    body = _axes(f, "samples/s", "samples/J")
+    on_front = {p["name"] for p in front}
+    line = sorted(front, key=lambda p: p["samples_per_s"])
+    if len(line) >= 2:
+        coords = " ".join(f"{f.px(p['samples_per_s']):.1f},{f.py(p['samples_per_j']):.1f}"
+                          for p in line)
+        body.append(f'<polyline points="{coords}" fill="none" stroke="{COLOR["line"]}" '
+                    f'stroke-width="2" class="pareto"/>')
+    for p in points:
+        x, y = f.px(p["samples_per_s"]), f.py(p["samples_per_j"])
+        front_p = p["name"] in on_front
+        fill = COLOR["best"] if p["name"] == picked else COLOR["ok"]
+        title = (f"{p['name']}: {p['samples_per_s']:.1f} samples/s, "
+                 f"{p['samples_per_j']:.3g} samples/J" + (" (Pareto front)" if front_p else "")
+                 + (" (picked)" if p["name"] == picked else ""))
+        body.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{6 if front_p else 4}" '
+                    f'fill="{fill}" stroke="{COLOR["axis"] if front_p else "none"}" '
+                    f'stroke-width="1.5" class="{"front" if front_p else "point"}" '
+                    f'data-name="{escape(p["name"])}" data-x="{p["samples_per_s"]}" '
+                    f'data-y="{p["samples_per_j"]}"><title>{escape(title)}</title></circle>')
+    return _svg(body, chart=chart)

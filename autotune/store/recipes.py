@@ -26,6 +26,11 @@ Layout (schema version 1)::
                    other, each [share of wall time, its 95% half-width] (only when measured)
     [job]          global_batch (only when tuned with --global-batch: a run on another number
                    of hosts or GPUs divides it again over its own world)
+    [objective]    name (--objective; a recipe without the table was tuned for throughput),
+                   note (how the score was made), the winner's score and its parts:
+                   efficiency and noise_scale (goodput), j_per_sample and samples_per_j
+                   (energy), the baseline's baseline_j_per_sample; front (throughput,energy:
+                   the Pareto front, one line per config, the pick marked)
     [fingerprint]  cpu_model, cores, gpu_names, gpu_count, gpu_driver, torch_version,
                    script_sha256, args
 """
@@ -43,12 +48,13 @@ from pathlib import Path
 from autotune import __version__
 from autotune.measuring.breakdown import ALL_PARTS
 from autotune.store import fingerprint, rundir
-from autotune.tuning import space
+from autotune.tuning import objective, space
 from autotune import RecipeError
 
 SCHEMA_VERSION = 1
 DEFAULT_DIR = "recipes"
 
+_OBJECTIVE = f"one of {', '.join(objective.CHOICES)}"  # the kind of [objective] name
 # Every field a recipe may hold: section ("" for the top level) -> field -> (kind, required).
 # A section marked None is a table whose every value has that kind ([knobs], [baseline]).
 _FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
@@ -69,6 +75,13 @@ _FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
                 "bound_samples_per_s": ("int or float", False),
                 "full_share_of_bound": ("int or float", False)},
     "job": {"global_batch": ("a whole number >= 1", False)},
+    "objective": {"name": (_OBJECTIVE, False), "note": ("str", False),
+                  "score": ("int or float", False), "efficiency": ("int or float", False),
+                  "noise_scale": ("int or float", False),
+                  "j_per_sample": ("int or float", False),
+                  "samples_per_j": ("int or float", False),
+                  "baseline_j_per_sample": ("int or float", False),
+                  "front": ("list of str", False)},
     "breakdown": {part: ("a [share, half-width] pair", False) for part in ALL_PARTS},
     "fingerprint": {"cpu_model": ("str", True), "cores": ("int", True),
                     "gpu_names": ("list of str", True), "gpu_count": ("int", True),
@@ -87,6 +100,7 @@ _KINDS = {
     "int": _is_int, "str": lambda v: isinstance(v, str), "bool": lambda v: isinstance(v, bool),
     "int or float": lambda v: _is_int(v) or isinstance(v, float),
     "list of str": lambda v: isinstance(v, list) and all(isinstance(a, str) for a in v),
+    _OBJECTIVE: lambda v: v in objective.CHOICES,
     "a whole number >= 0": lambda v: _is_int(v) and v >= 0,
     "a whole number >= 1": lambda v: _is_int(v) and v >= 1,
     "a [share, half-width] pair": lambda v: isinstance(v, list) and len(v) == 2 and all(
@@ -125,6 +139,10 @@ class Recipe:
     payback_note: str = ""  # tuning's cost against the projected saving ("": run unknown)
     core_s_per_sample: float = 0.0  # what a sample cost the winner (0: not measured)
     gpu_s_per_sample: float = 0.0
+    objective: str = "throughput"  # --objective it was tuned for
+    # the [objective] table beyond its name: note, score, efficiency, noise_scale,
+    # j_per_sample, samples_per_j, baseline_j_per_sample, front (None: throughput, nothing more)
+    objective_parts: Mapping | None = None
 
     def run_knobs(self, cores: int, gpus: int | None = None,
                   hosts: int | None = None) -> tuple[dict[str, float], int]:
@@ -183,6 +201,12 @@ class Recipe:
                 doc["result"][name] = float(getattr(self, name))
         if self.breakdown:
             doc["breakdown"] = {p: [float(v) for v in sh] for p, sh in self.breakdown.items()}
+        if self.objective != "throughput" or self.objective_parts:
+            parts = {k: v for k, v in (self.objective_parts or {}).items()
+                     if v is not None and v != "" and v != []}
+            doc["objective"] = {"name": self.objective, **{
+                k: float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+                for k, v in parts.items()}}
         return doc
 
 
@@ -282,7 +306,10 @@ def load(path: Path | str) -> Recipe:
         core_s_per_sample=float(result.get("core_s_per_sample", 0.0)),
         gpu_s_per_sample=float(result.get("gpu_s_per_sample", 0.0)),
         breakdown={p: (float(v[0]), float(v[1])) for p, v in doc["breakdown"].items()}
-        if doc.get("breakdown") else None)
+        if doc.get("breakdown") else None,
+        objective=str(doc.get("objective", {}).get("name", "throughput")),
+        objective_parts={k: v for k, v in doc["objective"].items() if k != "name"}
+        if doc.get("objective") else None)
 
 
 def listing(recipe_dir: Path) -> list[tuple[Path, Recipe | RecipeError]]:

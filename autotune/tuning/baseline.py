@@ -164,7 +164,8 @@ def measure(prober: Prober, state: TuneState) -> TuneState:
                                timing=timing.to_dict() if timing else None,
                                baseline=BaselineRecord(dict(sp.baseline), result.samples_per_s,
                                                        result.ci_half, result.source,
-                                                       result.seen, result.breakdown))
+                                                       result.seen, result.breakdown,
+                                                       result.energy, result.noise))
 
 
 def ranks_unasked(machine: space.Machine, base: space.Baseline, req: space.SpaceRequest) -> str:
@@ -196,9 +197,10 @@ def discover_ranks(prober: Prober, machine: space.Machine, base: space.Baseline,
 
     The probe is the baseline's config on two ranks, each with half the device. Its ranks seen
     joining a process group: the baseline is marked distributed (``instances`` and
-    ``bucket_mb`` are searched), and the answer (``{"knobs", "samples_per_s", "ci_half"}``) goes
-    to the study as its first two-rank trial. Otherwise ``instances`` stays at 1 with the reason
-    (ranks that trained alone, or how the probe failed, with its log).
+    ``bucket_mb`` are searched), and the answer (``{"knobs", "samples_per_s", "ci_half",
+    "energy", "noise"}``) goes to the study as its first two-rank trial. Otherwise
+    ``instances`` stays at 1 with the reason (ranks that trained alone, or how the probe
+    failed, with its log).
     """
     if ranks_unasked(machine, base, req):
         return base, None
@@ -239,7 +241,7 @@ def discover_ranks(prober: Prober, machine: space.Machine, base: space.Baseline,
                             f"({result.samples_per_s:.1f} samples/s)")
         return dataclasses.replace(base, distributed=True), {
             "knobs": dict(cfg), "samples_per_s": result.samples_per_s,
-            "ci_half": result.ci_half}
+            "ci_half": result.ci_half, "energy": result.energy, "noise": result.noise}
     if result.ok:
         why = ("a probe of 2 ranks (torchrun's environment) saw them train alone, with no "
                "process group and no DDP, so extra ranks would each train a model of their own")

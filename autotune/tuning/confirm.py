@@ -4,6 +4,8 @@ The best two configs of the search and the baseline are re-measured in separate 
 interleaved (A B C A B C), with longer probes than the search's. Variance lives between
 processes more than within one, so this, not a longer single window, is what makes the decision
 robust; `autotune.tuning.decision.decide` keeps the baseline unless the gain is real.
+Configs are compared on their score (`autotune.tuning.objective`); with throughput and energy
+together, the one candidate is the Pareto front's pick, and `decision.decide_pair` judges it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from autotune.measuring import bottleneck
 from autotune.measuring.breakdown import Breakdown
 from autotune.measuring.outcome import Outcome
-from autotune.tuning import decision, fitting
+from autotune.tuning import decision, fitting, objective
 from autotune.tuning.decision import Measured
 from autotune.tuning.prober import Prober, config_key
 from autotune.tuning.records import Known, Scored
@@ -37,21 +39,45 @@ class Confirmed:
     verdict: bottleneck.Verdict | None = None  # with --verdict: the winner's bottleneck
     speedup_low: float = 1.0  # the speed-up's 95% interval (`decision.speedup_interval`)
     speedup_high: float = 1.0
+    best_score: objective.Score | None = None  # the winner's score over the rounds, its parts
+    baseline_score: objective.Score | None = None
+    front: tuple[objective.Point, ...] = ()  # throughput,energy: the search's Pareto front
+    picked: str = ""  # the front's pick (`objective.pick`)
 
 
-def _candidates(space: Space, known: Mapping[tuple, Known]) -> list[tuple[str, dict]]:
+def pareto_points(space: Space, known: Mapping[tuple, Known],
+                  scorer: objective.Scorer) -> list[objective.Point]:
+    """Every measured config with both a throughput and samples/J."""
     base_key = space.key(space.baseline)
-    oks = sorted((k for k in known.values()
-                  if k.outcome == Outcome.OK and space.key(k.cfg) != base_key),
-                 key=lambda k: -k.value)[:2]
-    return [("baseline", dict(space.baseline))] + [(f"trial-{k.number}", dict(k.cfg))
-                                                  for k in oks]
+    out = []
+    for k in known.values():
+        spj = scorer.score(k.value, k.ci_half, k.cfg, k.energy).samples_per_j
+        if k.outcome == Outcome.OK and spj is not None:
+            name = "baseline" if space.key(k.cfg) == base_key else f"trial-{k.number}"
+            out.append(objective.Point(name, dict(k.cfg), k.value, spj))
+    return out
+
+
+def _candidates(space: Space, known: Mapping[tuple, Known],
+                scorer: objective.Scorer) -> list[tuple[str, dict]]:
+    """The baseline and the best two by score; for two objectives, the Pareto pick."""
+    base_key = space.key(space.baseline)
+    first = [("baseline", dict(space.baseline))]
+    if scorer.objective.multi:
+        p = objective.pick(pareto_points(space, known, scorer))
+        return first + ([(p.name, dict(p.cfg))] if p is not None and p.name != "baseline"
+                        else [])
+    scored = [(scorer.score(k.value, k.ci_half, k.cfg, k.energy).value, k)
+              for k in known.values() if k.outcome == Outcome.OK and space.key(k.cfg) != base_key]
+    oks = [k for v, k in sorted((x for x in scored if x[0] is not None),
+                                key=lambda x: -x[0])][:2]
+    return first + [(f"trial-{k.number}", dict(k.cfg)) for k in oks]
 
 
 def _remeasure(prober: Prober, space: Space, entries, rounds: int,
                windows: Mapping[str, float]) -> dict[str, list]:
     cfgs = dict(entries)
-    results: dict[str, list] = {name: [] for name in cfgs}
+    results: dict[str, list] = {name: [] for name in cfgs}  # the probes' results, or None
     for rnd, name in decision.interleave(list(cfgs), rounds):
         cfg = cfgs[name]
         label = f"confirm{rnd}-{name}"
@@ -59,7 +85,7 @@ def _remeasure(prober: Prober, space: Space, entries, rounds: int,
         spec = prober.spec(*space.trial_knobs(cfg), label, max_s=window_s,
                            min_measure_s=0.6 * window_s, target_rel=CONFIRM_TARGET_REL)
         r = prober.probe(spec, label=label, number=None, cfg=cfg, events=False)
-        results[name].append(Measured(r.samples_per_s, r.ci_half) if r.ok else None)
+        results[name].append(r if r.ok else None)
         prober.emit("confirmation", round=rnd, trial=name, knobs=cfg,
                     samples_per_s=r.samples_per_s if r.ok else None,
                     ci_half=r.ci_half if r.ok else None, outcome=r.outcome.value,
@@ -93,20 +119,73 @@ def _probe_verdict(prober: Prober, space: Space, cfg: dict,
     return v
 
 
+def _scored(scorer: objective.Scorer, cfg: Mapping, r) -> objective.Score | None:
+    """The score of one measurement (a `TrialResult` or a `Round`), None for none."""
+    if r is None:
+        return None
+    return scorer.score(r.samples_per_s, r.ci_half, cfg, r.energy)
+
+
+@dataclass(frozen=True)
+class Round:
+    """What the search measured of an entry, standing in for its confirmation rounds."""
+
+    samples_per_s: float
+    ci_half: float
+    energy: Mapping | None = None
+
+
+def _by_objective(scorer: objective.Scorer, cfgs: Mapping[str, Mapping],
+                  results: Mapping[str, list]) -> list[dict[str, list]]:
+    """Per objective, each entry's rounds as `Measured` scores (None where not scored):
+    one objective, its score; two, samples/s then samples/J (its interval as wide,
+    relatively, as the throughput's)."""
+    scores = {n: [_scored(scorer, cfgs[n], r) for r in rs] for n, rs in results.items()}
+    if not scorer.objective.multi:
+        return [{n: [Measured(s.value, s.ci_half) if s and s.value is not None else None
+                     for s in ss] for n, ss in scores.items()}]
+    tp = {n: [Measured(s.samples_per_s, s.ci_half) if s and s.samples_per_j else None
+              for s in ss] for n, ss in scores.items()}
+    en = {n: [Measured(s.samples_per_j, s.ci_half / s.samples_per_s * s.samples_per_j)
+              if s and s.samples_per_j and s.samples_per_s > 0 else None for s in ss]
+          for n, ss in scores.items()}
+    return [tp, en]
+
+
+def _mean_score(scorer: objective.Scorer, cfg: Mapping, rs: list,
+                summary: decision.Summary) -> objective.Score | None:
+    """An entry's score over its rounds: the decision's mean, with its parts."""
+    done = [r for r in rs if r is not None]
+    if not done:
+        return None
+    raw = decision.summarize([Measured(r.samples_per_s, r.ci_half) for r in done])
+    js = [objective.joules_per_sample(r.energy) for r in done]
+    js = [j for j in js if j is not None]
+    eff = scorer.efficiency(cfg)
+    return objective.Score(summary.samples_per_s, summary.ci_half, raw.samples_per_s, eff,
+                           scorer.noise_scale if eff is not None else None,
+                           sum(js) / len(js) if js else None)
+
+
 def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
-           left_s: float | None, stretch: bool = False) -> Confirmed:
-    """Confirm the best two of ``known`` against the state's baseline within ``left_s`` of the
-    budget (None: no budget), decide, and journal the ``best``. With ``stretch`` (the search
-    stopped for its budget), what is left buys more rounds."""
+           left_s: float | None, stretch: bool = False,
+           scorer: objective.Scorer | None = None) -> Confirmed:
+    """Confirm the best two of ``known`` by ``scorer``'s score (throughput unless given)
+    against the state's baseline within ``left_s`` of the budget (None: no budget), decide,
+    and journal the ``best``. With ``stretch`` (the search stopped for its budget), what is
+    left buys more rounds."""
     settings, space, baseline = state.settings, state.space, state.baseline
-    entries = _candidates(space, known)
+    scorer = scorer or objective.Scorer(settings.objective)
+    entries = _candidates(space, known, scorer)
     names = [n for n, _ in entries]
     cfgs = dict(entries)
     rounds = settings.confirm_rounds
 
-    def searched(name: str) -> Measured:  # what the search measured of an entry
-        k = baseline if name == "baseline" else known[space.key(cfgs[name])]
-        return Measured(k.samples_per_s if name == "baseline" else k.value, k.ci_half)
+    def searched(name: str) -> Round:  # what the search measured of an entry
+        if name == "baseline":
+            return Round(baseline.samples_per_s, baseline.ci_half, baseline.energy)
+        k = known[space.key(cfgs[name])]
+        return Round(k.value, k.ci_half, k.energy)
 
     windows = _windows(prober, space, entries)
     mean_window = sum(windows.values()) / len(windows)
@@ -137,20 +216,35 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
     else:
         # No re-measurement: the search's own probes, one round each.
         results = {name: [searched(name)] for name in names}
-    d = decision.decide(results, "baseline")
+    by = _by_objective(scorer, cfgs, results)
+    d = decision.decide_pair(*by, "baseline") if scorer.objective.multi else \
+        decision.decide(by[0], "baseline")
     if len(entries) == 1:
+        why = ("the Pareto front's pick is the script's own config" if scorer.objective.multi
+               else "no other config completed a probe")
         d = decision.Decision("baseline", True, 1.0, d.baseline_summary, d.baseline_summary, 0.0,
-                              "kept the script's defaults: no other config completed a probe")
+                              f"kept the script's defaults: {why}")
     best_cfg = cfgs[d.winner]
-    best = Scored(best_cfg, d.winner_summary.samples_per_s, d.winner_summary.ci_half)
-    base = Scored(cfgs["baseline"], d.baseline_summary.samples_per_s,
-                  d.baseline_summary.ci_half)
+    raw = {n: decision.summarize([Measured(r.samples_per_s, r.ci_half)
+                                  for r in results[n] if r is not None]) for n in (d.winner,
+                                                                                  "baseline")}
+    best = Scored(best_cfg, raw[d.winner].samples_per_s, raw[d.winner].ci_half)
+    base = Scored(cfgs["baseline"], raw["baseline"].samples_per_s, raw["baseline"].ci_half)
+    best_score = _mean_score(scorer, best_cfg, results[d.winner], d.winner_summary)
+    base_score = _mean_score(scorer, cfgs["baseline"], results["baseline"], d.baseline_summary)
     prober.tell("info", d.reason)
     verdict = _probe_verdict(prober, space, best_cfg, best.samples_per_s) \
         if settings.verdict else None
     prober.emit("best", knobs=best_cfg, samples_per_s=best.samples_per_s,
                 ci_half=best.ci_half, baseline_samples_per_s=base.samples_per_s,
                 speedup=d.speedup, kept_baseline=d.kept_baseline, reason=d.reason,
-                speedup_low=d.speedup_low, speedup_high=d.speedup_high)
+                speedup_low=d.speedup_low, speedup_high=d.speedup_high,
+                objective=scorer.objective.token,
+                score=best_score.to_dict() if best_score else None,
+                baseline_score=base_score.to_dict() if base_score else None)
+    front = tuple(objective.front(pareto_points(space, known, scorer))) \
+        if scorer.objective.multi else ()
     return Confirmed(best, base, d.speedup, d.kept_baseline, d.reason, verdict,
-                     d.speedup_low, d.speedup_high)
+                     d.speedup_low, d.speedup_high, best_score, base_score, front,
+                     names[1] if scorer.objective.multi and len(names) > 1 else
+                     "baseline" if scorer.objective.multi else "")

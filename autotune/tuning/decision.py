@@ -212,3 +212,39 @@ def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
 
 def _rel(s: Summary) -> float:
     return s.ci_half / s.samples_per_s if s.samples_per_s > 0 else math.inf
+
+
+def decide_pair(first: Mapping[str, Sequence[Measured | None]],
+                second: Mapping[str, Sequence[Measured | None]], baseline: str, *,
+                min_gain_rel: float = MIN_GAIN_REL) -> Decision:
+    """Two objectives at once (samples/s, samples/J): a candidate wins when `decide` declares it
+    the winner on one of them and, on the other, its mean is not below the baseline's by more
+    than that objective's noise. The speed-up and its interval are the first objective's."""
+    d = (decide(first, baseline, min_gain_rel=min_gain_rel),
+         decide(second, baseline, min_gain_rel=min_gain_rel))
+    base1 = d[0].baseline_summary
+    for i, (won, other, other_d) in enumerate(((d[0], second, d[1]), (d[1], first, d[0]))):
+        if won.kept_baseline:
+            continue
+        name = won.winner
+        o = summarize([m for m in other.get(name, ()) if m is not None])
+        ob = other_d.baseline_summary
+        if not o.rounds or ob.samples_per_s <= 0:
+            continue
+        ratio = o.samples_per_s / ob.samples_per_s
+        if ratio < 1 - max(other_d.noise_rel, min_gain_rel):
+            continue
+        s1 = summarize([m for m in first.get(name, ()) if m is not None])
+        pairs = [(w.samples_per_s, b.samples_per_s) for w, b in zip(first[name], first[baseline])
+                 if w is not None and b is not None and b.samples_per_s > 0]
+        speedup = s1.samples_per_s / base1.samples_per_s if base1.samples_per_s else math.inf
+        low, high = speedup_interval(speedup, pairs, s1, base1)
+        gains = (speedup - 1, ratio - 1) if i == 0 else (ratio - 1, won.speedup - 1)
+        return Decision(name, False, speedup, s1, base1, won.noise_rel,
+                        f"{name}: {gains[0]:+.1%} samples/s and {gains[1]:+.1%} samples/J "
+                        f"against the baseline; {('samples/s', 'samples/J')[i]} beyond the "
+                        f"noise in every round, {('samples/J', 'samples/s')[i]} not worse "
+                        f"beyond its noise", low, high)
+    return Decision(baseline, True, 1.0, base1, base1, d[0].noise_rel,
+                    "kept the script's defaults: no candidate was clearly better on samples/s "
+                    "or samples/J without being worse on the other")

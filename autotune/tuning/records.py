@@ -10,6 +10,7 @@ from pathlib import Path
 from autotune.measuring.bottleneck import Verdict
 from autotune.measuring.foreign_load import FOREIGN_CORES_LIMIT
 from autotune.measuring.outcome import Outcome
+from autotune.tuning.objective import THROUGHPUT, Objective
 from autotune.tuning.space import Range, Space, batch_change_note, parse_fix, parse_space
 from autotune.tuning.space.parse import parse_values
 
@@ -43,6 +44,7 @@ class TuneSettings:
     launcher: str = "local"  # what starts the ranks: local | mpirun | srun
     hostfile: str | None = None  # mpirun's hosts, an absolute path
     recipe_dir: str | None = None  # where the recipe goes, an absolute path
+    objective: Objective = THROUGHPUT  # --objective: what the search maximises
 
     @property
     def max_trials(self) -> int | None:
@@ -66,7 +68,8 @@ class TuneSettings:
         out.update(command=list(self.command),
                    space_tokens=[r.token for r in self.ranges.values()],
                    fix_tokens=[r.token for r in self.fixed.values()],
-                   baseline_tokens=[f"{k}={v}" for k, v in self.baseline_values.items()])
+                   baseline_tokens=[f"{k}={v}" for k, v in self.baseline_values.items()],
+                   objective=self.objective.token)
         return out
 
     @classmethod
@@ -76,10 +79,11 @@ class TuneSettings:
                       "command": tuple(d["command"])},
                    ranges=parse_space(d.get("space_tokens", ())),
                    fixed=parse_fix(d.get("fix_tokens", ())),
-                   baseline_values=parse_values(d.get("baseline_tokens", ())))
+                   baseline_values=parse_values(d.get("baseline_tokens", ())),
+                   objective=Objective.parse(d.get("objective") or THROUGHPUT.token))
 
 
-_PARSED = {"ranges", "fixed", "baseline_values"}  # kept in ``tune.json`` as tokens
+_PARSED = {"ranges", "fixed", "baseline_values", "objective"}  # in ``tune.json`` as tokens
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,8 @@ class BaselineRecord(Scored):
     source: str = ""
     seen: Mapping = field(default_factory=dict)
     breakdown: Mapping | None = None  # where its time went (`Breakdown.to_dict`)
+    energy: Mapping | None = None  # joules per sample (`EnergyPerSample.to_dict`)
+    noise: Mapping | None = None  # gradient noise scale, when its probe measured it
 
 
 @dataclass(frozen=True)
@@ -133,6 +139,12 @@ class TuneReport:
     # what the last probes of the winner and the baseline told beyond throughput
     best_probe: ProbeFacts | None = None
     baseline_probe: ProbeFacts | None = None
+    objective: str = "throughput"  # --objective's token; ``speedup`` is the gain in its score
+    # the winner's and the baseline's scores and their parts (`objective.Score.to_dict`)
+    score: Mapping | None = None
+    objective_note: str = ""  # how the score was made (B_noise's source, a fallback)
+    # throughput,energy: the Pareto front (`objective.Point.to_dict`), fastest first
+    pareto: tuple[Mapping, ...] = ()
 
     @property
     def batch_note(self) -> str:
@@ -171,6 +183,8 @@ class TuneReport:
                 "notes": list(self.notes), "best_notes": list(self.best_notes),
                 "scaling_efficiency": self.scaling_efficiency, "memory": self.memory,
                 "batch_note": self.batch_note, "payback": self.payback,
+                "objective": self.objective, "score": self.score,
+                "objective_note": self.objective_note, "pareto": [dict(p) for p in self.pareto],
                 "probes": {"best": dataclasses.asdict(self.best_probe) if self.best_probe
                            else None,
                            "baseline": dataclasses.asdict(self.baseline_probe)
@@ -196,6 +210,7 @@ class Known:
     value: float
     ci_half: float
     cfg: Mapping[str, int]
+    energy: Mapping | None = None  # its probe's joules per sample (`EnergyPerSample.to_dict`)
 
     @property
     def infeasible(self) -> bool:
@@ -212,5 +227,8 @@ class Known:
         if not cfg or outcome is None or attrs.get("duplicate_of") is not None or \
                 t.state.name == "FAIL":
             return None
-        return cls(t.number, outcome, float(attrs.get("samples_per_s", t.value or 0.0)),
-                   float(attrs.get("ci_half", 0.0)), dict(cfg))
+        sps = attrs.get("samples_per_s")
+        if sps is None:  # ``t.value`` raises for a multi-objective trial: its first value
+            sps = (t.values or [0.0])[0]
+        return cls(t.number, outcome, float(sps),
+                   float(attrs.get("ci_half", 0.0)), dict(cfg), attrs.get("energy"))

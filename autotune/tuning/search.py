@@ -4,6 +4,8 @@ A config measured once is not measured again (nor one another tuner sharing the 
 answered), a batch size at or above a known OOM is not tried, a probe taken under foreign load
 is re-run by the prober (then left out, never compared), and a probe whose interval cannot reach
 the best is pruned. Stops on trials, budget, convergence, or when the space is exhausted.
+Configs are compared on their score (`autotune.tuning.objective`: samples/s unless
+``--objective`` says otherwise); `Known` keeps what was measured, so scores follow the scorer.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from autotune.measuring.breakdown import Breakdown
 from autotune import AutotuneError
 from autotune.measuring.outcome import Outcome
-from autotune.tuning import decision, fitting
+from autotune.tuning import decision, fitting, objective
 from autotune.tuning import study as studies
 from autotune.tuning.prober import Prober
 from autotune.tuning.records import Known, study_tag
@@ -36,6 +38,7 @@ class SearchResult:
     stop_reason: str
     source: str  # how throughput was counted (the baseline's, else the first clean probe's)
     state: TuneState  # the run's state as the search left it
+    noises: tuple[Mapping, ...] = ()  # the noise-scale readings of the probes it took
 
 
 def budget_plan(prober: Prober, state: TuneState, left_s: float) -> fitting.Plan:
@@ -55,7 +58,9 @@ def open_study(prober: Prober, state: TuneState, *, resume: bool) -> studies.Stu
     handle = studies.open_study(url, name, run_id=state.run_id or run_dir.name, seed=settings.seed,
                                 min_measure_s=min(2.0, settings.min_measure_s), requeue=resume,
                                 must_exist=resume and state.enqueued,
-                                flag="--storage" if settings.storage else None)
+                                flag="--storage" if settings.storage else None,
+                                objectives=len(settings.objective.kinds),
+                                prune=settings.objective.prunes)
     if handle.recovered:
         prober.tell("info", f"resume: re-running interrupted trial(s) "
                             f"{', '.join(map(str, handle.recovered))} first")
@@ -66,11 +71,13 @@ class Search:
     """One run's search over ``state.space`` (measured baseline included) in ``handle``.
 
     ``elapsed`` gives the run's time spent so far (earlier controllers included); ``save``
-    keeps each new state (what is queued in the study) before the search goes on.
+    keeps each new state (what is queued in the study) before the search goes on. ``scorer``
+    turns a measured config into the study's value (throughput unless given).
     """
 
     def __init__(self, prober: Prober, state: TuneState, handle: studies.StudyHandle, *,
-                 elapsed: Callable[[], float], save: Callable[[TuneState], None]):
+                 elapsed: Callable[[], float], save: Callable[[TuneState], None],
+                 scorer: objective.Scorer | None = None):
         self.prober = prober
         self.settings = state.settings
         self.state = state
@@ -88,6 +95,8 @@ class Search:
         self.stop_reason = ""
         self.source = state.baseline.source
         self.learned: set[int] = set()  # study trials whose answer is in `known`
+        self.scorer = scorer or objective.Scorer(self.settings.objective)
+        self.noises: list[Mapping] = []
 
     def run(self) -> SearchResult:
         self._enqueue_start()
@@ -96,7 +105,10 @@ class Search:
         if not self.stop_reason:
             self.handle.optimize(self._objective, [self._after_trial])
         return SearchResult(dict(self.known), self.measured, self.stop_reason, self.source,
-                            self.state)
+                            self.state, tuple(self.noises))
+
+    def _score(self, k: Known) -> objective.Score:
+        return self.scorer.score(k.value, k.ci_half, k.cfg, k.energy)
 
     def _keep(self, **changes) -> None:
         self.state = dataclasses.replace(self.state, **changes)
@@ -114,12 +126,16 @@ class Search:
         if ranks:  # measured already: in the study from the start, whatever the budget leaves
             choice = sp.choice_from_config(ranks["knobs"])
             cfg = sp.config({n: sp.domains[n][i] for n, i in choice.items()})
-            if sp.key(cfg) == sp.key(ranks["knobs"]):  # one of the space's configs
+            score = self.scorer.score(ranks["samples_per_s"], ranks["ci_half"], cfg,
+                                      ranks.get("energy"))
+            value = self.scorer.values(score)
+            if sp.key(cfg) == sp.key(ranks["knobs"]) and value is not None:  # in the space
                 self.handle.add_answered(
-                    choice, {n: len(sp.domains[n]) for n in choice}, ranks["samples_per_s"],
+                    choice, {n: len(sp.domains[n]) for n in choice}, value,
                     {"run": self.run_id, "knobs": cfg, "ranks_probe": True,
                      "outcome": study_tag(Outcome.OK), "samples_per_s": ranks["samples_per_s"],
-                     "ci_half": ranks["ci_half"]})
+                     "ci_half": ranks["ci_half"], "energy": ranks.get("energy"),
+                     "score_ci_half": score.ci_half})
         if self.state.warm_start:
             self.handle.enqueue(sp.choice_from_config(self.state.warm_start), {"warm_start": True})
         parts = Breakdown.from_dict(self.state.baseline.breakdown) \
@@ -142,7 +158,8 @@ class Search:
             if key is not None and not t.user_attrs.get("baseline"):
                 self.measured += 1
                 k = self.known[key]
-                self.convergence.update(k.value if k.outcome == Outcome.OK else None)
+                self.convergence.update(self._score(k).value if k.outcome == Outcome.OK
+                                        else None)
 
     def _learn_from_others(self) -> None:
         """Answers other tuners sharing the storage found since: not measured here again."""
@@ -186,6 +203,8 @@ class Search:
         if not t.state.is_finished():
             return None  # still running (here or in another tuner): not an answer yet
         self.learned.add(t.number)
+        if t.user_attrs.get("noise"):  # a resumed run (or another tuner) measured B_noise
+            self.noises.append(t.user_attrs["noise"])
         known = Known.of_trial(t)
         if known is None:
             return None
@@ -196,7 +215,8 @@ class Search:
         return key
 
     # -- one trial ------------------------------------------------------------------------------
-    def _objective(self, trial: studies.Trial) -> float:
+    def _objective(self, trial: studies.Trial) -> float | list[float]:
+        """The trial's value: its score (`objective.Scorer.values`; two for two objectives)."""
         sp = self.space
         trial.set_user_attr("run", self.run_id)
         choice = {n: sp.domains[n][trial.suggest_int(n, 0, len(sp.domains[n]) - 1)]
@@ -224,41 +244,57 @@ class Search:
             self.prober.emit("trial_started", trial=label, number=trial.number, knobs=cfg,
                              mode="full")
             self.prober.emit("trial_pruned", trial=label, number=trial.number, reason=reason)
-            return 0.0
+            return self.scorer.failed()
         self.duplicate_streak = 0
         return self._measure(trial, cfg, key, label)
 
-    def _record_baseline(self, trial, cfg) -> float:
+    def _record_baseline(self, trial, cfg) -> float | list[float]:
         b = self.state.baseline
+        known = Known(trial.number, Outcome.OK, b.samples_per_s, b.ci_half, dict(cfg), b.energy)
+        score = self._score(known)
         trial.set_user_attr("baseline", True)
         trial.set_user_attr("outcome", study_tag(Outcome.OK))
         trial.set_user_attr("samples_per_s", b.samples_per_s)
         trial.set_user_attr("ci_half", b.ci_half)
-        self.known[self.space.key(cfg)] = Known(trial.number, Outcome.OK, b.samples_per_s,
-                                                b.ci_half, dict(cfg))
-        self.convergence.update(b.samples_per_s)
-        return float(b.samples_per_s)
+        trial.set_user_attr("energy", b.energy)
+        trial.set_user_attr("score_ci_half", score.ci_half)
+        value = self.scorer.values(score)
+        if value is None:  # the tuner checks the baseline's energy before the search
+            raise AutotuneError(f"the baseline has no energy reading: "
+                                f"{objective.energy_why(b.energy)}")
+        self.known[self.space.key(cfg)] = known
+        self.convergence.update(score.value)
+        return value
 
-    def _replay(self, trial, known: Known) -> float:
+    def _replay(self, trial, known: Known) -> float | list[float]:
         """A config already answered: the same answer, without a probe."""
         self.duplicate_streak += 1
         trial.set_user_attr("duplicate_of", known.number)
         trial.set_user_attr("outcome", study_tag(known.outcome))
+        score = self._score(known)
         if known.outcome == Outcome.PRUNED:
-            trial.report(known.value, 0)
+            if self.handle.prunes:
+                trial.report(score.value, 0)
             raise studies.TrialPruned(f"same config as trial {known.number}")
         if known.infeasible:
             trial.set_constraint(study_tag(known.outcome), 1.0)
-            return 0.0
-        return known.value
+            return self.scorer.failed()
+        value = self.scorer.values(score)
+        if value is None:
+            raise studies.NotComparable(f"same config as trial {known.number}, which has no "
+                                        f"energy reading")
+        return value
 
-    def _measure(self, trial, cfg, key, label) -> float:
+    def _measure(self, trial, cfg, key, label) -> float | list[float]:
         reported: list[float] = []
         pruner = self.handle.pruner
+        factor = self.scorer.factor(cfg)  # goodput's efficiency: the interval scales alike
 
         def on_progress(est) -> bool:
-            pruner.observe(trial.number, est.ci_half, est.measured_s)
-            trial.report(est.samples_per_s, len(reported))
+            if not self.handle.prunes:
+                return False
+            pruner.observe(trial.number, est.ci_half * factor, est.measured_s)
+            trial.report(est.samples_per_s * factor, len(reported))
             reported.append(est.samples_per_s)
             return trial.should_prune()
 
@@ -283,15 +319,22 @@ class Search:
         trial.set_user_attr("ci_half", result.ci_half)
         trial.set_user_attr("reason", result.reason)
         trial.set_user_attr("outcome", study_tag(result.outcome))
+        trial.set_user_attr("energy", result.energy)
+        if result.noise:
+            trial.set_user_attr("noise", result.noise)
+            self.noises.append(result.noise)
         if result.outcome == Outcome.FOREIGN_LOAD:
             self.convergence.update(None)
             raise studies.NotComparable(result.reason)
         value = result.samples_per_s
         if result.outcome == Outcome.PRUNED:
             value = result.samples_per_s or (reported[-1] if reported else 0.0)
-        known = Known(trial.number, result.outcome, value, result.ci_half, dict(cfg))
+        known = Known(trial.number, result.outcome, value, result.ci_half, dict(cfg),
+                      result.energy)
         self.known[key] = known
-        self.convergence.update(value if known.outcome == Outcome.OK else None)
+        score = self._score(known)
+        trial.set_user_attr("score_ci_half", score.ci_half)
+        self.convergence.update(score.value if known.outcome == Outcome.OK else None)
         if known.outcome == Outcome.PRUNED:
             self.prober.emit("trial_pruned", trial=label, number=trial.number,
                              reason=result.reason)
@@ -302,8 +345,12 @@ class Search:
             self.prober.tell("warning", f"{label} {_fmt(cfg)}: {result.outcome.value}: "
                                         f"{result.reason} (log: {result.log_path})")
             trial.set_constraint(study_tag(known.outcome), 1.0)
-            return 0.0
-        return value
+            return self.scorer.failed()
+        values = self.scorer.values(score)
+        if values is None:  # not comparable on energy: left out, as a spoiled probe is
+            raise studies.NotComparable(f"no energy reading: "
+                                        f"{objective.energy_why(result.energy)}")
+        return values
 
     # -- when to stop ---------------------------------------------------------------------------
     def _after_trial(self, study, frozen) -> None:
@@ -316,8 +363,10 @@ class Search:
     def _candidates(self) -> list[dict]:
         """The configs the confirmation would re-measure beside the baseline (the best two)."""
         base = self.space.key(self.space.baseline)
-        oks = sorted((v for k, v in self.known.items() if k != base and v.outcome == Outcome.OK),
-                     key=lambda v: -v.value)
+        scored = [(self._score(v).value, v) for k, v in self.known.items()
+                  if k != base and v.outcome == Outcome.OK]
+        oks = [v for s, v in sorted((x for x in scored if x[0] is not None),
+                                    key=lambda x: -x[0])]
         return [dict(v.cfg) for v in oks[:2]]
 
     def _reserve_s(self) -> float:
@@ -376,8 +425,8 @@ class Search:
         if base is None or not all(a is not None or decision.oom_blocks(c, self.ooms)
                                    for a, c in zip(answered, moves)):
             return
-        combo = decision.combine(sp.baseline, base.value, [
-            (c, a.value if a is not None and not a.infeasible else None)
+        combo = decision.combine(sp.baseline, self._score(base).value or 0.0, [
+            (c, self._score(a).value if a is not None and not a.infeasible else None)
             for c, a in zip(moves, answered)])
         if combo is not None and sp.key(combo) not in self.known:
             self.handle.enqueue(sp.choice_from_config(combo), {"design": "combined"})

@@ -45,7 +45,7 @@ class TuneState:
     baseline: BaselineRecord | None = None
     allreduce: Mapping | None = None  # {"result": AllreduceResult dict} or {"error": why}
     # the two-rank probe that showed the script data-parallel (`baseline.discover_ranks`):
-    # {"knobs", "samples_per_s", "ci_half"}, the study's first two-rank trial
+    # {"knobs", "samples_per_s", "ci_half", "energy", "noise"}, the study's first two-rank trial
     ranks_probe: Mapping | None = None
     # how the script moved in the baseline (`autotune.tuning.fitting.ScriptTiming`, as a dict)
     timing: Mapping | None = None

@@ -1,6 +1,8 @@
 """The one place Optuna enters: the study of a tuning run, its sampler, pruner and recovery.
 
-One study per run, maximising samples/s. Storage is SQLite in the run directory unless the user
+One study per run, maximising each config's score (`autotune.tuning.objective`: samples/s by
+default), or samples/s and samples/J together in a multi-objective study, which is not pruned
+(Optuna's ``Trial.report`` refuses multi-objective trials). Storage is SQLite in the run directory unless the user
 gives any Optuna storage URL (several tuners may share one, e.g. PostgreSQL). Trial parameters
 are each knob's *position* in its ordered candidate list (`autotune.tuning.space`), so TPE sees the order
 of uneven values like batch sizes; the knob values themselves are in ``user_attrs["knobs"]``.
@@ -51,23 +53,24 @@ def sqlite_url(path: Path) -> str:
 def comparable(t: FrozenTrial) -> bool:
     """A finished trial whose throughput counts: complete, feasible, measured cleanly."""
     return (t.state == TrialState.COMPLETE and t.user_attrs.get("outcome") == OK
-            and all(v <= 0 for v in t.constraints.values()) and t.value is not None)
+            and all(v <= 0 for v in t.constraints.values()) and t.values is not None)
 
 
 def best_comparable(trials: list[FrozenTrial]) -> FrozenTrial | None:
     ok = [t for t in trials if comparable(t)]
-    return max(ok, key=lambda t: t.value, default=None)
+    return max(ok, key=lambda t: t.values[0], default=None)
 
 
 def best_floor(trials: list[FrozenTrial]) -> float | None:
     """The highest lower end of a comparable trial's interval: what a probe must be able to
-    reach. A lucky high reading with a wide (or unknown) interval sets no bar."""
+    reach. A lucky high reading with a wide (or unknown) interval sets no bar. The interval is
+    the score's (``score_ci_half``: goodput scales it with the value), else the throughput's."""
     floors = []
     for t in trials:
         if comparable(t):
-            ci = t.user_attrs.get("ci_half")
+            ci = t.user_attrs.get("score_ci_half", t.user_attrs.get("ci_half"))
             if isinstance(ci, (int, float)) and ci == ci and ci != float("inf"):
-                floors.append(t.value - ci)
+                floors.append(t.values[0] - ci)  # a two-objective study: its samples/s
     return max(floors, default=None)
 
 
@@ -106,6 +109,7 @@ class StudyHandle:
     url: str
     name: str
     pruner: IntervalPruner
+    prunes: bool = True  # False: a multi-objective or energy study, never pruned
     recovered: list[int] = field(default_factory=list)  # numbers of interrupted trials re-queued
 
     def trials(self, states=None) -> list[FrozenTrial]:
@@ -123,13 +127,14 @@ class StudyHandle:
     def enqueue(self, params: dict, user_attrs: dict | None = None) -> None:
         self.study.enqueue_trial(params, user_attrs=user_attrs, skip_if_exists=False)
 
-    def add_answered(self, params: dict[str, int], sizes: dict[str, int], value: float,
-                     user_attrs: dict) -> None:
+    def add_answered(self, params: dict[str, int], sizes: dict[str, int],
+                     value: float | list[float], user_attrs: dict) -> None:
         """A config measured outside the study (the two-rank probe of the baseline stage) as a
         finished trial: ``params`` are candidate positions, ``sizes`` each knob's number of
         candidates (the distributions the objective suggests from)."""
         self.study.add_trial(optuna.trial.create_trial(
-            params=params, value=value, user_attrs=user_attrs,
+            params=params, user_attrs=user_attrs,
+            **({"values": value} if isinstance(value, list) else {"value": value}),
             distributions={n: optuna.distributions.IntDistribution(0, sizes[n] - 1)
                            for n in params}))
 
@@ -245,10 +250,13 @@ def _fail_interrupted(storage, name: str, run_id: str) -> list[FrozenTrial]:
 def open_study(url: str, name: str, *, run_id: str, seed: int | None = None,
                n_startup_trials: int = 4, min_measure_s: float = 2.0,
                requeue: bool = False, must_exist: bool = False,
-               flag: str | None = None) -> StudyHandle:
+               flag: str | None = None, objectives: int = 1,
+               prune: bool = True) -> StudyHandle:
     """Create or load the study; with ``requeue``, re-queue this run's interrupted trials, to
     run before anything queued earlier. ``must_exist``: a study that is not there is an error,
-    never a new one. ``flag`` is blamed for a URL that cannot be opened.
+    never a new one. ``flag`` is blamed for a URL that cannot be opened. ``objectives``: how
+    many values each trial returns, all maximised; ``prune``: False turns pruning off (a
+    multi-objective study must).
 
     ``run_id`` tags trials (``user_attrs["run"]``) so a resumed run touches only its own
     RUNNING trials, never those of another tuner sharing the storage.
@@ -263,13 +271,16 @@ def open_study(url: str, name: str, *, run_id: str, seed: int | None = None,
                          f"are gone; start a new run")
     interrupted = _fail_interrupted(storage, name, run_id) if requeue else []
     pruner = IntervalPruner(min_measure_s=min_measure_s)
+    prune = prune and objectives == 1
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         sampler = optuna.samplers.TPESampler(multivariate=True, n_startup_trials=n_startup_trials,
                                              seed=seed)
-    study = optuna.create_study(storage=storage, study_name=name, direction="maximize",
-                                sampler=sampler, pruner=pruner, load_if_exists=True)
-    handle = StudyHandle(study=study, url=url, name=name, pruner=pruner)
+    study = optuna.create_study(storage=storage, study_name=name,
+                                directions=["maximize"] * objectives, sampler=sampler,
+                                pruner=pruner if prune else optuna.pruners.NopPruner(),
+                                load_if_exists=True)
+    handle = StudyHandle(study=study, url=url, name=name, pruner=pruner, prunes=prune)
     if requeue:
         # Also trials stopped by Ctrl-C: optimize() marks those FAIL, the objective tags them.
         stopped = [t for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
@@ -313,11 +324,14 @@ def importances(url: str, *, min_trials: int) -> tuple[dict[str, float], str]:
     if len(done) < min_trials:
         return {}, f"only {len(done)} complete trials in the study"
     ped = getattr(optuna.importance, "PedAnovaImportanceEvaluator", None)
+    # a multi-objective study (throughput,energy): importance for its first value, samples/s
+    target = (lambda t: t.values[0]) if len(study.directions) > 1 else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for evaluator in (None, ped() if ped is not None else None):
             try:
-                imp = optuna.importance.get_param_importances(study, evaluator=evaluator)
+                imp = optuna.importance.get_param_importances(study, evaluator=evaluator,
+                                                              target=target)
             except ImportError:  # fANOVA needs scikit-learn
                 continue
             if imp:

@@ -26,7 +26,8 @@ from autotune.measuring import trial
 from autotune.measuring.outcome import Outcome
 from autotune.store import fingerprint, jsontext, rundir
 from autotune.store.journal import Journal
-from autotune.tuning import baseline, confirm, fitting, memory, payback, search
+from autotune import UsageError
+from autotune.tuning import baseline, confirm, fitting, memory, objective, payback, search
 from autotune.tuning.space import global_batch
 from autotune.tuning.prober import Notify, Prober, RunTrial, config_key
 from autotune.tuning.records import ProbeFacts, TuneReport
@@ -142,13 +143,29 @@ class Tuner:
             prober.note("hint", note)
         if settings.budget_s is not None:
             self._tell_plan()
+        self._check_energy()
+        scorer, note = self._scorer(())
+        if note:
+            prober.tell("info", note)
         self.found = search.Search(prober, self.state, handle, elapsed=self.elapsed,
-                                   save=self._save).run()
+                                   save=self._save, scorer=scorer).run()
         self.state = self.found.state
         prober.tell("info", f"search stopped: {self.found.stop_reason}")
+        if objective.Kind.GOODPUT in settings.objective.kinds:
+            scorer, note = self._scorer(self.found.noises, searched=True)
+            prober.note("warning" if scorer.noise_scale is None else "info", note)
         left_s = settings.budget_s - self.elapsed() if settings.budget_s is not None else None
         c = confirm.finish(prober, self.state, self.found.known, left_s=left_s,
-                           stretch=self.found.stop_reason.startswith(search.BUDGET_SPENT))
+                           stretch=self.found.stop_reason.startswith(search.BUDGET_SPENT),
+                           scorer=scorer)
+        if c.front:
+            prober.note("info", f"Pareto front (samples/s vs samples/J), "
+                                f"{len(c.front)} config(s); picked {c.picked}: the fastest "
+                                f"within {objective.PICK_WITHIN_REL:.0%} of the best samples/J")
+            prober.emit("pareto", front=[p.to_dict() for p in c.front], picked=c.picked,
+                        points=[p.to_dict() for p in confirm.pareto_points(
+                            space, self.found.known, scorer)],
+                        within_rel=objective.PICK_WITHIN_REL)
         trials = [t for t in handle.trials() if t.state.is_finished()]
         report = TuneReport(
             run_dir=self.run_dir, space=space, baseline=c.baseline, best=c.best,
@@ -160,7 +177,13 @@ class Tuner:
             one_rank_samples_per_s=_one_rank_best(self.found.known, c),
             best_probe=_measured(prober, c.best.knobs),
             baseline_probe=_measured(prober, c.baseline.knobs),
-            speedup_low=c.speedup_low, speedup_high=c.speedup_high)
+            speedup_low=c.speedup_low, speedup_high=c.speedup_high,
+            objective=settings.objective.token,
+            score={"best": c.best_score.to_dict() if c.best_score else None,
+                   "baseline": c.baseline_score.to_dict() if c.baseline_score else None}
+            if settings.objective != objective.THROUGHPUT else None,
+            objective_note=note if objective.Kind.GOODPUT in settings.objective.kinds else "",
+            pareto=tuple({**p.to_dict(), "picked": p.name == c.picked} for p in c.front))
         run = self._run_length()
         report = dataclasses.replace(
             report, memory=_memory(prober, c.best.knobs),
@@ -176,6 +199,52 @@ class Tuner:
         rundir.write_atomic(self.run_dir / "summary.json",
                             jsontext.dumps(report.to_dict(), indent=2))
         return report
+
+
+    def _check_energy(self) -> None:
+        """An energy objective needs the baseline's joules: without them, one line and exit
+        2 before the search, never a search that cannot compare."""
+        obj, b = self.state.settings.objective, self.state.baseline
+        if obj.uses_energy and objective.joules_per_sample(b.energy) is None:
+            raise UsageError(f"--objective {obj.token}: the baseline probe read no energy "
+                             f"({objective.energy_why(b.energy)}); use --objective throughput, "
+                             f"or tune where NVML's energy counter or RAPL's powercap files "
+                             f"can be read")
+
+    def _scorer(self, noises, searched: bool = False) -> tuple[objective.Scorer, str]:
+        """The run's scorer and what to say of it. Goodput's B_noise comes from the baseline
+        or the two-rank probe before the search and stays fixed through it (scores in the
+        study never change); one the search's data-parallel probes measured (``noises``)
+        re-scores the configs for the confirmation only. Without one, goodput is throughput."""
+        st = self.state
+        obj = st.settings.objective
+        if objective.Kind.GOODPUT not in obj.kinds:
+            return objective.Scorer(obj), ""
+        batch0 = global_batch(st.space.baseline, st.space.devices)
+        ranks = (st.ranks_probe or {}).get("noise")
+        before, steps = objective.noise_of([st.baseline.noise, ranks])
+        value, found = (before, steps) if before is not None else objective.noise_of(noises)
+        scorer = objective.Scorer(obj, batch0, value, st.space.devices)
+        if not batch0:
+            return objective.Scorer(obj), ("goodput needs the script's batch size (no "
+                                           "DataLoader batch seen): scored as throughput")
+        if value is None and not searched:
+            return scorer, ("goodput: no gradient noise scale measured yet (a data-parallel "
+                            "trial measures it): configs score as throughput until one has")
+        if value is None:
+            alone = "instances: fixed at 1: "  # the space's note, when it says why
+            why = next((n.get("reason") for n in (st.baseline.noise, ranks, *noises)
+                        if n and n.get("reason")), "") or \
+                next((n[len(alone):].split("; --space")[0] for n in st.space.notes
+                      if n.startswith(alone)), "") or "no data-parallel trial measured it"
+            return scorer, (f"goodput needs a data-parallel trial: scored as throughput "
+                            f"(no gradient noise scale measured: {why})")
+        tail = ("fixed for the search" if before is not None else
+                "measured during the search, which was steered by throughput; the "
+                "confirmation compares goodput")
+        return scorer, (f"goodput: B_noise {value:.4g} (over {found} steps), {tail}; each "
+                        f"config scores samples/s x its statistical efficiency against the "
+                        f"script's global batch of {batch0}")
 
 
 def _measured(prober, knobs) -> ProbeFacts | None:
