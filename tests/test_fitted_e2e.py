@@ -70,7 +70,7 @@ def test_a_claimed_speed_up_holds_when_the_script_measures_it(tmp_path):
                  "--confirm-rounds", "2", "--confirm-seconds", "20", "--baseline",
                  "batch_size=20",
                  "--recipe-dir", str(tmp_path / "recipes"),
-                 "--", *script, "--batch_size", "{batch_size}", cwd=tmp_path, timeout=300)
+                 "--", *script, "--batch_size", "{batch_size}", cwd=tmp_path, timeout=420)
     s = _summary(p)
     assert not s["kept_baseline"], s["reason"]
     low, high = s["speedup_interval"]

@@ -135,6 +135,7 @@ def test_the_mps_daemon_is_counted_as_the_trials_not_as_foreign_load(tmp_path):
     try:
         group = RankGroup(launched=[], plan=plan(knobs={}, instances=1, cores=[0]),
                           launcher=engines.Launcher(), mps=SimpleNamespace(pid=daemon.pid))
+        t0 = time.monotonic()
         with_service, without = ForeignLoad(), ForeignLoad()
         seen = set()
         while daemon.poll() is None:
@@ -144,7 +145,12 @@ def test_the_mps_daemon_is_counted_as_the_trials_not_as_foreign_load(tmp_path):
             without.sample([])
             time.sleep(0.05)
         assert daemon.pid in seen and len(seen) >= 2  # the daemon and the server it started
-        assert without.cores() - with_service.cores() > 0.5
+        # the two burn 3 CPU-seconds between them however busy the host is (a busy one only
+        # stretches the window): most of them are the trial's, and foreign load drops by them
+        ours_s = with_service.ours_s()
+        assert ours_s >= 2.0, ours_s
+        drop = without.cores() - with_service.cores()
+        assert drop >= 0.8 * ours_s / (time.monotonic() - t0), (drop, ours_s)
     finally:
         daemon.kill()
         daemon.wait()
