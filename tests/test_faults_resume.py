@@ -88,6 +88,24 @@ def test_resume_with_its_budget_already_spent_says_so(tmp_path):
     assert_one_error_line(p, "budget 3m already spent (6m12s)", "larger --budget")
 
 
+def test_resume_refuses_another_study_than_the_runs_own(tmp_path):
+    """--storage or --study-name given again with --resume: the same is accepted, another is
+    one line (it used to be ignored without a word)."""
+    run_dir = tmp_path / "runs" / "r"
+    run_dir.mkdir(parents=True)
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    save(run_dir, TuneState.new(TuneSettings(command=(OK,), cwd=str(tmp_path), budget_s=600.0,
+                                             storage=url), run_dir))
+    p = autotune("tune", "--resume", str(run_dir), "--storage", "sqlite:////tmp/other.db",
+                 cwd=tmp_path, timeout=120)
+    assert_one_error_line(p, f"--resume keeps the run's study (--storage {url})",
+                          "drop --storage sqlite:////tmp/other.db")
+    p = autotune("tune", "--resume", str(run_dir), "--study-name", "mine", cwd=tmp_path,
+                 timeout=120)
+    assert_one_error_line(p, "(--study-name autotune-r)",
+                          "drop --study-name mine")
+
+
 def test_a_recipe_dir_that_cannot_be_created_stops_before_any_probe(tmp_path):
     (tmp_path / "afile").write_text("")
     p = autotune("tune", "--trials", "1", "--seconds", "3", "--recipe-dir",

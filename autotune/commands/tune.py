@@ -188,6 +188,14 @@ def prepare(args, kind: str) -> Prepared:
         if goal is not None and goal != state.settings.objective:
             raise UsageError(f"--resume keeps the run's --objective "
                              f"{state.settings.objective.token}; drop --objective {goal.token}")
+        settings = state.settings
+        for flag, given, own, default in (
+                ("--storage", args.storage, settings.storage, "study.db in the run directory"),
+                ("--study-name", args.study_name, settings.study_name,
+                 f"autotune-{run_dir.name}")):
+            if given is not None and given != own:
+                raise UsageError(f"--resume keeps the run's study ({flag} {own or default}); "
+                                 f"drop {flag} {given}")
         check_not_running(run_dir)
         if "recipe" in _summary(run_dir):
             raise UsageError(f"--resume: the tuning in {run_dir} finished (see its "
