@@ -1,0 +1,162 @@
+"""Payback against the clock: is the full run as long as ``autotune tune`` projected it?
+
+``tune`` projects the full run's length from the script's own arguments (``--epochs`` over the
+dataset's length that its DataLoader knows) at the baseline's throughput and at the winner's, and
+says what tuning cost against what the winner saves (`autotune.tuning.payback`). This bench
+checks those projections against whole runs on the bundled examples:
+
+1. ``autotune tune --budget B --json`` as a user runs it; its ``payback``: the run's samples,
+   its projected length at the script's own settings and with the winner, tuning's cost.
+2. Rounds, interleaved: the whole run as the user runs it (``python train.py ARGS``) and
+   ``autotune run --recipe`` with the same arguments, each to its end. Two times for each:
+   the process's wall time (start-up and dataset preparation included) and the training time
+   by the script's own clock (its ``done: N steps, mean samples/s X`` line: the run's samples
+   over X).
+3. Per case: projected / actual for both, and the projected saving against the one measured.
+
+Prints a table per case and writes JSON (``--out``). Not a test: minutes per case.
+
+    .venv/bin/python bench/bench_payback.py --budget 2m --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from autotune.store import fingerprint  # noqa: E402
+from autotune.tuning.payback import duration  # noqa: E402
+
+EXAMPLES = ROOT / "examples"
+DONE = re.compile(r"^done: (\d+) steps, mean samples/s ([0-9.]+)", re.M)
+
+# name -> (script, its arguments for the whole run; the data dir is added per work dir)
+CASES = {
+    "image_classifier": (EXAMPLES / "image_classifier" / "train.py",
+                         ["--num-images", "1024", "--epochs", "24"]),
+    "compute_bound": (EXAMPLES / "compute_bound" / "train.py",
+                      ["--num-samples", "8192", "--epochs", "6"]),
+}
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def whole_run(argv: list[str], cwd: Path, env: dict, samples: float) -> dict:
+    """One run to its end: wall time, and training time by the script's own clock."""
+    t0 = time.monotonic()
+    p = subprocess.run(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    wall_s = time.monotonic() - t0
+    m = DONE.search(p.stdout)
+    own_s = samples / float(m.group(2)) if m and float(m.group(2)) > 0 else None
+    return {"exit_code": p.returncode, "wall_s": wall_s, "own_s": own_s,
+            "tail": p.stdout[-1500:] if p.returncode or own_s is None else ""}
+
+
+def dur(s: float) -> str:
+    return duration(s) if s == s and s != float("inf") else "-"
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b == b and b > 0 else float("nan")
+
+
+def mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def run_case(name: str, args, work: Path) -> dict:
+    script, script_args = CASES[name]
+    script_args = [*script_args, *(["--data-dir", str(work / "data")]
+                                   if name == "image_classifier" else [])]
+    env = dict(os.environ, AUTOTUNE_RUNS_DIR=str(work / "runs"))
+    plain = [sys.executable, str(script), *script_args]
+    if name == "image_classifier":  # the images are made once, before anything is timed
+        subprocess.run([*plain, "--max-steps", "1"], cwd=work, env=env, check=True,
+                       capture_output=True)
+    cmd = [sys.executable, "-m", "autotune", "tune", "--json", "--plain", "--budget",
+           args.budget, "--recipe-dir", str(work / "recipes"), "--no-warm-start",
+           "--", str(script), *script_args]
+    t0 = time.monotonic()
+    tuned = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+    tune_s = time.monotonic() - t0
+    if tuned.returncode != 0:
+        say(f"{name}: tune failed ({tuned.returncode}):\n{tuned.stderr[-3000:]}")
+        return {"case": name, "error": tuned.stderr[-3000:]}
+    s = json.loads(tuned.stdout.strip().splitlines()[-1])
+    pb = s.get("payback")
+    if not pb:
+        say(f"{name}: tune projected no run length (notes: {s.get('notes')})")
+        return {"case": name, "error": "no projection", "summary": s}
+    samples = float(pb["run"]["samples"])
+    say(f"# {name}: tune {tune_s:.0f} s, {s['trials']} probes, best {s['best']['knobs']}"
+        f"{' (kept the defaults)' if s['kept_baseline'] else ''}")
+    say(f"# {name}: payback: {pb['text']}")
+    run = [sys.executable, "-m", "autotune", "run", "--plain", "--recipe", s["recipe"], "--",
+           str(script), *script_args]
+    runs: dict[str, list[dict]] = {"default": [], "recipe": []}
+    for rnd in range(1, args.rounds + 1):
+        for label, argv in (("default", plain), ("recipe", run)):
+            r = whole_run(argv, work, env, samples)
+            runs[label].append(r)
+            own = f"{r['own_s']:7.1f} s by its own clock" if r["own_s"] else "no 'done:' line"
+            say(f"{name} round {rnd} {label:8s} wall {r['wall_s']:7.1f} s, {own}"
+                f" (exit {r['exit_code']})" + (f"\n{r['tail']}" if r["tail"] else ""))
+    actual = {label: {"wall_s": mean([r["wall_s"] for r in rs if r["exit_code"] == 0]),
+                      "own_s": mean([r["own_s"] for r in rs if r["own_s"]])}
+              for label, rs in runs.items()}
+    projected = {"default": pb["baseline_run_s"], "recipe": pb["best_run_s"]}
+    say(f"\n{'run':8s} {'projected':>10s} {'own clock':>10s} {'wall':>10s}  "
+        f"{'projected/own':>13s} {'projected/wall':>14s}")
+    for label in ("default", "recipe"):
+        a = actual[label]
+        say(f"{label:8s} {dur(projected[label]):>10s} {dur(a['own_s']):>10s} "
+            f"{dur(a['wall_s']):>10s}  {ratio(projected[label], a['own_s']):13.3f} "
+            f"{ratio(projected[label], a['wall_s']):14.3f}")
+    saving_own = actual["default"]["own_s"] - actual["recipe"]["own_s"]
+    saving_wall = actual["default"]["wall_s"] - actual["recipe"]["wall_s"]
+    say(f"saving: projected {duration(max(0.0, pb['saving_s']))}, measured "
+        f"{dur(max(0.0, saving_own))} by the script's clock "
+        f"({saving_own:+.0f} s), {saving_wall:+.0f} s of wall time; tuning cost "
+        f"{duration(pb['tuning_s'])}")
+    return {"case": name, "tune_s": tune_s, "summary": s, "payback": pb, "runs": runs,
+            "actual": actual, "projected": projected,
+            "saving": {"projected_s": pb["saving_s"], "own_s": saving_own,
+                       "wall_s": saving_wall}}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    p.add_argument("--budget", default="2m", help="tune's --budget for each case")
+    p.add_argument("--rounds", type=int, default=2, help="interleaved whole runs of each")
+    p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    args = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench_payback-"))
+    fp = fingerprint.current([sys.executable])
+    say(f"# bench_payback {datetime.datetime.now():%Y-%m-%d %H:%M} on "
+        f"{platform.node() or 'host'}: {fp.cores} cores ({fp.cpu_model}), Python "
+        f"{platform.python_version()}, torch {fp.torch_version}; tune --budget {args.budget}, "
+        f"{args.rounds} rounds of whole runs; work dir {work}")
+    results = [run_case(name, args, work) for name in args.cases]
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=2, default=str))
+    return 0 if all("error" not in r for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
