@@ -1,7 +1,9 @@
 """The GPU path proven on a GPU host, in one command: facts, the gpu tests, autotune's probe and
-tune of the bundled CUDA example, and a side-by-side of 1 rank against 2-4 ranks under MPS.
+tune of the bundled CUDA example (for throughput, then for throughput and energy), and a
+side-by-side of 1 rank against 2-4 ranks under MPS.
 
-    python bench/gpu_proof.py --out DIR [--budget 4m] [--steps env,tests,probe,tune,measure]
+    python bench/gpu_proof.py --out DIR [--budget 4m] [--energy-budget 3m]
+                              [--steps env,tests,probe,tune,energy,measure]
 
 Steps (each recorded in DIR/steps/<step>.json as it ends, so a later call with other --steps
 adds to the same report; the env step runs every time, the others read its facts):
@@ -13,7 +15,10 @@ adds to the same report; the env step runs every time, the others read its facts
 2. tests: ``pytest -m gpu`` on the files holding gpu tests; each test's outcome.
 3. probe: ``autotune probe`` of examples/cuda_small/train.py (full / synthetic / io).
 4. tune: ``autotune tune --budget B`` on the default GPU space; trials and shares per rank count.
-5. measure: 1 rank with the whole GPU vs 2, 3, 4 ranks under MPS (the tuner's shares, else fixed)
+5. energy: ``autotune tune --objective throughput,energy --budget E``: each probe's joules per
+   sample and where they were read (NVML's energy counter, or the power sampled; RAPL), the
+   Pareto front and its pick.
+6. measure: 1 rank with the whole GPU vs 2, 3, 4 ranks under MPS (the tuner's shares, else fixed)
    and time-sliced, and the tuned recipe through ``autotune run``; separate processes,
    interleaved rounds, the script's own samples/s, NVML sampled, MPS clients verified.
 
@@ -40,7 +45,7 @@ from gpuproof import facts, measure, mpsd, procs, record, report, steps  # noqa:
 from gpuproof.context import EXAMPLE, Context, Settings  # noqa: E402
 
 RUNNERS = {"tests": steps.run_tests, "probe": steps.run_probe, "tune": steps.run_tune,
-           "measure": measure.run}
+           "energy": steps.run_energy, "measure": measure.run}
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -78,6 +83,11 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, Settings]:
     p.add_argument("--steps", type=_steps, default=record.STEPS,
                    help=f"comma-separated subset of {','.join(record.STEPS)} (default all)")
     p.add_argument("--budget", type=_budget, default="4m", help="autotune tune --budget (4m)")
+    p.add_argument("--energy-budget", type=_budget, default="3m",
+                   help="the energy step's autotune tune --budget (3m)")
+    p.add_argument("--foreign-limit", type=float, default=None, metavar="CORES",
+                   help="autotune tune --foreign-limit for the tune and energy steps (default "
+                        "autotune's own: probes under other programs' load are re-run)")
     p.add_argument("--tune-space", nargs="+", default=(), metavar="NAME=RANGE",
                    help="autotune tune --space tokens, e.g. instances=1:4 thread_pct=25:100 "
                         "(default: autotune's own space for this host and script)")
@@ -104,7 +114,9 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, Settings]:
     args = p.parse_args(argv)
     if args.rounds < 1 or args.seconds <= 0 or args.probe_seconds <= 0:
         p.error("--rounds >= 1, --seconds > 0 and --probe-seconds > 0 must hold")
-    settings = Settings(budget=args.budget, tune_space=tuple(args.tune_space),
+    settings = Settings(budget=args.budget, energy_budget=args.energy_budget,
+                        foreign_limit=args.foreign_limit,
+                        tune_space=tuple(args.tune_space),
                         probe_seconds=args.probe_seconds,
                         seconds=args.seconds, rounds=args.rounds, instances=args.instances,
                         time_sliced=args.time_sliced, gpu=args.gpu,

@@ -112,6 +112,28 @@ def test_budget_forms():
         steps.budget_s("4 minutes")
 
 
+def test_energy_step_reads_each_probe_s_joules_and_where_they_came_from(tmp_path):
+    counter = {"gpu_j_per_sample": 0.2, "cpu_j_per_sample": 0.05, "gpu": "NVML energy counter",
+               "cpu": "RAPL package energy"}
+    sampled = {"gpu_j_per_sample": 0.3, "cpu_j_per_sample": None, "gpu": "NVML power, sampled",
+               "cpu": "unavailable: no RAPL"}
+    none = {"gpu_j_per_sample": None, "cpu_j_per_sample": None, "gpu": "unavailable: no GPU",
+            "cpu": "unavailable: no RAPL"}
+    assert steps.energy_j_per_sample(counter) == pytest.approx(0.25)
+    assert steps.energy_j_per_sample(sampled) == 0.3
+    assert steps.energy_j_per_sample(none) is None
+    trials = [{"energy": e} for e in (counter, none, sampled, counter, None)]
+    assert steps.energy_sources(trials) == ["NVML energy counter", "NVML power, sampled"]
+    (tmp_path / "events.jsonl").write_text(
+        '{"t": 1, "event": "pareto", "picked": "trial-1", "front": [], "points": []}\n'
+        'not json\n'
+        '{"t": 2, "event": "pareto", "picked": "trial-2", "front": [{"name": "trial-2"}], '
+        '"points": []}\n')
+    assert steps.pareto_event(tmp_path) == {"picked": "trial-2", "front": [{"name": "trial-2"}],
+                                            "points": []}
+    assert steps.pareto_event(tmp_path / "missing") is None
+
+
 def test_nvml_summary_leaves_out_the_first_half():
     samples = [(t, {"util_pct": u, "mem_used_bytes": m, "power_w": p})
                for t, u, m, p in ((0.0, 0, 1, 50.0), (1.0, 10, 5, 60.0), (3.0, 80, 3, 200.0),
@@ -173,7 +195,7 @@ def test_fake_gpu_host_without_cuda_torch(fake_host, tmp_path):
     assert mps["stop"]["commands"] == ["get_server_list", "get_server_list", "quit"]
     assert env["data"]["mps_agreement"]["agree"] is True
     assert any("not NVIDIA's ELF executable" in line for line in env["lines"])
-    for name in ("tests", "probe", "tune", "measure"):
+    for name in ("tests", "probe", "tune", "energy", "measure"):
         step = rep["steps"][name]
         assert step["status"] == "skipped" and step["reason"].startswith("no CUDA torch"), step
         assert f"| {name} | skipped | no CUDA torch" in md
@@ -210,6 +232,37 @@ def test_side_by_side_against_the_fake_mps_daemon(fake_host, tmp_path):
     assert served["stop"]["how"] == "quit" and served["stop"]["gone"]
     assert runs["2xts"]["mps"]["without_mps"] and runs["2xts"]["mps"]["clients"] == []
     assert "| 2 ranks under MPS, 50% each | 2 |" in md
+
+
+@pytest.mark.slow
+def test_energy_step_tunes_for_throughput_and_energy_on_nvml_s_counter(tmp_path):
+    """The energy step on the fake GPU host (its NVML energy counter grows by the GPU's 60 W,
+    as NVIDIA documents; no RAPL): every probe's GPU joules come from the counter, a sample
+    costs 60 W / samples/s, and the Pareto front and its pick are recorded."""
+    import time
+
+    mps_dir = tempfile.mkdtemp(prefix="atg", dir="/tmp")
+    try:
+        env = fake_gpu_env(write_nvml_config(tmp_path, gpus=1, energy_mj=1000,
+                                             energy_since=time.time()), mps_dir)
+        env["AUTOTUNE_RAPL_ROOT"] = str(tmp_path / "no-powercap")
+        p, rep, md = run_kit(env, tmp_path / "out", "--steps", "energy", "--allow-cpu",
+                             "--energy-budget", "60s", "--foreign-limit", "1000", "--",
+                             "--width", "4", "--batch-size", "8", "--workers", "0")
+    finally:
+        subprocess.run(["rm", "-rf", mps_dir], check=False)
+    e = rep["steps"]["energy"]
+    assert e["status"] == "ok" and p.returncode == 0, (e["reason"], e["lines"])
+    assert "--objective throughput,energy" in e["lines"][0]
+    assert e["data"]["gpu_sources"] == ["NVML energy counter"]
+    ok = [t for t in e["data"]["trials"] if t["outcome"] == "ok"]
+    assert ok and all(t["energy"]["gpu_j_per_sample"] == pytest.approx(
+        60.0 / t["samples_per_s"], rel=0.25) for t in ok), ok
+    summary = e["data"]["summary"]
+    assert summary["objective"] == "throughput,energy" and summary["pareto"]
+    assert e["data"]["pareto"]["picked"] in {pt["name"] for pt in e["data"]["pareto"]["points"]}
+    assert "recipes-energy" in summary["recipe"]
+    assert "| energy | ok | GPU joules from NVML energy counter; Pareto front of" in md
 
 
 @pytest.mark.slow

@@ -408,3 +408,65 @@ def test_tune_for_energy_on_the_fake_gpu_host_reads_nvml_s_energy_counter(tmp_pa
             if e["trial"] == "baseline" and e["result"]["outcome"] == "ok"][-1]
     assert read["gpu"] == "NVML energy counter" and read["cpu_j_per_sample"] is None
     assert "no-powercap does not exist" in read["cpu"]
+
+
+@pytest.mark.slow
+def test_tune_for_goodput_takes_b_noise_from_the_two_rank_probe_and_scores_by_it(tmp_path):
+    """The two pieces together on real training: a script that goes DDP only when launched with
+    WORLD_SIZE > 1 (noise_toy, held at lr 0), instances left free. The tuner's two-rank probe
+    measures the noise scale through DDP's communication hook; the search fixes B_noise from it
+    and scores every config by samples/s x the efficiency of its global batch against the
+    script's own 16; the summary, the recipe and the journal carry that value."""
+    from pathlib import Path
+
+    from autotune.tuning import study as studies
+    from test_noise import exact_noise_scale
+
+    p = autotune("tune", "--plain", "--json", "--foreign-limit", "1000", "--trials", "3",
+                 "--seconds", "8", "--confirm-rounds", "0", "--seed", "0",
+                 "--objective", "goodput",
+                 "--space", "batch_size=16:64", "--fix", "workers=0", "bucket_mb=25",
+                 "--recipe-dir", str(tmp_path / "recipes"), "--",
+                 str(SCRIPTS / "noise_toy.py"), cwd=tmp_path, timeout=240,
+                 env=_env(AUTOTUNE_RUNS_DIR=str(tmp_path / "runs")))
+    s = _summary(p)
+    run_dir = Path(s["run_dir"])
+    ranks = [e["result"] for e in events(run_dir, "trial_finished") if e["trial"] == "ranks"]
+    assert ranks and ranks[-1]["outcome"] in ("ok", "foreign-load"), ranks
+    noise = ranks[-1]["noise"]
+    assert (noise["ranks"], noise["b_small"], noise["b_big"]) == (2, 16, 32), noise
+    assert noise["steps"] >= 100, noise
+    b_noise = noise["noise_scale"]
+    truth = exact_noise_scale()
+    assert truth / 2 <= b_noise <= truth * 2, (noise, truth)
+
+    assert s["objective"] == "goodput"
+    assert s["objective_note"].startswith(f"goodput: B_noise {b_noise:.4g} (over "
+                                          f"{noise['steps']} steps), fixed for the search"), \
+        (s["objective_note"], p.stderr[-3000:])
+    assert "scored as throughput" not in p.stderr
+    recipe = next((tmp_path / "recipes").glob("*.toml")).read_text()
+    assert 'name = "goodput"' in recipe and f"noise_scale = {b_noise!r}" in recipe, recipe
+    assert "needs a data-parallel trial" not in recipe
+    best = events(run_dir, "best")[-1]
+    assert best["objective"] == "goodput" and best["score"]["noise_scale"] == b_noise
+
+    base_batch = 16  # noise_toy's own --batch-size, one rank
+    h = studies.open_study(studies.sqlite_url(run_dir / "study.db"),
+                           f"autotune-{run_dir.name}", run_id=run_dir.name)
+    # a trial of a config answered already replays that answer (``duplicate_of``): not measured
+    scored = [t for t in h.trials() if studies.comparable(t) and
+              "duplicate_of" not in t.user_attrs]
+    batches = set()
+    for tr in scored:  # each value is samples/s x the efficiency of its global batch
+        k = tr.user_attrs["knobs"]
+        batches.add(k["batch_size"] * k.get("instances", 1))
+        eff = goodput.efficiency(k["batch_size"] * k.get("instances", 1), base_batch, b_noise)
+        assert tr.value == pytest.approx(tr.user_attrs["samples_per_s"] * eff), tr
+    assert any(t.user_attrs.get("ranks_probe") for t in scored)
+    assert batches - {base_batch}, batches  # a config whose efficiency is not 1 was scored
+    for role, sc in s["score"].items():
+        k = s[role]["knobs"]
+        eff = goodput.efficiency(k["batch_size"] * k.get("instances", 1), base_batch, b_noise)
+        assert sc["noise_scale"] == b_noise and sc["efficiency"] == pytest.approx(eff)
+        assert sc["value"] == pytest.approx(sc["samples_per_s"] * eff)

@@ -21,6 +21,8 @@ class Settings:
     """The kit's options, parsed once."""
 
     budget: str = "4m"
+    energy_budget: str = "3m"  # the energy step's tune --objective throughput,energy
+    foreign_limit: float | None = None  # tune --foreign-limit CORES; None: autotune's default
     tune_space: tuple[str, ...] = ()  # autotune tune --space tokens; () = the default space
     probe_seconds: float = 20.0
     seconds: float = 30.0

@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-STEPS = ("env", "tests", "probe", "tune", "measure")
+STEPS = ("env", "tests", "probe", "tune", "energy", "measure")
 STATUSES = ("ok", "incomplete", "failed", "skipped")
 
 

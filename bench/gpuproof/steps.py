@@ -1,5 +1,7 @@
 """The steps that drive the repo as a user would: the ``gpu`` tests under pytest, and
-``autotune probe`` and ``autotune tune`` of the bundled CUDA example on the default GPU space.
+``autotune probe`` and ``autotune tune`` of the bundled CUDA example on the default GPU space,
+and ``autotune tune --objective throughput,energy`` of it (NVML's energy counter, the Pareto
+front).
 
 After each autotune command: the MPS daemons it started (in a directory of ours, kept with
 ``AUTOTUNE_MPS_KEEP``) are checked to be gone, and no process of the command is left.
@@ -168,18 +170,27 @@ def run_probe(ctx: Context) -> Step:
     return step
 
 
+def tune_args(ctx: Context, *, budget: str, recipe_dir: Path, extra=()) -> list[str]:
+    """``autotune tune`` of the kit's script with the kit's space, ``extra`` flags before it."""
+    s = ctx.settings
+    args = ["tune", "--json", "--plain", "--budget", budget, "--seed", "0", *extra,
+            "--recipe-dir", str(recipe_dir), "--probe-cwd", str(ctx.work / "cwd")]
+    if s.foreign_limit is not None:
+        args += ["--foreign-limit", f"{s.foreign_limit:g}"]
+    if s.tune_space:  # the list ends at '--', as autotune's --space asks
+        args += ["--space", *s.tune_space, "--"]
+    args += [str(s.script), *s.script_args, "--epochs", "1000"]
+    (ctx.work / "cwd").mkdir(parents=True, exist_ok=True)
+    return args
+
+
 def run_tune(ctx: Context) -> Step:
     step = Step("tune")
     if why := cli_gate(ctx, needs_optuna=True):
         return step.skip(why)
     env, mps_dir = ctx.autotune_env()
     s = ctx.settings
-    args = ["tune", "--json", "--plain", "--budget", s.budget, "--seed", "0",
-            "--recipe-dir", str(ctx.out / "recipes"), "--probe-cwd", str(ctx.work / "cwd")]
-    if s.tune_space:  # the list ends at '--', as autotune's --space asks
-        args += ["--space", *s.tune_space, "--"]
-    args += [str(s.script), *s.script_args, "--epochs", "1000"]
-    (ctx.work / "cwd").mkdir(parents=True, exist_ok=True)
+    args = tune_args(ctx, budget=s.budget, recipe_dir=ctx.out / "recipes")
     step.say("ran: autotune " + " ".join(args))
     ran = ctx.autotune(*args, name="autotune-tune", env=env,
                        timeout_s=2 * budget_s(s.budget) + 300)
@@ -216,6 +227,108 @@ def run_tune(ctx: Context) -> Step:
     return step
 
 
+def run_energy(ctx: Context) -> Step:
+    """``autotune tune --objective throughput,energy``: every probe's joules per sample and
+    where they were read (NVML's energy counter on Volta and newer, else the power sampled;
+    RAPL for the CPU packages where readable), the Pareto front and its pick. Its recipe goes
+    to OUT/recipes-energy, apart from the tune step's (which the measure step runs)."""
+    step = Step("energy")
+    if why := cli_gate(ctx, needs_optuna=True):
+        return step.skip(why)
+    env, mps_dir = ctx.autotune_env()
+    s = ctx.settings
+    args = tune_args(ctx, budget=s.energy_budget, recipe_dir=ctx.out / "recipes-energy",
+                     extra=("--objective", "throughput,energy"))
+    step.say("ran: autotune " + " ".join(args))
+    ran = ctx.autotune(*args, name="autotune-tune-energy", env=env,
+                       timeout_s=2 * budget_s(s.energy_budget) + 300)
+    summary = last_json(ran.output)
+    step.data.update(exit=ran.returncode, log=ran.log_path, summary=summary,
+                     mps_warnings=mps_warnings(ran.output))
+    if summary is None or ran.returncode != 0:
+        step.fail(f"autotune tune --objective throughput,energy exit {ran.returncode}: "
+                  f"{ran.tail(5)}")
+        after_command(ctx, step, mps_dir)
+        return step
+    run_dir = Path(summary["run_dir"])
+    trials = trials_of(run_dir)
+    step.data["trials"] = trials
+    for t in trials:
+        e = t.get("energy") or {}
+        j = energy_j_per_sample(e)
+        step.say(f"{t['trial']}: {t['knobs']} -> {t['outcome']} {t['samples_per_s']:.1f} "
+                 f"samples/s, {'n/a' if j is None else f'{j * 1e3:.3f}'} mJ/sample "
+                 f"(GPU: {e.get('gpu', 'not read')}; CPU: {e.get('cpu', 'not read')})")
+    sources = energy_sources(trials)
+    step.data["gpu_sources"] = sources
+    pareto = (pareto_event(run_dir) or {})
+    step.data["pareto"] = pareto
+    front = summary.get("pareto") or []
+    for p in front:
+        step.say(f"front: {'*' if p.get('picked') else ' '} {p['name']} {p['knobs']}: "
+                 f"{p['samples_per_s']:.1f} samples/s, {p['samples_per_j']:.4g} samples/J")
+    best, base = (summary.get("score") or {}).get("best"), \
+        (summary.get("score") or {}).get("baseline")
+    step.say(f"picked {pareto.get('picked', '?')}; best {summary['best']['knobs']}: "
+             f"{_sj(best)} vs baseline {_sj(base)}: {summary['reason']}; "
+             f"recipe {summary.get('recipe')}")
+    step.reason = (f"GPU joules from {', '.join(sources) or 'nowhere'}; Pareto front of "
+                   f"{len(front)} config(s), picked {pareto.get('picked', '?')}: "
+                   f"{summary['reason']}")
+    if "NVML energy counter" not in sources:
+        step.partial(f"NVML's energy counter was not read (GPU joules: "
+                     f"{', '.join(sources) or 'none'})")
+    if not front:
+        step.partial("no Pareto front: no probe had both samples/s and samples/J")
+    for w in step.data["mps_warnings"]:
+        step.say(f"autotune warned: {w}")
+    after_command(ctx, step, mps_dir)
+    return step
+
+
+def _sj(score: dict | None) -> str:
+    if not score:
+        return "n/a"
+    spj = score.get("samples_per_j")
+    return (f"{score['samples_per_s']:.1f} samples/s, "
+            f"{'n/a' if spj is None else f'{spj:.4g}'} samples/J")
+
+
+def energy_j_per_sample(energy: dict) -> float | None:
+    """Pure: GPU + CPU joules per sample of a probe's energy reading, each where readable."""
+    parts = [energy.get(k) for k in ("gpu_j_per_sample", "cpu_j_per_sample")]
+    parts = [float(p) for p in parts if isinstance(p, (int, float))]
+    return sum(parts) if parts else None
+
+
+def energy_sources(trials: list[dict]) -> list[str]:
+    """Pure: where the probes' GPU joules came from ('NVML energy counter', 'NVML power,
+    sampled', ...), each once, in order; unavailable readings left out."""
+    out = []
+    for t in trials:
+        src = (t.get("energy") or {}).get("gpu") or ""
+        if src and not src.startswith("unavailable") and src not in out:
+            out.append(src)
+    return out
+
+
+def pareto_event(run_dir: Path) -> dict | None:
+    """The run's last ``pareto`` journal event (points, front, picked), without its envelope."""
+    found = None
+    try:
+        lines = (run_dir / "events.jsonl").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        if e.get("event") == "pareto":
+            found = {k: v for k, v in e.items() if k not in ("t", "event")}
+    return found
+
+
 def budget_s(text: str) -> float:
     """Pure: '90s', '4m', '1h', '120' -> seconds (the forms autotune's --budget takes)."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
@@ -240,7 +353,8 @@ def trials_of(run_dir: Path) -> list[dict]:
             r = e["result"]
             out.append({"trial": e.get("trial"), "knobs": r.get("knobs") or {},
                         "outcome": r.get("outcome"), "samples_per_s": r.get("samples_per_s") or 0.0,
-                        "cuda_peak_bytes": r.get("cuda_peak_bytes"), "reason": r.get("reason")})
+                        "cuda_peak_bytes": r.get("cuda_peak_bytes"), "reason": r.get("reason"),
+                        "energy": r.get("energy")})
     return out
 
 

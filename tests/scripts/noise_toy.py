@@ -5,12 +5,13 @@ the noise scale, stay where they started. The test builds the same data and mode
 
 A small ``--bucket-mb`` cuts the model's gradient into several DDP buckets. ``--accumulate K``
 steps the optimizer once every K batches, each backward pass under ``no_sync`` but the last
-(``--no-sync``), or each one allreducing. Runs until stopped.
+(``--no-sync``), or each one allreducing. Like most DDP scripts it trains data-parallel only
+when launched with ``WORLD_SIZE > 1`` (torchrun), one process otherwise. Runs until stopped.
 """
 
-import contextlib
-
 import argparse
+import contextlib
+import os
 
 import torch
 import torch.distributed as dist
@@ -44,20 +45,27 @@ def main():
     p.add_argument("--accumulate", type=int, default=1, metavar="K")
     p.add_argument("--no-sync", action="store_true")
     args = p.parse_args()
-    dist.init_process_group("gloo")
+    distributed = int(os.environ.get("WORLD_SIZE", 1)) > 1
+    if distributed:
+        dist.init_process_group("gloo")
     torch.set_num_threads(1)
     x, y = make_data()
     data = TensorDataset(x, y)
-    sampler = DistributedSampler(data)
-    loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, drop_last=True)
-    model = DistributedDataParallel(make_model(), bucket_cap_mb=args.bucket_mb)
+    sampler = DistributedSampler(data) if distributed else None
+    loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler,
+                        shuffle=sampler is None, drop_last=True)
+    model = make_model()
+    if distributed:
+        model = DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     epoch = 0
     while True:
-        sampler.set_epoch(epoch)
+        if sampler is not None:
+            sampler.set_epoch(epoch)
         for k, (xb, yb) in enumerate(loader):
             last = (k + 1) % args.accumulate == 0
-            quiet = model.no_sync() if args.no_sync and not last else contextlib.nullcontext()
+            hold = args.no_sync and distributed and not last
+            quiet = model.no_sync() if hold else contextlib.nullcontext()
             with quiet:
                 loss = nn.functional.cross_entropy(model(xb), yb) / args.accumulate
                 loss.backward()
