@@ -441,6 +441,8 @@ def test_tune_for_goodput_takes_b_noise_from_the_two_rank_probe_and_scores_by_it
     assert truth / 2 <= b_noise <= truth * 2, (noise, truth)
 
     assert s["objective"] == "goodput"
+    # without a confirmation the baseline's own probe still gives the summary its facts
+    assert s["probes"]["baseline"] is not None and s["probes"]["baseline"]["breakdown"], s
     assert s["objective_note"].startswith(f"goodput: B_noise {b_noise:.4g} (over "
                                           f"{noise['steps']} steps), fixed for the search"), \
         (s["objective_note"], p.stderr[-3000:])

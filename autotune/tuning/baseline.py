@@ -142,6 +142,7 @@ def measure(prober: Prober, state: TuneState) -> TuneState:
                                  settings.command[1:]))), devices=devices)
     sp = space.build(machine, base, req)
     finished(dataclasses.replace(result, knobs=dict(sp.baseline)))  # one rank: no bucket_mb
+    prober.remember(sp.baseline, result)  # the summary's baseline facts, confirmed or not
     timing = fitting.ScriptTiming.of(result, sp.trial_knobs(sp.baseline)[0])
     if timing is not None:
         prober.timing = timing

@@ -112,6 +112,12 @@ class Prober:
         return min(fitting.limits(self.timing, knobs, instances, seen=self.paces).expected_s,
                    self._budget_cap())
 
+    def remember(self, cfg: Mapping, result: TrialResult) -> None:
+        """Keep ``result`` as the last measurement of ``cfg`` too: the baseline, probed with
+        the script's own values before the space named all its knobs."""
+        if result.outcome == Outcome.OK and result.mode == "full":
+            self.last_ok[config_key(cfg)] = result
+
     def typical_s(self, space) -> float:
         """What a search probe over ``space`` is expected to take: ``--seconds``, or fitted
         to the script and averaged over the space's configs."""
