@@ -42,14 +42,12 @@ TOY = ROOT / "tests" / "scripts" / "noise_toy.py"
 PROBE_FACTOR = 2.0
 
 
-def data(n=4096, d=32, classes=10, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, d, generator=g)
-    teacher = torch.randn(d, classes, generator=g)
-    y = (x @ teacher).argmax(1)
-    flip = torch.rand(n, generator=g) < 0.1
-    y[flip] = torch.randint(0, classes, (int(flip.sum()),), generator=g)
-    return x, y
+def load_toy():
+    """tests/scripts/noise_toy.py as a module: its data and model are the bench's too."""
+    spec = importlib.util.spec_from_file_location("noise_toy", TOY)
+    toy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(toy)
+    return toy
 
 
 def per_sample_grads(model, x, y) -> torch.Tensor:
@@ -72,9 +70,7 @@ def exact(g: torch.Tensor) -> float:
 def through_the_probe(seconds: float, batch: int) -> bool:
     """A real two-rank ``autotune probe`` of noise_toy at lr 0 against its exact noise scale;
     True when the ratio is within ``PROBE_FACTOR``."""
-    spec = importlib.util.spec_from_file_location("noise_toy", TOY)
-    toy = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(toy)
+    toy = load_toy()
     x, y = toy.make_data()
     truth = exact(per_sample_grads(toy.make_model(), x, y).double())
     with tempfile.TemporaryDirectory(prefix="bench_goodput-") as runs:
@@ -114,7 +110,7 @@ def main() -> int:
                    help="length of the real two-rank probe of noise_toy (0: skip it)")
     args = p.parse_args()
     torch.manual_seed(0)
-    x, y = data()
+    x, y = load_toy().make_data()
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     print(f"# bench_goodput: MLP 32-64-10 on {len(x)} samples; {args.ranks} ranks x batch "

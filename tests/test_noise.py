@@ -15,20 +15,9 @@ from autotune.monitor.text import noise_text
 from conftest import SCRIPTS
 from probes import intercept
 from probes.noise import GradNorms
+from test_goodput import problem
 
 # -- the fold (controller) ---------------------------------------------------------------------
-
-
-def problem(n=20_000, d=16, seed=0):
-    """Per-sample gradients of linear regression at a fixed weight, and the exact noise scale."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, d, generator=g, dtype=torch.float64)
-    w_true = torch.randn(d, generator=g, dtype=torch.float64)
-    y = x @ w_true + 0.5 * torch.randn(n, generator=g, dtype=torch.float64)
-    w = w_true + 0.3 * torch.randn(d, generator=g, dtype=torch.float64)
-    per_sample = x * (x @ w - y)[:, None]
-    G = per_sample.mean(0)
-    return per_sample, float(((per_sample - G) ** 2).sum(1).mean() / (G @ G))
 
 
 def ticks(per_sample, *, b, ranks, steps, t0=0.0, step_s=0.01, tick_every=25, seed=1,
