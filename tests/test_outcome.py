@@ -49,6 +49,19 @@ def test_hung_after_batches():
     assert outcome == Outcome.HUNG and "after 30 batches" in reason
 
 
+@pytest.mark.parametrize("idle, want", [(True, Outcome.HUNG), (False, Outcome.OK)])
+def test_a_stall_at_the_end_is_a_hang_when_the_processes_sat_idle(idle, want):
+    """Trained long enough for an estimate (a slow host stretches 20 batches), then no progress
+    for 12 s of 0.1 s steps until the probe ended: idle through it, a deadlock; busy, a pause
+    (an evaluation) that keeps the estimate."""
+    outcome, reason = classify(Observed(exit_code=None, stopped_by_us=True, batches=20,
+                                        has_estimate=True, stalled_s=12.0, step_s=0.1,
+                                        stalled_idle=idle))
+    assert outcome == want, reason
+    if want == Outcome.HUNG:
+        assert "no progress for 12 s after 20 batches" in reason
+
+
 def test_no_signal_when_nothing_fed():
     outcome, reason = classify(Observed(exit_code=None, stopped_by_us=True, ran_s=40))
     assert outcome == Outcome.NO_SIGNAL and "without a DataLoader batch" in reason

@@ -35,6 +35,7 @@ class Observed:
     needs_batch_size: bool = False  # it stepped, but no DataLoader says how many samples a step is
     stalled_s: float = 0.0  # seconds without progress when the probe ended, after some progress
     step_s: float | None = None  # its observed seconds per batch (or step) while it progressed
+    stalled_idle: bool = False  # its processes did next to no work over that stall: a wait
 
 
 STALL_STEPS = 20  # no progress for this many of its own steps ...
@@ -95,6 +96,12 @@ def classify(obs: Observed) -> tuple[Outcome, str]:
     if obs.hung_s is not None:
         after = f"after {obs.batches} batches" if obs.batches else "before its first batch"
         return Outcome.HUNG, f"no progress for {obs.hung_s:.0f} s {after}"
+    # A stall at the end is a hang when there is nothing else to go on, or when the processes
+    # sat idle through it (a deadlock; a busy pause, an evaluation say, keeps its estimate).
+    if stalled(obs) and (obs.stalled_idle or not obs.has_estimate):
+        after = f"after {obs.batches} batches" if obs.batches else f"after {obs.steps} steps"
+        return Outcome.HUNG, (f"no progress for {obs.stalled_s:.0f} s {after}, whose steps took "
+                              f"{obs.step_s:.2g} s: a deadlock or a wait that never ended")
     if obs.has_estimate:
         return Outcome.OK, ""
     if obs.batches == 0 and obs.steps == 0:
@@ -102,10 +109,6 @@ def classify(obs: Observed) -> tuple[Outcome, str]:
             return Outcome.NO_SIGNAL, "exited 0 without a single DataLoader batch or optimizer step"
         return Outcome.NO_SIGNAL, (f"ran {obs.ran_s:.0f} s without a DataLoader batch or "
                                    f"optimizer step; allow more --seconds if it starts slowly")
-    if stalled(obs):
-        after = f"after {obs.batches} batches" if obs.batches else f"after {obs.steps} steps"
-        return Outcome.HUNG, (f"no progress for {obs.stalled_s:.0f} s {after}, whose steps took "
-                              f"{obs.step_s:.2g} s: a deadlock or a wait that never ended")
     if obs.batches == 0 and obs.needs_batch_size:
         return Outcome.NO_SIGNAL, (f"{obs.steps} optimizer steps but no DataLoader: put "
                                    f"{{batch_size}} in the script's args or pass --metric REGEX")

@@ -444,7 +444,10 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         error_text=f"{error.get('exc_type')}: {error.get('message')}" if error else "",
         batches=batches, steps=steps, has_estimate=has_estimate, hung_s=probe.hung_s,
         ran_s=ran_s, last_log_line=logs.last_line(tail),
-        needs_batch_size=not probe.samples_per_step, **_stall(probe)))
+        needs_batch_size=not probe.samples_per_step, **_stall(probe),
+        stalled_idle=probe.first_progress is not None and idle(
+            load.ours_s() - probe.ours_at_progress,
+            (probe.stop_t or time.monotonic()) - probe.last_progress_t)))
     if probe.metric is not None and outcome in (Outcome.NO_SIGNAL, Outcome.EXITED_EARLY):
         reason = series.metric_reason(
             probe.metric, batch_known=bool(probe.samples_per_step or probe.script.loader_batch),
