@@ -232,11 +232,14 @@ class Tuner:
             return scorer, ("goodput: no gradient noise scale measured yet (a data-parallel "
                             "trial measures it): configs score as throughput until one has")
         if value is None:
-            alone = "instances: fixed at 1: "  # the space's note, when it says why
-            why = next((n.get("reason") for n in (st.baseline.noise, ranks, *noises)
-                        if n and n.get("reason")), "") or \
-                next((n[len(alone):].split("; --space")[0] for n in st.space.notes
-                      if n.startswith(alone)), "") or "no data-parallel trial measured it"
+            # why no data-parallel trial measured it: the space's note when ranks stayed at 1
+            # (the two-rank probe saw them train alone, say), else what the data-parallel
+            # trials said, else the one-rank baseline's reason
+            alone = "instances: fixed at 1: "
+            why = next((n[len(alone):].split("; --space")[0] for n in st.space.notes
+                        if n.startswith(alone)), "") or \
+                next((n.get("reason") for n in (ranks, *noises, st.baseline.noise)
+                      if n and n.get("reason")), "") or "no data-parallel trial measured it"
             return scorer, (f"goodput needs a data-parallel trial: scored as throughput "
                             f"(no gradient noise scale measured: {why})")
         tail = ("fixed for the search" if before is not None else
