@@ -407,6 +407,17 @@ def idle(cpu_s_used: float, over_s: float) -> bool:
     return cpu_s_used < IDLE_CORES * over_s
 
 
+def _idle_stall(probe: _Probe, load: ForeignLoad) -> bool:
+    """Whether the ranks sat idle through the stall the probe ended in, and for longer than
+    the idle pauses a fitted probe allows (`TrialSpec.idle_hang_s`: the baseline's own)."""
+    if probe.first_progress is None:
+        return False
+    still = (probe.stop_t or time.monotonic()) - probe.last_progress_t
+    allowed = probe.spec.idle_hang_s
+    return (allowed is None or still > allowed) and \
+        idle(load.ours_s() - probe.ours_at_progress, still)
+
+
 def _stall(probe: _Probe) -> dict:
     """How long it had made no progress when the probe ended, and its own time per batch (or
     step) while it progressed (from its first progress; from the start when it came at once)."""
@@ -445,9 +456,7 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         batches=batches, steps=steps, has_estimate=has_estimate, hung_s=probe.hung_s,
         ran_s=ran_s, last_log_line=logs.last_line(tail),
         needs_batch_size=not probe.samples_per_step, **_stall(probe),
-        stalled_idle=probe.first_progress is not None and idle(
-            load.ours_s() - probe.ours_at_progress,
-            (probe.stop_t or time.monotonic()) - probe.last_progress_t)))
+        stalled_idle=_idle_stall(probe, load)))
     if probe.metric is not None and outcome in (Outcome.NO_SIGNAL, Outcome.EXITED_EARLY):
         reason = series.metric_reason(
             probe.metric, batch_known=bool(probe.samples_per_step or probe.script.loader_batch),
