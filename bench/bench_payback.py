@@ -45,9 +45,9 @@ DONE = re.compile(r"^done: (\d+) steps, mean samples/s ([0-9.]+)", re.M)
 # name -> (script, its arguments for the whole run; the data dir is added per work dir)
 CASES = {
     "image_classifier": (EXAMPLES / "image_classifier" / "train.py",
-                         ["--num-images", "1024", "--epochs", "24"]),
+                         ["--num-images", "1024", "--epochs", "16"]),
     "compute_bound": (EXAMPLES / "compute_bound" / "train.py",
-                      ["--num-samples", "8192", "--epochs", "6"]),
+                      ["--num-samples", "8192", "--epochs", "4"]),
 }
 
 
