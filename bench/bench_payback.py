@@ -40,7 +40,7 @@ from autotune.store import fingerprint  # noqa: E402
 from autotune.tuning.payback import duration  # noqa: E402
 
 EXAMPLES = ROOT / "examples"
-DONE = re.compile(r"^done: (\d+) steps, mean samples/s ([0-9.]+)", re.M)
+DONE = re.compile(r"^(?:\[rank 0\] )?done: (\d+) steps, mean samples/s ([0-9.]+)", re.M)
 
 # name -> (script, its arguments for the whole run; the data dir is added per work dir)
 CASES = {
