@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autotune.measuring.steady import t975  # noqa: E402
-from autotune.store import fingerprint  # noqa: E402
+from autotune.hardware import fingerprint  # noqa: E402
 
 SCRIPTS = ROOT / "tests" / "scripts"
 # how each script prints its own throughput, anchored to its own lines: `autotune run --plain`

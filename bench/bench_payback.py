@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune.store import fingerprint  # noqa: E402
+from autotune.hardware import fingerprint  # noqa: E402
 from autotune.tuning.payback import duration  # noqa: E402
 
 EXAMPLES = ROOT / "examples"

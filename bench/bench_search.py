@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autotune.launching import engines  # noqa: E402
-from autotune.store import fingerprint  # noqa: E402
+from autotune.hardware import fingerprint  # noqa: E402
 from autotune.store.journal import Journal  # noqa: E402
 from autotune.tuning import Prober, TuneSettings, TuneState, baseline, decision, space  # noqa: E402
 from autotune.measuring.foreign_load import FOREIGN_CORES_LIMIT  # noqa: E402

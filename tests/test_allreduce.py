@@ -2,7 +2,7 @@
 
 import pytest
 
-from autotune.launching import allreduce
+from autotune.measuring import allreduce
 from autotune import LaunchError
 from probes import allreduce as rank_side
 

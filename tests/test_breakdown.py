@@ -273,7 +273,8 @@ def test_the_full_run_reports_where_its_time_goes_live_and_over_the_whole_run(tm
     whole run's, whose data wait is the script's own within ten points; the monitor's line
     and the report show it."""
     from autotune.monitor.text import event_line
-    from autotune.store import fingerprint, recipes
+    from autotune.hardware import fingerprint
+    from autotune.tuning import recipes
     from autotune.store.journal import read_events
     from conftest import autotune
 

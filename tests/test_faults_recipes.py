@@ -4,7 +4,9 @@ list` lists the good ones and warns once per bad file; warm start skips a bad re
 
 import pytest
 
-from autotune.store import fingerprint, recipes
+from autotune.hardware import fingerprint
+
+from autotune.tuning import recipes
 from conftest import SCRIPTS, assert_one_error_line, autotune
 
 FP = fingerprint.Fingerprint(cpu_model="AMD EPYC", cores=2, torch_version="2.13.0",

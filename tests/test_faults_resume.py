@@ -16,7 +16,7 @@ import pytest
 from autotune.commands import cli
 from autotune.commands import tune as tune_cmd
 from autotune import AutotuneError, UsageError
-from autotune.store import recipes
+from autotune.tuning import recipes
 from autotune.tuning import Tuner, TuneSettings, TuneState
 from autotune.tuning import study as studies
 from autotune.tuning.state import save, spent_s

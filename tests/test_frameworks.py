@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.store import recipes
+from autotune.tuning import recipes
 from autotune.store.journal import read_events
 from conftest import SCRIPTS, autotune, live_children
 

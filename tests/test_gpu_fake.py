@@ -19,7 +19,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autotune.store import fingerprint, recipes
+from autotune.hardware import fingerprint
+
+from autotune.tuning import recipes
 from autotune.store.journal import read_events
 from fakes.gpu_host import fake_gpu_env, gpu_uuid, write_nvml_config
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from autotune.hardware import mps, nvml
-from autotune.launching import proc
+from autotune.hardware import proc
 from autotune.launching.group import RanksSpec, start_group
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"

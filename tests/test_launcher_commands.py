@@ -8,8 +8,11 @@ import re
 
 import pytest
 
-from autotune.store import fingerprint, recipes
-from autotune.launching import fullrun, engines
+from autotune.hardware import fingerprint
+
+from autotune.tuning import recipes
+from autotune.measuring import fullrun
+from autotune.launching import engines
 from autotune.launching.collector import Received
 from autotune.launching.group import RanksSpec
 from autotune.store.journal import read_events

@@ -18,8 +18,12 @@ ENTRY = {
     "optuna": ("autotune/tuning/study.py",),
     "rich": ("autotune/monitor/",),
     "pynvml": ("autotune/hardware/nvml.py",),
-    "subprocess": ("autotune/launching/proc.py",),
+    "subprocess": ("autotune/hardware/proc.py",),
 }
+
+# The controller's packages, lowest first: a package imports only those before it (and the
+# `autotune` root, which holds the error tree). docs/internals.md's layer table says the same.
+LAYERS = ("store", "hardware", "launching", "measuring", "tuning", "monitor", "report", "commands")
 
 # Private names used across modules: none. A debt taken on purpose would be listed here, so that
 # a new one still fails.
@@ -134,6 +138,35 @@ def test_no_import_cycle_among_our_modules():
                         for i in IMPORTS[m][0] if i.target in group and i.target != m})
         report.append(" <-> ".join(group) + "\n" + "\n".join(edges))
     assert not report, "import cycles:\n" + "\n".join(report)
+
+
+def _package(module: str) -> str | None:
+    """The controller package a module of ours belongs to; None for the root and `probes`."""
+    parts = module.split(".")
+    if parts[0] != "autotune" or len(parts) < 2 or parts[1] in ("__main__",):
+        return None
+    return parts[1]
+
+
+def test_every_controller_package_has_a_declared_layer():
+    found = {_package(m) for m in MODULES} - {None}
+    assert found == set(LAYERS), (f"packages without a layer: {sorted(found - set(LAYERS))}; "
+                                  f"layers without a package: {sorted(set(LAYERS) - found)}")
+
+
+def test_packages_import_only_the_layers_below_them():
+    """No package cycle: a module of one package imports nothing from its own layer's peers or
+    from a higher layer, wherever the import stands."""
+    wrong = []
+    for module, (imps, _) in IMPORTS.items():
+        own = _package(module)
+        if own is None:
+            continue
+        for i in imps:
+            other = _package(i.target) if i.target in MODULES else None
+            if other and other != own and LAYERS.index(other) > LAYERS.index(own):
+                wrong.append(f"  {i.path}:{i.line} imports {i.target} ({own} is below {other})")
+    assert not wrong, f"imports against the layers {' < '.join(LAYERS)}:\n" + "\n".join(wrong)
 
 
 def _private_uses() -> set[tuple[str, str, int]]:

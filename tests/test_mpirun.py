@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune.launching import engines, proc
+from autotune.launching import engines
+
+from autotune.hardware import proc
 from autotune.launching.collector import Collector
 from autotune.launching.group import RanksSpec, start_group
 

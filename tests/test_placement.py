@@ -3,7 +3,8 @@
 import pytest
 
 from autotune.launching import placement
-from autotune.launching.placement import Gpu, plan
+from autotune.hardware.host import Gpu
+from autotune.launching.placement import plan
 from probes import protocol
 
 GPUS = [Gpu(0, "GPU-aaaa-0", "A100"), Gpu(1, "GPU-bbbb-1", "A100")]
@@ -98,7 +99,8 @@ def test_visible_gpus_follows_cuda_visible_devices():
 def test_one_thread_rule_for_the_space_the_recipe_and_placement():
     """6 cores at 25% is 1.5 cores: every path gives the floor, 1 thread (the space rounded
     to 2 while placement floored to 1)."""
-    from autotune.store import fingerprint, recipes
+    from autotune.hardware import fingerprint
+    from autotune.tuning import recipes
     from autotune.tuning import space
 
     assert placement.threads_per_rank(25, 6) == 1

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune.launching import engines, proc
+from autotune.launching import engines
+
+from autotune.hardware import proc
 from autotune import LaunchError
 from autotune.launching.group import RanksSpec, engine_argv, engine_env, plan_for, start_group
 from fakes.gpu_host import fake_pynvml, write_nvml_config

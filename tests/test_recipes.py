@@ -6,7 +6,9 @@ import sys
 
 import pytest
 
-from autotune.store import fingerprint, recipes
+from autotune.hardware import fingerprint
+
+from autotune.tuning import recipes
 from autotune.commands.cli import main
 from autotune import RecipeError
 

@@ -264,7 +264,7 @@ def test_a_value_resolved_once_keeps_the_name_of_its_source():
 def test_steps_else_backwards_is_one_rule_for_the_trial_its_series_and_the_full_run():
     """Under gradient accumulation (4 backward passes per optimizer step) every count is steps
     (the trial counted backward passes, its series and the full run steps)."""
-    from autotune.launching import fullrun
+    from autotune.measuring import fullrun
 
     tick = {"type": "tick", "steps": 2, "backwards": 8, "samples": 0, "first_step_t": 1.0,
             "last_step_t": 2.0}

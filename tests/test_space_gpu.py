@@ -6,8 +6,11 @@ import json
 
 import pytest
 
-from autotune.launching import allreduce, engines
-from autotune.store import fingerprint, recipes
+from autotune.measuring import allreduce
+
+from autotune.launching import engines
+from autotune.hardware import fingerprint
+from autotune.tuning import recipes
 from autotune.tuning import space
 from autotune import LaunchError, UsageError
 from autotune.store.journal import Journal, read_events

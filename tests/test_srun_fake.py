@@ -7,7 +7,9 @@ import os
 
 import pytest
 
-from autotune.store import fingerprint, recipes
+from autotune.hardware import fingerprint
+
+from autotune.tuning import recipes
 from autotune.store.journal import read_events
 from conftest import ROOT, SCRIPTS, autotune, live_children
 

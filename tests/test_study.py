@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from autotune.store import fingerprint
+from autotune.hardware import fingerprint
 from autotune.tuning import space
 from autotune.tuning import study as studies
 from autotune.store.journal import Journal, read_events
@@ -440,7 +440,7 @@ def test_ranks_that_join_a_process_group_make_the_probe_the_first_two_rank_trial
 
 
 def test_a_winner_on_a_replaced_backend_carries_the_note_into_the_recipe(tmp_path, machine):
-    from autotune.store import recipes
+    from autotune.tuning import recipes
 
     def ranks_pay(knobs):
         return surface(knobs) * (3.0 if knobs.get("instances", 1) == 2 else 1.0)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.launching import proc
-from autotune.store import recipes
+from autotune.hardware import proc
+from autotune.tuning import recipes
 from autotune.tuning import study as studies
 from autotune.store.journal import read_events
 from conftest import EXAMPLES, SCRIPTS, assert_one_error_line, autotune, live_children
@@ -176,7 +176,7 @@ def test_kill_controller_then_resume(tmp_path):
 @pytest.mark.slow
 def test_run_forwards_ctrl_c_and_meters(tmp_path):
     """run --recipe: live samples/s in the journal; SIGINT reaches the script, which ends."""
-    from autotune.store import fingerprint
+    from autotune.hardware import fingerprint
 
     here = fingerprint.current([TOY])
     path = recipes.save(recipes.Recipe(

@@ -121,7 +121,7 @@ def _measured(r) -> bool:
 
 def _allreduce(run_dir, cwd, say) -> dict:
     """``--allreduce``: the probe's result as a dict, or {"error": ...} (the probe goes on)."""
-    from autotune.launching import allreduce
+    from autotune.measuring import allreduce
     from autotune import LaunchError
 
     say("autotune: timing allreduce by message size on 2 ranks...")
@@ -139,7 +139,7 @@ def _print_allreduce(data, *, plain: bool) -> None:
     if "error" in data:
         out.print(f"allreduce: failed: {data['error']}")
         return
-    from autotune.launching import allreduce
+    from autotune.measuring import allreduce
 
     result = allreduce.parse(data)
     table = console.Table(title=f"allreduce · {result.backend} · {result.world_size} ranks")

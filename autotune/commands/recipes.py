@@ -8,7 +8,9 @@ from pathlib import Path
 from autotune.measuring import breakdown
 from autotune.monitor.text import cost_text
 from autotune.monitor import console
-from autotune.store import fingerprint, jsontext, recipes
+from autotune.hardware import fingerprint
+from autotune.store import jsontext
+from autotune.tuning import recipes
 from autotune import RecipeError, UsageError
 
 

@@ -6,8 +6,11 @@ import os
 from pathlib import Path
 
 from autotune.monitor import console
-from autotune.store import fingerprint, recipes, rundir
-from autotune.launching import fullrun, engines
+from autotune.hardware import fingerprint
+from autotune.tuning import recipes
+from autotune.store import rundir
+from autotune.measuring import fullrun
+from autotune.launching import engines
 from autotune.commands import common, tune
 from autotune.launching.group import RanksSpec
 from autotune.store.journal import Journal

@@ -18,7 +18,9 @@ from pathlib import Path
 from autotune.measuring import breakdown, energy
 from autotune.monitor import console
 from autotune.monitor.text import cost_text, energy_text
-from autotune.store import fingerprint, jsontext, recipes, rundir
+from autotune.hardware import fingerprint
+from autotune.store import jsontext, rundir
+from autotune.tuning import recipes
 from autotune.launching import rank_command, engines
 from autotune.tuning import objective, space
 from autotune.commands import common

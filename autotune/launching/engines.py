@@ -154,7 +154,7 @@ def mpi_flavor(version_text: str) -> str:
 
 def detect_mpi(env: Mapping[str, str]) -> MpiInfo | None:
     """The ``mpirun`` we would use and what it is, or None when there is none."""
-    from autotune.launching import proc
+    from autotune.hardware import proc
     from autotune import LaunchError
 
     path = find_mpirun(env)
@@ -178,7 +178,7 @@ def mpi4py_library(python: str | None = None, timeout_s: float = 30.0) -> str | 
     process, so this one never loads MPI), or None without mpi4py."""
     code = ("import mpi4py; mpi4py.rc.initialize = False; mpi4py.rc.finalize = False\n"
             "from mpi4py import MPI; print(MPI.Get_library_version().strip().splitlines()[0])")
-    from autotune.launching import proc
+    from autotune.hardware import proc
     from autotune import LaunchError
 
     try:

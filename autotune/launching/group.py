@@ -3,7 +3,7 @@
 Each rank is `autotune.launching.rank_command.rank_argv` with `autotune.launching.rank_command.rank_env`, plus its place from
 `autotune.launching.placement` (threads, pinned cores, GPU, MPS share). The engine (`autotune.launching.engines`):
 
-* ``local``: one process per rank, started here through `autotune.launching.proc` (own session, marked for
+* ``local``: one process per rank, started here through `autotune.hardware.proc` (own session, marked for
   clean-up), each with its full environment;
 * ``mpirun`` / ``srun``: one engine process, started the same way; the ranks it starts take their
   identity from its variables and their place from ``AUTOTUNE_PLACEMENT``
@@ -14,7 +14,7 @@ On GPUs, ranks that share a device run as clients of the controller's MPS daemon
 background check confirms the daemon really serves them (`RankGroup.mps_check`).
 
 `start_group` returns a `RankGroup`: the launched processes, the placement, the MPS daemon and
-the check. A probe (`autotune.measuring.trial`), the full run (`autotune.launching.fullrun`) and
+the check. A probe (`autotune.measuring.trial`), the full run (`autotune.measuring.fullrun`) and
 the allreduce timing all start their ranks through it.
 """
 
@@ -29,7 +29,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune.launching import rank_command, engines, placement, proc
+from autotune.launching import rank_command, engines, placement
+
+from autotune.hardware import proc
+from autotune.hardware.host import Gpu, host_cores, host_gpus
 from autotune import LaunchError
 from probes import protocol
 
@@ -121,23 +124,6 @@ def log_path(spec: RanksSpec, rank: int) -> Path:
     return Path(spec.log_dir) / f"{name}.log"
 
 
-def host_cores() -> list[int]:
-    """The cores this controller may use (its affinity, which cgroups and taskset narrow)."""
-    try:
-        return sorted(os.sched_getaffinity(0))
-    except AttributeError:
-        return list(range(os.cpu_count() or 1))
-
-
-def host_gpus(env: Mapping[str, str]) -> list[placement.Gpu]:
-    """The GPUs NVML lists that ``CUDA_VISIBLE_DEVICES`` (if set) leaves, in its order."""
-    from autotune.hardware import nvml
-
-    gpus = [placement.Gpu(index=d.index, uuid=d.uuid or str(d.index), name=d.name or "")
-            for d in nvml.devices()]
-    return placement.visible_gpus(gpus, env.get("CUDA_VISIBLE_DEVICES"))
-
-
 def resolve_instances(spec: RanksSpec) -> int:
     knob = spec.knobs.get("instances")
     if knob is None:
@@ -149,7 +135,7 @@ def resolve_instances(spec: RanksSpec) -> int:
 
 def plan_for(spec: RanksSpec, base: Mapping[str, str]) -> placement.Plan:
     """The placement of ``spec`` on this host (hardware looked up here)."""
-    gpus: list[placement.Gpu] = []
+    gpus: list[Gpu] = []
     if spec.device != "cpu":
         gpus = host_gpus(base)
         wanted = spec.knobs.get("gpus", spec.gpus)

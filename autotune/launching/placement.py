@@ -34,21 +34,13 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from autotune.hardware.host import Gpu, visible_gpus
 from probes import protocol
 
 MPS_THREAD_PCT_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 HOROVOD_FUSION_ENV = "HOROVOD_FUSION_THRESHOLD"
 DDP_DEFAULT_BUCKET_MB = 25  # DDP's bucket_cap_mb when the script sets none
 DEVICES = ("auto", "cpu", "gpu")
-
-
-@dataclass(frozen=True)
-class Gpu:
-    """A GPU as NVML lists it."""
-
-    index: int
-    uuid: str
-    name: str = ""
 
 
 @dataclass(frozen=True)
@@ -202,25 +194,3 @@ def _rank_env(host_local_rank: int, cpus: Sequence[int]) -> dict[str, str]:
     if cpus:
         env[protocol.ENV_CPUS] = ",".join(map(str, cpus))
     return env
-
-
-def visible_gpus(gpus: Sequence[Gpu], cuda_visible_devices: str | None) -> list[Gpu]:
-    """The GPUs a user's ``CUDA_VISIBLE_DEVICES`` leaves, in its order (indices, UUIDs or UUID
-    prefixes, as CUDA accepts); all of them when it is unset. CUDA stops at the first entry it
-    cannot match; so does this."""
-    if cuda_visible_devices is None:
-        return list(gpus)
-    chosen: list[Gpu] = []
-    for entry in (e.strip() for e in cuda_visible_devices.split(",")):
-        if not entry:
-            break
-        match = None
-        if entry.isdigit():
-            match = next((g for g in gpus if g.index == int(entry)), None)
-        else:
-            hits = [g for g in gpus if g.uuid.startswith(entry)]
-            match = hits[0] if len(hits) == 1 else None
-        if match is None or match in chosen:
-            break
-        chosen.append(match)
-    return chosen

@@ -16,7 +16,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune.launching import script_flags, proc
+from autotune.launching import script_flags
+
+from autotune.hardware import proc
 from autotune.measuring import breakdown, logs, noise, series, steady
 from autotune.launching.collector import Collector, for_launcher
 from autotune.measuring.script_facts import Seen

@@ -3,7 +3,7 @@
 What the meter saw the script use (batch size, workers, threads, torch.distributed) and its peak
 memory, with the user's ranges and fixes and the script's explicit flags, give the space
 (`autotune.tuning.space.build`). When that space searches ``bucket_mb``, allreduce is timed once on two
-ranks of this host (`autotune.launching.allreduce`) and the measured range narrows its candidates. All of
+ranks of this host (`autotune.measuring.allreduce`) and the measured range narrows its candidates. All of
 it goes into the run's state, so a resume does not re-measure.
 """
 
@@ -13,8 +13,9 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from autotune.measuring.breakdown import Breakdown
-from autotune.launching import allreduce, engines, rank_command
-from autotune.store import fingerprint
+from autotune.measuring import allreduce
+from autotune.launching import engines, rank_command
+from autotune.hardware import fingerprint
 from autotune.tuning import fitting, space
 from autotune import AutotuneError
 from autotune.measuring.outcome import Outcome

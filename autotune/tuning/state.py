@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from autotune.launching import proc
+from autotune.hardware import proc
 from autotune.store import rundir
 from autotune import UsageError
 from autotune.store.journal import read_events

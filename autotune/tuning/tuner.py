@@ -24,7 +24,8 @@ from pathlib import Path
 from autotune.launching import engines
 from autotune.measuring import trial
 from autotune.measuring.outcome import Outcome
-from autotune.store import fingerprint, jsontext, rundir
+from autotune.hardware import fingerprint
+from autotune.store import jsontext, rundir
 from autotune.store.journal import Journal
 from autotune import UsageError
 from autotune.tuning import baseline, confirm, fitting, memory, objective, payback, search

@@ -1,6 +1,6 @@
 """`MpsDaemon`: one private MPS control daemon, started, sent commands, and stopped.
 
-The only place ``nvidia-cuda-mps-control`` is run for a daemon of ours (through `autotune.launching.proc`).
+The only place ``nvidia-cuda-mps-control`` is run for a daemon of ours (through `autotune.hardware.proc`).
 A daemon gets its own short private directories, registers with `autotune.hardware.mps.registry` as it
 starts so it is stopped on every exit path of the controller, and stops with ``quit``, then TERM,
 then KILL. Checking that the ranks really are its clients lives in `autotune.hardware.mps.verify`.
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 
-from autotune.launching import proc
+from autotune.hardware import proc
 from autotune import LaunchError
 from autotune.hardware.mps import registry
 from autotune.hardware.mps.config import (BINARY, BINARY_ENV, DIR_ENV, DIR_PREFIX, KEEP_ENV,

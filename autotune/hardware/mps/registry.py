@@ -19,7 +19,7 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
-from autotune.launching import proc
+from autotune.hardware import proc
 from autotune import LaunchError
 from autotune.hardware.mps.config import DIR_PREFIX, LOG_ENV, OWNER_FILE, PID_FILE, PIPE_ENV
 from autotune.hardware.mps.process import alive, same_process_alive, send_signal, wait_gone

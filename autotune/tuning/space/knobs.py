@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from autotune.hardware.host import Machine
 from autotune.launching import placement
 
 ORDER = ("batch_size", "workers", "thread_pct", "instances", "bucket_mb", "prefetch",
@@ -63,26 +64,6 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("pin_memory", "batches in page-locked host memory (0 or 1)", "linear", 0,
          {"gpu": "DataLoader pin_memory: faster, asynchronous copies to the GPU"}),
 )}
-
-
-@dataclass(frozen=True)
-class Machine:
-    """What the space needs to know about the host (`autotune.store.fingerprint.machine` reads it).
-
-    ``device`` is "gpu" when a GPU is visible to us (NVML under ``CUDA_VISIBLE_DEVICES``).
-    ``mps``/``mps_why``: whether ranks may share a GPU through CUDA MPS, and if not, why.
-    ``bucket_mb_range``: (low, high) MB for ``bucket_mb`` measured on this host's ranks
-    (`autotune.launching.allreduce.bucket_range`); None: not measured, the conventional candidates.
-    """
-
-    cores: int
-    mem_available_bytes: int = 0
-    device: str = "cpu"
-    gpus: int = 0
-    gpu_mem_available_bytes: int = 0  # the least free memory among the visible GPUs
-    mps: bool = False
-    mps_why: str = ""
-    bucket_mb_range: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)

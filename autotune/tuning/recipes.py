@@ -47,7 +47,8 @@ from pathlib import Path
 
 from autotune import __version__
 from autotune.measuring.breakdown import ALL_PARTS
-from autotune.store import fingerprint, rundir
+from autotune.hardware import fingerprint
+from autotune.store import rundir
 from autotune.tuning import objective, space
 from autotune import RecipeError
 

@@ -16,7 +16,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune.launching import engines, proc
+from autotune.launching import engines
+
+from autotune.hardware import proc
 from autotune.measuring import logs
 from autotune import LaunchError
 
@@ -105,7 +107,8 @@ def measure(*, ranks: int = 2, log_dir: Path, cwd: str = ".",
 
     Raises `LaunchError` with the log's tail when the probe fails or runs out of time.
     """
-    from autotune.launching.group import RanksSpec, host_gpus, start_group
+    from autotune.hardware.host import host_gpus
+    from autotune.launching.group import RanksSpec, start_group
 
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,9 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from autotune.launching import engines, proc
+from autotune.launching import engines
+
+from autotune.hardware import proc
 from autotune.launching.collector import Collector, for_launcher
 from autotune.measuring import breakdown, series
 from autotune.store.journal import Journal

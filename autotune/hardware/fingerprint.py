@@ -16,8 +16,7 @@ from importlib import metadata
 
 import psutil
 
-from autotune.launching import group
-from autotune.tuning import space
+from autotune.hardware import host as hostinfo
 
 HARDWARE = ("cpu_model", "cores", "gpu_names", "gpu_count", "gpu_driver")
 SOFTWARE = ("torch_version",)
@@ -74,8 +73,8 @@ def _short(v) -> str:
 
 # -- reading the machine ------------------------------------------------------------------------
 def cores() -> int:
-    """The cores we may use (`autotune.launching.group.host_cores`: our affinity)."""
-    return len(group.host_cores())
+    """The cores we may use (`autotune.hardware.host.host_cores`: our affinity)."""
+    return len(hostinfo.host_cores())
 
 
 def cpu_model() -> str:
@@ -92,7 +91,7 @@ def cpu_model() -> str:
 def gpus(env: Mapping[str, str] | None = None) -> tuple[tuple[str, ...], str]:
     """(names of the GPUs we may use, driver version); empty without NVML or a driver.
 
-    The GPUs are NVML's under ``CUDA_VISIBLE_DEVICES`` (`autotune.launching.group.host_gpus`,
+    The GPUs are NVML's under ``CUDA_VISIBLE_DEVICES`` (`autotune.hardware.host.host_gpus`,
     the one rule): what the ranks see, what the tuner searches over and what a global batch is
     divided by, on the tuning run and on a later ``run`` alike.
     """
@@ -102,7 +101,7 @@ def gpus(env: Mapping[str, str] | None = None) -> tuple[tuple[str, ...], str]:
         ok, _why = nvml.available()
         if not ok:
             return (), ""
-        visible = group.host_gpus(os.environ if env is None else env)
+        visible = hostinfo.host_gpus(os.environ if env is None else env)
         return tuple(g.name or "unknown GPU" for g in visible), nvml.driver_version() or ""
     except Exception:  # noqa: BLE001 - a fingerprint never fails a run
         return (), ""
@@ -131,16 +130,16 @@ def current(command: Sequence[str]) -> Fingerprint:
                        args=tuple(command[1:]))
 
 
-def machine(env: Mapping[str, str] | None = None) -> space.Machine:
+def machine(env: Mapping[str, str] | None = None) -> hostinfo.Machine:
     """What the search space needs about this host: cores, free memory, and the GPUs we may use
     (NVML under ``CUDA_VISIBLE_DEVICES``, as the ranks will see them), their least free memory,
     and whether CUDA MPS can share them. Without a driver or a visible GPU: a CPU machine."""
     env = os.environ if env is None else env
-    host = space.Machine(cores=cores(), mem_available_bytes=psutil.virtual_memory().available)
+    host = hostinfo.Machine(cores=cores(), mem_available_bytes=psutil.virtual_memory().available)
     try:
         from autotune.hardware import mps, nvml
 
-        visible = {g.index for g in group.host_gpus(env)}
+        visible = {g.index for g in hostinfo.host_gpus(env)}
         devices = [d for d in nvml.devices() if d.index in visible]
         if not devices:
             return host
