@@ -1,12 +1,56 @@
 """autotune: tune the system knobs of an unmodified PyTorch training script by measuring it.
 
-The package root holds the version and the error tree every part raises: a message names what
-failed, the value, where the log is, and what to do.
+The package root holds the version, the error tree every part raises (a message names what
+failed, the value, where the log is, and what to do), and `Note`, the one shape in which every
+layer tells the user something that is not an error. Code decides on a note's `kind`, never on
+its text.
 """
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 __version__ = "0.1.0"
+
+
+class NoteKind(str, enum.Enum):
+    """How much a note matters; the CLI prefixes it (`WARNING:`, `HINT:`), info goes bare."""
+
+    INFO = "info"
+    HINT = "hint"
+    WARNING = "warning"
+
+
+@dataclass(frozen=True)
+class Note:
+    """Something autotune tells the user: what it did, what it saw, what to do."""
+
+    kind: NoteKind
+    text: str
+
+    def __str__(self) -> str:
+        return self.text if self.kind is NoteKind.INFO else f"{self.kind.value.upper()}: {self.text}"
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind.value, "text": self.text}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> Note:
+        return cls(NoteKind(d["kind"]), str(d["text"]))
+
+    @classmethod
+    def warning(cls, text: str) -> Note:
+        return cls(NoteKind.WARNING, text)
+
+    @classmethod
+    def hint(cls, text: str) -> Note:
+        return cls(NoteKind.HINT, text)
+
+    @classmethod
+    def info(cls, text: str) -> Note:
+        return cls(NoteKind.INFO, text)
 
 
 class AutotuneError(Exception):
