@@ -13,6 +13,10 @@ For each case (a script and the placeholders a user would write):
    t-interval over the rounds. The claim holds when it lies inside that interval, and the two
    intervals overlap.
 
+Exits 1 when a claim falls outside the measured interval, a case could not be measured (the
+tune failed, or fewer than two rounds gave the script's own figure for both runs: no interval),
+and 2 for ``--rounds`` below 2, which could only pass on an infinite interval.
+
 Prints a table per case and writes JSON (``--out``). Not a test: minutes per case.
 
     .venv/bin/python bench/bench_claims.py --budget 4m --rounds 4 --run-seconds 45
@@ -127,6 +131,11 @@ def run_case(name: str, args, work: Path) -> dict:
     ratios = [r / d for r, d in zip(rates["recipe"], rates["default"]) if r and d]
     m, half = interval(ratios) if ratios else (math.nan, math.inf)
     claim = 1.0 if s["kept_baseline"] else s["speedup"]
+    if len(ratios) < 2:  # no interval: nothing was measured that a claim could be held to
+        say(f"{name}: only {len(ratios)} round(s) gave the script's own figure for both runs; "
+            f"not measured")
+        return {"case": name, "error": "fewer than two measured rounds", "summary": s,
+                "rates": rates, "ratios": ratios}
     inside = m - half <= claim <= m + half
     overlap = not s["kept_baseline"] and low <= m + half and m - half <= high
     say(f"{name}: measured {m:.3f}x ± {half:.3f} over {len(ratios)} round(s); claim "
@@ -149,6 +158,8 @@ def main() -> int:
                         "case whose steps wait (slow_steps) be tuned beside other work")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = p.parse_args()
+    if args.rounds < 2:
+        p.error(f"--rounds must be at least 2 for an interval, but got {args.rounds}")
     work = Path(tempfile.mkdtemp(prefix="bench_claims-"))
     fp = fingerprint.current([sys.executable])
     say(f"# bench_claims {datetime.datetime.now():%Y-%m-%d %H:%M} on "
@@ -160,7 +171,11 @@ def main() -> int:
     results = [run_case(name, args, work) for name in args.cases]
     if args.out:
         args.out.write_text(json.dumps(results, indent=2, default=str))
-    return 0 if all(r.get("inside") for r in results) else 1
+    missed = [r["case"] for r in results if not r.get("inside")]
+    if missed:
+        say(f"FAILED: {', '.join(missed)}: the claim is outside what the script's clock shows, "
+            f"or nothing could be measured")
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":

@@ -14,6 +14,10 @@ checks those projections against whole runs on the bundled examples:
    over X).
 3. Per case: projected / actual for both, and the projected saving against the one measured.
 
+Exits 1 when a projection misses the script's own clock by more than `TOLERANCE` (either run),
+or a case could not be measured (the tune failed, projected nothing, or no run printed its
+``done:`` line).
+
 Prints a table per case and writes JSON (``--out``). Not a test: minutes per case.
 
     .venv/bin/python bench/bench_payback.py --budget 2m --rounds 2
@@ -65,6 +69,16 @@ def whole_run(argv: list[str], cwd: Path, env: dict, samples: float) -> dict:
     own_s = samples / float(m.group(2)) if m and float(m.group(2)) > 0 else None
     return {"exit_code": p.returncode, "wall_s": wall_s, "own_s": own_s,
             "tail": p.stdout[-1500:] if p.returncode or own_s is None else ""}
+
+
+TOLERANCE = 0.15  # |projected / own clock - 1| a projection may miss by
+
+
+def off_the_clock(projected: dict, actual: dict) -> tuple[dict, dict]:
+    """(projected / own clock for each run, those of them off by more than `TOLERANCE`); a run
+    with no time of its own gives nan, which counts as off."""
+    misses = {label: ratio(projected[label], actual[label]["own_s"]) for label in projected}
+    return misses, {k: v for k, v in misses.items() if not abs(v - 1) <= TOLERANCE}
 
 
 def dur(s: float) -> str:
@@ -133,7 +147,13 @@ def run_case(name: str, args, work: Path) -> dict:
         f"{dur(max(0.0, saving_own))} by the script's clock "
         f"({saving_own:+.0f} s), {saving_wall:+.0f} s of wall time; tuning cost "
         f"{duration(pb['tuning_s'])}")
+    misses, bad = off_the_clock(projected, actual)
+    if bad:
+        say(f"{name}: FAILED: projected / own clock "
+            + ", ".join(f"{k} {v:.3f}" for k, v in bad.items())
+            + f" (allowed 1 ± {TOLERANCE:.2f}; nan: no run printed its own time)")
     return {"case": name, "tune_s": tune_s, "summary": s, "payback": pb, "runs": runs,
+            "projected_over_own": misses, **({"error": f"projection off: {bad}"} if bad else {}),
             "actual": actual, "projected": projected,
             "saving": {"projected_s": pb["saving_s"], "own_s": saving_own,
                        "wall_s": saving_wall}}

@@ -46,6 +46,8 @@ from autotune.measuring.foreign_load import FOREIGN_CORES_LIMIT  # noqa: E402
 from autotune.measuring.steady import t975  # noqa: E402
 from autotune.measuring.trial import TrialSpec, run_trial  # noqa: E402
 
+TARGET = 0.95  # tuned / grid-best the search must reach; below it the bench exits 1
+
 EXAMPLES = ROOT / "examples"
 
 
@@ -114,6 +116,8 @@ def main() -> int:
     p.add_argument("--foreign-retries", type=int, default=2)
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = p.parse_args()
+    if args.rounds < 2:
+        p.error(f"--rounds must be at least 2 for an interval, but got {args.rounds}")
     args.reruns = 0
     args.last_probe_s = 0.0
     work = Path(tempfile.mkdtemp(prefix="bench_search-"))
@@ -220,7 +224,7 @@ def main() -> int:
     say(f"{'config':10s} {'samples/s':>10s}  knobs")
     for n in entries:
         say(f"{n:10s} {means[n]:10.1f}  {fmt(entries[n])}")
-    say(f"tuned / grid-best   {tg:.3f} ± {tg_ci:.3f}  (target >= 0.95)")
+    say(f"tuned / grid-best   {tg:.3f} ± {tg_ci:.3f}  (target >= {TARGET:.2f})")
     say(f"tuned / default     {td:.3f} ± {td_ci:.3f}  (target: not below 1 beyond the noise)")
     say(f"grid-best / default {gd:.3f} ± {gd_ci:.3f}")
     say(f"probes re-run for foreign load (grid + side by side): {args.reruns}")
@@ -235,6 +239,18 @@ def main() -> int:
             "final": {"knobs": entries, "rates": rates},
             "ratios": {"tuned/grid-best": [tg, tg_ci], "tuned/default": [td, td_ci],
                        "grid-best/default": [gd, gd_ci]}}, indent=2, default=str))
+    return verdict(tg, tg_ci)
+
+
+def verdict(ratio: float, half: float) -> int:
+    """0 when tuned / grid-best meets `TARGET`; 1 when it misses it, or when the side by side
+    measured nothing (no ratio, or no interval)."""
+    if not math.isfinite(ratio) or not math.isfinite(half):
+        say("FAILED: the side by side gave no ratio with an interval; nothing was measured")
+        return 1
+    if ratio < TARGET:
+        say(f"FAILED: tuned / grid-best {ratio:.3f} is below the target {TARGET:.2f}")
+        return 1
     return 0
 
 

@@ -1,0 +1,45 @@
+"""The benches fail when their stated target is missed or when they measured nothing: a bench
+that always exits 0 proves nothing (issue 21)."""
+
+import importlib.util
+import math
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+
+def _bench(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("bench", ["bench_claims", "bench_search"])
+def test_one_round_is_refused_rather_than_passed_on_an_infinite_interval(bench):
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / f"{bench}.py"), "--rounds", "1"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "--rounds must be at least 2" in r.stderr
+
+
+def test_bench_search_fails_below_its_target_and_without_an_interval():
+    search = _bench("bench_search")
+    assert search.verdict(search.TARGET + 0.01, 0.05) == 0
+    assert search.verdict(search.TARGET - 0.01, 0.05) == 1
+    assert search.verdict(1.2, math.inf) == 1  # one round: no interval, nothing shown
+    assert search.verdict(math.nan, math.nan) == 1
+
+
+def test_bench_payback_fails_a_projection_off_the_scripts_clock():
+    payback = _bench("bench_payback")
+    projected = {"default": 100.0, "recipe": 80.0}
+    near = {"default": {"own_s": 110.0}, "recipe": {"own_s": 75.0}}
+    assert payback.off_the_clock(projected, near)[1] == {}
+    far = {"default": {"own_s": 100.0}, "recipe": {"own_s": 60.0}}  # 80 / 60 = 1.33
+    assert set(payback.off_the_clock(projected, far)[1]) == {"recipe"}
+    unmeasured = {"default": {"own_s": math.nan}, "recipe": {"own_s": 80.0}}
+    assert set(payback.off_the_clock(projected, unmeasured)[1]) == {"default"}
