@@ -1,10 +1,13 @@
-"""Shared fixtures: paths to the tiny scripts, a private runs dir, a leftover-process check, the
-autotune command line as a user runs it, and the mpirun the tests use."""
+"""Shared fixtures and helpers: paths to the tiny scripts, a private runs dir, a leftover-process
+check, the autotune command line as a user runs it and its JSON output, a run's journal, waiting
+on a condition with a deadline, and the mpirun the tests use."""
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -62,10 +65,35 @@ def python():
     return sys.executable
 
 
-def autotune(*args, cwd, timeout=240, env=None) -> subprocess.CompletedProcess:
-    """``python -m autotune ARGS`` in ``cwd``, output captured as text."""
+def autotune(*args, cwd=None, timeout=240, env=None) -> subprocess.CompletedProcess:
+    """``python -m autotune ARGS`` in ``cwd`` (default: ours), output captured as text."""
     return subprocess.run([sys.executable, "-m", "autotune", *args], cwd=cwd, text=True,
                           capture_output=True, timeout=timeout, env=env)
+
+
+def last_json(p: subprocess.CompletedProcess) -> dict:
+    """The JSON a ``--json`` command printed last (its summary), once it exited 0."""
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def journal(run_dir, name: str | None = None) -> list[dict]:
+    """A run's journal events, all of them or those named ``name``."""
+    from autotune.store.journal import read_events
+
+    evs, _ = read_events(Path(run_dir))
+    return [e for e in evs if name is None or e["event"] == name]
+
+
+def wait_for(condition, *, timeout_s: float = 20.0, what: str = "condition", poll_s=0.05):
+    """``condition()``'s first true value, polled until ``timeout_s``; fails naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def assert_one_error_line(p: subprocess.CompletedProcess, *words) -> None:

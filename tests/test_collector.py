@@ -9,16 +9,7 @@ from autotune.launching.collector import VERSION_MISMATCH, Collector, for_launch
 from autotune.measuring.outcome import Observed, Outcome, classify
 from probes import protocol
 from probes.channel import Channel
-
-
-def wait_for(cond, timeout_s=5.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError("condition not met in time")
+from conftest import wait_for
 
 
 def test_good_token_is_heard_and_stop_is_delivered():

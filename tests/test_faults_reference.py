@@ -8,7 +8,8 @@ import pytest
 
 from autotune import AutotuneError
 import test_study
-from test_study import FakeProbe, events, surface, tune
+from conftest import journal
+from test_study import FakeProbe, surface, tune
 
 machine = test_study.machine  # the fixture
 
@@ -36,7 +37,7 @@ def test_a_confirmation_under_foreign_load_falls_back_to_what_the_search_measure
     assert report.best.samples_per_s > 0 and math.isfinite(report.best.ci_half)
     assert math.isfinite(report.speedup)
     assert any("using what the search measured" in n for n in report.notes)
-    best = events(run_dir, "best")[-1]
+    best = journal(run_dir, "best")[-1]
     assert best["baseline_samples_per_s"] == base.samples_per_s
 
 
@@ -46,4 +47,4 @@ def test_a_baseline_still_under_foreign_load_is_never_the_reference(tmp_path, ma
         tune(tmp_path, fake, trials=5, confirm_rounds=1, foreign_retries=1)
     assert [s.ranks.name for s in fake.specs] == ["baseline", "baseline"]  # re-measured once, no more
     run_dir = tmp_path / "run"
-    assert not events(run_dir, "best") and not (run_dir / "summary.json").exists()
+    assert not journal(run_dir, "best") and not (run_dir / "summary.json").exists()

@@ -20,9 +20,9 @@ from autotune.tuning import recipes
 from autotune.tuning import Tuner, TuneSettings, TuneState
 from autotune.tuning import study as studies
 from autotune.tuning.state import save, spent_s
-from conftest import SCRIPTS, assert_one_error_line, autotune, live_children
+from conftest import SCRIPTS, assert_one_error_line, autotune, journal, live_children
 import test_study
-from test_study import FakeProbe, QuickClock, events, surface, tune
+from test_study import FakeProbe, QuickClock, surface, tune
 
 TOY = str(SCRIPTS / "tune_toy.py")
 OK = str(SCRIPTS / "ok.py")
@@ -167,8 +167,8 @@ def test_sigint_then_resume_keeps_the_runs_recipe_dir_and_reruns_the_trial_first
             runs = list((tmp_path / "runs").glob("*"))
             if runs:
                 run_dir = runs[0]
-                finished = {e["trial"] for e in events(run_dir, "trial_finished")}
-                hit = next((e for e in events(run_dir, "trial_started")
+                finished = {e["trial"] for e in journal(run_dir, "trial_finished")}
+                hit = next((e for e in journal(run_dir, "trial_started")
                             if e["trial"].startswith("trial-") and e["trial"] not in finished),
                            None)
             assert controller.poll() is None, "the tuning ended before it could be stopped"
@@ -179,14 +179,14 @@ def test_sigint_then_resume_keeps_the_runs_recipe_dir_and_reruns_the_trial_first
     finally:
         if controller.poll() is None:
             controller.kill()
-    started = len(events(run_dir, "trial_started"))
+    started = len(journal(run_dir, "trial_started"))
     p = autotune("tune", "--resume", str(run_dir), "--plain", cwd=elsewhere, timeout=240,
                  env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "of the 10m budget" in p.stderr and "left" in p.stderr
     assert list(recipe_dir.glob("*.toml")) and not (elsewhere / "recipes").exists()
     assert not (here / "recipes").exists()
-    new = [e for e in events(run_dir, "trial_started")[started:]
+    new = [e for e in journal(run_dir, "trial_started")[started:]
            if e["trial"].startswith("trial-")]
     assert new and new[0]["knobs"] == hit["knobs"]
     assert live_children() == []

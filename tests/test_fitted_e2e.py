@@ -5,7 +5,6 @@ spend most of each step waiting, as a script on a slower device does, so these l
 the CPU to the rest of the suite. Foreign load is not flagged (``--foreign-limit``).
 """
 
-import json
 import re
 import subprocess
 import sys
@@ -14,16 +13,11 @@ import time
 import pytest
 
 from autotune.store.journal import read_events
-from conftest import SCRIPTS, autotune, live_children
+from conftest import SCRIPTS, autotune, last_json, live_children
 
 pytestmark = pytest.mark.slow
 
 QUIET = ["--plain", "--foreign-limit", "1000"]
-
-
-def _summary(p: subprocess.CompletedProcess) -> dict:
-    assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def test_a_script_with_slow_steps_is_measured_by_every_probe_and_uses_its_budget(tmp_path):
@@ -35,7 +29,7 @@ def test_a_script_with_slow_steps_is_measured_by_every_probe_and_uses_its_budget
                  str(SCRIPTS / "slow_steps.py"), "--trainer.batch_size={batch_size}",
                  "--trainer.num_workers={workers}", cwd=tmp_path, timeout=420)
     wall = time.monotonic() - t0
-    s = _summary(p)
+    s = last_json(p)
     run_dir = s["run_dir"]
     events, _ = read_events(run_dir)
     searched = [e for e in events if e["event"] == "trial_finished"
@@ -71,7 +65,7 @@ def test_a_claimed_speed_up_holds_when_the_script_measures_it(tmp_path):
                  "batch_size=20",
                  "--recipe-dir", str(tmp_path / "recipes"),
                  "--", *script, "--batch_size", "{batch_size}", cwd=tmp_path, timeout=420)
-    s = _summary(p)
+    s = last_json(p)
     assert not s["kept_baseline"], s["reason"]
     low, high = s["speedup_interval"]
     assert low < s["speedup"] < high

@@ -9,7 +9,8 @@ import pytest
 from autotune.measuring.outcome import Outcome
 from autotune.tuning import decision, fitting
 from autotune.tuning.fitting import Pace, ScriptTiming
-from test_study import FakeProbe, events, machine, result, tune  # noqa: F401 - fixture
+from conftest import journal
+from test_study import FakeProbe, machine, result, tune  # noqa: F401 - fixture
 
 SLOW = ScriptTiming(first_s=8.0, warmup_s=2.0, step_s=1.0, measured_s=16.0, rel_half=0.05,
                     batch_size=32, threads=2)
@@ -125,7 +126,7 @@ def test_a_budget_on_a_script_with_slow_steps_measures_every_probe_and_is_used(t
     fake = SlowScript(clock)
     report, t, run_dir = tune(tmp_path, fake, seconds=None, budget_s=300.0, clock=clock,
                               confirm_rounds=3)
-    searched = [e for e in events(run_dir, "trial_finished") if e["trial"].startswith("trial-")]
+    searched = [e for e in journal(run_dir, "trial_finished") if e["trial"].startswith("trial-")]
     assert len(searched) >= 3
     # each one measured: an answer, or an estimate that could not reach the best
     assert all(e["result"]["outcome"] in ("ok", "pruned") for e in searched), searched

@@ -18,7 +18,7 @@ import pytest
 
 from autotune.tuning import recipes
 from autotune.store.journal import read_events
-from conftest import SCRIPTS, autotune, live_children
+from conftest import SCRIPTS, autotune, last_json, live_children
 
 QUIET = ["--plain", "--foreign-limit", "1000"]
 
@@ -79,8 +79,7 @@ def test_probe_tune_and_run_an_unmodified_framework_script(tmp_path, case):
     p = autotune("tune", *QUIET, "--json", "--trials", "2", "--seconds", "20",
                  "--confirm-rounds", "0", "--recipe-dir", str(tmp_path / "recipes"), script,
                  *tune_args(tmp_path), cwd=tmp_path, timeout=400, env=env)
-    assert p.returncode == 0, p.stderr[-3000:]
-    s = json.loads(p.stdout.strip().splitlines()[-1])
+    s = last_json(p)
     domains, notes = s["space"]["domains"], s["space"]["notes"]
     assert "batch_size" in domains and "workers" in domains, s["space"]
     if ranks == "searched":

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SCRIPTS, live_children
+from conftest import SCRIPTS, last_json, live_children
 from fakes.gpu_host import fake_gpu_env, gpu_uuid, write_nvml_config
 
 TRAIN = str(SCRIPTS / "fake_gpu_train.py")
@@ -37,8 +37,7 @@ def test_wrap_searches_mps_clients_and_share_then_runs_on_every_gpu(tmp_path):
              "batch_size=8", "bucket_mb=25", "--recipe-dir", str(tmp_path / "recipes"), "--",
              TRAIN, "--run-seconds", "4"],
             cwd=tmp_path, env=env, text=True, capture_output=True, timeout=500)
-        assert p.returncode == 0, p.stderr[-4000:]
-        summary = json.loads(p.stdout.strip().splitlines()[-1])
+        summary = last_json(p)
         space = summary["space"]
         assert space["device"] == "gpu"
         assert set(space["domains"]) == {"instances", "thread_pct"}, space

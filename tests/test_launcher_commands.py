@@ -17,7 +17,7 @@ from autotune.launching.collector import Received
 from autotune.launching.group import RanksSpec
 from autotune.store.journal import read_events
 from autotune.tuning import TuneSettings
-from conftest import SCRIPTS, assert_one_error_line, autotune, live_children
+from conftest import SCRIPTS, assert_one_error_line, autotune, last_json, live_children
 
 DDP = str(SCRIPTS / "ddp_toy.py")
 QUIET = ["--plain", "--foreign-limit", "1000"]
@@ -188,8 +188,7 @@ def test_wrap_under_mpirun_probes_and_runs_through_it(mpi, tmp_path):
                  "--seconds", "10", "--confirm-rounds", "0", "--fix", "instances=2", "threads=1",
                  "--recipe-dir", str(tmp_path / "recipes"), "--", DDP, "--run-seconds", "12",
                  cwd=tmp_path, env=env, timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
-    summary = json.loads(p.stdout.strip().splitlines()[-1])
+    summary = last_json(p)
     assert summary["exit_code"] == 0 and summary["best"]["knobs"]["instances"] == 2
     run_dir = summary["run_dir"]
     state = json.loads(open(os.path.join(run_dir, "tune.json")).read())
@@ -216,8 +215,7 @@ def test_two_hosts_in_a_hostfile_are_metered_over_the_network_address(mpi, tmp_p
     p = autotune("probe", "--json", "--modes", "full", "--seconds", "12", "--hostfile", "hosts",
                  DDP, "--print-env", "MASTER_ADDR", "AUTOTUNE_ADDR", cwd=tmp_path, env=env,
                  timeout=120)
-    assert p.returncode == 0, p.stderr[-3000:]
-    full = json.loads(p.stdout.strip().splitlines()[-1])["modes"]["full"]
+    full = last_json(p)["modes"]["full"]
     log = open(full["log_path"]).read()
     for rank in (0, 1):
         assert f"ddp_toy: rank {rank} of 2, started by mpirun" in log, log[-2000:]
@@ -260,8 +258,7 @@ def test_tune_with_a_global_batch_keeps_it_in_every_trial_and_the_recipe(tmp_pat
                  "--fix", "threads=1", "workers=0", "--trials", "3", "--seconds", "8",
                  "--confirm-rounds", "0", "--recipe-dir", str(tmp_path / "recipes"), "--", DDP,
                  cwd=tmp_path, env=env, timeout=400)
-    assert p.returncode == 0, p.stderr[-3000:]
-    summary = json.loads(p.stdout.strip().splitlines()[-1])
+    summary = last_json(p)
     recipe = recipes.load(summary["recipe"])
     assert recipe.global_batch == 32
     assert recipe.knobs["batch_size"] * recipe.knobs.get("instances", 1) == 32

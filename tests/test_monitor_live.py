@@ -20,6 +20,7 @@ from autotune.store.journal import Journal, read_events
 from autotune.monitor import Monitor, use_plain, watch
 from autotune.monitor import view
 from autotune.monitor.sampler import GpuSource, run_processes
+from conftest import wait_for
 
 FAKES = Path(__file__).parent / "fakes"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -28,16 +29,6 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 class FakeTTY(io.StringIO):
     def isatty(self):
         return True
-
-
-def wait_for(condition, *, timeout_s=20.0, what="condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def device_samples(run_dir):

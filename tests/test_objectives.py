@@ -13,7 +13,7 @@ from autotune.tuning import decision, goodput, objective
 from autotune.tuning import study as studies
 from autotune.tuning.decision import Measured
 from autotune.tuning.objective import Kind, Objective, Point, Scorer
-from test_study import SEEN, FakeProbe, events, machine, tune  # noqa: F401 - a fixture
+from test_study import SEEN, FakeProbe, machine, tune  # noqa: F401 - a fixture
 
 GOODPUT = Objective.parse("goodput")
 ENERGY = Objective.parse("energy")
@@ -235,7 +235,7 @@ def test_energy_search_maximises_samples_per_joule(tmp_path, machine):
         k = {**SEEN, **tr.user_attrs["knobs"]}
         threads = 1 if k.get("thread_pct") == 50 else 2
         assert tr.value == pytest.approx(1 / joules({**k, "threads": threads}))
-    assert not any(e["trial"].startswith("trial") for e in events(run_dir, "trial_pruned"))
+    assert not any(e["trial"].startswith("trial") for e in journal(run_dir, "trial_pruned"))
     # the fastest (2 workers) spends 3x the energy: the winner runs without them
     assert report.best.knobs["workers"] != 2 and not report.kept_baseline
     assert report.score["best"]["samples_per_j"] > report.score["baseline"]["samples_per_j"]
@@ -274,7 +274,7 @@ def test_two_objectives_make_a_multi_objective_study_and_a_pareto_pick(tmp_path,
         ln.startswith("Pareto front (") for ln in lines)
     assert sum(ln.startswith("  * ") for ln in lines) == sum(p["picked"] for p in front)
     assert len(objective_parts(report)["front"]) == len(front)
-    ev = events(run_dir, "pareto")[-1]
+    ev = journal(run_dir, "pareto")[-1]
     assert ev["picked"] == pick.name and len(ev["points"]) >= len(ev["front"])
     assert not any(math.isnan(p["samples_per_j"]) for p in ev["points"])
 
@@ -282,7 +282,7 @@ def test_two_objectives_make_a_multi_objective_study_and_a_pareto_pick(tmp_path,
 # -- end to end, as a user runs it (real training on the CPU) ------------------------------------
 import os  # noqa: E402
 
-from conftest import SCRIPTS, assert_one_error_line, autotune  # noqa: E402
+from conftest import SCRIPTS, assert_one_error_line, autotune, journal, last_json  # noqa: E402
 from fakes.rapl import growing_powercap  # noqa: E402
 
 TOY = str(SCRIPTS / "tune_toy.py")
@@ -294,11 +294,6 @@ SHORT = ["--plain", "--json", "--foreign-limit", "1000", "--trials", "3", "--sec
 
 def _env(**extra):
     return {**os.environ, **extra}
-
-
-def _summary(p):
-    assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def test_energy_objective_without_any_counter_is_one_error_before_anything_runs(tmp_path):
@@ -322,7 +317,7 @@ def test_tune_for_energy_reads_the_rapl_counter_and_keeps_samples_per_joule(tmp_
                      str(tmp_path / "recipes"), "--", TOY, cwd=tmp_path, timeout=240,
                      env=_env(AUTOTUNE_RAPL_ROOT=str(root),
                               AUTOTUNE_RUNS_DIR=str(tmp_path / "runs")))
-    s = _summary(p)
+    s = last_json(p)
     assert s["objective"] == "energy"
     best, base = s["score"]["best"], s["score"]["baseline"]
     # 20 W over whatever the config trains: J/sample = 20 / (samples/s), within the meter's span
@@ -341,7 +336,7 @@ def test_tune_for_throughput_and_energy_lists_and_draws_the_pareto_front(tmp_pat
                      str(tmp_path / "recipes"), "--", TOY, cwd=tmp_path, timeout=240,
                      env=_env(AUTOTUNE_RAPL_ROOT=str(root),
                               AUTOTUNE_RUNS_DIR=str(tmp_path / "runs")))
-    s = _summary(p)
+    s = last_json(p)
     assert s["objective"] == "throughput,energy"
     front = s["pareto"]
     assert front and all(p["samples_per_j"] > 0 for p in front)
@@ -363,7 +358,7 @@ def test_tune_for_goodput_on_a_script_that_never_trains_data_parallel_falls_back
     p = autotune("tune", *args, "--objective", "goodput", "--recipe-dir",
                  str(tmp_path / "recipes"), "--", TOY, cwd=tmp_path, timeout=240,
                  env=_env(AUTOTUNE_RUNS_DIR=str(tmp_path / "runs")))
-    s = _summary(p)
+    s = last_json(p)
     assert s["objective"] == "goodput"
     assert s["objective_note"].startswith("goodput needs a data-parallel trial: scored as "
                                           "throughput")
@@ -401,10 +396,10 @@ def test_tune_for_energy_on_the_fake_gpu_host_reads_nvml_s_energy_counter(tmp_pa
             cwd=tmp_path, env=env, text=True, capture_output=True, timeout=300)
     finally:
         shutil.rmtree(mps_dir, ignore_errors=True)
-    s = _summary(p)
+    s = last_json(p)
     base = s["score"]["baseline"]
     assert base["j_per_sample"] == pytest.approx(60.0 / base["samples_per_s"], rel=0.25)
-    read = [e["result"]["energy"] for e in events(Path(s["run_dir"]), "trial_finished")
+    read = [e["result"]["energy"] for e in journal(Path(s["run_dir"]), "trial_finished")
             if e["trial"] == "baseline" and e["result"]["outcome"] == "ok"][-1]
     assert read["gpu"] == "NVML energy counter" and read["cpu_j_per_sample"] is None
     assert "no-powercap does not exist" in read["cpu"]
@@ -429,9 +424,9 @@ def test_tune_for_goodput_takes_b_noise_from_the_two_rank_probe_and_scores_by_it
                  "--recipe-dir", str(tmp_path / "recipes"), "--",
                  str(SCRIPTS / "noise_toy.py"), cwd=tmp_path, timeout=240,
                  env=_env(AUTOTUNE_RUNS_DIR=str(tmp_path / "runs")))
-    s = _summary(p)
+    s = last_json(p)
     run_dir = Path(s["run_dir"])
-    ranks = [e["result"] for e in events(run_dir, "trial_finished") if e["trial"] == "ranks"]
+    ranks = [e["result"] for e in journal(run_dir, "trial_finished") if e["trial"] == "ranks"]
     assert ranks and ranks[-1]["outcome"] in ("ok", "foreign-load"), ranks
     noise = ranks[-1]["noise"]
     assert (noise["ranks"], noise["b_small"], noise["b_big"]) == (2, 16, 32), noise
@@ -450,7 +445,7 @@ def test_tune_for_goodput_takes_b_noise_from_the_two_rank_probe_and_scores_by_it
     recipe = next((tmp_path / "recipes").glob("*.toml")).read_text()
     assert 'name = "goodput"' in recipe and f"noise_scale = {b_noise!r}" in recipe, recipe
     assert "needs a data-parallel trial" not in recipe
-    best = events(run_dir, "best")[-1]
+    best = journal(run_dir, "best")[-1]
     assert best["objective"] == "goodput" and best["score"]["noise_scale"] == b_noise
 
     base_batch = 16  # noise_toy's own --batch-size, one rank

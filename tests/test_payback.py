@@ -7,7 +7,8 @@ import pytest
 
 from autotune.launching import script_flags
 from autotune.tuning import payback
-from test_study import FakeProbe, events, machine, surface, tune  # noqa: F401 - a fixture
+from conftest import journal
+from test_study import FakeProbe, machine, surface, tune  # noqa: F401 - a fixture
 
 
 @pytest.mark.parametrize("args, want", [
@@ -71,7 +72,7 @@ def test_without_a_budget_tuning_takes_its_share_of_the_projected_run(tmp_path, 
     p = report.payback
     assert p["baseline_run_s"] == pytest.approx(run_s)
     assert p["best_run_s"] == pytest.approx(1_000_000 / report.best.samples_per_s)
-    assert "projected saving" in p["text"] and events(run_dir, "payback")[0]["text"] == p["text"]
+    assert "projected saving" in p["text"] and journal(run_dir, "payback")[0]["text"] == p["text"]
 
 
 def test_a_given_budget_or_trials_stays_and_an_unknown_run_tells_no_payback(tmp_path, machine):

@@ -1,11 +1,12 @@
 """``autotune probe --allreduce``: the allreduce table and bucket_mb range in the probe's output."""
 
-import json
 import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from conftest import last_json
 
 pytestmark = pytest.mark.slow
 
@@ -30,8 +31,7 @@ def test_probe_shows_allreduce_by_size(tmp_path):
         [sys.executable, "-m", "autotune", "probe", "--allreduce", "--modes", "full",
          "--seconds", "8", "--json", "--runs-dir", str(tmp_path / "runs"), str(script)],
         capture_output=True, text=True, timeout=400, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    summary = last_json(out)
     ar = summary["allreduce"]
     assert ar["backend"] == "gloo" and ar["world_size"] == 2
     sizes = [p["bytes"] for p in ar["points"]]

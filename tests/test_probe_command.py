@@ -1,18 +1,11 @@
 """`autotune probe` as a user runs it: a table or JSON, a verdict, one-line errors."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from autotune.measuring.trial import TrialSpec, run_trial
-from conftest import SCRIPTS
-
-
-def autotune(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True,
-                          text=True, timeout=timeout)
+from conftest import SCRIPTS, autotune
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from autotune.commands import common
 from autotune.launching import rank_command
 from autotune.measuring.outcome import Outcome
 from autotune.tuning import baseline, space
-from conftest import SCRIPTS, autotune, live_children
+from conftest import SCRIPTS, autotune, last_json, live_children
 from probes import intercept
 from test_shapes_e2e import probe, script
 
@@ -123,10 +123,6 @@ def test_a_placeholder_of_a_knob_a_probe_leaves_out_gets_the_scripts_default():
 
 
 # -- tune with defaults searches ranks -----------------------------------------------------------
-def _summary(p):
-    return json.loads(p.stdout.strip().splitlines()[-1])
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name, args", [
     # nanoGPT's shape: DDP when RANK is set, nccl by default, batches built by hand (16 a step).
@@ -143,7 +139,7 @@ def test_tune_with_defaults_searches_ranks_of_a_script_that_goes_ddp_when_launch
                  str(tmp_path / "recipes"), *ours, str(SCRIPTS / name), *args[len(ours):],
                  cwd=tmp_path, timeout=400, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
-    s = _summary(p)
+    s = last_json(p)
     assert {"instances", "bucket_mb"} <= set(s["space"]["domains"]), s["space"]
     import optuna
 
@@ -174,7 +170,7 @@ def test_ranks_training_alone_keep_instances_at_one_with_the_reason(tmp_path):
                  str(SCRIPTS / "tune_toy.py"), "--work", "1", cwd=tmp_path, timeout=300,
                  env=env)
     assert p.returncode == 0, p.stderr[-3000:]
-    s = _summary(p)
+    s = last_json(p)
     assert "instances" not in s["space"]["domains"]
     assert any("instances: fixed at 1: a probe of 2 ranks (torchrun's environment) saw them "
                "train alone" in n for n in s["space"]["notes"]), s["space"]["notes"]

@@ -2,7 +2,6 @@
 srun(1) documents, inside a fake allocation whose nodes are all this machine: ranks take their
 identity from Slurm's variables, are metered, and a failed task's code is the run's."""
 
-import json
 import os
 
 import pytest
@@ -11,7 +10,7 @@ from autotune.hardware import fingerprint
 
 from autotune.tuning import recipes
 from autotune.store.journal import read_events
-from conftest import ROOT, SCRIPTS, autotune, live_children
+from conftest import ROOT, SCRIPTS, autotune, last_json, live_children
 
 DDP = str(SCRIPTS / "ddp_toy.py")
 SRUN_DIR = ROOT / "tests" / "fakes" / "slurm"
@@ -31,8 +30,7 @@ def test_probe_under_srun_takes_identity_from_slurm(tmp_path):
     p = autotune("probe", "--json", "--modes", "full", "--seconds", "30", "--launcher", "srun",
                  "--instances", "2", DDP, "--print-env", "SLURM_PROCID", "LOCAL_RANK",
                  cwd=tmp_path, env=env, timeout=120)
-    assert p.returncode == 0, p.stderr[-3000:]
-    full = json.loads(p.stdout.strip().splitlines()[-1])["modes"]["full"]
+    full = last_json(p)["modes"]["full"]
     log = open(full["log_path"]).read()
     for rank in (0, 1):
         assert f"ddp_toy: rank {rank} of 2, started by srun" in log, log[-2000:]
@@ -49,8 +47,7 @@ def test_a_two_node_allocation_starts_ranks_with_srun_by_default(tmp_path):
     env["AUTOTUNE_COLLECTOR_HOST"] = "localhost"
     p = autotune("probe", "--json", "--modes", "full", "--seconds", "30", DDP, "--print-env",
                  "SLURM_NODEID", "MASTER_ADDR", cwd=tmp_path, env=env, timeout=120)
-    assert p.returncode == 0, p.stderr[-3000:]
-    full = json.loads(p.stdout.strip().splitlines()[-1])["modes"]["full"]
+    full = last_json(p)["modes"]["full"]
     log = open(full["log_path"]).read()
     for rank in (0, 1):
         assert f"ddp_toy: rank {rank} of 2, started by srun" in log, log[-2000:]

@@ -13,7 +13,8 @@ import pytest
 from autotune.hardware import fingerprint
 from autotune.tuning import space
 from autotune.tuning import study as studies
-from autotune.store.journal import Journal, read_events
+from autotune.store.journal import Journal
+from conftest import journal
 from autotune.measuring.outcome import Outcome
 from autotune.measuring.steady import Estimate
 from autotune.measuring.trial import TrialResult
@@ -110,11 +111,6 @@ def tune(tmp_path, fake, **kw):
     return t.run(), t, t.run_dir
 
 
-def events(run_dir, name=None):
-    evs, _ = read_events(run_dir)
-    return [e for e in evs if name is None or e["event"] == name]
-
-
 def surface(knobs):
     """Faster with workers and a smaller thread count; batch size matters a little."""
     return 100.0 * (1 + knobs["workers"]) * (1.3 if knobs["threads"] == 1 else 1.0) \
@@ -145,11 +141,11 @@ def test_search_measures_each_config_once_and_finds_the_best(tmp_path, machine):
     assert report.best.knobs["workers"] == 2 and report.best.knobs["thread_pct"] == 50
     assert report.baseline.knobs == {"batch_size": 16, "workers": 0, "thread_pct": 100,
                                      "instances": 1}
-    conf = events(run_dir, "confirmation")
+    conf = journal(run_dir, "confirmation")
     assert [(e["round"], e["trial"]) for e in conf][:3] == [(1, n) for n in names[:3]]
-    best = events(run_dir, "best")[-1]
+    best = journal(run_dir, "best")[-1]
     assert best["knobs"] == dict(report.best.knobs) and best["kept_baseline"] is False
-    started = events(run_dir, "trial_started")
+    started = journal(run_dir, "trial_started")
     assert started[0]["trial"] == "baseline"
     assert all(set(e) >= {"trial", "knobs", "mode"} for e in started)
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -186,7 +182,7 @@ def test_slow_probes_are_pruned(tmp_path, machine):
     fake = FakeProbe(lambda k: 1000.0 if k["workers"] == 0 else 10.0)
     report, t, run_dir = tune(tmp_path, fake, trials=6,
                               fix_tokens=("batch_size=16", "threads=2"))
-    pruned = events(run_dir, "trial_pruned")
+    pruned = journal(run_dir, "trial_pruned")
     assert pruned and all("could not reach" in e["reason"] for e in pruned)
     h = studies.open_study(studies.sqlite_url(run_dir / "study.db"),
                            f"autotune-{run_dir.name}", run_id=run_dir.name)
@@ -249,7 +245,7 @@ def test_crashing_configs_are_infeasible(tmp_path, machine):
     report, _, run_dir = tune(tmp_path, fake, trials=8, confirm_rounds=1,
                               fix_tokens=("batch_size=16",))
     assert report.best.knobs["workers"] != 2
-    finished = [e for e in events(run_dir, "trial_finished")
+    finished = [e for e in journal(run_dir, "trial_finished")
                 if e["result"]["outcome"] == "crashed"]
     assert all(e["result"]["knobs"]["workers"] == 2 for e in finished)
 
@@ -391,7 +387,7 @@ def test_verdict_probes_the_winner_in_both_modes(tmp_path, machine):
     modes = [s.ranks.mode for s in fake.specs if s.ranks.name.startswith("verdict-")]
     assert modes == ["synthetic", "io"]
     assert report.verdict.bottleneck == "balanced"  # the fake gives both the same rate
-    assert events(run_dir, "probe_verdict")[-1]["verdict"] == report.verdict.to_dict()
+    assert journal(run_dir, "probe_verdict")[-1]["verdict"] == report.verdict.to_dict()
 
 
 def test_slow_starting_baseline_gets_one_longer_try(tmp_path, machine):

@@ -10,15 +10,14 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from autotune.hardware import proc
 from autotune.tuning import recipes
 from autotune.tuning import study as studies
-from autotune.store.journal import read_events
-from conftest import EXAMPLES, SCRIPTS, assert_one_error_line, autotune, live_children
+from conftest import (EXAMPLES, SCRIPTS, assert_one_error_line, autotune, journal, last_json,
+                      live_children)
 
 TOY = str(SCRIPTS / "tune_toy.py")
 QUIET = ["--plain", "--foreign-limit", "1000"]
@@ -60,11 +59,6 @@ def test_resume_of_a_directory_that_is_no_run(tmp_path):
 
 
 # -- real runs ----------------------------------------------------------------------------------
-def events(run_dir, name=None):
-    evs, _ = read_events(Path(run_dir))
-    return [e for e in evs if name is None or e["event"] == name]
-
-
 @pytest.mark.slow
 def test_wrap_image_example(tmp_path):
     """The issue's check: wrap on the image example, small budget; recipe loads, run exits 0."""
@@ -76,24 +70,23 @@ def test_wrap_image_example(tmp_path):
                  str(tmp_path / "recipes"), "--",
                  str(EXAMPLES / "image_classifier" / "train.py"), "--num-images", "64",
                  "--epochs", "24", "--data-dir", str(data), cwd=tmp_path, timeout=400)
-    assert p.returncode == 0, p.stderr[-3000:]
-    summary = json.loads(p.stdout.strip().splitlines()[-1])
+    summary = last_json(p)
     assert summary["exit_code"] == 0
     recipe = recipes.load(summary["recipe"])
     assert recipe.knobs == summary["best"]["knobs"]
     assert recipe.samples_per_s > 0 and recipe.fingerprint.cores >= 1
     assert "done:" in p.stdout  # the script's own output, streamed
-    names = [e["event"] for e in events(summary["run_dir"])]
+    names = [e["event"] for e in journal(summary["run_dir"])]
     for name in ("run_started", "trial_started", "trial_finished", "best", "recipe_saved",
                  "fullrun_started", "fullrun_ended", "run_ended"):
         assert name in names, name
-    assert events(summary["run_dir"], "run_ended")[-1]["exit_code"] == 0
+    assert journal(summary["run_dir"], "run_ended")[-1]["exit_code"] == 0
     # The example goes data-parallel only under WORLD_SIZE > 1: found by the two-rank probe, so
     # ranks and buckets are searched by default, and at least one trial ran on 2 ranks.
     assert {"instances", "bucket_mb"} <= set(summary["space"]["domains"]), \
         (summary["space"], summary["notes"], p.stderr[-3000:])
     assert any(e["result"]["knobs"].get("instances") == 2 and e["result"]["outcome"] == "ok"
-               for e in events(summary["run_dir"], "trial_finished"))
+               for e in journal(summary["run_dir"], "trial_finished"))
     assert live_children() == []
 
 
@@ -127,9 +120,9 @@ def test_kill_controller_then_resume(tmp_path):
             runs = list((tmp_path / "runs").glob("*")) if (tmp_path / "runs").exists() else []
             if runs:
                 run_dir = runs[0]
-                started = [e for e in events(run_dir, "trial_started")
+                started = [e for e in journal(run_dir, "trial_started")
                            if e["trial"].startswith("trial-")]
-                finished = [e for e in events(run_dir, "trial_finished")
+                finished = [e for e in journal(run_dir, "trial_finished")
                             if e["trial"].startswith("trial-")]
                 if len(finished) >= 1 and len(started) > len(finished) and \
                         (run_dir / "live.json").exists() and \
@@ -153,7 +146,7 @@ def test_kill_controller_then_resume(tmp_path):
     finished_before = {n: t for n, t in before.items() if t.state.is_finished()}
     running = [n for n, t in before.items() if t.state == optuna.trial.TrialState.RUNNING]
     assert len(running) == 1 and finished_before
-    started_before = len(events(run_dir, "trial_started"))
+    started_before = len(journal(run_dir, "trial_started"))
 
     p = autotune("tune", "--resume", str(run_dir), "--plain", cwd=tmp_path, timeout=240, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -167,7 +160,7 @@ def test_kill_controller_then_resume(tmp_path):
     assert retried[0].state.is_finished()
     # No finished config was measured again after the resume (duplicates are answered, not run).
     done = [t.user_attrs["knobs"] for t in finished_before.values()]
-    new = events(run_dir, "trial_started")[started_before:]
+    new = journal(run_dir, "trial_started")[started_before:]
     assert new and not any(e["knobs"] in done for e in new)
     assert "search stopped" in p.stderr
     assert live_children() == []
@@ -193,7 +186,7 @@ def test_run_forwards_ctrl_c_and_meters(tmp_path):
         progress = []
         while time.monotonic() < deadline and not progress:
             for run_dir in (tmp_path / "runs").glob("*"):
-                progress = [e for e in events(run_dir, "fullrun_progress")
+                progress = [e for e in journal(run_dir, "fullrun_progress")
                             if e["samples_per_s"] > 0]
             assert run.poll() is None, run.stderr.read()
             time.sleep(0.2)
@@ -206,6 +199,6 @@ def test_run_forwards_ctrl_c_and_meters(tmp_path):
     assert run.returncode == 130, err  # the script's own end: killed by SIGINT
     assert "KeyboardInterrupt" in (run_dir / "logs" / "fullrun.log").read_text()
     assert "WARNING" not in err  # the recipe matches this host and script
-    ended = events(run_dir, "fullrun_ended")
+    ended = journal(run_dir, "fullrun_ended")
     assert ended and ended[-1]["exit_code"] == 130
     assert live_children() == []
