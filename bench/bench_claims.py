@@ -35,14 +35,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune.measuring.steady import t975  # noqa: E402
 from autotune.hardware import fingerprint  # noqa: E402
+from bench.common import interval, say, tune_as_user  # noqa: E402
 
 SCRIPTS = ROOT / "tests" / "scripts"
 # how each script prints its own throughput, anchored to its own lines: `autotune run --plain`
@@ -63,10 +62,6 @@ CASES = {
                    ["--trainer.batch_size=32", "--trainer.num_workers=0"],
                    ["--baseline", "batch_size=32", "workers=0"], MINGPT_RATE),
 }
-
-
-def say(msg: str) -> None:
-    print(msg, flush=True)
 
 
 def own_rate(text: str, pattern: re.Pattern) -> float | None:
@@ -91,29 +86,16 @@ def timed_run(argv: list[str], cwd: Path, seconds: float, env: dict) -> str:
     return out
 
 
-def interval(ratios: list[float]) -> tuple[float, float]:
-    m = sum(ratios) / len(ratios)
-    if len(ratios) < 2:
-        return m, math.inf
-    sd = math.sqrt(sum((r - m) ** 2 for r in ratios) / (len(ratios) - 1))
-    return m, t975(len(ratios) - 1) * sd / math.sqrt(len(ratios))
-
-
 def run_case(name: str, args, work: Path) -> dict:
     script, placeholders, plain_args, baseline, pattern = CASES[name]
     env = dict(os.environ, AUTOTUNE_RUNS_DIR=str(work / "runs"))
-    cmd = [sys.executable, "-m", "autotune", "tune", "--json", "--plain", "--budget",
-           args.budget, "--recipe-dir", str(work / "recipes"), "--no-warm-start", *baseline,
-           *(["--foreign-limit", str(args.foreign_limit)] if args.foreign_limit is not None
-             else []),
-           "--", *script, *placeholders]
-    t0 = time.monotonic()
-    tuned = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
-    tune_s = time.monotonic() - t0
-    if tuned.returncode != 0:
-        say(f"{name}: tune failed ({tuned.returncode}):\n{tuned.stderr[-3000:]}")
-        return {"case": name, "error": tuned.stderr[-3000:]}
-    s = json.loads(tuned.stdout.strip().splitlines()[-1])
+    tuned = tune_as_user(
+        [*baseline, *(["--foreign-limit", str(args.foreign_limit)]
+                      if args.foreign_limit is not None else [])],
+        script=[*script, *placeholders], budget=args.budget, work=work, env=env, label=name)
+    if tuned.summary is None:
+        return {"case": name, "error": tuned.error}
+    s, tune_s = tuned.summary, tuned.wall_s
     low, high = s.get("speedup_interval", [math.nan, math.nan])
     say(f"# {name}: tune {tune_s:.0f} s, {s['trials']} probes, stopped: {s['stop_reason']}")
     say(f"# {name}: best {s['best']['knobs']}; claim {s['speedup']:.3f}x "
@@ -129,7 +111,7 @@ def run_case(name: str, args, work: Path) -> dict:
             say(f"{name} round {rnd} {label:8s} "
                 + (f"{r:8.2f} samples/s (the script's own)" if r else "no rate printed"))
     ratios = [r / d for r, d in zip(rates["recipe"], rates["default"]) if r and d]
-    m, half = interval(ratios) if ratios else (math.nan, math.inf)
+    m, half = interval(ratios)
     claim = 1.0 if s["kept_baseline"] else s["speedup"]
     if len(ratios) < 2:  # no interval: nothing was measured that a claim could be held to
         say(f"{name}: only {len(ratios)} round(s) gave the script's own figure for both runs; "

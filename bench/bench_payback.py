@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from autotune.hardware import fingerprint  # noqa: E402
 from autotune.tuning.payback import duration  # noqa: E402
+from bench.common import say, tune_as_user  # noqa: E402
 
 EXAMPLES = ROOT / "examples"
 DONE = re.compile(r"^(?:\[rank 0\] )?done: (\d+) steps, mean samples/s ([0-9.]+)", re.M)
@@ -53,10 +54,6 @@ CASES = {
     "compute_bound": (EXAMPLES / "compute_bound" / "train.py",
                       ["--num-samples", "8192", "--epochs", "4"]),
 }
-
-
-def say(msg: str) -> None:
-    print(msg, flush=True)
 
 
 def whole_run(argv: list[str], cwd: Path, env: dict, samples: float) -> dict:
@@ -102,16 +99,11 @@ def run_case(name: str, args, work: Path) -> dict:
     if name == "image_classifier":  # the images are made once, before anything is timed
         subprocess.run([*plain, "--max-steps", "1"], cwd=work, env=env, check=True,
                        capture_output=True)
-    cmd = [sys.executable, "-m", "autotune", "tune", "--json", "--plain", "--budget",
-           args.budget, "--recipe-dir", str(work / "recipes"), "--no-warm-start",
-           "--", str(script), *script_args]
-    t0 = time.monotonic()
-    tuned = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
-    tune_s = time.monotonic() - t0
-    if tuned.returncode != 0:
-        say(f"{name}: tune failed ({tuned.returncode}):\n{tuned.stderr[-3000:]}")
-        return {"case": name, "error": tuned.stderr[-3000:]}
-    s = json.loads(tuned.stdout.strip().splitlines()[-1])
+    tuned = tune_as_user([], script=[str(script), *script_args], budget=args.budget, work=work,
+                         env=env, label=name)
+    if tuned.summary is None:
+        return {"case": name, "error": tuned.error}
+    s, tune_s = tuned.summary, tuned.wall_s
     pb = s.get("payback")
     if not pb:
         say(f"{name}: tune projected no run length (notes: {s.get('notes')})")

@@ -43,16 +43,12 @@ from autotune.hardware import fingerprint  # noqa: E402
 from autotune.store.journal import Journal  # noqa: E402
 from autotune.tuning import Prober, TuneSettings, TuneState, baseline, decision, space  # noqa: E402
 from autotune.measuring.foreign_load import FOREIGN_CORES_LIMIT  # noqa: E402
-from autotune.measuring.steady import t975  # noqa: E402
+from bench.common import ratio_interval, say  # noqa: E402
 from autotune.measuring.trial import TrialSpec, run_trial  # noqa: E402
 
 TARGET = 0.95  # tuned / grid-best the search must reach; below it the bench exits 1
 
 EXAMPLES = ROOT / "examples"
-
-
-def say(msg: str) -> None:
-    print(msg, flush=True)
 
 
 def probe(args, work: Path, cfg: dict | None, sp: space.Space | None, name: str,
@@ -82,18 +78,6 @@ def probe(args, work: Path, cfg: dict | None, sp: space.Space | None, name: str,
 
 def fmt(cfg: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in cfg.items())
-
-
-def ratio_ci(num: list[float], den: list[float]) -> tuple[float, float]:
-    """Mean of per-round ratios and its 95% half-width (t over rounds)."""
-    rs = [a / b for a, b in zip(num, den) if a and b]
-    if not rs:
-        return math.nan, math.nan
-    m = sum(rs) / len(rs)
-    if len(rs) < 2:
-        return m, math.inf
-    sd = math.sqrt(sum((r - m) ** 2 for r in rs) / (len(rs) - 1))
-    return m, t975(len(rs) - 1) * sd / math.sqrt(len(rs))
 
 
 def main() -> int:
@@ -217,9 +201,9 @@ def main() -> int:
         say(f"final round {rnd} {name:9s} {r.samples_per_s:8.1f} ± {r.ci_half:6.1f} "
             f"{r.outcome.value} (foreign load {r.foreign_cores:.2f} cores)")
     means = {n: sum(v) / len(v) for n, v in rates.items()}
-    tg, tg_ci = ratio_ci(rates["tuned"], rates["grid-best"])
-    td, td_ci = ratio_ci(rates["tuned"], rates["default"])
-    gd, gd_ci = ratio_ci(rates["grid-best"], rates["default"])
+    tg, tg_ci = ratio_interval(rates["tuned"], rates["grid-best"])
+    td, td_ci = ratio_interval(rates["tuned"], rates["default"])
+    gd, gd_ci = ratio_interval(rates["grid-best"], rates["default"])
     say("")
     say(f"{'config':10s} {'samples/s':>10s}  knobs")
     for n in entries:

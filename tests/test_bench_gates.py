@@ -43,3 +43,11 @@ def test_bench_payback_fails_a_projection_off_the_scripts_clock():
     assert set(payback.off_the_clock(projected, far)[1]) == {"recipe"}
     unmeasured = {"default": {"own_s": math.nan}, "recipe": {"own_s": 80.0}}
     assert set(payback.off_the_clock(projected, unmeasured)[1]) == {"default"}
+
+
+def test_the_benches_interval_is_infinite_from_one_round_and_nan_from_none():
+    common = _bench("common")
+    assert common.interval([1.2]) == (1.2, math.inf)
+    assert math.isnan(common.interval([])[0])
+    m, half = common.ratio_interval([110.0, 90.0, None], [100.0, 100.0, 100.0])
+    assert m == 1.0 and 0 < half < math.inf  # the round without a figure is left out
