@@ -14,6 +14,7 @@ from conftest import ROOT
 def _bench(name: str):
     spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while it loads
     spec.loader.exec_module(module)
     return module
 
