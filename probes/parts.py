@@ -11,7 +11,12 @@ The interceptor's hooks mark the boundaries they already sit on; this keeps the 
   communication hook as soon as the bucket's gradients are ready; once the last bucket is
   launched the backward pass has no compute left, so the time from then until ``backward``
   returns is spent waiting for allreduce;
-- ``optimizer``: inside ``optimizer.step``.
+- ``optimizer``: inside ``optimizer.step``, less the forward and backward passes that run
+  inside it. A step that takes a closure (Lightning's automatic optimization, ``LBFGS``, an
+  ``optimizer.step`` wrapper) runs the forward and backward passes inside the step: they are
+  counted as forward and backward, once, and the optimizer keeps only the rest. Inside a step,
+  the time from the step's start (or the previous backward's end) to a backward pass that no
+  new batch preceded is that closure's forward.
 
 Everything else in a step (``zero_grad``, logging, checkpoints) is what the wall clock holds
 beyond these; the controller calls it "other".
@@ -61,8 +66,13 @@ class StepClock:
         self._forward_open = False  # a batch was handed over and no backward has run since
         self._backward = (0.0, None)
         self._optimizer = (0.0, None)
+        self._in_optimizer = False
+        self._inner = (0.0, None)  # inside a step: up to where forward/backward took the time
+        self._nested = 0.0  # host seconds of this step that forward/backward/comm took
+        self._nested_events: list[tuple[object, object]] = []  # ...and their event pairs
         self._launch = (0.0, None)  # the latest DDP bucket launched in this backward
-        self._pending: list[tuple[str, object, object]] = []  # (part, start, end) events
+        # (part, start, end, nested): the part's events, less the pairs nested inside them
+        self._pending: list[tuple[str, object, object, tuple]] = []
 
     # -- marks --------------------------------------------------------------------------------
     def _mark(self) -> tuple[float, object]:
@@ -101,6 +111,13 @@ class StepClock:
                 self.total["forward"] += max(0.0, start - self._handed[0])
                 self._pair("forward", self._handed[1], start_ev)
                 self._forward_open = False
+            elif self._in_optimizer:  # a closure's forward, run by the step itself
+                self.total["forward"] += max(0.0, start - self._inner[0])
+                self._pair("forward", self._inner[1], start_ev)
+            if self._in_optimizer:  # all of it since the mark is forward/backward/comm
+                self._nested += max(0.0, end - self._inner[0])
+                self._nested_events.append((self._inner[1], end_ev))
+                self._inner = (end, end_ev)
             launched, launch_ev = self._launch
             exposed = end - launched if start <= launched <= end else 0.0
             self.total["comm"] += exposed
@@ -113,18 +130,24 @@ class StepClock:
             self._launch = (0.0, None)
 
     def optimizer_begin(self) -> None:
-        self._optimizer = self._mark()
+        mark = self._mark()
+        with self.lock:
+            self._optimizer = self._inner = mark
+            self._in_optimizer, self._nested, self._nested_events = True, 0.0, []
 
     def optimizer_end(self) -> None:
         end, end_ev = self._mark()
         start, start_ev = self._optimizer
         with self.lock:
-            self.total["optimizer"] += end - start
-            self._pair("optimizer", start_ev, end_ev)
+            self.total["optimizer"] += max(0.0, (end - start) - self._nested)
+            nested = tuple(self._nested_events)
+            if all(a is not None and b is not None for a, b in nested):
+                self._pair("optimizer", start_ev, end_ev, nested)
+            self._in_optimizer, self._nested, self._nested_events = False, 0.0, []
 
-    def _pair(self, part: str, start, end) -> None:
+    def _pair(self, part: str, start, end, nested: tuple = ()) -> None:
         if start is not None and end is not None:
-            self._pending.append((part, start, end))
+            self._pending.append((part, start, end, nested))
 
     # -- reading ------------------------------------------------------------------------------
     def snapshot(self) -> dict[str, float]:
@@ -138,14 +161,15 @@ class StepClock:
     def _resolve(self) -> None:
         """Add the pairs whose later event has completed; the rest wait for the next tick."""
         waiting = []
-        for part, start, end in self._pending:
+        for part, start, end, nested in self._pending:
             try:
-                done = end.query()
-                seconds = start.elapsed_time(end) / 1000.0 if done else 0.0
+                done = end.query()  # the latest event: the nested ones were recorded before it
+                seconds = (start.elapsed_time(end) - sum(a.elapsed_time(b) for a, b in nested)) \
+                    / 1000.0 if done else 0.0
             except Exception:  # noqa: BLE001 - an event of a torn-down context: dropped
                 continue
             if not done:
-                waiting.append((part, start, end))
+                waiting.append((part, start, end, nested))
                 continue
             self.device[part] += max(0.0, seconds)
             self.clock = CUDA

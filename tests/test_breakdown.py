@@ -131,6 +131,62 @@ def test_on_cuda_the_parts_are_the_device_s_time_between_events(now):
     assert c.snapshot()["optimizer"] == pytest.approx(0.1)
 
 
+def test_a_step_that_runs_its_closure_counts_forward_and_backward_once(now):
+    """Lightning's automatic optimization: the batch is handed over, then ``optimizer.step``
+    runs the closure (forward, backward) inside itself. The optimizer keeps only the rest."""
+    c = StepClock(cuda=NoCuda())
+    c.data(0.0, 0.1)
+    now.t = 0.15
+    c.optimizer_begin()  # 0.1 -> 0.15: the framework's own work before the step
+    now.t = 0.4
+    c.backward_begin()  # the closure's forward: 0.1 -> 0.4
+    now.t = 0.7
+    c.backward_end()
+    now.t = 0.8
+    c.optimizer_end()  # the update itself: 0.7 -> 0.8
+    snap = c.snapshot()
+    assert snap == pytest.approx(
+        {"data": 0.1, "forward": 0.3, "backward": 0.3, "comm": 0.0, "optimizer": 0.1})
+    assert sum(snap.values()) == pytest.approx(0.8)  # the step's wall time, nothing twice
+
+
+def test_lbfgs_evaluates_its_closure_several_times_inside_one_step(now):
+    c = StepClock(cuda=NoCuda())
+    c.data(0.0, 0.1)
+    c.optimizer_begin()  # at 0.1
+    for k in range(3):  # each evaluation: 0.1 s forward, 0.2 s backward
+        now.t = 0.1 + 0.3 * k + 0.1
+        c.backward_begin()
+        now.t += 0.2
+        c.backward_end()
+    now.t = 1.1  # the line search's own arithmetic: 1.0 -> 1.1
+    c.optimizer_end()
+    snap = c.snapshot()
+    assert snap["forward"] == pytest.approx(0.3) and snap["backward"] == pytest.approx(0.6)
+    assert snap["optimizer"] == pytest.approx(0.1)
+    assert sum(snap.values()) == pytest.approx(1.1)
+
+
+def test_on_cuda_a_closure_step_leaves_the_optimizer_only_its_own_device_time(now):
+    FakeCuda.recorded, FakeCuda.device_now = [], 0.0
+    c = StepClock(cuda=FakeCuda())
+    c.data(0.0, 0.01)  # event 0: handed
+    c.optimizer_begin()  # event 1
+    now.t = 0.02
+    c.backward_begin()  # event 2
+    now.t = 0.03
+    c.backward_end()  # event 3
+    now.t = 0.04
+    c.optimizer_end()  # event 4
+    # on the device: forward 0.0 -> 0.4, backward 0.4 -> 0.9, the update 0.9 -> 1.0
+    for ev, t in zip(FakeCuda.recorded, (0.0, 0.0, 0.4, 0.9, 1.0)):
+        ev.device_t = t
+    FakeCuda.device_now = 2.0
+    snap = c.snapshot()
+    assert snap["forward"] == pytest.approx(0.4) and snap["backward"] == pytest.approx(0.5)
+    assert snap["optimizer"] == pytest.approx(0.1)
+
+
 def ticks(per_step, n, tick_s=0.25, step_s=0.1, t0=0.0):
     """Cumulative part seconds, ticked, for a rank repeating one step."""
     out = []
@@ -191,6 +247,29 @@ def test_the_data_stall_share_is_the_scripts_own_within_ten_points(tmp_path, ite
         assert b.binding() in ("data", "forward") and b.share("data") > 0.2
     else:
         assert b.share("data") < 0.1 and b.binding() != "data"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script, args", [
+    ("ok.py", []),  # the plain loop
+    ("shape_closure.py", ["--optimizer", "lbfgs"]),  # the closure evaluated several times
+    ("shape_closure.py", ["--optimizer", "sgd"]),  # once, as Lightning's automatic optimization
+])
+def test_the_parts_of_a_step_add_up_to_its_time_whatever_runs_inside_the_optimizer(
+        tmp_path, script, args):
+    r = subprocess.run([sys.executable, "-m", "autotune", "probe", "--json", "--modes", "full",
+                        "--seconds", "15", "--runs-dir", str(tmp_path), str(SCRIPTS / script),
+                        *args], capture_output=True, text=True, timeout=180)
+    full = json.loads(r.stdout)["modes"]["full"]
+    assert full["samples_per_s"] > 0, r.stderr[-2000:]
+    b = breakdown.Breakdown.from_dict(full["breakdown"])
+    timed = [p for p in b.shares if p != "other"]
+    total = sum(b.share(p) for p in timed)
+    slack = sum(b.shares[p][1] for p in timed) + 0.02
+    assert total <= 1.0 + slack, b.shares  # nothing counted twice
+    assert b.share("forward") > 0 and b.share("backward") > 0, b.shares
+    if script == "shape_closure.py":  # the update itself is small beside the passes it runs
+        assert b.share("optimizer") < b.share("forward") + b.share("backward"), b.shares
 
 
 @pytest.mark.slow

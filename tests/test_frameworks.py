@@ -70,6 +70,11 @@ def test_probe_tune_and_run_an_unmodified_framework_script(tmp_path, case):
     assert full["source"] == "dataloader" and full["samples_per_s"] > 0
     if ranks == "own":  # Lightning started its second rank itself; both are counted
         assert full["seen"]["world_size"] == 2 and full["seen"]["started_by_script"]
+    # the parts of a step add up: Lightning's closure runs forward and backward inside
+    # optimizer.step, and they are counted once
+    shares = {k: v for k, v in full["breakdown"]["shares"].items() if k != "other"}
+    assert sum(s for s, _ in shares.values()) <= 1.02 + sum(h for _, h in shares.values()), \
+        shares
 
     # tune: ranks searched where the script trains data-parallel under torchrun
     # two trials: the baseline and the two-rank probe (or one more config, for Lightning's own
