@@ -154,3 +154,33 @@ def test_second_long_steps_are_counted_from_jump_to_jump_too(phase):
     pts = staircase(1.0, 32, 40, phase=phase, jitter=0.03, seed=5)
     est = steady.estimate(pts, batches=40)
     assert est.samples_per_s == pytest.approx(32.0, rel=0.015)
+
+
+def test_a_level_shift_inside_the_window_is_not_tight():
+    """nanoGPT's shape: the step time falls by a quarter two thirds into the window, past what
+    warm-up truncation may cut (half the series). The whole window's interval may read narrow;
+    its halves disagree, so the probe is not done."""
+    rng = random.Random(3)
+    rates = [100.0 * (1 + rng.uniform(-0.01, 0.01)) for _ in range(200)] + \
+        [130.0 * (1 + rng.uniform(-0.01, 0.01)) for _ in range(100)]
+    est = steady.estimate(counter(rates), batches=300 * 4)
+    assert est is not None and est.shift is not None
+    (a, _), (b, _) = est.shift
+    assert a < 115 < b
+    assert not est.tight(target_rel=1.0, min_measure_s=0.0)
+    assert "first half read" in est.shift_note()
+
+
+def test_a_steady_noisy_window_has_no_level_shift():
+    rng = random.Random(4)
+    rates = [100.0 * (1 + rng.gauss(0, 0.05)) for _ in range(300)]
+    est = steady.estimate(counter(rates), batches=300 * 4)
+    assert est is not None and est.shift is None and est.shift_note() == ""
+    assert est.tight(target_rel=0.05, min_measure_s=1.0)
+
+
+def test_identical_windows_are_steady_whatever_a_batch_rounds():
+    est = steady.estimate(counter([100.0] * 200), batches=200 * 4)
+    assert est.shift is None
+    assert steady.level_shift([10.0] * 4 + [10.5] * 4, quantum=4.0) is None  # within a batch
+    assert steady.level_shift([10.0] * 4 + [10.5] * 4) is not None  # no batch to round by

@@ -13,6 +13,10 @@ Pure: takes ``(time_s, cumulative_samples)`` points, returns an `Estimate`. The 
    of what is left, within the first half of the series.
 4. Mean and a 95% interval by batch means over consecutive windows, which keeps the interval
    honest when neighbouring windows are correlated.
+5. A level shift: the kept windows' two halves, each with its own interval, must agree (their
+   intervals overlap). A script whose step time moves in the middle of the window (nanoGPT's
+   fell by a quarter half a minute in) is not tight, however narrow the whole window's interval
+   reads: the probe measures on, up to its limit, and says so.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ BATCHES_PER_WINDOW = 2
 MIN_STEP_REL_HALF = 0.005
 # Steps at least this long are one batch per meter tick (0.25 s): measured from jump to jump.
 ALIGNED_MIN_STEP_S = 0.5
+SHIFT_MIN_WINDOWS = 8  # fewer kept windows than this are not split into halves (4 each)
 
 
 def t975(dof: int) -> float:
@@ -62,6 +67,8 @@ class Estimate:
     windows: int
     start_t: float = 0.0  # the span the estimate stands on, in the points' clock
     end_t: float = 0.0
+    # the window's halves (mean, 95% half-width) when they disagree: a level shift inside it
+    shift: tuple[tuple[float, float], tuple[float, float]] | None = None
 
     @property
     def rel_half(self) -> float:
@@ -70,7 +77,17 @@ class Estimate:
         return self.ci_half / self.samples_per_s
 
     def tight(self, target_rel: float, min_measure_s: float) -> bool:
-        return self.rel_half <= target_rel and self.measured_s >= min_measure_s
+        """Narrow enough, long enough, and steady: no level shift inside the window."""
+        return self.rel_half <= target_rel and self.measured_s >= min_measure_s \
+            and self.shift is None
+
+    def shift_note(self) -> str:
+        """The level shift in words, or "" when the window is steady."""
+        if self.shift is None:
+            return ""
+        (a, ha), (b, hb) = self.shift
+        return (f"the rate moved inside the measured window: its first half read {a:.4g} "
+                f"± {ha:.2g} samples/s, its second {b:.4g} ± {hb:.2g}")
 
 
 def resample(points: list[tuple[float, float]], t0: float, dt: float) -> list[float]:
@@ -225,6 +242,23 @@ def _aligned(points: list[tuple[float, float]], index: list[int], t0: float,
     return _Aligned(samples, span, gaps) if span > 0 and samples > 0 else None
 
 
+def level_shift(kept: list[float], *, quantum: float = 0.0) \
+        -> tuple[tuple[float, float], tuple[float, float]] | None:
+    """The two halves of ``kept`` window rates as (mean, 95% half-width) when their intervals
+    do not overlap; None when they agree, or when there are too few windows to tell.
+
+    ``quantum``: one batch in a window's rate; a half's interval is never narrower than one
+    batch over its windows (counts come in whole batches, as in `estimate`)."""
+    if len(kept) < SHIFT_MIN_WINDOWS:
+        return None
+    mid = len(kept) // 2
+    halves = []
+    for xs in (kept[:mid], kept[mid:]):
+        halves.append((sum(xs) / len(xs), max(batch_means_ci(xs), quantum / len(xs))))
+    (a, ha), (b, hb) = halves
+    return (halves[0], halves[1]) if abs(a - b) > ha + hb else None
+
+
 def estimate(points: list[tuple[float, float]], *, batches: int,
              dt: float | None = None) -> Estimate | None:
     """Steady-state samples/s from cumulative ``(t, samples)`` points; None when too few.
@@ -277,4 +311,5 @@ def estimate(points: list[tuple[float, float]], *, batches: int,
     return Estimate(samples_per_s=mean, ci_half=ci,
                     measured_s=len(kept) * dt, warmup_s=warmup * dt, paused_s=paused * dt,
                     windows=len(kept), start_t=t0 + (index[0] + 1) * dt,
-                    end_t=t0 + (index[-1] + 2) * dt)
+                    end_t=t0 + (index[-1] + 2) * dt,
+                    shift=level_shift(kept, quantum=batch / dt))
