@@ -360,8 +360,8 @@ def print_summary(report: TuneReport, recipe_path: Path, *, plain: bool) -> None
         table.add_column(col, justify="right" if col.startswith(("s", "±", "c")) else "left")
     for label, s, facts in (("baseline", report.baseline, report.baseline_probe),
                             ("best", report.best, report.best_probe)):
-        knobs = " ".join(f"{k}={v}" for k, v in s.knobs.items())
-        table.add_row(label, knobs, f"{s.samples_per_s:.1f}", f"{s.ci_half:.1f}",
+        table.add_row(label, space.knobs_text(s.knobs), f"{s.samples_per_s:.1f}",
+                      f"{s.ci_half:.1f}",
                       cost_text(facts.core_s_per_sample, facts.gpu_s_per_sample)
                       if facts else "-")
     out.print(table)
