@@ -15,6 +15,7 @@ from autotune.report import html
 from autotune.store.events import FIELDS, Event, check
 from autotune.store.journal import EVENTS, Journal, read_events
 from autotune.tuning.space import knobs_text
+from test_study import machine  # noqa: F401 - a fixture
 
 ROOT = Path(__file__).resolve().parent.parent
 JOURNALS = Path(__file__).parent / "data" / "journals"
@@ -264,3 +265,27 @@ def test_readers_compare_event_names_with_the_enum_never_with_a_string():
 
 def test_journal_file_name_unchanged():
     assert EVENTS == "events.jsonl"
+
+
+def test_a_tuning_run_journals_its_findings_within_the_schema(tmp_path, machine):
+    """The writers of `payback` and `memory_fit` build their fields from records (`Payback`,
+    `MemoryFit`): the journal refuses them if those records drift from the schema."""
+    import dataclasses
+
+    from test_study import FakeProbe, events, surface, tune
+
+    class Measured(FakeProbe):  # the script's dataset is known; memory grows with the batch
+        def __call__(self, spec, **kw):
+            r = super().__call__(spec, **kw)
+            batch = int(spec.ranks.knobs.get("batch_size", 32))
+            return dataclasses.replace(r, seen={**r.seen, "dataset_len": 50_000},
+                                       ranks_seen=spec.ranks.instances,
+                                       peak_rss_bytes=(2**27 + batch * 2**20)
+                                       * spec.ranks.instances)
+
+    report, _, run_dir = tune(tmp_path, Measured(surface), command=("train.py", "--epochs", "20"),
+                              trials=4, confirm_rounds=0)
+    (paid,), (fit,) = events(run_dir, Event.PAYBACK), events(run_dir, Event.MEMORY_FIT)
+    assert paid["text"] == report.payback["text"] and fit["text"] == report.memory["text"]
+    lines = [text.event_line(e) for e in events(run_dir)]
+    assert f"payback: {paid['text']}" in lines and f"memory: {fit['text']}" in lines
