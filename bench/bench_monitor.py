@@ -55,8 +55,8 @@ def replay(journal: Journal, stop: threading.Event, *, trial_s: float = 10.0) ->
         journal.emit(name, **f)
         n += 1
 
-    emit("run_started", kind="tune", command=["train.py", "--epochs", "90"], budget_s=1800,
-         trials=40, hardware={"cores": os.cpu_count()})
+    emit("run_started", kind="tune", command=["train.py", "--epochs", "90"], cwd=".",
+         budget_s=1800, trials=40, hardware={"cores": os.cpu_count()})
     number = 0
     while not stop.is_set():
         name = f"trial-{number}"
@@ -74,10 +74,13 @@ def replay(journal: Journal, stop: threading.Event, *, trial_s: float = 10.0) ->
                      "ci_half": 6.0, "duration_s": trial_s, "knobs": knobs})
         if number % 4 == 3:
             emit("best", knobs=knobs, samples_per_s=200.0 + number, ci_half=5.0,
-                 baseline_samples_per_s=200.0, speedup=1 + number / 200, kept_baseline=False)
+                 baseline_samples_per_s=200.0, speedup=1 + number / 200, kept_baseline=False,
+                 reason="", speedup_low=None, speedup_high=None, objective="throughput",
+                 score=None, baseline_score=None)
         if number % 10 == 9:  # a stretch of full run between searches
             t0 = time.monotonic()
-            emit("fullrun_started", command=["train.py"], knobs=knobs, instances=1)
+            emit("fullrun_started", command=["train.py"], knobs=knobs, instances=1,
+                 launcher="local")
             while time.monotonic() - t0 < trial_s and not stop.wait(1.0):
                 emit("fullrun_progress", samples_per_s=250.0, steps=number, samples=64 * number)
         number += 1

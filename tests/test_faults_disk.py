@@ -67,11 +67,12 @@ def journal_lines(run_dir):
 
 def test_a_journal_line_is_written_whole_or_not_at_all(disk):
     journal = Journal(disk)
-    journal.emit("run_started", kind="tune")
+    journal.emit("run_started", kind="tune", command=["train.py"], cwd=".")
     fill(disk)
     size = (disk / "events.jsonl").stat().st_size
     with pytest.raises(AutotuneError, match="events.jsonl: disk full"):
-        journal.emit("trial_finished", result={"log_tail": "x" * 200_000})
+        journal.emit("trial_finished", trial="t", number=None, mode="full",
+                     result={"log_tail": "x" * 200_000})
     assert (disk / "events.jsonl").stat().st_size == size
     assert [e["event"] for e in journal_lines(disk)] == ["run_started"]
 

@@ -12,13 +12,14 @@ from autotune.store.journal import Journal
 run_dir, who, n, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 journal = Journal(run_dir)
 for i in range(n):
-    journal.emit("trial_progress", trial=who, i=i, payload=who * size)
+    journal.emit("confirmation", round=i, trial=who, knobs={}, samples_per_s=None, ci_half=None,
+                 outcome="ok", reason=who * size)
 """
 
 
 def test_events_round_trip_with_offsets(tmp_path):
     j = Journal(tmp_path)
-    j.emit("run_started", kind="probe", command=["a.py"])
+    j.emit("run_started", kind="probe", command=["a.py"], cwd="/tmp")
     events, offset = read_events(tmp_path)
     assert [e["event"] for e in events] == ["run_started"]
     assert offset == (tmp_path / EVENTS).stat().st_size
@@ -33,7 +34,7 @@ def test_missing_journal_reads_as_no_events(tmp_path):
 
 def test_torn_last_line_is_not_read_until_complete(tmp_path):
     j = Journal(tmp_path)
-    j.emit("run_started", kind="tune")
+    j.emit("run_started", kind="tune", command=["a.py"], cwd="/tmp")
     line = json.dumps({"t": 1.0, "event": "trial_started", "trial": "t0"}) + "\n"
     with open(tmp_path / EVENTS, "a") as f:
         f.write(line[:20])  # a writer in the middle of its line
@@ -46,11 +47,11 @@ def test_torn_last_line_is_not_read_until_complete(tmp_path):
 
 
 def test_writer_that_died_mid_line_does_not_swallow_the_next_event(tmp_path):
-    Journal(tmp_path).emit("run_started", kind="tune")
+    Journal(tmp_path).emit("run_started", kind="tune", command=["a.py"], cwd="/tmp")
     with open(tmp_path / EVENTS, "a") as f:
         f.write('{"t": 2.0, "event": "trial_sta')  # crashed here: no newline, ever
     j = Journal(tmp_path)  # e.g. `tune --resume` opening the same journal
-    j.emit("trial_started", trial="t1")
+    j.emit("trial_started", trial="t1", number=None, knobs={}, mode="full")
     j.emit("run_ended", exit_code=0)
     events, _ = read_events(tmp_path)
     assert [e["event"] for e in events] == ["run_started", "trial_started", "run_ended"]
@@ -76,8 +77,8 @@ def test_concurrent_writers_in_several_processes_never_interleave_inside_a_line(
     seen: dict[str, list[int]] = {}
     for line in lines:
         ev = json.loads(line)  # every line is one whole event
-        assert ev["payload"] == ev["trial"] * size
-        seen.setdefault(ev["trial"], []).append(ev["i"])
+        assert ev["reason"] == ev["trial"] * size
+        seen.setdefault(ev["trial"], []).append(ev["round"])
     assert {w: sorted(v) for w, v in seen.items()} == {
         chr(ord("a") + w): list(range(per_writer)) for w in range(writers)}
     events, _ = read_events(tmp_path)
@@ -97,13 +98,16 @@ def test_events_are_strict_json_an_unknown_interval_is_null(tmp_path):
                     log_path=str(tmp_path / "x.log"), log_tail="", seen={}, knobs={},
                     mode="full", foreign_limit_cores=0.3)
     j = Journal(tmp_path)
-    j.emit("trial_finished", trial="t", result=r, path=tmp_path, knobs={"a": (1, 2)})
-    line = (tmp_path / EVENTS).read_text().strip()
-    assert "Infinity" not in line and "NaN" not in line
-    ev = json.loads(line, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+    j.emit("trial_finished", trial="t", number=None, mode="full", result=r)
+    j.emit("fullrun_started", command=[tmp_path], knobs={"a": (1, 2)}, instances=1,
+           launcher="local")
+    lines = (tmp_path / EVENTS).read_text().splitlines()
+    assert "Infinity" not in lines[0] and "NaN" not in lines[0]
+    ev, started = (json.loads(line, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+                   for line in lines)
     assert ev["result"]["ci_half"] is None and ev["result"]["foreign_cores"] is None
     assert ev["result"]["samples_per_s"] == 195.0 and ev["result"]["outcome"] == "ok"
-    assert ev["path"] == str(tmp_path) and ev["knobs"] == {"a": [1, 2]}
+    assert started["command"] == [str(tmp_path)] and started["knobs"] == {"a": [1, 2]}
 
 
 def test_an_unknown_interval_reads_as_a_question_mark():

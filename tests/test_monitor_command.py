@@ -74,12 +74,13 @@ def test_monitor_follows_a_live_run_until_it_ends(tmp_path):
     run_dir = tmp_path / "runs" / "live"
     run_dir.mkdir(parents=True)
     journal = Journal(run_dir)
-    journal.emit("run_started", kind="tune", command=["train.py"])
+    journal.emit("run_started", kind="tune", command=["train.py"], cwd=".")
     p = autotune("monitor", "--plain", str(run_dir))
     try:
         out = Lines(p.stdout)
         out.wait_for("run started: autotune tune train.py")
-        journal.emit("trial_started", trial="trial-0", number=0, knobs={"workers": 2})
+        journal.emit("trial_started", trial="trial-0", number=0, knobs={"workers": 2},
+                     mode="full")
         out.wait_for("trial #0 started: workers=2")
         assert p.poll() is None  # still following
         journal.emit("run_ended", exit_code=0)
@@ -93,7 +94,7 @@ def test_monitor_follows_a_live_run_until_it_ends(tmp_path):
 def test_ctrl_c_detaches_cleanly(tmp_path):
     run_dir = tmp_path / "runs" / "live"
     run_dir.mkdir(parents=True)
-    Journal(run_dir).emit("run_started", kind="tune", command=["train.py"])
+    Journal(run_dir).emit("run_started", kind="tune", command=["train.py"], cwd=".")
     p = autotune("monitor", "--plain", str(run_dir))
     try:
         Lines(p.stdout).wait_for("run started")

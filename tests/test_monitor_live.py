@@ -36,9 +36,11 @@ def device_samples(run_dir):
 
 
 def emit_small_run(journal: Journal) -> None:
-    journal.emit("run_started", kind="tune", command=["train.py"], budget_s=60, trials=3)
-    journal.emit("trial_started", trial="trial-0", number=0, knobs={"batch_size": 32})
-    journal.emit("trial_finished", trial="trial-0", number=0,
+    journal.emit("run_started", kind="tune", command=["train.py"], cwd=".", budget_s=60,
+                 trials=3)
+    journal.emit("trial_started", trial="trial-0", number=0, knobs={"batch_size": 32},
+                 mode="full")
+    journal.emit("trial_finished", trial="trial-0", number=0, mode="full",
                  result={"outcome": "oom", "reason": "out of memory: CUDA",
                          "knobs": {"batch_size": 32}, "duration_s": 3.0})
     journal.emit("run_ended", exit_code=0)
@@ -92,7 +94,7 @@ def test_a_failing_live_view_falls_back_to_plain_lines(tmp_path, monkeypatch):
     log = io.StringIO()
     console = Console(file=io.StringIO(), force_terminal=True, width=100)
     journal = Journal(tmp_path)
-    journal.emit("run_started", kind="tune", command=["train.py"])
+    journal.emit("run_started", kind="tune", command=["train.py"], cwd=".")
     m = Monitor(tmp_path, console=console, stream=log)
     m.start_live()
     m.step()
@@ -220,7 +222,7 @@ def test_rich_output_printed_during_the_live_view_lands_above_it(tmp_path, monke
     term_out, term_err = FakeTTY(), FakeTTY()
     monkeypatch.setattr(sys, "stdout", term_out)
     monkeypatch.setattr(sys, "stderr", term_err)
-    Journal(tmp_path).emit("run_started", kind="tune", command=["train.py"])
+    Journal(tmp_path).emit("run_started", kind="tune", command=["train.py"], cwd=".")
     console = Console(file=screen, force_terminal=True, width=100, height=40)
     m = Monitor(tmp_path, console=console, stream=term_err)
     m.start_live()

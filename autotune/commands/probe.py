@@ -17,7 +17,9 @@ from autotune.store.journal import Journal
 from autotune.measuring.outcome import Outcome
 from autotune.monitor import watch
 from autotune.measuring.trial import TrialSpec, run_trial
+from autotune.measuring.trial_events import TrialEvents
 from autotune.tuning import baseline
+from autotune.store.events import Event
 from probes import protocol
 
 
@@ -60,7 +62,7 @@ def run(args) -> int:
     root = rundir.Path(args.runs_dir).expanduser() if args.runs_dir else None
     run_dir = rundir.new_run_dir("probe", target[0], root=root)
     journal = Journal(run_dir)
-    journal.emit("run_started", kind="probe", command=list(target), cwd=cwd, modes=modes,
+    journal.emit(Event.RUN_STARTED, kind="probe", command=list(target), cwd=cwd, modes=modes,
                  budget_s=args.seconds * len(modes))
     say = (lambda msg: print(msg, file=sys.stderr, flush=True))
     results = {}
@@ -69,14 +71,15 @@ def run(args) -> int:
                    title=f"autotune probe · {os.path.basename(target[0])}"):
             for mode in modes:
                 say(f"autotune: probing mode '{mode}' (up to {args.seconds:.0f} s)...")
-                journal.emit("trial_started", trial=f"probe-{mode}", mode=mode, knobs={})
+                told = TrialEvents(journal, f"probe-{mode}", None, mode)
+                told.started({})
                 result = run_trial(TrialSpec.of(
                     command=target, knobs=knobs, cwd=cwd, log_dir=run_dir / "logs",
                     instances=args.instances, launcher=launcher,
                     name=f"probe-{mode}",
                     mode=mode, max_s=args.seconds, samples_per_step=args.samples_per_step,
                     metric=args.metric if mode != "io" else None, watch_dirs=watched))
-                journal.emit("trial_finished", trial=f"probe-{mode}", mode=mode, result=result)
+                told.finished(result)
                 results[mode] = result
                 if not result.ok:
                     console.error(f"mode '{mode}' {result.outcome.value}: {result.reason} "
@@ -100,11 +103,11 @@ def run(args) -> int:
             if args.allreduce:
                 summary["allreduce"] = _allreduce(run_dir, cwd, say)
             rundir.write_atomic(run_dir / "probe.json", jsontext.dumps(summary, indent=2))
-            journal.emit("probe_verdict", verdict=summary["verdict"])
+            journal.emit(Event.PROBE_VERDICT, verdict=summary["verdict"])
             code = 0 if all(_measured(r) for r in results.values()) else 1
-            journal.emit("run_ended", exit_code=code)
+            journal.emit(Event.RUN_ENDED, exit_code=code)
     except BaseException as exc:  # the journal says the run is over, however it ended
-        journal.emit("run_ended", exit_code=130 if isinstance(exc, KeyboardInterrupt) else 1,
+        journal.emit(Event.RUN_ENDED, exit_code=130 if isinstance(exc, KeyboardInterrupt) else 1,
                      error=f"{type(exc).__name__}: {exc}")
         raise
     if args.json:

@@ -11,6 +11,7 @@ from autotune.monitor import console
 from autotune.hardware import fingerprint
 from autotune.store import jsontext
 from autotune.tuning import recipes
+from autotune.tuning.space import knobs_text
 from autotune import RecipeError, UsageError
 
 
@@ -48,10 +49,6 @@ def resolve(name: str, recipe_dir: Path) -> Path:
     if path.is_file() or path.suffix == ".toml" or "/" in name:
         return path
     return Path(recipe_dir) / f"{name}.toml"
-
-
-def _knobs(knobs) -> str:
-    return " ".join(f"{k}={v}" for k, v in knobs.items()) or "(script defaults)"
 
 
 def flatten(recipe: recipes.Recipe) -> dict[str, object]:
@@ -127,7 +124,7 @@ def _list(args, out) -> int:
         if isinstance(r, RecipeError):
             table.add_row(path.stem, "INVALID (see the warning)", "-", "-", "-", "-")
             continue
-        table.add_row(r.name, _knobs(r.knobs), f"{r.samples_per_s:.1f}",
+        table.add_row(r.name, knobs_text(r.knobs), f"{r.samples_per_s:.1f}",
                       f"{r.speedup:.2f}x" + (" (kept defaults)" if r.kept_baseline else ""),
                       fingerprint.summary(r.fingerprint), r.created)
     out.print(table)
@@ -142,15 +139,15 @@ def _show(r: recipes.Recipe, out) -> None:
     lines = [
         f"recipe:    {r.path}",
         f"script:    {r.script_path} {' '.join(r.script_args)}".rstrip(),
-        f"knobs:     {_knobs(r.knobs)}",
+        f"knobs:     {knobs_text(r.knobs)}",
         f"global batch: {r.global_batch} (a run divides it over its own world)"
         if r.global_batch else "",
-        f"per rank:  {_knobs(knobs)} ({instances} rank(s) per host)",
+        f"per rank:  {knobs_text(knobs)} ({instances} rank(s) per host)",
         f"measured:  {r.samples_per_s:.1f} ± {r.ci_half:.1f} samples/s ({r.source or '?'})"
         + (f"; a sample costs {cost_text(r.core_s_per_sample, r.gpu_s_per_sample)}"
            if r.core_s_per_sample or r.gpu_s_per_sample else ""),
         f"baseline:  {r.baseline_samples_per_s:.1f} ± {r.baseline_ci_half:.1f} samples/s with "
-        f"{_knobs(r.baseline_knobs)}",
+        f"{knobs_text(r.baseline_knobs)}",
         ("speedup:   " if r.objective == "throughput" else "gain:      ")
         + f"{r.speedup:.2f}x" + (" (kept the script's defaults)" if r.kept_baseline
                                  else _interval(r)),

@@ -14,6 +14,7 @@ from autotune.launching import engines
 from autotune.commands import common, tune
 from autotune.launching.group import RanksSpec
 from autotune.store.journal import Journal
+from autotune.store.events import Event
 
 
 def add_parser(sub):
@@ -60,7 +61,7 @@ def run(args) -> int:
     root = Path(args.runs_dir).expanduser() if args.runs_dir else None
     run_dir = rundir.new_run_dir("run", target[0], root=root)
     journal = Journal(run_dir)
-    journal.emit("run_started", kind="run", command=list(target), cwd=os.getcwd(),
+    journal.emit(Event.RUN_STARTED, kind="run", command=list(target), cwd=os.getcwd(),
                  hardware=fingerprint.summary(fp), recipe=str(recipe.path),
                  launcher=engines.describe(launcher))
     with watch(run_dir, plain=args.plain,

@@ -30,6 +30,7 @@ from autotune.tuning import (TuneReport, TuneSettings, TuneState, Tuner, check_n
                              load_state)
 from autotune.tuning.state import check_budget
 from autotune.tuning.space.parse import parse_values
+from autotune.store.events import Event
 
 
 def add_parser(sub):
@@ -258,7 +259,7 @@ def notify(level: str, message: str) -> None:
 
 def start_journal(prep: Prepared) -> None:
     s, saved = prep.settings, prep.settings.to_dict()
-    prep.journal.emit("run_started", kind=prep.state.kind, command=list(s.command), cwd=s.cwd,
+    prep.journal.emit(Event.RUN_STARTED, kind=prep.state.kind, command=list(s.command), cwd=s.cwd,
                       budget_s=s.budget_s, trials=s.max_trials,
                       hardware=fingerprint.summary(prep.fp), resumed=prep.resume,
                       launcher=engines.describe(prep.launcher), objective=s.objective.token,
@@ -279,7 +280,7 @@ def ending(journal: Journal):
         raise
     finally:
         try:
-            journal.emit("run_ended", exit_code=status["code"])
+            journal.emit(Event.RUN_ENDED, exit_code=status["code"])
         except AutotuneError:
             if status["code"] == 0:
                 raise  # else the error already on its way says it
@@ -300,7 +301,7 @@ def tune_in(prep: Prepared) -> tuple[TuneReport, recipes.Recipe, Path]:
         raise rundir.write_error(prep.recipe_dir, f"{exc.strerror or exc}; the tuning is kept: "
                                  f"autotune {prep.state.kind} --resume {prep.run_dir} "
                                  f"--recipe-dir DIR saves it") from None
-    prep.journal.emit("recipe_saved", path=str(path))
+    prep.journal.emit(Event.RECIPE_SAVED, path=str(path))
     rundir.write_atomic(prep.run_dir / "summary.json", jsontext.dumps(summary(report, path),
                                                                       indent=2))
     return report, recipe, path
@@ -359,8 +360,8 @@ def print_summary(report: TuneReport, recipe_path: Path, *, plain: bool) -> None
         table.add_column(col, justify="right" if col.startswith(("s", "±", "c")) else "left")
     for label, s, facts in (("baseline", report.baseline, report.baseline_probe),
                             ("best", report.best, report.best_probe)):
-        knobs = " ".join(f"{k}={v}" for k, v in s.knobs.items())
-        table.add_row(label, knobs, f"{s.samples_per_s:.1f}", f"{s.ci_half:.1f}",
+        table.add_row(label, space.knobs_text(s.knobs), f"{s.samples_per_s:.1f}",
+                      f"{s.ci_half:.1f}",
                       cost_text(facts.core_s_per_sample, facts.gpu_s_per_sample)
                       if facts else "-")
     out.print(table)

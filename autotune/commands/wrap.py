@@ -8,6 +8,7 @@ from autotune.monitor import console
 from autotune.store import jsontext
 from autotune.commands import run as run_command
 from autotune.commands import tune
+from autotune.tuning.space import knobs_text
 
 
 def add_parser(sub):
@@ -33,7 +34,7 @@ def run(args) -> int:
             if not args.json:
                 tune.print_summary(report, path, plain=args.plain)
             console.hint(f"full run: {' '.join(prep.target)} with "
-                         f"{' '.join(f'{k}={v}' for k, v in recipe.knobs.items())}")
+                         f"{knobs_text(recipe.knobs)}")
             code = status["code"] = run_command.full_run(
                 recipe, prep.target, run_command.rank_knobs(recipe, prep.fp, prep.launcher),
                 launcher=prep.launcher, cwd=prep.run_cwd, run_dir=prep.run_dir,

@@ -33,6 +33,7 @@ from autotune.launching.collector import Collector, for_launcher
 from autotune.measuring import breakdown, series
 from autotune.store.journal import Journal
 from autotune.launching.group import RanksSpec, start_group
+from autotune.store.events import Event
 from probes import protocol
 
 POLL_S = 0.2
@@ -188,7 +189,7 @@ def run_full(spec: FullRunSpec, journal: Journal, *, out=None) -> int:
                 pass  # our stdout went away; the log file still has it
 
     ranks = replace(asked, mode="full", marker=f"{asked.name}-{uuid.uuid4().hex[:12]}")
-    journal.emit("fullrun_started", command=list(asked.command),
+    journal.emit(Event.FULLRUN_STARTED, command=list(asked.command),
                  knobs=dict(spec.journal_knobs or asked.knobs), instances=asked.instances,
                  launcher=engines.describe(asked.launcher))
     signals = _Signals()
@@ -204,7 +205,7 @@ def run_full(spec: FullRunSpec, journal: Journal, *, out=None) -> int:
         told = True
         notes = group.notes()
         if notes or check is not None:
-            journal.emit("fullrun_notes", notes=notes, mps_check=None if check is None else
+            journal.emit(Event.FULLRUN_NOTES, notes=notes, mps_check=None if check is None else
                          {"ok": check.ok, "text": check.text})
 
     try:
@@ -220,7 +221,7 @@ def run_full(spec: FullRunSpec, journal: Journal, *, out=None) -> int:
         if group is not None:
             group.wait_mps_check(timeout_s=spec.grace_s)
             tell(final=True)
-        journal.emit("fullrun_ended", exit_code=code, **ended)
+        journal.emit(Event.FULLRUN_ENDED, exit_code=code, **ended)
     return code
 
 
@@ -247,7 +248,7 @@ def _supervise(spec: FullRunSpec, signals: _Signals, collector: Collector, journ
             next_report = now + spec.progress_every_s
             rate, steps, samples = meter.rate(now)
             if rate is not None and samples:
-                journal.emit("fullrun_progress", samples_per_s=rate, steps=steps,
+                journal.emit(Event.FULLRUN_PROGRESS, samples_per_s=rate, steps=steps,
                              samples=samples, breakdown=meter.breakdown(last_report, now))
                 reported = samples
             meter.thin(last_report)
@@ -270,7 +271,7 @@ def _supervise(spec: FullRunSpec, signals: _Signals, collector: Collector, journ
             meter.absorb(collector.drain())
             rate, steps, samples = meter.rate(time.monotonic())
             if samples > reported and rate:  # the last stretch, when it holds news
-                journal.emit("fullrun_progress", samples_per_s=rate, steps=steps,
+                journal.emit(Event.FULLRUN_PROGRESS, samples_per_s=rate, steps=steps,
                              samples=samples)
             code = exit_status(first_failure if first_failure is not None
                                else next((c for c in codes if c != 0), 0))

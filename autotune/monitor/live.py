@@ -17,6 +17,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.live import Live
 
+from autotune.store.events import Event
 from autotune.store.journal import EVENTS, read_events
 from autotune.monitor.above import Above
 from autotune.monitor import text, view
@@ -198,7 +199,7 @@ class Monitor:
 
     def _print_lines(self, events: list[dict]) -> None:
         for ev in events:
-            if ev.get("event") == "device_sample":
+            if ev.get("event") == Event.DEVICE_SAMPLE:
                 t = ev.get("t") if isinstance(ev.get("t"), (int, float)) else 0.0
                 if self._last_device_t is not None and t - self._last_device_t < DEVICE_LINE_EVERY_S:
                     continue

@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 
 from autotune.store.journal import Journal
+from autotune.store.events import Event
 
 INTERVAL_S = 2.0
 FIRST_AFTER_S = 0.5
@@ -156,7 +157,7 @@ class Sampler(threading.Thread):
             psutil.cpu_percent(percpu=True)  # the first call only starts the interval
             wait_s = min(FIRST_AFTER_S, self.interval_s)  # something to show early
             while not self._stop_event.wait(wait_s):
-                journal.emit("device_sample", **sample(gpu))
+                journal.emit(Event.DEVICE_SAMPLE, **sample(gpu))
                 self.cpu_s = time.thread_time()
                 wait_s = self.interval_s
         except Exception:  # noqa: BLE001 - the run goes on without device samples

@@ -2,7 +2,9 @@
 
 Pure: no clock, no I/O, no terminal. ``fold(events)`` gives the state after those events;
 ``state.apply(event)`` folds one more. Unknown events and malformed fields are ignored, so a
-journal from a newer or older autotune still renders.
+journal from a newer or older autotune still renders. `HANDLERS` folds each `Event`; `IGNORED`
+would name, with the reason, one the state leaves out (`tests/test_events.py` holds the two to
+every event).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 
 from autotune.measuring.outcome import Outcome
+from autotune.store.events import Event
 
 RUNNING = "running"
 HISTORY_MAX = 600  # full-run throughput points kept for the sparkline
@@ -93,6 +96,9 @@ class RunState:
     verdict: dict | None = None
     memory: dict | None = None  # the memory_fit event: memory by batch
     pareto: dict | None = None  # the pareto event (--objective throughput,energy)
+    allreduce: dict | None = None  # the allreduce event: the timing, or why there is none
+    payback: dict | None = None  # the payback event: tuning's cost against its saving
+    batch_note: str = ""  # the batch_change event: what the winner does to the global batch
     fullrun: FullRun | None = None
     device: dict | None = None  # the latest device_sample
     events: int = 0
@@ -180,7 +186,7 @@ class RunState:
         """Fold one event into the state. Malformed events are ignored, never raised."""
         if not isinstance(ev, dict):
             return
-        handler = _HANDLERS.get(ev.get("event"))
+        handler = HANDLERS.get(ev.get("event"))
         t = _num(ev.get("t"))
         try:
             if handler is not None:
@@ -287,8 +293,8 @@ def _trial_pruned(s: RunState, ev: dict, t) -> None:
 
 
 def _confirmation(s: RunState, ev: dict, t) -> None:
-    s.confirmations.append({k: ev.get(k) for k in
-                            ("round", "trial", "knobs", "samples_per_s", "ci_half")})
+    s.confirmations.append({k: ev.get(k) for k in ("round", "trial", "knobs", "samples_per_s",
+                                                   "ci_half", "outcome", "reason")})
 
 
 def _best(s: RunState, ev: dict, t) -> None:
@@ -309,12 +315,28 @@ def _memory_point(res: dict) -> tuple | None:
     return (int(batch), rss / ranks, "host") if rss else None
 
 
+def _fields(ev: dict) -> dict:
+    return {k: v for k, v in ev.items() if k not in ("t", "event")}
+
+
 def _memory_fit(s: RunState, ev: dict, t) -> None:
-    s.memory = {k: v for k, v in ev.items() if k not in ("t", "event")}
+    s.memory = _fields(ev)
 
 
 def _pareto(s: RunState, ev: dict, t) -> None:
-    s.pareto = {k: v for k, v in ev.items() if k not in ("t", "event")}
+    s.pareto = _fields(ev)
+
+
+def _allreduce(s: RunState, ev: dict, t) -> None:
+    s.allreduce = _fields(ev)
+
+
+def _payback(s: RunState, ev: dict, t) -> None:
+    s.payback = _fields(ev)
+
+
+def _batch_change(s: RunState, ev: dict, t) -> None:
+    s.batch_note = str(ev.get("text") or "")
 
 
 def _recipe_saved(s: RunState, ev: dict, t) -> None:
@@ -377,13 +399,15 @@ def _run_ended(s: RunState, ev: dict, t) -> None:
     s.exit_code = int(code) if code is not None else 0
 
 
-_HANDLERS = {
-    "run_started": _run_started, "trial_started": _trial_started,
-    "trial_progress": _trial_progress, "trial_finished": _trial_finished,
-    "trial_pruned": _trial_pruned, "confirmation": _confirmation, "best": _best,
-    "memory_fit": _memory_fit, "pareto": _pareto,
-    "recipe_saved": _recipe_saved, "probe_verdict": _probe_verdict,
-    "fullrun_started": _fullrun_started, "fullrun_progress": _fullrun_progress,
-    "fullrun_ended": _fullrun_ended, "device_sample": _device_sample, "run_ended": _run_ended,
-    "fullrun_notes": _fullrun_notes,
+HANDLERS = {
+    Event.RUN_STARTED: _run_started, Event.TRIAL_STARTED: _trial_started,
+    Event.TRIAL_PROGRESS: _trial_progress, Event.TRIAL_FINISHED: _trial_finished,
+    Event.TRIAL_PRUNED: _trial_pruned, Event.ALLREDUCE: _allreduce,
+    Event.CONFIRMATION: _confirmation, Event.PROBE_VERDICT: _probe_verdict, Event.BEST: _best,
+    Event.PARETO: _pareto, Event.PAYBACK: _payback, Event.MEMORY_FIT: _memory_fit,
+    Event.BATCH_CHANGE: _batch_change, Event.RECIPE_SAVED: _recipe_saved,
+    Event.FULLRUN_STARTED: _fullrun_started, Event.FULLRUN_PROGRESS: _fullrun_progress,
+    Event.FULLRUN_NOTES: _fullrun_notes, Event.FULLRUN_ENDED: _fullrun_ended,
+    Event.DEVICE_SAMPLE: _device_sample, Event.RUN_ENDED: _run_ended,
 }
+IGNORED: dict[Event, str] = {}  # the state keeps something of every event

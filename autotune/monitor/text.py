@@ -1,7 +1,8 @@
 """Plain text: one readable line per journal event, and the small formatters the views share.
 
 Pure functions, no control codes; used for pipes, ``--plain``, ``NO_COLOR``, and whenever the
-live view fails.
+live view fails. `LINES` gives each `Event` its line; `IGNORED` would name, with the reason, any
+event that gets none (`tests/test_events.py` holds the two to every event).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import time
 
 from autotune.measuring.breakdown import Breakdown
 from autotune.measuring.outcome import Outcome
+from autotune.store.events import Event
+from autotune.tuning.space.knobs import knobs_text
 
 GIB = 1024 ** 3
 SPARK = "▁▂▃▄▅▆▇█"
@@ -47,12 +50,6 @@ def fmt_rate(samples_per_s: float | None, ci_half: float | None = None) -> str:
     return text
 
 
-def fmt_knobs(knobs: dict | None) -> str:
-    if not knobs:
-        return "(script defaults)"
-    return " ".join(f"{k}={_short(v)}" for k, v in knobs.items())
-
-
 def fmt_gib(n_bytes: float | None) -> str:
     return "-" if n_bytes is None else f"{n_bytes / GIB:.1f}"
 
@@ -80,12 +77,6 @@ def bar(fraction: float, width: int = 20) -> str:
     fraction = min(1.0, max(0.0, fraction))
     full = int(round(fraction * width))
     return "█" * full + "░" * (width - full)
-
-
-def _short(v) -> str:
-    if isinstance(v, float):
-        return f"{v:g}"
-    return str(v)
 
 
 def _script(command) -> str:
@@ -134,7 +125,7 @@ def event_line(ev: dict) -> str | None:
     name = ev.get("event")
     if not name:
         return None
-    f = _LINES.get(name)
+    f = LINES.get(name)
     if f is not None:
         try:
             return f(ev)
@@ -168,7 +159,7 @@ def _run_started(ev):
 
 def _knobs_part(knobs, mode) -> str:
     """Knobs as text; nothing for a probe mode run with the script's own settings."""
-    return "" if not knobs and mode not in (None, "full") else fmt_knobs(knobs)
+    return "" if not knobs and mode not in (None, "full") else knobs_text(knobs)
 
 
 def _trial_started(ev):
@@ -208,7 +199,7 @@ def _trial_pruned(ev):
 def _confirmation(ev):
     return (f"confirm round {ev.get('round')} {ev.get('trial')}: "
             f"{fmt_rate(ev.get('samples_per_s'), ev.get('ci_half'))} samples/s · "
-            f"{fmt_knobs(ev.get('knobs'))}")
+            f"{knobs_text(ev.get('knobs'))}")
 
 
 def _best(ev):
@@ -222,7 +213,7 @@ def _best(ev):
         vs += f" (95% interval {low:.2f}x-{high:.2f}x)"
     if ev.get("kept_baseline"):
         return f"best: kept the baseline ({rate} samples/s): no config beat it beyond the noise"
-    return f"best: {rate} samples/s{vs} · {fmt_knobs(ev.get('knobs'))}"
+    return f"best: {rate} samples/s{vs} · {knobs_text(ev.get('knobs'))}"
 
 
 def _verdict(ev):
@@ -236,7 +227,7 @@ def _fullrun_started(ev):
         "instances" not in knobs else ""
     launcher = ev.get("launcher")
     via = f", started by {launcher}" if launcher and launcher != "local" else ""
-    return f"full run started: {fmt_knobs(knobs)}{inst}{via}"
+    return f"full run started: {knobs_text(knobs)}{inst}{via}"
 
 
 def _fullrun_progress(ev):
@@ -267,7 +258,8 @@ def fullrun_notes(ev) -> list[str]:
     return [*map(str, ev.get("notes") or []), *([str(check["text"])] if check.get("ok") else [])]
 
 
-def _allreduce(ev):
+def allreduce_text(ev) -> str:
+    """What an ``allreduce`` event found: where bigger buckets pay off, the candidates kept."""
     candidates = ", ".join(map(str, ev.get("candidates") or [])) or "none"
     r = ev.get("result")
     if not isinstance(r, dict):
@@ -279,27 +271,40 @@ def _allreduce(ev):
             f"bucket_mb candidates {candidates}")
 
 
-_LINES = {
-    "run_started": _run_started,
-    "allreduce": _allreduce,
-    "trial_started": _trial_started,
-    "trial_progress": _trial_progress,
-    "trial_finished": _trial_finished,
-    "trial_pruned": _trial_pruned,
-    "confirmation": _confirmation,
-    "best": _best,
-    "recipe_saved": lambda ev: f"recipe saved: {ev.get('path')}",
-    "memory_fit": lambda ev: f"memory: {ev['text']}",
-    "batch_change": lambda ev: f"batch: {ev['text']}",
-    "payback": lambda ev: f"payback: {ev['text']}",
-    "probe_verdict": _verdict,
-    "fullrun_started": _fullrun_started,
-    "fullrun_progress": _fullrun_progress,
-    "fullrun_notes": lambda ev: "full run: " + "; ".join(fullrun_notes(ev)),
-    "fullrun_ended": _fullrun_ended,
-    "device_sample": lambda ev: f"device: {device_summary(ev)}",
-    "run_ended": lambda ev: f"run ended: exit code {ev.get('exit_code')}",
+def pareto_text(ev) -> str:
+    """What a ``pareto`` event says: how many configs make the front, and which was picked."""
+    front = ev.get("front") or []
+    names = ", ".join(str(p.get("name")) for p in front if isinstance(p, dict))
+    within = ev.get("within_rel")
+    rule = (f": the fastest within {within:.0%} of the best samples/J"
+            if isinstance(within, (int, float)) else "")
+    return (f"{len(front)} config(s) on the samples/s-samples/J front ({names or 'none'}); "
+            f"picked {ev.get('picked') or '?'}{rule}")
+
+
+LINES = {
+    Event.RUN_STARTED: _run_started,
+    Event.ALLREDUCE: allreduce_text,
+    Event.TRIAL_STARTED: _trial_started,
+    Event.TRIAL_PROGRESS: _trial_progress,
+    Event.TRIAL_FINISHED: _trial_finished,
+    Event.TRIAL_PRUNED: _trial_pruned,
+    Event.CONFIRMATION: _confirmation,
+    Event.BEST: _best,
+    Event.PARETO: lambda ev: f"pareto: {pareto_text(ev)}",
+    Event.RECIPE_SAVED: lambda ev: f"recipe saved: {ev.get('path')}",
+    Event.MEMORY_FIT: lambda ev: f"memory: {ev['text']}",
+    Event.BATCH_CHANGE: lambda ev: f"batch: {ev['text']}",
+    Event.PAYBACK: lambda ev: f"payback: {ev['text']}",
+    Event.PROBE_VERDICT: _verdict,
+    Event.FULLRUN_STARTED: _fullrun_started,
+    Event.FULLRUN_PROGRESS: _fullrun_progress,
+    Event.FULLRUN_NOTES: lambda ev: "full run: " + "; ".join(fullrun_notes(ev)),
+    Event.FULLRUN_ENDED: _fullrun_ended,
+    Event.DEVICE_SAMPLE: lambda ev: f"device: {device_summary(ev)}",
+    Event.RUN_ENDED: lambda ev: f"run ended: exit code {ev.get('exit_code')}",
 }
+IGNORED: dict[Event, str] = {}  # every event has its line
 
 
 def cost_text(core_s: float, gpu_s: float) -> str:

@@ -1,7 +1,9 @@
 """The live view as pure functions: `RunState` (and the time now) in, rich renderables out.
 
 No clock and no terminal here, so tests render recorded journals into ``Console(record=True)``
-and read what a person would see.
+and read what a person would see. `SHOWN` names the part that shows each `Event`; `IGNORED`
+would name, with the reason, one the view leaves out (`tests/test_events.py` holds the two to
+every event).
 """
 
 from __future__ import annotations
@@ -15,19 +17,25 @@ from autotune.measuring.breakdown import Breakdown
 from autotune.measuring.outcome import Outcome
 from autotune.monitor import text as fmt
 from autotune.monitor.state import RUNNING, RunState, TrialRow
+from autotune.store.events import Event
+from autotune.tuning.space.knobs import knobs_text
+from probes import protocol
 
 OUTCOME_STYLE = {Outcome.OK.value: "green", RUNNING: "yellow", Outcome.PRUNED.value: "magenta",
                  Outcome.FOREIGN_LOAD.value: "yellow"}  # every other outcome is a failure: red
 
 
 def render(state: RunState, *, now: float, title: str = "", max_rows: int = 12) -> Group:
-    """The whole monitor: header, trials, best, full run / verdict, devices."""
+    """The whole monitor: header, trials, best, findings, full run / verdict, devices."""
     parts = [header(state, now=now, title=title)]
     if state.trials:
         parts.append(trials_table(state, now=now, max_rows=max_rows))
     best = best_panel(state)
     if best is not None:
         parts.append(best)
+    found = findings_panel(state)
+    if found is not None:
+        parts.append(found)
     run = fullrun_panel(state, now=now)
     if run is not None:
         parts.append(run)
@@ -184,7 +192,7 @@ def trials_table(state: RunState, *, now: float, max_rows: int = 12) -> Table:
             rate += " …"
         cells = [mark, r.label] + ([r.mode] if show_mode else [])
         if show_knobs:
-            cells.append(fmt.fmt_knobs(r.knobs) if r.knobs or r.mode == "full" else "")
+            cells.append(knobs_text(r.knobs) if r.knobs or r.mode == "full" else "")
         cells += [rate, outcome_text(r), fmt.fmt_duration(dur)]
         table.add_row(*cells, style="bold" if is_best else ("dim" if r.status == Outcome.PRUNED
                                                             else None))
@@ -220,12 +228,12 @@ def best_panel(state: RunState) -> Panel | None:
     if state.best is not None:
         b = state.best
         rate = fmt.fmt_rate(b.get("samples_per_s"), b.get("ci_half"))
-        knobs = fmt.fmt_knobs(b.get("knobs"))
+        knobs = knobs_text(b.get("knobs"))
         speedup = b.get("speedup")
         kept = bool(b.get("kept_baseline"))
     else:
         rate = fmt.fmt_rate(best.samples_per_s, best.ci_half)
-        knobs = f"{best.label} {fmt.fmt_knobs(best.knobs)}"
+        knobs = f"{best.label} {knobs_text(best.knobs)}"
         speedup = (best.samples_per_s / base) if base and best.samples_per_s else None
         kept = False
     line = Text(f"{rate} samples/s · {knobs}")
@@ -252,6 +260,37 @@ def best_panel(state: RunState) -> Panel | None:
     return Panel(grid, title="best vs baseline", title_align="left", border_style="green")
 
 
+# -- what tuning found besides the best ----------------------------------------------------
+def findings(state: RunState) -> list[tuple[str, str]]:
+    """(label, text) of what the run found besides its best: the allreduce timing, the Pareto
+    front, memory by batch, a changed global batch, and whether tuning pays for itself; the
+    lines `autotune.monitor.text` gives their events."""
+    out = []
+    if state.allreduce is not None:
+        out.append(("allreduce", fmt.allreduce_text(state.allreduce)))
+    if state.pareto is not None:
+        out.append(("pareto", fmt.pareto_text(state.pareto)))
+    if state.memory and state.memory.get("text"):
+        out.append(("memory", str(state.memory["text"])))
+    if state.batch_note:
+        out.append(("batch", state.batch_note))
+    if state.payback and state.payback.get("text"):
+        out.append(("payback", str(state.payback["text"])))
+    return out
+
+
+def findings_panel(state: RunState) -> Panel | None:
+    rows = findings(state)
+    if not rows:
+        return None
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column(overflow="fold")
+    for label, text in rows:
+        grid.add_row(label, text)
+    return Panel(grid, title="findings", title_align="left", border_style="yellow")
+
+
 # -- full run and verdict -----------------------------------------------------------------
 def fullrun_panel(state: RunState, *, now: float) -> Panel | None:
     fr = state.fullrun
@@ -272,7 +311,7 @@ def fullrun_panel(state: RunState, *, now: float) -> Panel | None:
                                       else ("green" if fr.exit_code == 0 else "red")))
         grid.add_row("live", line)
         if fr.knobs:
-            grid.add_row("knobs", fmt.fmt_knobs(fr.knobs) + (
+            grid.add_row("knobs", knobs_text(fr.knobs) + (
                 f" · instances {fr.instances}" if fr.instances else ""))
         for note in fr.notes:
             grid.add_row("note", Text(note, style="red" if note.startswith("WARNING") else ""))
@@ -286,7 +325,7 @@ def fullrun_panel(state: RunState, *, now: float) -> Panel | None:
     if rates:
         top = max((v for v in rates.values() if v), default=0.0)
         rows = state.mode_rows()
-        for mode in ("full", "synthetic", "io"):
+        for mode in protocol.MODES:
             if mode in rates:
                 v = rates[mode]
                 status = rows[mode].status if mode in rows else "failed"
@@ -341,3 +380,20 @@ def device_panel(state: RunState) -> Panel | None:
                      + f"{dev['workers']} loader workers")
     parts.append(grid)
     return Panel(Group(*parts), title="devices", title_align="left", border_style="cyan")
+
+
+# The part of the view that shows each journal event.
+SHOWN = {
+    Event.RUN_STARTED: header, Event.RUN_ENDED: header,
+    Event.TRIAL_STARTED: trials_table, Event.TRIAL_PROGRESS: trials_table,
+    Event.TRIAL_FINISHED: trials_table, Event.TRIAL_PRUNED: trials_table,
+    Event.CONFIRMATION: best_panel, Event.BEST: best_panel, Event.RECIPE_SAVED: best_panel,
+    Event.ALLREDUCE: findings_panel, Event.PARETO: findings_panel,
+    Event.MEMORY_FIT: findings_panel, Event.BATCH_CHANGE: findings_panel,
+    Event.PAYBACK: findings_panel,
+    Event.PROBE_VERDICT: fullrun_panel, Event.FULLRUN_STARTED: fullrun_panel,
+    Event.FULLRUN_PROGRESS: fullrun_panel, Event.FULLRUN_NOTES: fullrun_panel,
+    Event.FULLRUN_ENDED: fullrun_panel,
+    Event.DEVICE_SAMPLE: device_panel,
+}
+IGNORED: dict[Event, str] = {}  # the view shows every event

@@ -1,10 +1,13 @@
 """The offline HTML report of a run: one self-contained file, no remote resource, no script.
 
 Built from the run's journal (and its ``study.db`` for parameter importance when present):
-summary, best vs baseline, the recipe, optimisation history, throughput against each knob,
-parameter importance, probe-mode bars, the full run, and the trials table. Charts are inline
-SVG (`autotune.report.svg`); the data behind them is also embedded as JSON
+summary, best vs baseline, the confirmation rounds, the recipe, probe-mode bars, where the time
+goes, optimisation history, throughput against each knob, parameter importance, the Pareto
+front, memory by batch, what else tuning found, the full run, and the trials table. Charts are
+inline SVG (`autotune.report.svg`); the data behind them is also embedded as JSON
 (``<script type="application/json" id="autotune-data">``, data only, never executed).
+`SECTIONS` names the section that shows each journal `Event`; `IGNORED` names, with the reason,
+those the report leaves out (`tests/test_events.py` holds the two to every event).
 """
 
 from __future__ import annotations
@@ -22,7 +25,10 @@ from autotune.report import importance, svg
 from autotune.store.journal import read_events
 from autotune.monitor.state import RunState, TrialRow, fold
 from autotune.monitor import console
-from autotune.monitor.text import fmt_duration, fmt_knobs, fmt_rate, unreadable_line
+from autotune.monitor.text import allreduce_text, fmt_duration, fmt_rate, unreadable_line
+from autotune.store.events import Event
+from autotune.tuning.space.knobs import knobs_text
+from probes import protocol
 
 RECIPE_MAX_BYTES = 64 * 1024
 LOG_X_KNOBS = ("batch_size", "bucket_mb")
@@ -79,7 +85,7 @@ def _y(r: TrialRow):
 
 def _title(r: TrialRow) -> str:
     head = f"{r.label} {r.status}: {fmt_rate(r.samples_per_s, r.ci_half)} samples/s"
-    return f"{head} · {fmt_knobs(r.knobs)}" + (f" · {r.reason}" if r.reason else "")
+    return f"{head} · {knobs_text(r.knobs)}" + (f" · {r.reason}" if r.reason else "")
 
 
 def history_chart(state: RunState) -> str:
@@ -163,9 +169,9 @@ def best_section(state: RunState) -> str:
         return "<h2>Best vs baseline</h2><p class='empty'>no successful trial</p>"
     if b is not None:
         rate, knobs, speedup = (fmt_rate(b.get("samples_per_s"), b.get("ci_half")),
-                                fmt_knobs(b.get("knobs")), b.get("speedup"))
+                                knobs_text(b.get("knobs")), b.get("speedup"))
     else:
-        rate, knobs = fmt_rate(best.samples_per_s, best.ci_half), fmt_knobs(best.knobs)
+        rate, knobs = fmt_rate(best.samples_per_s, best.ci_half), knobs_text(best.knobs)
         speedup = best.samples_per_s / base if base and best.samples_per_s else None
     rows = [("best", escape(f"{rate} samples/s")), ("knobs", f"<code>{escape(knobs)}</code>")]
     if base:
@@ -226,7 +232,7 @@ def probe_section(state: RunState) -> str:
     if rates:
         items = []
         mode_rows = state.mode_rows()
-        for mode in ("full", "synthetic", "io"):
+        for mode in protocol.MODES:
             if mode in rates:
                 row = mode_rows.get(mode)
                 why = f": {row.reason}" if row is not None and row.reason else ""
@@ -273,14 +279,16 @@ def memory_section(state: RunState) -> str:
     kind = "gpu" if "gpu" in kinds else "host"
     pts = [(b, m) for b, m, k in pts if k == kind]
     fit = MemoryFit.of(pts, kind)
-    if fit is None:
-        return ""
+    said = (state.memory or {}).get("text")
+    if fit is None:  # the journal's probes are too few for a chart; the run's fit has more
+        return (f"<h2>Memory by batch size</h2><p class='note'>{escape(str(said))}</p>"
+                if said else "")
     mb = 2**20
     points = [{"x": b, "y": round(m / mb, 1), "kind": "ok",
                "title": f"batch {b}: {m / mb:.0f} MB per rank"} for b, m in pts]
     xs = sorted({b for b, _ in pts})
     trend = [(b, fit.at(b) / mb) for b in xs]
-    text = (state.memory or {}).get("text") or fit.describe()
+    text = said or fit.describe()
     return ("<h2>Memory by batch size</h2><figure>" +
             svg.scatter(points, chart="memory", x_label="per-rank batch",
                         y_label=f"{'GPU' if kind == 'gpu' else 'host'} MB per rank",
@@ -296,7 +304,7 @@ def pareto_section(state: RunState) -> str:
         return ""
     front = p.get("front") or []
     rows = "".join(f"<li{' class=best' if q['name'] == p.get('picked') else ''}>"
-                   f"{escape(q['name'])}: <code>{escape(fmt_knobs(q.get('knobs') or {}))}</code>"
+                   f"{escape(q['name'])}: <code>{escape(knobs_text(q.get('knobs') or {}))}</code>"
                    f" {q['samples_per_s']:.1f} samples/s, {q['samples_per_j']:.3g} samples/J"
                    f"</li>" for q in front)
     within = p.get("within_rel", 0.1)
@@ -308,6 +316,51 @@ def pareto_section(state: RunState) -> str:
             f"</figcaption></figure><ul>{rows}</ul>")
 
 
+def confirmation_section(state: RunState) -> str:
+    """Each re-measurement of the top configs and the baseline, in the order they ran."""
+    if not state.confirmations:
+        return ""
+    body = []
+    for c in state.confirmations:
+        rate = _num(c.get("samples_per_s"))
+        ci = _num(c.get("ci_half"))
+        outcome = str(c.get("outcome") or (Outcome.OK.value if rate else "-"))
+        why = f": {c['reason']}" if c.get("reason") else ""
+        body.append(f"<tr><td class='num'>{escape(str(c.get('round')))}</td>"
+                    f"<td>{escape(str(c.get('trial')))}</td>"
+                    f"<td><code>{escape(knobs_text(c.get('knobs')))}</code></td>"
+                    f"<td class='num'>{escape(fmt_rate(rate, ci))}</td>"
+                    f"<td>{escape(outcome + why)}</td></tr>")
+    return ("<h2>Confirmation</h2><table class='confirmation'><tr><th>round</th><th>config</th>"
+            "<th>knobs</th><th>samples/s</th><th>outcome</th></tr>" + "".join(body) +
+            "</table><p class='note'>the top configs and the baseline re-measured in separate "
+            "processes, interleaved; the best above is decided on these</p>")
+
+
+def _num(v):
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def findings(state: RunState) -> list[tuple[str, str]]:
+    """(label, text) of what tuning found that no other section shows: the allreduce timing,
+    a changed global batch, and whether tuning pays for itself."""
+    out = []
+    if state.allreduce is not None:
+        out.append(("allreduce", allreduce_text(state.allreduce)))
+    if state.batch_note:
+        out.append(("batch", state.batch_note))
+    if state.payback and state.payback.get("text"):
+        out.append(("payback", str(state.payback["text"])))
+    return out
+
+
+def findings_section(state: RunState) -> str:
+    rows = findings(state)
+    if not rows:
+        return ""
+    return "<h2>Findings</h2>" + _table([(k, escape(v)) for k, v in rows])
+
+
 def fullrun_section(state: RunState) -> str:
     fr = state.fullrun
     if fr is None:
@@ -315,10 +368,11 @@ def fullrun_section(state: RunState) -> str:
     t0 = fr.started_t or (fr.history[0][0] if fr.history else 0.0)
     pts = [(t - t0, v) for t, v in fr.history if t is not None]
     status = "running" if fr.exit_code is None else f"exit code {fr.exit_code}"
-    rows = [("status", escape(status)), ("knobs", escape(fmt_knobs(fr.knobs))),
+    rows = [("status", escape(status)), ("knobs", escape(knobs_text(fr.knobs))),
             ("last samples/s", escape(fmt_rate(fr.samples_per_s)))]
     if fr.steps is not None:
         rows.append(("steps", f"{fr.steps:,}"))
+    rows += [("note", escape(note)) for note in fr.notes]
     return ("<h2>Full run</h2>" + _table(rows) +
             svg.line(pts, chart="fullrun", x_label="seconds", y_label="samples/s"))
 
@@ -336,7 +390,7 @@ def trials_section(state: RunState) -> str:
         ci = f"{r.ci_half:,.1f}" if r.ci_half else "-"
         body.append(
             f"<tr class='{cls}'><td>{escape(r.label)}</td><td>{escape(r.mode)}</td>"
-            f"<td><code>{escape(fmt_knobs(r.knobs) if r.knobs or state.kind != 'probe' else '')}"
+            f"<td><code>{escape(knobs_text(r.knobs) if r.knobs or state.kind != 'probe' else '')}"
             f"</code></td><td class='num'>{escape(fmt_rate(r.samples_per_s))}</td>"
             f"<td class='num'>{ci}</td><td class='outcome'>{escape(r.status)}</td>"
             f"<td>{escape(r.reason)}</td><td class='num'>{fmt_duration(r.duration_s)}</td></tr>")
@@ -356,10 +410,10 @@ def build_html(run_dir: Path, state: RunState | None = None) -> str:
             "fullrun": [[t, v] for t, v in state.fullrun.history] if state.fullrun else [],
             "pareto": state.pareto}
     blob = jsontext.dumps(data).replace("</", "<\\/")
-    parts = [summary_section(state), best_section(state), probe_section(state),
-             breakdown_section(state), search_section(state, imp, how), pareto_section(state),
-             memory_section(state), fullrun_section(state),
-             trials_section(state)]
+    parts = [summary_section(state), best_section(state), confirmation_section(state),
+             probe_section(state), breakdown_section(state), search_section(state, imp, how),
+             pareto_section(state), memory_section(state), findings_section(state),
+             fullrun_section(state), trials_section(state)]
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>{escape(title)}</title><style>{CSS}</style></head><body>"
             f"<h1>{escape(title)}</h1><p class='note'>run directory "
@@ -383,3 +437,23 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
     if line:
         console.warning(line)
     return out
+
+
+# The section of the report that shows each journal event.
+SECTIONS = {
+    Event.RUN_STARTED: summary_section, Event.RUN_ENDED: summary_section,
+    Event.TRIAL_STARTED: trials_section, Event.TRIAL_PROGRESS: trials_section,
+    Event.TRIAL_FINISHED: trials_section, Event.TRIAL_PRUNED: trials_section,
+    Event.CONFIRMATION: confirmation_section, Event.BEST: best_section,
+    Event.RECIPE_SAVED: best_section, Event.PROBE_VERDICT: probe_section,
+    Event.PARETO: pareto_section, Event.MEMORY_FIT: memory_section,
+    Event.ALLREDUCE: findings_section, Event.BATCH_CHANGE: findings_section,
+    Event.PAYBACK: findings_section,
+    Event.FULLRUN_STARTED: fullrun_section, Event.FULLRUN_PROGRESS: fullrun_section,
+    Event.FULLRUN_NOTES: fullrun_section, Event.FULLRUN_ENDED: fullrun_section,
+}
+IGNORED = {
+    Event.DEVICE_SAMPLE: "the machine's readings from moment to moment; the report is of the "
+                         "run's results (the hardware line reads the last one only when the run "
+                         "named no hardware)",
+}

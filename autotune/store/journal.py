@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from autotune.store import jsontext, rundir
+from autotune.store.events import Event, check
 
 EVENTS = "events.jsonl"
 
@@ -33,8 +34,14 @@ class Journal:
         finally:
             os.close(fd)
 
-    def emit(self, name: str, /, **fields) -> dict:
-        event = {"t": time.time(), "event": name, **fields}
+    def emit(self, name: Event, /, **fields) -> dict:
+        """Append one event; ``fields`` are the event's (`autotune.store.events.FIELDS`), and
+        ``t`` may be given to replace the time now.
+
+        Raises:
+            ValueError: ``name`` or ``fields`` outside the schema (`autotune.store.events.check`).
+        """
+        event = {"t": time.time(), "event": check(name, fields).value, **fields}
         line = (jsontext.dumps(event, separators=(",", ":")) + "\n").encode()
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)

@@ -22,6 +22,7 @@ from autotune.measuring.outcome import Outcome
 from autotune.tuning.prober import Prober
 from autotune.tuning.records import BaselineRecord
 from autotune.tuning.state import TuneState
+from autotune.store.events import Event
 
 # One short allreduce sweep (4 KB .. 64 MB, x4 steps): a few seconds on two CPU ranks.
 ALLREDUCE_MAX_BYTES = 64 * allreduce.MB
@@ -91,7 +92,7 @@ def measure(prober: Prober, state: TuneState) -> TuneState:
                             number=None, cfg=values, finish=False)
 
     def finished(result):  # each attempt is journaled; the last with the space's knobs
-        prober.emit("trial_finished", trial="baseline", number=None, mode=result.mode,
+        prober.emit(Event.TRIAL_FINISHED, trial="baseline", number=None, mode=result.mode,
                     result=result)
 
     first_max = prober.spec(values, 1, "baseline").max_s
@@ -282,7 +283,7 @@ def bucket_bounds(saved: Mapping) -> tuple[float, float] | None:
 
 def _tell_buckets(prober: Prober, saved: Mapping, bounds: tuple[float, float] | None,
                   candidates) -> None:
-    prober.emit("allreduce", **saved, candidates=list(candidates))
+    prober.emit(Event.ALLREDUCE, **saved, candidates=list(candidates))
     values = ", ".join(map(str, candidates))
     if bounds is None:
         first = saved["error"].splitlines()[0].rstrip(":")

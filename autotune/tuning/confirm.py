@@ -22,6 +22,7 @@ from autotune.tuning.prober import Prober, config_key
 from autotune.tuning.records import Known, Scored
 from autotune.tuning.space import Space
 from autotune.tuning.state import TuneState
+from autotune.store.events import Event
 
 CONFIRM_TARGET_REL = 0.02  # tight enough that a confirmation probe measures its whole window
 TOO_SHORT_SHARE = 0.75  # less than this share of one round left: no re-measurement
@@ -86,7 +87,7 @@ def _remeasure(prober: Prober, space: Space, entries, rounds: int,
                            min_measure_s=0.6 * window_s, target_rel=CONFIRM_TARGET_REL)
         r = prober.probe(spec, label=label, number=None, cfg=cfg, events=False)
         results[name].append(r if r.ok else None)
-        prober.emit("confirmation", round=rnd, trial=name, knobs=cfg,
+        prober.emit(Event.CONFIRMATION, round=rnd, trial=name, knobs=cfg,
                     samples_per_s=r.samples_per_s if r.ok else None,
                     ci_half=r.ci_half if r.ok else None, outcome=r.outcome.value,
                     reason=r.reason)
@@ -115,7 +116,7 @@ def _probe_verdict(prober: Prober, space: Space, cfg: dict,
     last = prober.last_ok.get(config_key(cfg))
     v = bottleneck.decide(full, rates["synthetic"], rates["io"],
                           Breakdown.from_dict(last.breakdown) if last is not None else None)
-    prober.emit("probe_verdict", verdict=v.to_dict())
+    prober.emit(Event.PROBE_VERDICT, verdict=v.to_dict())
     return v
 
 
@@ -235,7 +236,7 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
     prober.tell("info", d.reason)
     verdict = _probe_verdict(prober, space, best_cfg, best.samples_per_s) \
         if settings.verdict else None
-    prober.emit("best", knobs=best_cfg, samples_per_s=best.samples_per_s,
+    prober.emit(Event.BEST, knobs=best_cfg, samples_per_s=best.samples_per_s,
                 ci_half=best.ci_half, baseline_samples_per_s=base.samples_per_s,
                 speedup=d.speedup, kept_baseline=d.kept_baseline, reason=d.reason,
                 speedup_low=d.speedup_low, speedup_high=d.speedup_high,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from autotune import UsageError
 from autotune.tuning import goodput
-from autotune.tuning.space import global_batch
+from autotune.tuning.space import global_batch, knobs_text
 
 # The Pareto winner: the fastest config of the front whose samples/J is within this share of
 # the front's most frugal one (a config that spends up to ~11% more energy per sample).
@@ -217,6 +217,5 @@ def pick(points: Sequence[Point], *, within_rel: float = PICK_WITHIN_REL) -> Poi
 
 
 def front_line(p: Point) -> str:
-    knobs = " ".join(f"{k}={v}" for k, v in p.cfg.items())
-    return (f"{p.name} ({knobs}): {p.samples_per_s:.1f} samples/s, "
+    return (f"{p.name} ({knobs_text(p.cfg)}): {p.samples_per_s:.1f} samples/s, "
             f"{p.samples_per_j:.3g} samples/J")

@@ -17,9 +17,11 @@ from autotune.launching import engines
 from autotune.measuring import series, trial
 from autotune.measuring.outcome import Outcome
 from autotune.measuring.trial import TrialResult, TrialSpec
+from autotune.measuring.trial_events import TrialEvents
 from autotune.store.journal import Journal
 from autotune.tuning import fitting, state
 from autotune.tuning.records import TuneSettings
+from autotune.store.events import Event
 
 FOREIGN_WAIT_S = 5.0
 
@@ -59,7 +61,7 @@ class Prober:
         """Tell the user only (progress, a warning the report need not repeat)."""
         self._notify(level, message)
 
-    def emit(self, event: str, **fields) -> None:
+    def emit(self, event: Event, **fields) -> None:
         self.journal.emit(event, **fields)
 
     # -- probes ---------------------------------------------------------------------------------
@@ -141,15 +143,14 @@ class Prober:
         With ``finish=False`` the caller emits the last ``trial_finished`` itself.
         """
         attempt = 0
+        told = TrialEvents(self.journal, label, number, spec.ranks.mode)
         while True:
             if events:
-                self.emit("trial_started", trial=label, number=number, knobs=dict(cfg),
-                          mode=spec.ranks.mode)
+                told.started(cfg)
 
-            def progress(est, label=label):
+            def progress(est):
                 if events:
-                    self.emit("trial_progress", trial=label, samples_per_s=est.samples_per_s,
-                              ci_half=est.ci_half, measured_s=est.measured_s)
+                    told.progress(est)
                 return bool(on_progress and on_progress(est))
 
             result = self._run_trial(spec, on_progress=progress, on_start=self._on_start)
@@ -170,8 +171,7 @@ class Prober:
                     f"{attempt + 1} attempt(s); not compared"))
                 self._tell_busy(label, result.foreign_cores)
             if events and (finish or not last):
-                self.emit("trial_finished", trial=label, number=number, mode=spec.ranks.mode,
-                          result=result)
+                told.finished(result)
             if last:
                 return result
             self.tell("warning", f"{label}: {result.foreign_cores:.2f} cores of foreign CPU "

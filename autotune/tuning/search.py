@@ -22,6 +22,7 @@ from autotune.tuning import study as studies
 from autotune.tuning.prober import Prober
 from autotune.tuning.records import Known, study_tag
 from autotune.tuning.state import TuneState
+from autotune.store.events import Event
 
 DUPLICATE_STREAK = 8  # proposals in a row of configs already known: the sampler has converged
 WAIT_FOR_OTHERS_S = 600.0  # at most, for another tuner's probe of the same config
@@ -241,9 +242,9 @@ class Search:
             reason = (f"not tried: batch_size {cfg.get('batch_size')} with "
                       f"{cfg.get('instances', 1)} ranks is at or above one that ran out of "
                       f"memory ({blocker.get('batch_size')})")
-            self.prober.emit("trial_started", trial=label, number=trial.number, knobs=cfg,
+            self.prober.emit(Event.TRIAL_STARTED, trial=label, number=trial.number, knobs=cfg,
                              mode="full")
-            self.prober.emit("trial_pruned", trial=label, number=trial.number, reason=reason)
+            self.prober.emit(Event.TRIAL_PRUNED, trial=label, number=trial.number, reason=reason)
             return self.scorer.failed()
         self.duplicate_streak = 0
         return self._measure(trial, cfg, key, label)
@@ -336,7 +337,7 @@ class Search:
         trial.set_user_attr("score_ci_half", score.ci_half)
         self.convergence.update(score.value if known.outcome == Outcome.OK else None)
         if known.outcome == Outcome.PRUNED:
-            self.prober.emit("trial_pruned", trial=label, number=trial.number,
+            self.prober.emit(Event.TRIAL_PRUNED, trial=label, number=trial.number,
                              reason=result.reason)
             raise studies.TrialPruned(result.reason)
         if known.infeasible:

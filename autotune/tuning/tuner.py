@@ -34,6 +34,7 @@ from autotune.tuning.prober import Notify, Prober, RunTrial, config_key
 from autotune.tuning.records import ProbeFacts, TuneReport
 from autotune.tuning.state import (TuneState, mark_controller, minutes, save, spent_s,
                                    sweep_orphans)
+from autotune.store.events import Event
 
 
 class Tuner:
@@ -163,7 +164,7 @@ class Tuner:
             prober.note("info", f"Pareto front (samples/s vs samples/J), "
                                 f"{len(c.front)} config(s); picked {c.picked}: the fastest "
                                 f"within {objective.PICK_WITHIN_REL:.0%} of the best samples/J")
-            prober.emit("pareto", front=[p.to_dict() for p in c.front], picked=c.picked,
+            prober.emit(Event.PARETO, front=[p.to_dict() for p in c.front], picked=c.picked,
                         points=[p.to_dict() for p in confirm.pareto_points(
                             space, self.found.known, scorer)],
                         within_rel=objective.PICK_WITHIN_REL)
@@ -191,12 +192,12 @@ class Tuner:
             payback=payback.payback(self.elapsed(), run, c.baseline.samples_per_s,
                                     c.best.samples_per_s).to_dict() if run else None)
         if report.payback:
-            prober.emit("payback", **report.payback)
+            prober.emit(Event.PAYBACK, **report.payback)
         if report.memory is not None:
-            prober.emit("memory_fit", **report.memory)
+            prober.emit(Event.MEMORY_FIT, **report.memory)
         if report.batch_note:
             prober.note("warning", report.batch_note)
-            prober.emit("batch_change", text=report.batch_note)
+            prober.emit(Event.BATCH_CHANGE, text=report.batch_note)
         rundir.write_atomic(self.run_dir / "summary.json",
                             jsontext.dumps(report.to_dict(), indent=2))
         return report

@@ -18,12 +18,13 @@ from autotune.tuning.space.build import (Space, SpaceRequest, batch_change_note,
                                          rank_knobs)
 from autotune.tuning.space.knobs import (ALIASES, DESIGN_RULES, DOMAIN_RULES, KNOBS, ORDER,
                                          Baseline, Knob, Machine, bucket_candidates, divisors,
-                                         geometric, linear, pct_for_threads, threads_per_rank)
+                                         geometric, knobs_text, linear, pct_for_threads,
+                                         threads_per_rank)
 from autotune.tuning.space.parse import (Range, explicit_fixes, parse_duration, parse_fix,
                                          parse_space)
 
 __all__ = ["ALIASES", "DESIGN_RULES", "DOMAIN_RULES", "KNOBS", "ORDER", "Baseline", "Knob",
            "Machine", "Range", "Space", "SpaceRequest", "bucket_candidates", "build", "canonical",
-           "check_request", "divisors", "explicit_fixes", "geometric", "job_devices", "linear",
-           "parse_duration", "parse_fix", "parse_space", "pct_for_threads", "rank_knobs",
+           "check_request", "divisors", "explicit_fixes", "geometric", "job_devices", "knobs_text",
+           "linear", "parse_duration", "parse_fix", "parse_space", "pct_for_threads", "rank_knobs",
            "threads_per_rank"]

@@ -66,6 +66,15 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
 )}
 
 
+def knobs_text(knobs: Mapping | None) -> str:
+    """``batch_size=64 workers=2``: a config as a person reads it, in its own order; a float
+    without trailing zeros; ``(script defaults)`` for no knobs."""
+    if not knobs:
+        return "(script defaults)"
+    return " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in knobs.items())
+
+
 @dataclass(frozen=True)
 class Baseline:
     """What the script uses by itself, from the baseline probe (None: unknown or absent)."""
