@@ -272,7 +272,8 @@ def test_a_tuning_run_journals_its_findings_within_the_schema(tmp_path, machine)
     `MemoryFit`): the journal refuses them if those records drift from the schema."""
     import dataclasses
 
-    from test_study import FakeProbe, events, surface, tune
+    from conftest import journal
+    from test_study import FakeProbe, surface, tune
 
     class Measured(FakeProbe):  # the script's dataset is known; memory grows with the batch
         def __call__(self, spec, **kw):
@@ -285,7 +286,7 @@ def test_a_tuning_run_journals_its_findings_within_the_schema(tmp_path, machine)
 
     report, _, run_dir = tune(tmp_path, Measured(surface), command=("train.py", "--epochs", "20"),
                               trials=4, confirm_rounds=0)
-    (paid,), (fit,) = events(run_dir, Event.PAYBACK), events(run_dir, Event.MEMORY_FIT)
+    (paid,), (fit,) = journal(run_dir, Event.PAYBACK), journal(run_dir, Event.MEMORY_FIT)
     assert paid["text"] == report.payback["text"] and fit["text"] == report.memory["text"]
-    lines = [text.event_line(e) for e in events(run_dir)]
+    lines = [text.event_line(e) for e in journal(run_dir)]
     assert f"payback: {paid['text']}" in lines and f"memory: {fit['text']}" in lines
