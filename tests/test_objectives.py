@@ -195,7 +195,7 @@ def test_goodput_without_a_data_parallel_trial_says_it_scored_throughput(tmp_pat
     assert report.objective_note.startswith("goodput needs a data-parallel trial: scored as "
                                             "throughput")
     assert report.score["best"]["efficiency"] is None
-    assert "goodput needs a data-parallel trial" in " ".join(report.notes)
+    assert "goodput needs a data-parallel trial" in " ".join(n.text for n in report.notes)
 
 
 def joules(knobs):
