@@ -52,13 +52,15 @@ EXAMPLES = ROOT / "examples"
 
 
 def probe(args, work: Path, cfg: dict | None, sp: space.Space | None, name: str,
-          seconds: float | None, prober: Prober | None = None):
+          seconds: float | None, prober: Prober | None = None,
+          state: TuneState | None = None):
     """One probe, re-run (up to --foreign-retries times) while foreign load spoils it, as the
     tuner does; the last attempt stands either way, its foreign load reported. Its limits are
-    ``seconds``, or (None) the tuner's own fitted ones from ``prober``."""
+    ``seconds``, or (None) the tuner's own fitted ones from ``prober`` and the baseline
+    stage's ``state``."""
     knobs, instances = sp.trial_knobs(cfg) if (sp and cfg) else ({}, 1)
     if seconds is None:
-        spec = prober.spec(knobs, instances, name)
+        spec = prober.spec(state, knobs, instances, name)
     else:
         spec = TrialSpec.of(command=tuple(args.command), knobs=knobs, instances=instances,
                             cwd=str(work), log_dir=work / "logs", name=name, max_s=seconds,
@@ -135,12 +137,13 @@ def main() -> int:
                             ranges=space.parse_space(args.space),
                             foreign_limit_cores=args.foreign_limit,
                             foreign_retries=args.foreign_retries)
-    prober = Prober(settings, stage_dir, Journal(stage_dir), engines.resolve("local"),
-                    notify=lambda level, msg: say(f"# {level}: {msg}"))
+    prober = Prober(stage_dir, Journal(stage_dir), engines.resolve("local"),
+                    notify=lambda note: say(f"# {note.kind.value}: {note.text}"))
     stage_t0 = time.monotonic()
     state = baseline.measure(prober, TuneState.new(settings, stage_dir))
     sp = state.space
-    say(f"# baseline stage: {time.monotonic() - stage_t0:.0f} s; notes: {list(sp.notes)}")
+    say(f"# baseline stage: {time.monotonic() - stage_t0:.0f} s; notes: "
+        f"{[n.text for n in sp.notes]}")
     configs = sp.configs()
     say(f"# space: {json.dumps({k: list(v) for k, v in sp.domains.items()})} fixed "
         f"{json.dumps(dict(sp.fixed))}: {len(configs)} configs; default {fmt(sp.baseline)}")
@@ -150,10 +153,10 @@ def main() -> int:
     grid = []
     grid_cost_s = 0.0  # one attempt per config: what the grid costs on a quiet host
     for i, cfg in enumerate(configs):
-        r = probe(args, work, cfg, sp, f"grid-{i}", args.seconds, prober)
+        r = probe(args, work, cfg, sp, f"grid-{i}", args.seconds, prober, state)
         grid_cost_s += args.last_probe_s
         if args.seconds is None and i == 0:
-            say(f"# grid probe limits, e.g. {fmt(cfg)}: {prober.spec(*sp.trial_knobs(cfg), 'x').max_s:.1f} s")
+            say(f"# grid probe limits, e.g. {fmt(cfg)}: {prober.spec(state, *sp.trial_knobs(cfg), 'x').max_s:.1f} s")
         grid.append((cfg, r.samples_per_s, r))  # 0 without an estimate
         say(f"grid {i + 1:3d}/{len(configs)} {fmt(cfg):55s} "
             f"{r.samples_per_s:8.1f} ± {r.ci_half:6.1f} {r.outcome.value}"

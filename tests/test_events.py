@@ -235,8 +235,7 @@ def test_no_module_formats_knobs_by_hand():
     by_hand = re.compile(r"""f["']\{k\}=\{\w+\}["'] for k, v in [\w.]*(knobs|cfg)\w*\.items""")
     offenders = [str(f.relative_to(ROOT)) for f in sorted((ROOT / "autotune").rglob("*.py"))
                  if by_hand.search(f.read_text())]
-    # search.py is the tuning stage's, edited in parallel; its `_fmt` goes at the merge
-    assert offenders == ["autotune/tuning/search.py"]
+    assert offenders == []
 
 
 def _event_compares(tree):
@@ -259,8 +258,7 @@ def _event_compares(tree):
 def test_readers_compare_event_names_with_the_enum_never_with_a_string():
     spelled = [f"{f.relative_to(ROOT)}" for f in sorted((ROOT / "autotune").rglob("*.py"))
                for _ in _event_compares(ast.parse(f.read_text()))]
-    # tuning/state.py is the tuning stage's, edited in parallel: Event.RUN_STARTED at the merge
-    assert spelled == ["autotune/tuning/state.py"]
+    assert spelled == []
 
 
 def test_journal_file_name_unchanged():
@@ -287,6 +285,6 @@ def test_a_tuning_run_journals_its_findings_within_the_schema(tmp_path, machine)
     report, _, run_dir = tune(tmp_path, Measured(surface), command=("train.py", "--epochs", "20"),
                               trials=4, confirm_rounds=0)
     (paid,), (fit,) = journal(run_dir, Event.PAYBACK), journal(run_dir, Event.MEMORY_FIT)
-    assert paid["text"] == report.payback["text"] and fit["text"] == report.memory["text"]
+    assert paid["text"] == report.payback.text() and fit["text"] == report.memory.text()
     lines = [text.event_line(e) for e in journal(run_dir)]
     assert f"payback: {paid['text']}" in lines and f"memory: {fit['text']}" in lines

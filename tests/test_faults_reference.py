@@ -36,7 +36,7 @@ def test_a_confirmation_under_foreign_load_falls_back_to_what_the_search_measure
         (base.samples_per_s, base.ci_half)
     assert report.best.samples_per_s > 0 and math.isfinite(report.best.ci_half)
     assert math.isfinite(report.speedup)
-    assert any("using what the search measured" in n for n in report.notes)
+    assert any("using what the search measured" in n.text for n in report.notes)
     best = journal(run_dir, "best")[-1]
     assert best["baseline_samples_per_s"] == base.samples_per_s
 

@@ -3,6 +3,7 @@ interrupted trial re-run first, a study file that is not a study refused, a reci
 not be saved saved later. Fake probes where the rule is pure, real processes where the user's
 command line is the point."""
 
+import dataclasses
 import functools
 import json
 import os
@@ -16,7 +17,7 @@ import pytest
 from autotune.commands import cli
 from autotune.commands import tune as tune_cmd
 from autotune import AutotuneError, UsageError
-from autotune.tuning import recipes
+from autotune.tuning import fitting, recipes
 from autotune.tuning import Tuner, TuneSettings, TuneState
 from autotune.tuning import study as studies
 from autotune.tuning.state import save, spent_s
@@ -189,4 +190,95 @@ def test_sigint_then_resume_keeps_the_runs_recipe_dir_and_reruns_the_trial_first
     new = [e for e in journal(run_dir, "trial_started")[started:]
            if e["trial"].startswith("trial-")]
     assert new and new[0]["knobs"] == hit["knobs"]
+    assert live_children() == []
+
+
+# -- issue 21: what the probes taught survives a resume ----------------------------------------
+
+class Measuring(Interrupting):
+    """Probes that report their memory (one rank, a peak that grows with the batch)."""
+
+    def __call__(self, spec, **kw):
+        r = super().__call__(spec, **kw)
+        batch = int(spec.ranks.knobs.get("batch_size") or 16)
+        return dataclasses.replace(r, ranks_seen=1, peak_rss_bytes=2**27 + batch * 2**20,
+                                   step_s=0.1 * batch / 16)
+
+
+def test_a_resume_reports_what_the_interrupted_controller_learned(tmp_path, machine):
+    """Ctrl-C mid-search, then --resume with --confirm-rounds 0 (nothing re-probes the
+    baseline): the report still has the baseline's probe facts, a memory fit over the probes
+    of both controllers, the script's timing as the baseline fitted it, and the notes the first
+    controller told; no probe of the baseline is taken again."""
+    kw = dict(trials=4, confirm_rounds=0, space_tokens=("batch_size=8:32",),
+              fix_tokens=("threads=1", "workers=0"))
+    fake = Measuring(surface)
+    with pytest.raises(KeyboardInterrupt):
+        tune(tmp_path, fake, **kw)
+    run_dir = tmp_path / "run"
+    before = json.loads((run_dir / "tune.json").read_text())["learned"]
+    assert before["timing"] and before["last"]  # saved as the stages went
+    probed = len(fake.specs)
+    report, t, _ = tune(tmp_path, fake, resume=True, **kw)
+    assert not [s for s in fake.specs[probed:] if s.ranks.name == "baseline"]
+    assert report.baseline_probe is not None  # was None: the prober's memory died with it
+    assert report.memory is not None
+    assert {b for b, _ in report.memory.fit.points} == {8, 16, 32}  # both controllers' probes
+    assert t.state.learned.timing == fitting.ScriptTiming.from_dict(before["timing"])
+    assert any(n.text.startswith("baseline: first batch after") for n in report.notes)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["probes"]["baseline"] is not None and summary["memory"] is not None
+
+
+@pytest.mark.slow
+def test_sigint_mid_search_then_resume_reports_as_an_uninterrupted_run(tmp_path):
+    """The issue's case, real processes: ``tune --confirm-rounds 0``, SIGINT once a search
+    trial is in flight, ``tune --resume``. The summary has what an uninterrupted run's has:
+    the baseline's probe facts (they were null), the memory fit over the probes of both
+    controllers,
+    the probe fitting the baseline made (not fitted again: the journal shows one baseline
+    probe)."""
+    env = dict(os.environ, AUTOTUNE_RUNS_DIR=str(tmp_path / "runs"))
+    controller = subprocess.Popen(
+        [sys.executable, "-m", "autotune", "tune", "--plain", "--foreign-limit", "1000",
+         "--trials", "3", "--seconds", "8", "--confirm-rounds", "0", "--seed", "3",
+         "--baseline", "batch_size=8",
+         "--space", "batch_size=8:32", "--fix", "threads=1", "workers=0", "instances=1",
+         "--", TOY,
+         "--work", "1", "--batch-size", "{batch_size}"], cwd=tmp_path, env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    run_dir, hit = None, None
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and hit is None:
+            runs = list((tmp_path / "runs").glob("*"))
+            if runs:
+                run_dir = runs[0]
+                hit = next((e for e in journal(run_dir, "trial_started")
+                            if e["trial"].startswith("trial-")), None)
+            assert controller.poll() is None, "the tuning ended before it could be stopped"
+            time.sleep(0.2)
+        assert hit is not None, "no search trial within the deadline"
+        controller.send_signal(signal.SIGINT)
+        assert controller.wait(timeout=60) == 130
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+    timing = json.loads((run_dir / "tune.json").read_text())["learned"]["timing"]
+    assert timing is not None
+    p = autotune("tune", "--resume", str(run_dir), "--plain", cwd=tmp_path, timeout=240,
+                 env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["probes"]["baseline"] is not None and s["probes"]["best"] is not None
+    assert s["probes"]["baseline"]["core_s_per_sample"] > 0
+    assert s["memory"] is not None
+    # the baseline's batch (8; larger ones are faster, so not pruned) was probed by the
+    # first controller only
+    batches = {b for b, _ in s["memory"]["points"]}
+    assert 8 in batches and len(batches) >= 2, batches
+    assert any(n.startswith("baseline: first batch after") for n in s["notes"])
+    assert [e["trial"] for e in journal(run_dir, "trial_started")].count("baseline") == 1
+    assert json.loads((run_dir / "tune.json").read_text())["learned"]["timing"] == timing
+    assert s["stop_reason"] and s["recipe"]
     assert live_children() == []

@@ -9,6 +9,7 @@ import pytest
 from autotune.measuring.outcome import Outcome
 from autotune.tuning import decision, fitting
 from autotune.tuning.fitting import Pace, ScriptTiming
+from autotune.tuning.records import Stop
 from conftest import journal
 from test_study import FakeProbe, machine, result, tune  # noqa: F401 - fixture
 
@@ -130,9 +131,9 @@ def test_a_budget_on_a_script_with_slow_steps_measures_every_probe_and_is_used(t
     assert len(searched) >= 3
     # each one measured: an answer, or an estimate that could not reach the best
     assert all(e["result"]["outcome"] in ("ok", "pruned") for e in searched), searched
-    assert "budget" in report.stop_reason
+    assert report.stop_reason.rule is Stop.BUDGET
     assert 0.8 * 300 <= clock.t <= 300 + 10  # used, and not overrun
-    assert any(n.startswith("budget 5m: ") for n in report.notes)
+    assert any(n.text.startswith("budget 5m: ") for n in report.notes)
     assert not report.kept_baseline and report.best.knobs["batch_size"] > 32
     # the claim comes with an interval that holds it
     assert report.speedup_low < report.speedup < report.speedup_high
@@ -143,7 +144,7 @@ def test_a_budget_too_short_is_told_with_the_budget_that_would_do(tmp_path, mach
     clock = Clock()
     report, t, run_dir = tune(tmp_path, SlowScript(clock), seconds=None, budget_s=90.0,
                               clock=clock)
-    warned = [n for n in report.notes if n.startswith("--budget 1m30s holds")]
+    warned = [n.text for n in report.notes if n.text.startswith("--budget 1m30s holds")]
     assert warned and "would hold 3" in warned[0], report.notes
 
 

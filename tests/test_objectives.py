@@ -155,8 +155,8 @@ def test_goodput_fixes_b_noise_from_the_two_rank_probe_and_scores_the_study(tmp_
         eff = goodput.efficiency(k["batch_size"] * k.get("instances", 1), base_batch, 8.0)
         assert tr.value == pytest.approx(tr.user_attrs["samples_per_s"] * eff)
         assert tr.user_attrs["score_ci_half"] == pytest.approx(tr.user_attrs["ci_half"] * eff)
-    best = report.score["best"]
-    assert best["efficiency"] is not None and best["noise_scale"] == 8.0
+    best = report.best_score
+    assert best.efficiency is not None and best.noise_scale == 8.0
     # the fastest config in samples/s (the largest batch) is not the goodput winner
     assert report.best.knobs["batch_size"] * report.best.knobs.get("instances", 1) <= 32
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -183,7 +183,7 @@ def test_goodput_measured_only_in_the_search_rescores_the_confirmation_not_the_s
     for tr in (t for t in h.trials() if studies.comparable(t)):  # the study: throughput
         assert tr.value == pytest.approx(tr.user_attrs["samples_per_s"])
     # the confirmation compared goodput: the largest global batch (fastest) is not chosen
-    assert report.score["best"]["noise_scale"] == 8.0
+    assert report.best_score.noise_scale == 8.0
     assert report.best.knobs["batch_size"] * report.best.knobs.get("instances", 1) <= 32, \
         report.best.knobs
 
@@ -194,8 +194,8 @@ def test_goodput_without_a_data_parallel_trial_says_it_scored_throughput(tmp_pat
                         space_tokens=("batch_size=8:64",))
     assert report.objective_note.startswith("goodput needs a data-parallel trial: scored as "
                                             "throughput")
-    assert report.score["best"]["efficiency"] is None
-    assert "goodput needs a data-parallel trial" in " ".join(report.notes)
+    assert report.best_score.efficiency is None
+    assert "goodput needs a data-parallel trial" in " ".join(n.text for n in report.notes)
 
 
 def joules(knobs):
@@ -238,7 +238,7 @@ def test_energy_search_maximises_samples_per_joule(tmp_path, machine):
     assert not any(e["trial"].startswith("trial") for e in journal(run_dir, "trial_pruned"))
     # the fastest (2 workers) spends 3x the energy: the winner runs without them
     assert report.best.knobs["workers"] != 2 and not report.kept_baseline
-    assert report.score["best"]["samples_per_j"] > report.score["baseline"]["samples_per_j"]
+    assert report.best_score.samples_per_j > report.baseline_score.samples_per_j
 
 
 def test_energy_objective_without_a_baseline_reading_stops_before_the_search(tmp_path, machine):
@@ -261,19 +261,22 @@ def test_two_objectives_make_a_multi_objective_study_and_a_pareto_pick(tmp_path,
     assert len(h.study.directions) == 2
     done = [t for t in h.trials() if studies.comparable(t)]
     assert len(done) >= 5 and all(len(t.values) == 2 for t in done)
-    front = report.pareto
-    assert front and sum(p["picked"] for p in front) <= 1
-    pts = [Point(p["name"], p["knobs"], p["samples_per_s"], p["samples_per_j"]) for p in front]
+    pts = list(report.pareto)
+    picked = [p for p in pts if p.name == report.picked]
+    assert pts and len(picked) <= 1
     assert objective.front(pts) == pts  # nothing on it dominates another
     pick = objective.pick(pts)
-    assert any(p["picked"] and p["name"] == pick.name for p in front) or pick.name == "baseline"
+    assert picked == [pick] or pick.name == "baseline"
+    summary = report.to_dict()["pareto"]
+    assert [p["name"] for p in summary] == [p.name for p in pts]
+    assert [p["picked"] for p in summary] == [p.name == report.picked for p in pts]
     from autotune.commands.tune import objective_lines, objective_parts
 
     lines = objective_lines(report)
     assert lines[0] == "objective: throughput,energy" and any(
         ln.startswith("Pareto front (") for ln in lines)
-    assert sum(ln.startswith("  * ") for ln in lines) == sum(p["picked"] for p in front)
-    assert len(objective_parts(report)["front"]) == len(front)
+    assert sum(ln.startswith("  * ") for ln in lines) == len(picked)
+    assert len(objective_parts(report)["front"]) == len(pts)
     ev = journal(run_dir, "pareto")[-1]
     assert ev["picked"] == pick.name and len(ev["points"]) >= len(ev["front"])
     assert not any(math.isnan(p["samples_per_j"]) for p in ev["points"])

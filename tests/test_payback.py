@@ -67,12 +67,13 @@ def test_without_a_budget_tuning_takes_its_share_of_the_projected_run(tmp_path, 
     base = report.baseline.samples_per_s
     run_s = 20 * 50_000 / base
     assert t.state.settings.budget_s == pytest.approx(payback.budget_for(run_s))
-    assert any("the full run: --epochs 20 x 50,000 samples" in n for n in report.notes)
-    assert any("tuning budget" in n and "10% of the projected run" in n for n in report.notes)
+    assert any("the full run: --epochs 20 x 50,000 samples" in n.text for n in report.notes)
+    assert any("tuning budget" in n.text and "10% of the projected run" in n.text for n in report.notes)
     p = report.payback
-    assert p["baseline_run_s"] == pytest.approx(run_s)
-    assert p["best_run_s"] == pytest.approx(1_000_000 / report.best.samples_per_s)
-    assert "projected saving" in p["text"] and journal(run_dir, "payback")[0]["text"] == p["text"]
+    assert p.baseline_run_s == pytest.approx(run_s)
+    assert p.best_run_s == pytest.approx(1_000_000 / report.best.samples_per_s)
+    assert "projected saving" in p.text() and journal(run_dir, "payback")[0]["text"] == p.text()
+    assert payback.Payback.from_dict(p.to_dict()) == p
 
 
 def test_a_given_budget_or_trials_stays_and_an_unknown_run_tells_no_payback(tmp_path, machine):
@@ -88,4 +89,4 @@ def test_a_run_shorter_than_tuning_could_pay_for_is_told(tmp_path, machine):
                         confirm_rounds=0)
     run_s = 5_000 / report.baseline.samples_per_s  # under 3 minutes
     assert t.state.settings.budget_s == pytest.approx(run_s)
-    assert any("a run this short cannot pay for tuning" in n for n in report.notes)
+    assert any("a run this short cannot pay for tuning" in n.text for n in report.notes)

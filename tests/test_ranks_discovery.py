@@ -93,8 +93,10 @@ def test_the_alone_reason_reaches_the_space_note():
     b = space.Baseline(batch_size=32, workers=0, alone_why="a probe of 2 ranks saw them alone")
     sp = space.build(CPU2, b, space.SpaceRequest())
     assert "instances" not in sp.domains
-    assert any(n.startswith("instances: fixed at 1: a probe of 2 ranks saw them alone")
+    assert any(n.text.startswith("instances: fixed at 1: a probe of 2 ranks saw them alone")
                for n in sp.notes), sp.notes
+    assert sp.ranks_why == "a probe of 2 ranks saw them alone"  # the reason, typed
+    assert space.Space.from_dict(sp.to_dict()).ranks_why == sp.ranks_why
 
 
 # -- placeholders and options after the script ---------------------------------------------------

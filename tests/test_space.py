@@ -93,7 +93,7 @@ def test_default_space_on_two_cores():
     assert "instances" not in sp.domains and sp.fixed["instances"] == 1
     assert "bucket_mb" not in sp.domains and "bucket_mb" not in sp.fixed
     assert sp.baseline == {"batch_size": 32, "workers": 0, "thread_pct": 100, "instances": 1}
-    assert any("instances: fixed at 1" in n and "torch.distributed" in n for n in sp.notes)
+    assert any("instances: fixed at 1" in n.text and "torch.distributed" in n.text for n in sp.notes)
     assert sp.size() == 6 * 3 * 2
 
 
@@ -152,7 +152,7 @@ def test_space_and_fix_on_one_knob_conflict():
 def test_no_dataloader_drops_loader_knobs():
     sp = build(batch_size=None, workers=None)
     assert "batch_size" not in sp.domains and "workers" not in sp.domains
-    assert any(n.startswith("batch_size: not tuned") for n in sp.notes)
+    assert any(n.text.startswith("batch_size: not tuned") for n in sp.notes)
     with pytest.raises(UsageError, match="cannot tune batch_size"):
         build(batch_size=None, ranges=["batch_size=8:16"])
 
@@ -180,7 +180,7 @@ def test_a_script_that_starts_its_own_ranks_keeps_one_instance():
     sp = space.build(space.Machine(cores=4, mem_available_bytes=16 * GIB), base,
                      space.SpaceRequest())
     assert sp.fixed.get("instances") == 1 and "instances" not in sp.domains
-    assert any("starts its own data-parallel ranks" in n for n in sp.notes)
+    assert any("starts its own data-parallel ranks" in n.text for n in sp.notes)
     # Its ranks' DDP buckets are searched: the job has more than one rank.
     assert "bucket_mb" in sp.domains and sp.baseline["bucket_mb"] == 25
     assert sp.config({**sp.baseline, "bucket_mb": 5})["bucket_mb"] == 5

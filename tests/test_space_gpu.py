@@ -52,7 +52,8 @@ def test_ddp_script_with_mps_searches_clients_and_shares():
     assert sp.domains["workers"] == tuple(range(9))
     # The baseline is the script as it ran: one rank with the whole GPU.
     assert sp.baseline == {"batch_size": 32, "workers": 0, "thread_pct": 100, "instances": 1}
-    assert not any(n.startswith(("instances", "thread_pct")) for n in sp.notes)
+    assert not any(n.text.startswith(("instances", "thread_pct")) for n in sp.notes)
+    assert sp.ranks_why == ""
 
 
 def test_without_mps_one_rank_keeps_the_whole_gpu_and_says_why():
@@ -61,8 +62,9 @@ def test_without_mps_one_rank_keeps_the_whole_gpu_and_says_why():
     assert "instances" not in sp.domains and "thread_pct" not in sp.domains
     assert "bucket_mb" not in sp.domains  # one rank: no gradient buckets to tune
     for knob in ("instances: fixed at 1", "thread_pct: fixed at 100"):
-        note = next(n for n in sp.notes if n.startswith(knob))
+        note = next(n.text for n in sp.notes if n.text.startswith(knob))
         assert "MPS" in note and NO_MPS in note
+    assert "MPS" in sp.ranks_why and NO_MPS in sp.ranks_why
     with pytest.raises(UsageError, match=f"--space asks for instances.*{NO_MPS}"):
         build(gpu_machine(mps=False), ranges=["instances=1:2"])
     with pytest.raises(UsageError, match=f"--fix asks for thread_pct.*{NO_MPS}"):
@@ -73,9 +75,9 @@ def test_without_mps_one_rank_keeps_the_whole_gpu_and_says_why():
 def test_script_without_torch_distributed_gets_one_full_rank_per_gpu():
     sp = build(distributed=False)
     assert sp.fixed["instances"] == 1 and sp.fixed["thread_pct"] == 100
-    assert any(n.startswith("instances: fixed at 1") and "torch.distributed" in n
+    assert any(n.text.startswith("instances: fixed at 1") and "torch.distributed" in n.text
                for n in sp.notes)
-    assert any(n.startswith("thread_pct: fixed at 100") and "one rank per GPU" in n
+    assert any(n.text.startswith("thread_pct: fixed at 100") and "one rank per GPU" in n.text
                for n in sp.notes)
     forced = build(distributed=False, ranges=["instances=1:2"])
     assert forced.domains["instances"] == (1, 2)
@@ -256,7 +258,7 @@ def stage(tmp_path, monkeypatch, *, machine=None, run_trial=None, **settings):
     run_dir.mkdir(exist_ok=True)
     s = TuneSettings.from_dict({"command": ["train.py"], "cwd": str(tmp_path), "seconds": 10.0,
                                 **settings})
-    prober = Prober(s, run_dir, Journal(run_dir), engines.Launcher(),
+    prober = Prober(run_dir, Journal(run_dir), engines.Launcher(),
                     run_trial=run_trial or (lambda spec, **kw: baseline_result(spec)))
     return prober, TuneState.new(s, run_dir)
 
@@ -288,8 +290,8 @@ def test_baseline_step_narrows_bucket_mb_once(tmp_path, monkeypatch):
     [event] = allreduce_events(prober.run_dir)
     assert event["candidates"] == [1, 2, 4, 8, 16, 25]
     assert event["result"]["bucket_mb_range"] == [1.0, 16.0]
-    assert any(n.startswith("bucket_mb: allreduce on 2 gloo ranks") and "1 to 16 MB" in n
-               for n in prober.notes)
+    assert any(n.text.startswith("bucket_mb: allreduce on 2 gloo ranks") and
+               "1 to 16 MB" in n.text for n in b.learned.notes)
     # Kept with the run: a resumed baseline step does not time it again.
     save(prober.run_dir, b)
     saved = json.loads((prober.run_dir / "tune.json").read_text())
@@ -306,9 +308,9 @@ def test_a_failed_allreduce_keeps_the_usual_candidates(tmp_path, monkeypatch):
     b = baseline_probe.measure(prober, st)
     assert b.space.domains["bucket_mb"] == space.knobs.BUCKET_MB
     assert "exit codes [1, 1]" in allreduce_events(prober.run_dir)[0]["error"]
-    assert any(n.startswith("bucket_mb: not narrowed by a measurement: the allreduce probe "
-                            "failed (exit codes [1, 1]); see logs/allreduce.log; searching")
-               for n in prober.notes)
+    assert any(n.text.startswith("bucket_mb: not narrowed by a measurement: the allreduce "
+                                 "probe failed (exit codes [1, 1]); see logs/allreduce.log; "
+                                 "searching") for n in b.learned.notes)
 
 
 @pytest.mark.parametrize("settings", [{"space_tokens": ["bucket_mb=8:32"]},
@@ -329,11 +331,11 @@ def test_real_allreduce_narrows_bucket_mb_for_a_ddp_script(tmp_path, monkeypatch
     run_dir.mkdir()
     s = TuneSettings(command=(str(SCRIPTS / "shape_ddp.py"),), cwd=str(tmp_path), seconds=10.0,
                      foreign_limit_cores=1e9)
-    b = baseline_probe.measure(Prober(s, run_dir, Journal(run_dir), engines.Launcher()),
+    b = baseline_probe.measure(Prober(run_dir, Journal(run_dir), engines.Launcher()),
                                TuneState.new(s, run_dir))
     sp = b.space
     assert sp.domains["instances"] == (1, 2)
-    result = allreduce.parse(b.allreduce["result"])
+    result = b.allreduce.result
     assert result.backend == "gloo" and result.world_size == 2
     assert [p.bytes for p in result.points][-1] == 64 * MB
     assert sp.domains["bucket_mb"] == space.bucket_candidates(*allreduce.bucket_range(result), 25)

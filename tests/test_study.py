@@ -19,6 +19,7 @@ from autotune.measuring.outcome import Outcome
 from autotune.measuring.steady import Estimate
 from autotune.measuring.trial import TrialResult
 from autotune.tuning import Tuner, TuneSettings, TuneState, load_state
+from autotune.tuning.records import Stop
 
 SEEN = {"batch_size": 16, "workers": 0}
 NCCL_NOTE = "the script asked for backend 'nccl', which cannot serve here, so autotune used 'gloo'"
@@ -175,7 +176,7 @@ def test_oom_is_infeasible_and_larger_batches_are_not_tried(tmp_path, machine):
                            f"autotune-{run_dir.name}", run_id=run_dir.name)
     ooms = [tr for tr in h.trials() if tr.user_attrs.get("outcome") in ("oom", "oom-skipped")]
     assert ooms and all(tr.constraints and max(tr.constraints.values()) > 0 for tr in ooms)
-    assert "configs of the space measured" in report.stop_reason  # 4 fit, the rest ruled out
+    assert report.stop_reason.rule is Stop.EXHAUSTED  # 4 fit, the rest ruled out
 
 
 def test_slow_probes_are_pruned(tmp_path, machine):
@@ -208,7 +209,7 @@ def test_foreign_load_is_measured_again_never_compared(tmp_path, machine):
                            f"autotune-{run_dir.name}", run_id=run_dir.name)
     spoiled = [tr for tr in h.trials() if tr.user_attrs.get("outcome") == "foreign-load"]
     assert spoiled and all(tr.state == studies.TrialState.FAIL for tr in spoiled)
-    assert sum("--foreign-limit" in n for n in report.notes) == 1  # told once, not every time
+    assert sum("--foreign-limit" in n.text for n in report.notes) == 1  # told once, not every time
 
 
 def test_budget_leaves_room_for_the_confirmation(tmp_path, machine):
@@ -230,7 +231,7 @@ def test_budget_leaves_room_for_the_confirmation(tmp_path, machine):
 
     fake = Timed(surface)
     report, t, _ = tune(tmp_path, fake, budget_s=100.0, clock=clock)
-    assert "budget" in report.stop_reason
+    assert report.stop_reason.rule is Stop.BUDGET
     # Search while a probe and the confirmation's share (35% of 100 s) still fit...
     search = [s for s in fake.specs if not s.ranks.name.startswith("confirm")]
     assert 0.8 * 10 * (len(search) - 1) <= 100 - 10 - 35 < 0.8 * 10 * len(search)
@@ -289,10 +290,10 @@ def test_placeholders_get_values_and_count_samples(tmp_path, machine):
     assert base.ranks.knobs == {"batch_size": 16} and base.samples_per_step == 16
     later = [s for s in fake.specs[1:] if s.ranks.name.startswith("trial-")]
     assert later and all(s.samples_per_step == s.ranks.knobs["batch_size"] for s in later)
-    assert not any("placeholder" in n for n in report.notes)  # --baseline gave the value
+    assert not any("placeholder" in n.text for n in report.notes)  # --baseline gave the value
     report, _, _ = tune(tmp_path / "b", FakeProbe(surface), trials=1,
                         command=("train.py", "-j", "{workers}"))
-    assert any("{workers} is a placeholder" in n and "workers=0" in n for n in report.notes)
+    assert any("{workers} is a placeholder" in n.text and "workers=0" in n.text for n in report.notes)
 
 
 def test_pruner_bar_is_the_best_low_end(tmp_path):
@@ -402,7 +403,7 @@ def test_slow_starting_baseline_gets_one_longer_try(tmp_path, machine):
     report, t, _ = tune(tmp_path, fake, trials=1)
     assert [s.max_s for s in fake.specs[:2]] == [10.0, 20.0]
     assert report.baseline.samples_per_s > 0
-    assert any("trying once more with 20 s" in n for n in report.notes)
+    assert any("trying once more with 20 s" in n.text for n in report.notes)
 
 
 def test_ranks_training_alone_are_probed_once_and_instances_stays_one(tmp_path, machine):

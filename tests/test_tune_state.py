@@ -12,14 +12,16 @@ from autotune.commands import probe as probe_command
 from autotune import UsageError
 from autotune.measuring.outcome import Outcome
 from autotune.measuring.trial import TrialResult
+from autotune import Note
 from autotune.tuning import TuneSettings, TuneState, load_state, space
-from autotune.tuning import baseline
-from autotune.tuning.records import BaselineRecord
+from autotune.tuning import baseline, fitting
+from autotune.tuning.records import AllreduceTiming, BaselineRecord, RanksProbe
 from autotune.tuning.space.parse import parse_values
 from autotune.tuning.state import save
 from conftest import SCRIPTS
 
-# tune.json as the controller wrote it before TuneState: raw tokens, keys only once set.
+# tune.json as the controller wrote it before version 2 (no version field): the prober's
+# learned state was not in it, so a resume of it could not report as the run would have.
 OLD = {
     "warm_start": None, "kind": "wrap",
     "settings": {"command": ["/x/train.py", "-b", "{batch_size}"], "cwd": "/x", "seconds": 8.0,
@@ -39,27 +41,46 @@ OLD = {
 }
 
 
-def test_a_tune_json_from_before_loads_and_saves_back_the_same(tmp_path):
+def test_a_tune_json_of_another_version_is_refused_in_one_line(tmp_path):
     (tmp_path / "tune.json").write_text(json.dumps(OLD))
-    st = load_state(tmp_path)
-    s = st.settings
-    assert st.kind == "wrap" and st.run_command == ("train.py", "-b", "{batch_size}")
-    assert s.launcher == "local" and s.command[0] == "/x/train.py"
-    assert s.ranges["batch_size"].low == 8 and s.fixed["thread_pct"].values == (1,)
-    assert s.baseline_values == {"batch_size": 16}
-    assert st.space.domains == {"batch_size": (8, 16, 32)} and st.space.devices == 1
-    assert st.baseline == BaselineRecord({"batch_size": 16, "thread_pct": 50}, 120.5, 3.0,
-                                         "dataloader", {"workers": 0})
-    assert st.enqueued and not st.combined and st.allreduce is None
+    with pytest.raises(UsageError, match="format is version 1, this autotune reads version 2; "
+                                         "start a new tuning"):
+        load_state(tmp_path)
+
+
+def test_everything_a_stage_learned_goes_through_tune_json_and_back(tmp_path):
+    """The typed parts of the state (baseline, allreduce, two-rank probe, what the probes
+    taught) load back equal, and save back the same."""
+    s = TuneSettings.from_dict(OLD["settings"])
+    st = TuneState.new(s, tmp_path / "run", kind="wrap")
+    base = BaselineRecord({"batch_size": 16, "thread_pct": 50}, 120.5, 3.0, "dataloader",
+                          {"workers": 0}, {"shares": {"forward": 0.5}}, None, {"reason": "x"})
+    r = TrialResult(outcome=Outcome.OK, reason="", samples_per_s=120.5, ci_half=3.0,
+                    source="dataloader", steps_per_s=7.5, measured_s=5.0, warmup_s=1.0,
+                    paused_s=0.0, duration_s=8.0, peak_rss_bytes=2**28, cuda_peak_bytes=0,
+                    foreign_cores=0.0, exit_code=0, log_path="l", log_tail="", seen={},
+                    knobs={"batch_size": 16}, mode="full", notes=("kept a flag",),
+                    ranks_seen=1, step_s=0.13, core_s_per_sample=0.02)
+    cfg = {"batch_size": 16, "thread_pct": 50}
+    st = dataclasses.replace(
+        st, space=space.Space.from_dict(OLD["space"]), baseline=base,
+        allreduce=AllreduceTiming(error="the allreduce probe failed"),
+        ranks_probe=RanksProbe({"batch_size": 16, "instances": 2}, 200.0, 5.0, None,
+                               {"reason": "y"}), enqueued=True)
+    st = st.learn(cfg, {"batch_size": 16, "threads": 1}, r)
+    st = dataclasses.replace(st, learned=dataclasses.replace(
+        st.learned, timing=fitting.ScriptTiming(2.0, 1.0, 0.13, 5.0, 0.05, batch_size=16)))
+    st = st.noted(Note.hint("a hint")).noted(Note.hint("a hint"))  # kept once
+    assert st.learned.notes == (Note.hint("a hint"),)
+    assert st.learned.paces == (fitting.Pace(16, 1, r.step_s),)
+    assert st.learned.facts(cfg).core_s_per_sample == r.core_s_per_sample
+    assert st.learned.notes_of(cfg) == ("kept a flag",)
     save(tmp_path, st)
-    again = json.loads((tmp_path / "tune.json").read_text())
-    assert again == {**{k: v for k, v in OLD.items() if v is not None},
-                     "settings": {**OLD["settings"], "launcher": "local", "hostfile": None,
-                                  "recipe_dir": None, "objective": "throughput"},
-                     "space": st.space.to_dict(),
-                     "baseline": {**OLD["baseline"], "breakdown": None, "energy": None,
-                                  "noise": None}}
-    assert load_state(tmp_path) == st
+    again = load_state(tmp_path)
+    assert again == st
+    (tmp_path / "run").mkdir()
+    save(tmp_path / "run", again)
+    assert (tmp_path / "run" / "tune.json").read_text() == (tmp_path / "tune.json").read_text()
 
 
 def test_a_new_state_has_no_baseline_keys_yet(tmp_path):
@@ -73,9 +94,10 @@ def test_a_new_state_has_no_baseline_keys_yet(tmp_path):
     assert TuneState.from_dict(done.to_dict()).combined
 
 
-def test_an_older_state_without_the_full_runs_command_runs_the_probed_one(tmp_path):
-    old = {k: v for k, v in OLD.items() if k not in ("run_command", "run_cwd", "kind")}
-    st = TuneState.from_dict(old)
+def test_a_state_without_the_full_runs_command_runs_the_probed_one(tmp_path):
+    d = TuneState.new(TuneSettings.from_dict(OLD["settings"]), tmp_path).to_dict()
+    st = TuneState.from_dict({k: v for k, v in d.items()
+                              if k not in ("run_command", "run_cwd", "kind")})
     assert st.run_command == st.settings.command and st.run_cwd == "/x"
     assert st.kind == "tune"
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 
+from autotune.hardware.host import host_cores
 from autotune.store import jsontext
 from probes import protocol
 
@@ -46,10 +47,7 @@ def collect(env=None) -> dict:
 
     env = dict(os.environ if env is None else env)
     vm = psutil.virtual_memory()
-    try:
-        affinity = sorted(os.sched_getaffinity(0))
-    except AttributeError:
-        affinity = list(range(os.cpu_count() or 1))
+    affinity = host_cores()
     gpus_ok, gpus_why = nvml.available()
     mps_ok, mps_why = mps.available(env)
     mpi = engines.detect_mpi(env)

@@ -20,11 +20,11 @@ from autotune.monitor import console
 from autotune.monitor.text import cost_text, energy_text
 from autotune.hardware import fingerprint
 from autotune.store import jsontext, rundir
-from autotune.tuning import recipes
+from autotune.tuning import recipes, state as states
 from autotune.launching import rank_command, engines
 from autotune.tuning import objective, space
 from autotune.commands import common
-from autotune import AutotuneError, UsageError
+from autotune import AutotuneError, Note, NoteKind, UsageError
 from autotune.store.journal import Journal
 from autotune.tuning import (TuneReport, TuneSettings, TuneState, Tuner, check_not_running,
                              load_state)
@@ -252,9 +252,9 @@ def _summary(run_dir: Path) -> dict:
         return {}
 
 
-def notify(level: str, message: str) -> None:
-    {"warning": console.warning, "hint": console.hint}.get(
-        level, lambda m: print(f"autotune: {m}", file=sys.stderr, flush=True))(message)
+def notify(note: Note) -> None:
+    {NoteKind.WARNING: console.warning, NoteKind.HINT: console.hint}.get(
+        note.kind, lambda m: print(f"autotune: {m}", file=sys.stderr, flush=True))(note.text)
 
 
 def start_journal(prep: Prepared) -> None:
@@ -289,7 +289,7 @@ def ending(journal: Journal):
 def tune_in(prep: Prepared) -> tuple[TuneReport, recipes.Recipe, Path]:
     """Run the tuning, save the recipe; returns (report, recipe, its path)."""
     if prep.warm_note:  # a recipe that cannot be used is a warning; one that can, news
-        notify("info" if prep.warm_start else "warning", prep.warm_note)
+        notify(Note.info(prep.warm_note) if prep.warm_start else Note.warning(prep.warm_note))
     report = Tuner(prep.state, prep.run_dir, prep.journal, notify=notify, resume=prep.resume,
                    launcher=prep.launcher).run()
     # kept for runs on other worlds; a script that starts its own ranks has a world of its own
@@ -302,8 +302,7 @@ def tune_in(prep: Prepared) -> tuple[TuneReport, recipes.Recipe, Path]:
                                  f"autotune {prep.state.kind} --resume {prep.run_dir} "
                                  f"--recipe-dir DIR saves it") from None
     prep.journal.emit(Event.RECIPE_SAVED, path=str(path))
-    rundir.write_atomic(prep.run_dir / "summary.json", jsontext.dumps(summary(report, path),
-                                                                      indent=2))
+    states.write_summary(prep.run_dir, report, path)
     return report, recipe, path
 
 
@@ -321,7 +320,7 @@ def build_recipe(report: TuneReport, prep: Prepared,
         verdict=report.verdict.to_dict() if report.verdict else None,
         global_batch=global_batch, notes=report.best_notes,
         breakdown=(report.best_breakdown or {}).get("shares"), batch_note=report.batch_note,
-        payback_note=report.payback["text"] if report.payback else "",
+        payback_note=report.payback.text() if report.payback else "",
         core_s_per_sample=report.best_probe.core_s_per_sample if report.best_probe else 0.0,
         gpu_s_per_sample=report.best_probe.gpu_s_per_sample if report.best_probe else 0.0,
         speedup_low=None if report.kept_baseline else report.speedup_low,
@@ -329,28 +328,27 @@ def build_recipe(report: TuneReport, prep: Prepared,
         objective=report.objective, objective_parts=objective_parts(report))
 
 
-def _front_line(p: dict) -> str:
-    return ("* " if p.get("picked") else "  ") + objective.front_line(
-        objective.Point(p["name"], p["knobs"], p["samples_per_s"], p["samples_per_j"]))
+def _front_line(report: TuneReport, p: objective.Point) -> str:
+    return ("* " if p.name == report.picked else "  ") + objective.front_line(p)
 
 
 def objective_parts(report: TuneReport) -> dict | None:
     """The recipe's [objective] table beyond its name (None for throughput)."""
-    if report.objective == objective.THROUGHPUT.token:
+    if not report.scored:
         return None
-    best = (report.score or {}).get("best") or {}
-    base = (report.score or {}).get("baseline") or {}
-    return {"note": report.objective_note, "score": best.get("value"),
-            "efficiency": best.get("efficiency"), "noise_scale": best.get("noise_scale"),
-            "j_per_sample": best.get("j_per_sample"), "samples_per_j": best.get("samples_per_j"),
-            "baseline_j_per_sample": base.get("j_per_sample"),
-            "front": [_front_line(p) for p in report.pareto]}
+    best, base = report.best_score, report.baseline_score
+    return {"note": report.objective_note, "score": best.value if best else None,
+            "efficiency": best.efficiency if best else None,
+            "noise_scale": best.noise_scale if best else None,
+            "j_per_sample": best.j_per_sample if best else None,
+            "samples_per_j": best.samples_per_j if best else None,
+            "baseline_j_per_sample": base.j_per_sample if base else None,
+            "front": [_front_line(report, p) for p in report.pareto]}
 
 
 def summary(report: TuneReport, recipe_path: Path) -> dict:
-    out = report.to_dict()
-    out["recipe"] = str(recipe_path)
-    return out
+    """What ``summary.json`` holds once the recipe is saved (``--json`` prints it)."""
+    return report.to_dict(recipe_path)
 
 
 def print_summary(report: TuneReport, recipe_path: Path, *, plain: bool) -> None:
@@ -378,13 +376,14 @@ def print_summary(report: TuneReport, recipe_path: Path, *, plain: bool) -> None
         if facts is not None and facts.energy:
             out.print(f"energy per sample ({label}): {energy_text(facts.energy)}")
     if report.memory:
-        out.print(f"memory: {report.memory['text']}")
+        out.print(f"memory: {report.memory.text}")
     if report.batch_note:
         out.print(f"batch: {report.batch_note}")
     if report.payback:
-        out.print(f"payback: {report.payback['text']}")
+        out.print(f"payback: {report.payback.text()}")
+    stop = report.stop_reason.text if report.stop_reason else "the study ended"
     out.print(f"trials: {report.trials_measured} measured ({report.trials_total} in the study); "
-              f"stopped: {report.stop_reason}")
+              f"stopped: {stop}")
     if report.verdict:
         out.print(f"verdict: {report.verdict.text}")
     for label, d in (("baseline", report.baseline_breakdown), ("best", report.best_breakdown)):
@@ -402,19 +401,18 @@ def _gain_label(token: str) -> str:
 
 def objective_lines(report: TuneReport) -> list[str]:
     """The objective, the winner's score parts, and the Pareto front, for the summary."""
-    if report.objective == objective.THROUGHPUT.token:
+    if not report.scored:
         return []
     out = [f"objective: {report.objective}"]
-    for label in ("baseline", "best"):
-        sc = (report.score or {}).get(label)
+    for label, sc in (("baseline", report.baseline_score), ("best", report.best_score)):
         if not sc:
             continue
-        parts = [f"{sc['samples_per_s']:.1f} samples/s"]
-        if sc.get("efficiency") is not None:
-            parts.append(f"efficiency {sc['efficiency']:.3f} (B_noise {sc['noise_scale']:.4g})"
-                         f" -> goodput {sc['value']:.1f}")
-        if sc.get("j_per_sample") is not None:
-            parts.append(f"{sc['j_per_sample']:.3g} J/sample ({sc['samples_per_j']:.3g} "
+        parts = [f"{sc.samples_per_s:.1f} samples/s"]
+        if sc.efficiency is not None:
+            parts.append(f"efficiency {sc.efficiency:.3f} (B_noise {sc.noise_scale:.4g})"
+                         f" -> goodput {sc.value:.1f}")
+        if sc.j_per_sample is not None:
+            parts.append(f"{sc.j_per_sample:.3g} J/sample ({sc.samples_per_j:.3g} "
                          f"samples/J)")
         out.append(f"score ({label}): {', '.join(parts)}")
     if report.objective_note:
@@ -422,7 +420,7 @@ def objective_lines(report: TuneReport) -> list[str]:
     if report.pareto:
         out.append(f"Pareto front ({len(report.pareto)}; * the pick: the fastest within "
                    f"{objective.PICK_WITHIN_REL:.0%} of the best samples/J):")
-        out.extend("  " + _front_line(p) for p in report.pareto)
+        out.extend("  " + _front_line(report, p) for p in report.pareto)
     return out
 
 

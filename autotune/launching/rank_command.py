@@ -23,6 +23,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from autotune.hardware.host import host_cores
 from autotune.launching.placement import DDP_DEFAULT_BUCKET_MB
 from probes import protocol
 
@@ -33,8 +34,7 @@ PLACEHOLDER = re.compile(r"\{(" + "|".join(KNOB_PLACEHOLDERS) + r")\}")
 # A placeholder whose knob a probe leaves out gets the value the script would have had:
 # bucket_mb without effect on one rank (DDP's default), threads without a thread knob (all cores).
 PLACEHOLDER_DEFAULTS = {"bucket_mb": DDP_DEFAULT_BUCKET_MB, "instances": 1,
-                        "threads": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                        else (os.cpu_count() or 1)}
+                        "threads": len(host_cores())}
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 

@@ -17,10 +17,10 @@ from autotune.measuring import allreduce
 from autotune.launching import engines, rank_command
 from autotune.hardware import fingerprint
 from autotune.tuning import fitting, space
-from autotune import AutotuneError
+from autotune import AutotuneError, Note
 from autotune.measuring.outcome import Outcome
 from autotune.tuning.prober import Prober
-from autotune.tuning.records import BaselineRecord
+from autotune.tuning.records import AllreduceTiming, BaselineRecord, RanksProbe
 from autotune.tuning.state import TuneState
 from autotune.store.events import Event
 
@@ -83,39 +83,39 @@ def measure(prober: Prober, state: TuneState) -> TuneState:
     values, guessed = placeholder_values(settings.command[1:], given=settings.baseline_values,
                                          global_batch=gb, devices=devices)
     for name in guessed:
-        prober.note("hint", f"baseline: {{{name}}} is a placeholder, so the script's own "
-                            f"default is unknown; using {name}={values[name]} (set it with "
-                            f"--baseline {name}=N)")
+        state = prober.note(state, Note.hint(
+            f"baseline: {{{name}}} is a placeholder, so the script's own default is unknown; "
+            f"using {name}={values[name]} (set it with --baseline {name}=N)"))
 
-    def probe(values, **over):
-        return prober.probe(prober.spec(values, 1, "baseline", **over), label="baseline",
-                            number=None, cfg=values, finish=False)
+    def probe(state, values, **over):
+        return prober.probe(state, prober.spec(state, values, 1, "baseline", **over),
+                            label="baseline", number=None, cfg=values, finish=False)
 
     def finished(result):  # each attempt is journaled; the last with the space's knobs
         prober.emit(Event.TRIAL_FINISHED, trial="baseline", number=None, mode=result.mode,
                     result=result)
 
-    first_max = prober.spec(values, 1, "baseline").max_s
-    result = probe(values)
+    first_max = prober.spec(state, values, 1, "baseline").max_s
+    state, result = probe(state, values)
     no_loader = result.source == "none" and result.steps_per_s > 0  # more time won't help
     if result.outcome == Outcome.NO_SIGNAL and result.exit_code in (0, None) and not no_loader:
         # Too few batches inside the window: a slow start (imports, data) or slow steps, not a
         # broken script. One more try with twice the time before giving up.
-        prober.note("hint", f"baseline: no throughput within {first_max:.0f} s "
-                            f"({result.reason}); trying once more with "
-                            f"{2 * first_max:.0f} s" + (" (raise --seconds for slow starts)"
-                                                        if settings.seconds else ""))
+        state = prober.note(state, Note.hint(
+            f"baseline: no throughput within {first_max:.0f} s ({result.reason}); trying once "
+            f"more with {2 * first_max:.0f} s" + (" (raise --seconds for slow starts)"
+                                                  if settings.seconds else "")))
         finished(result)
-        result = probe(values, max_s=2 * first_max)
+        state, result = probe(state, values, max_s=2 * first_max)
     world = own_world(result.seen, gb, devices) \
         if result.ok or result.outcome == Outcome.FOREIGN_LOAD else devices
     if world != devices:
-        prober.note("hint", f"--global-batch {gb}: the script starts its own {world} ranks, "
-                            f"so each rank's batch is {gb // world}; measuring the baseline "
-                            f"again with it")
+        state = prober.note(state, Note.hint(
+            f"--global-batch {gb}: the script starts its own {world} ranks, so each rank's "
+            f"batch is {gb // world}; measuring the baseline again with it"))
         devices, values = world, {**values, "batch_size": gb // world}
         finished(result)
-        result = probe(values)
+        state, result = probe(state, values)
     if result.outcome == Outcome.FOREIGN_LOAD:  # re-measured by the prober, still spoiled
         finished(result)
         raise AutotuneError(
@@ -138,33 +138,33 @@ def measure(prober: Prober, state: TuneState) -> TuneState:
     fixed, notes = space.explicit_fixes(settings.command[1:], settings.ranges, settings.fixed,
                                         global_batch=gb)
     for note in notes:
-        prober.note("hint", note)
+        state = prober.note(state, Note.hint(note))
     req = space.SpaceRequest(ranges=settings.ranges, fixed=fixed, global_batch=gb,
                              placeholders=tuple(sorted(rank_command.placeholders(
                                  settings.command[1:]))), devices=devices)
     sp = space.build(machine, base, req)
     finished(dataclasses.replace(result, knobs=dict(sp.baseline)))  # one rank: no bucket_mb
-    prober.remember(sp.baseline, result)  # the summary's baseline facts, confirmed or not
+    # the summary's baseline facts, confirmed or not, under the config that names every knob
+    learned = state.learned.measured(sp.baseline, result)
     timing = fitting.ScriptTiming.of(result, sp.trial_knobs(sp.baseline)[0])
+    state = dataclasses.replace(state, learned=dataclasses.replace(learned, timing=timing))
     if timing is not None:
-        prober.timing = timing
-        prober.note("info", f"baseline: {timing.describe()}" + (
-            "; later probes are fitted to it" if not settings.seconds else ""))
+        state = prober.note(state, Note.info(f"baseline: {timing.describe()}" + (
+            "; later probes are fitted to it" if not settings.seconds else "")))
     parts = Breakdown.from_dict(result.breakdown)
     if parts is not None:
-        prober.note("info", f"baseline: where the time goes: {parts.describe()}; "
-                            f"{parts.advice()}")
-    base, ranks_probe = discover_ranks(prober, machine, base, req)
+        state = prober.note(state, Note.info(f"baseline: where the time goes: "
+                                             f"{parts.describe()}; {parts.advice()}"))
+    state, base, ranks_probe = discover_ranks(prober, state, machine, base, req)
     sp = space.build(machine, base, req)
     saved = None
     if "bucket_mb" in sp.domains and "bucket_mb" not in req.ranges:
         saved = state.allreduce or time_allreduce(prober)
-        bounds = bucket_bounds(saved)
+        bounds = saved.bucket_mb_range
         if bounds is not None:
             sp = space.build(dataclasses.replace(machine, bucket_mb_range=bounds), base, req)
-        _tell_buckets(prober, saved, bounds, sp.domains.get("bucket_mb", ()))
+        state = _tell_buckets(prober, state, saved, sp.domains.get("bucket_mb", ()))
     return dataclasses.replace(state, space=sp, allreduce=saved, ranks_probe=ranks_probe,
-                               timing=timing.to_dict() if timing else None,
                                baseline=BaselineRecord(dict(sp.baseline), result.samples_per_s,
                                                        result.ci_half, result.source,
                                                        result.seen, result.breakdown,
@@ -191,8 +191,9 @@ def ranks_unasked(machine: space.Machine, base: space.Baseline, req: space.Space
     return ""
 
 
-def discover_ranks(prober: Prober, machine: space.Machine, base: space.Baseline,
-                   req: space.SpaceRequest) -> tuple[space.Baseline, dict | None]:
+def discover_ranks(prober: Prober, state: TuneState, machine: space.Machine,
+                   base: space.Baseline, req: space.SpaceRequest
+                   ) -> tuple[TuneState, space.Baseline, RanksProbe | None]:
     """Whether the script trains data-parallel when started as ``torchrun --nproc_per_node 2``
     would start it, learned from a probe of two ranks: most DDP scripts start the process group
     only when launched with ``WORLD_SIZE > 1``, which a baseline of one rank (run as ``python
@@ -200,16 +201,16 @@ def discover_ranks(prober: Prober, machine: space.Machine, base: space.Baseline,
 
     The probe is the baseline's config on two ranks, each with half the device. Its ranks seen
     joining a process group: the baseline is marked distributed (``instances`` and
-    ``bucket_mb`` are searched), and the answer (``{"knobs", "samples_per_s", "ci_half",
-    "energy", "noise"}``) goes to the study as its first two-rank trial. Otherwise
-    ``instances`` stays at 1 with the reason (ranks that trained alone, or how the probe
-    failed, with its log).
+    ``bucket_mb`` are searched), and the answer (`RanksProbe`) goes to the study as its first
+    two-rank trial. Otherwise ``instances`` stays at 1 with the reason (ranks that trained
+    alone, or how the probe failed, with its log). Returns the state with what the probe
+    taught, the baseline, and the answer.
     """
     if ranks_unasked(machine, base, req):
-        return base, None
+        return state, base, None
     trying = space.build(machine, dataclasses.replace(base, distributed=True), req)
     if 2 not in trying.domains.get("instances", ()):
-        return base, None
+        return state, base, None
     cfg = dict(trying.baseline, instances=2)
     if "thread_pct" in trying.domains:
         half = 50 if machine.device == "gpu" else \
@@ -217,34 +218,37 @@ def discover_ranks(prober: Prober, machine: space.Machine, base: space.Baseline,
         cfg["thread_pct"] = min(trying.domains["thread_pct"], key=lambda v: (abs(v - half), v))
     cfg = trying.config(cfg)
     knobs, instances = trying.trial_knobs(cfg)
-    prober.tell("info", "ranks: probing the script on 2 ranks (torchrun's environment) to learn "
-                        "whether it trains data-parallel")
-    def probe(**over):
-        return prober.probe(prober.spec(knobs, instances, "ranks", alone_after_s=ALONE_AFTER_S,
-                                        **over), label="ranks", number=None, cfg=cfg)
+    prober.tell(Note.info("ranks: probing the script on 2 ranks (torchrun's environment) to "
+                          "learn whether it trains data-parallel"))
 
-    first_max = prober.spec(knobs, instances, "ranks").max_s
-    result = probe()
+    def probe(state, **over):
+        return prober.probe(state, prober.spec(state, knobs, instances, "ranks",
+                                               alone_after_s=ALONE_AFTER_S, **over),
+                            label="ranks", number=None, cfg=cfg)
+
+    first_max = prober.spec(state, knobs, instances, "ranks").max_s
+    state, result = probe(state)
     if result.outcome == Outcome.NO_SIGNAL and result.exit_code in (0, None):
         # two ranks start slower than one (a process group to form, twice the imports)
-        prober.tell("info", f"ranks: no throughput within {first_max:.0f} s "
-                            f"({result.reason}); trying once more with {2 * first_max:.0f} s")
-        result = probe(max_s=2 * first_max)
+        prober.tell(Note.info(f"ranks: no throughput within {first_max:.0f} s "
+                              f"({result.reason}); trying once more with "
+                              f"{2 * first_max:.0f} s"))
+        state, result = probe(state, max_s=2 * first_max)
     seen = result.seen
     joined = bool(seen.get("backend")) and int(seen.get("world_size") or 0) >= 2 and \
         not seen.get("started_by_script")
     if joined and result.outcome in (Outcome.OK, Outcome.FOREIGN_LOAD):
         if not result.ok:  # data-parallel, but the probe is no trial to compare
-            prober.note("hint", "ranks: the script joins a process group of 2 ranks when "
-                                "launched that way, so instances and bucket_mb are searched")
-            return dataclasses.replace(base, distributed=True), None
-        prober.note("hint", f"ranks: the script joins a process group of 2 ranks "
-                            f"({seen.get('backend')}) when launched that way, so instances and "
-                            f"bucket_mb are searched; the probe is the first 2-rank trial "
-                            f"({result.samples_per_s:.1f} samples/s)")
-        return dataclasses.replace(base, distributed=True), {
-            "knobs": dict(cfg), "samples_per_s": result.samples_per_s,
-            "ci_half": result.ci_half, "energy": result.energy, "noise": result.noise}
+            state = prober.note(state, Note.hint(
+                "ranks: the script joins a process group of 2 ranks when launched that way, "
+                "so instances and bucket_mb are searched"))
+            return state, dataclasses.replace(base, distributed=True), None
+        state = prober.note(state, Note.hint(
+            f"ranks: the script joins a process group of 2 ranks ({seen.get('backend')}) when "
+            f"launched that way, so instances and bucket_mb are searched; the probe is the "
+            f"first 2-rank trial ({result.samples_per_s:.1f} samples/s)"))
+        return state, dataclasses.replace(base, distributed=True), RanksProbe(
+            dict(cfg), result.samples_per_s, result.ci_half, result.energy, result.noise)
     if result.ok:
         why = ("a probe of 2 ranks (torchrun's environment) saw them train alone, with no "
                "process group and no DDP, so extra ranks would each train a model of their own")
@@ -253,12 +257,12 @@ def discover_ranks(prober: Prober, machine: space.Machine, base: space.Baseline,
     else:
         why = (f"a probe of 2 ranks (torchrun's environment) ended {result.outcome.value}: "
                f"{result.reason} (log: {result.log_path})")
-    return dataclasses.replace(base, alone_why=why), None
+    return state, dataclasses.replace(base, alone_why=why), None
 
 
-def time_allreduce(prober: Prober) -> dict:
-    """Allreduce timed on two ranks of this host: ``{"result": ...}``, or ``{"error": why}``
-    (a bound for one knob never fails the tuning).
+def time_allreduce(prober: Prober) -> AllreduceTiming:
+    """Allreduce timed on two ranks of this host: its result, or why it failed (a bound for
+    one knob never fails the tuning).
 
     CPU ranks on gloo even on a GPU host: a probe puts ranks that share a GPU on gloo (NCCL
     refuses them), and gloo stages CUDA tensors through host memory.
@@ -268,30 +272,23 @@ def time_allreduce(prober: Prober) -> dict:
             ranks=2, log_dir=prober.run_dir / "logs", cwd=str(prober.run_dir),
             launcher=prober.launcher, device="cpu", max_bytes=ALLREDUCE_MAX_BYTES,
             seconds_per_size=ALLREDUCE_SECONDS_PER_SIZE, timeout_s=ALLREDUCE_TIMEOUT_S)
-        return {"result": result.to_dict()}
+        return AllreduceTiming(result)
     except Exception as exc:  # noqa: BLE001 - a bound for one knob never fails the tuning
-        return {"error": str(exc) or type(exc).__name__}
+        return AllreduceTiming(error=str(exc) or type(exc).__name__)
 
 
-def bucket_bounds(saved: Mapping) -> tuple[float, float] | None:
-    """(low, high) MB for ``bucket_mb`` from a `time_allreduce` answer, or None when it failed
-    (the conventional candidates stay; tuning goes on)."""
-    if "error" in saved:
-        return None
-    return allreduce.bucket_range(allreduce.parse(saved["result"]))
-
-
-def _tell_buckets(prober: Prober, saved: Mapping, bounds: tuple[float, float] | None,
-                  candidates) -> None:
-    prober.emit(Event.ALLREDUCE, **saved, candidates=list(candidates))
+def _tell_buckets(prober: Prober, state: TuneState, saved: AllreduceTiming,
+                  candidates) -> TuneState:
+    prober.emit(Event.ALLREDUCE, **saved.to_dict(), candidates=list(candidates))
     values = ", ".join(map(str, candidates))
-    if bounds is None:
-        first = saved["error"].splitlines()[0].rstrip(":")
-        prober.note("warning", f"bucket_mb: not narrowed by a measurement: {first}; searching "
-                               f"the usual candidates {values}")
-        return
-    r = saved["result"]
-    peak = max(p["busbw_gbps"] for p in r["points"])
-    prober.note("hint", f"bucket_mb: allreduce on {r['world_size']} {r['backend']} ranks here "
-                        f"pays off from {bounds[0]:g} to {bounds[1]:g} MB (peak bus bandwidth "
-                        f"{peak:.2f} GB/s); searching {values}")
+    bounds, r = saved.bucket_mb_range, saved.result
+    if bounds is None or r is None:  # the conventional candidates stay; tuning goes on
+        first = saved.error.splitlines()[0].rstrip(":")
+        return prober.note(state, Note.warning(
+            f"bucket_mb: not narrowed by a measurement: {first}; searching the usual "
+            f"candidates {values}"))
+    peak = max(p.busbw_gbps for p in r.points)
+    return prober.note(state, Note.hint(
+        f"bucket_mb: allreduce on {r.world_size} {r.backend} ranks here pays off from "
+        f"{bounds[0]:g} to {bounds[1]:g} MB (peak bus bandwidth {peak:.2f} GB/s); searching "
+        f"{values}"))

@@ -13,12 +13,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from autotune import Note
 from autotune.measuring import bottleneck
 from autotune.measuring.breakdown import Breakdown
 from autotune.measuring.outcome import Outcome
 from autotune.tuning import decision, fitting, objective
 from autotune.tuning.decision import Measured
-from autotune.tuning.prober import Prober, config_key
+from autotune.tuning.prober import Prober
 from autotune.tuning.records import Known, Scored
 from autotune.tuning.space import Space
 from autotune.tuning.state import TuneState
@@ -30,7 +31,8 @@ TOO_SHORT_SHARE = 0.75  # less than this share of one round left: no re-measurem
 
 @dataclass(frozen=True)
 class Confirmed:
-    """The winner against the baseline, as re-measured, and the decision's reason."""
+    """The winner against the baseline, as re-measured, and the decision's reason; the run's
+    state with what the confirmation's probes taught."""
 
     best: Scored
     baseline: Scored
@@ -44,6 +46,7 @@ class Confirmed:
     baseline_score: objective.Score | None = None
     front: tuple[objective.Point, ...] = ()  # throughput,energy: the search's Pareto front
     picked: str = ""  # the front's pick (`objective.pick`)
+    state: TuneState | None = None
 
 
 def pareto_points(space: Space, known: Mapping[tuple, Known],
@@ -59,65 +62,73 @@ def pareto_points(space: Space, known: Mapping[tuple, Known],
     return out
 
 
+def best(space: Space, known: Mapping[tuple, Known], scorer: objective.Scorer,
+         n: int = 2) -> list[Known]:
+    """The ``n`` measured configs but the baseline with the best scores, best first: what
+    the confirmation re-measures beside the baseline (one objective)."""
+    base_key = space.key(space.baseline)
+    scored = [(scorer.score(k.value, k.ci_half, k.cfg, k.energy).value, k)
+              for k in known.values() if k.outcome == Outcome.OK and space.key(k.cfg) != base_key]
+    return [k for v, k in sorted((x for x in scored if x[0] is not None),
+                                 key=lambda x: -x[0])][:n]
+
+
 def _candidates(space: Space, known: Mapping[tuple, Known],
                 scorer: objective.Scorer) -> list[tuple[str, dict]]:
     """The baseline and the best two by score; for two objectives, the Pareto pick."""
-    base_key = space.key(space.baseline)
     first = [("baseline", dict(space.baseline))]
     if scorer.objective.multi:
         p = objective.pick(pareto_points(space, known, scorer))
         return first + ([(p.name, dict(p.cfg))] if p is not None and p.name != "baseline"
                         else [])
-    scored = [(scorer.score(k.value, k.ci_half, k.cfg, k.energy).value, k)
-              for k in known.values() if k.outcome == Outcome.OK and space.key(k.cfg) != base_key]
-    oks = [k for v, k in sorted((x for x in scored if x[0] is not None),
-                                key=lambda x: -x[0])][:2]
-    return first + [(f"trial-{k.number}", dict(k.cfg)) for k in oks]
+    return first + [(f"trial-{k.number}", dict(k.cfg)) for k in best(space, known, scorer)]
 
 
-def _remeasure(prober: Prober, space: Space, entries, rounds: int,
-               windows: Mapping[str, float]) -> dict[str, list]:
+def _remeasure(prober: Prober, state: TuneState, entries, rounds: int,
+               windows: Mapping[str, float]) -> tuple[TuneState, dict[str, list]]:
+    space = state.space
     cfgs = dict(entries)
     results: dict[str, list] = {name: [] for name in cfgs}  # the probes' results, or None
     for rnd, name in decision.interleave(list(cfgs), rounds):
         cfg = cfgs[name]
         label = f"confirm{rnd}-{name}"
         window_s = windows[name]
-        spec = prober.spec(*space.trial_knobs(cfg), label, max_s=window_s,
+        spec = prober.spec(state, *space.trial_knobs(cfg), label, max_s=window_s,
                            min_measure_s=0.6 * window_s, target_rel=CONFIRM_TARGET_REL)
-        r = prober.probe(spec, label=label, number=None, cfg=cfg, events=False)
+        state, r = prober.probe(state, spec, label=label, number=None, cfg=cfg, events=False)
         results[name].append(r if r.ok else None)
         prober.emit(Event.CONFIRMATION, round=rnd, trial=name, knobs=cfg,
                     samples_per_s=r.samples_per_s if r.ok else None,
                     ci_half=r.ci_half if r.ok else None, outcome=r.outcome.value,
                     reason=r.reason)
         if not r.ok:
-            prober.tell("warning", f"confirmation round {rnd}, {name}: {r.outcome.value}: "
-                                   f"{r.reason}")
-    return results
+            prober.tell(Note.warning(f"confirmation round {rnd}, {name}: {r.outcome.value}: "
+                                     f"{r.reason}"))
+    return state, results
 
 
-def _windows(prober: Prober, space: Space, entries) -> dict[str, float]:
-    """Each entry's confirmation probe: as given, else `fitting.CONFIRM_PROBE_FACTOR` times
-    its own fitted search probe (a config with longer steps measures longer)."""
-    given = prober.settings.confirm_probe_s
-    return {name: given or fitting.CONFIRM_PROBE_FACTOR * prober.probe_s(*space.trial_knobs(cfg))
-            for name, cfg in entries}
+def _windows(prober: Prober, state: TuneState, entries) -> dict[str, float]:
+    """Each entry's confirmation probe (`Prober.confirm_probe_s` of its own fitted search
+    probe: a config with longer steps measures longer)."""
+    return {name: prober.confirm_probe_s(state, prober.probe_s(
+        state, *state.space.trial_knobs(cfg))) for name, cfg in entries}
 
 
-def _probe_verdict(prober: Prober, space: Space, cfg: dict,
-                   full: float) -> bottleneck.Verdict:
+def _probe_verdict(prober: Prober, state: TuneState, cfg: dict,
+                   full: float) -> tuple[TuneState, bottleneck.Verdict]:
+    space = state.space
     rates = {}
     for mode in ("synthetic", "io"):
         label = f"verdict-{mode}"
-        r = prober.probe(prober.spec(*space.trial_knobs(cfg), label, mode=mode), label=label,
-                         number=None, cfg=cfg)
+        state, r = prober.probe(state, prober.spec(state, *space.trial_knobs(cfg), label,
+                                                   mode=mode),
+                                label=label, number=None, cfg=cfg)
         rates[mode] = r.samples_per_s if r.ok else None
-    last = prober.last_ok.get(config_key(cfg))
+    facts = state.learned.facts(cfg)
     v = bottleneck.decide(full, rates["synthetic"], rates["io"],
-                          Breakdown.from_dict(last.breakdown) if last is not None else None)
+                          Breakdown.from_dict(facts.breakdown) if facts is not None else None)
     prober.emit(Event.PROBE_VERDICT, verdict=v.to_dict())
-    return v
+    return state, v
 
 
 def _scored(scorer: objective.Scorer, cfg: Mapping, r) -> objective.Score | None:
@@ -174,7 +185,7 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
     """Confirm the best two of ``known`` by ``scorer``'s score (throughput unless given)
     against the state's baseline within ``left_s`` of the budget (None: no budget), decide,
     and journal the ``best``. With ``stretch`` (the search stopped for its budget), what is
-    left buys more rounds."""
+    left buys more rounds. The result holds the state with what its probes taught."""
     settings, space, baseline = state.settings, state.space, state.baseline
     scorer = scorer or objective.Scorer(settings.objective)
     entries = _candidates(space, known, scorer)
@@ -188,32 +199,32 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
         k = known[space.key(cfgs[name])]
         return Round(k.value, k.ci_half, k.energy)
 
-    windows = _windows(prober, space, entries)
+    windows = _windows(prober, state, entries)
     mean_window = sum(windows.values()) / len(windows)
     # no entry's probe shorter than its search probe: the windows shrink together
-    least = sum(prober.probe_s(*space.trial_knobs(c)) for _, c in entries) / len(entries)
+    least = sum(prober.probe_s(state, *space.trial_knobs(c)) for _, c in entries) / len(entries)
     if len(entries) > 1 and rounds > 0 and left_s is not None and \
             left_s < TOO_SHORT_SHARE * len(entries) * least:
-        prober.note("warning", f"confirmation: {max(left_s, 0):.0f} s of the budget left, too "
-                               f"little for one round of {len(entries)} probes of "
-                               f"~{least:.0f} s; the search's own probes decide, and the "
-                               f"speed-up's interval allows for new processes")
+        state = prober.note(state, Note.warning(
+            f"confirmation: {max(left_s, 0):.0f} s of the budget left, too little for one "
+            f"round of {len(entries)} probes of ~{least:.0f} s; the search's own probes "
+            f"decide, and the speed-up's interval allows for new processes"))
         rounds = 0
     if len(entries) > 1 and rounds > 0:
         rounds, window_s = fitting.confirm_fit(rounds, mean_window, len(entries), left_s,
                                                least, stretch=stretch)
         scale = window_s / mean_window
         windows = {n: w * scale for n, w in windows.items()}
-        prober.tell("info", f"confirming: {', '.join(names)}, {rounds} interleaved round(s) of "
-                            f"{', '.join(f'{w:.0f}' for w in windows.values())} s probes")
-        results = _remeasure(prober, space, entries, rounds, windows)
+        prober.tell(Note.info(f"confirming: {', '.join(names)}, {rounds} interleaved round(s) "
+                              f"of {', '.join(f'{w:.0f}' for w in windows.values())} s probes"))
+        state, results = _remeasure(prober, state, entries, rounds, windows)
         for name, ms in results.items():
             if all(m is None for m in ms):  # nothing measured is never a figure: the search's
                 results[name] = [searched(name)]
-                prober.note("warning", f"confirmation: no probe of {name} could be compared; "
-                                       f"using what the search measured: "
-                                       f"{results[name][0].samples_per_s:.1f} ± "
-                                       f"{results[name][0].ci_half:.1f} samples/s")
+                state = prober.note(state, Note.warning(
+                    f"confirmation: no probe of {name} could be compared; using what the "
+                    f"search measured: {results[name][0].samples_per_s:.1f} ± "
+                    f"{results[name][0].ci_half:.1f} samples/s"))
     else:
         # No re-measurement: the search's own probes, one round each.
         results = {name: [searched(name)] for name in names}
@@ -229,15 +240,16 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
     raw = {n: decision.summarize([Measured(r.samples_per_s, r.ci_half)
                                   for r in results[n] if r is not None]) for n in (d.winner,
                                                                                   "baseline")}
-    best = Scored(best_cfg, raw[d.winner].samples_per_s, raw[d.winner].ci_half)
+    winner = Scored(best_cfg, raw[d.winner].samples_per_s, raw[d.winner].ci_half)
     base = Scored(cfgs["baseline"], raw["baseline"].samples_per_s, raw["baseline"].ci_half)
     best_score = _mean_score(scorer, best_cfg, results[d.winner], d.winner_summary)
     base_score = _mean_score(scorer, cfgs["baseline"], results["baseline"], d.baseline_summary)
-    prober.tell("info", d.reason)
-    verdict = _probe_verdict(prober, space, best_cfg, best.samples_per_s) \
-        if settings.verdict else None
-    prober.emit(Event.BEST, knobs=best_cfg, samples_per_s=best.samples_per_s,
-                ci_half=best.ci_half, baseline_samples_per_s=base.samples_per_s,
+    prober.tell(Note.info(d.reason))
+    verdict = None
+    if settings.verdict:
+        state, verdict = _probe_verdict(prober, state, best_cfg, winner.samples_per_s)
+    prober.emit(Event.BEST, knobs=best_cfg, samples_per_s=winner.samples_per_s,
+                ci_half=winner.ci_half, baseline_samples_per_s=base.samples_per_s,
                 speedup=d.speedup, kept_baseline=d.kept_baseline, reason=d.reason,
                 speedup_low=d.speedup_low, speedup_high=d.speedup_high,
                 objective=scorer.objective.token,
@@ -245,7 +257,7 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
                 baseline_score=base_score.to_dict() if base_score else None)
     front = tuple(objective.front(pareto_points(space, known, scorer))) \
         if scorer.objective.multi else ()
-    return Confirmed(best, base, d.speedup, d.kept_baseline, d.reason, verdict,
+    return Confirmed(winner, base, d.speedup, d.kept_baseline, d.reason, verdict,
                      d.speedup_low, d.speedup_high, best_score, base_score, front,
                      names[1] if scorer.objective.multi and len(names) > 1 else
-                     "baseline" if scorer.objective.multi else "")
+                     "baseline" if scorer.objective.multi else "", state)

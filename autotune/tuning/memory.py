@@ -60,6 +60,43 @@ class MemoryFit:
         return {"fixed_bytes": self.fixed_bytes, "per_sample_bytes": self.per_sample_bytes,
                 "points": [list(p) for p in self.points], "kind": self.kind}
 
+    @classmethod
+    def from_dict(cls, d: Mapping) -> MemoryFit:
+        return cls(float(d["fixed_bytes"]), float(d["per_sample_bytes"]),
+                   tuple((int(b), float(m)) for b, m in d["points"]), str(d["kind"]))
+
+
+@dataclass(frozen=True)
+class MemoryAdvice:
+    """A fit, and the largest per-rank batch whose ``ranks`` ranks fit in what is free."""
+
+    fit: MemoryFit
+    available_bytes: float  # free on the host (or the GPU) when the tuning ended
+    ranks: int
+    max_batch: int | None  # None: memory does not grow with the batch
+
+    @classmethod
+    def of(cls, fit: MemoryFit, available_bytes: float, ranks: int) -> MemoryAdvice:
+        return cls(fit, available_bytes, ranks, fit.max_batch(available_bytes, ranks))
+
+    @property
+    def text(self) -> str:
+        if self.max_batch is None:
+            return f"{self.fit.describe()}; it does not grow with the batch"
+        who = f"{self.ranks} ranks" if self.ranks > 1 else "one rank"
+        return (f"{self.fit.describe()}; batches up to {self.max_batch} per rank fit {who} in "
+                f"{HEADROOM:.0%} of the {self.available_bytes / 2**30:.1f} GB free")
+
+    def to_dict(self) -> dict:
+        """The ``memory_fit`` event's fields and ``summary.json``'s ``memory``."""
+        return {**self.fit.to_dict(), "available_bytes": self.available_bytes,
+                "ranks": self.ranks, "max_batch": self.max_batch, "text": self.text}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> MemoryAdvice:
+        return cls(MemoryFit.from_dict(d), float(d["available_bytes"]), int(d["ranks"]),
+                   None if d.get("max_batch") is None else int(d["max_batch"]))
+
 
 def _mb(n: float) -> str:
     return f"{n / 2**20:.1f} MB" if abs(n) < 2**30 else f"{n / 2**30:.2f} GB"

@@ -119,6 +119,11 @@ class Score:
                 "noise_scale": self.noise_scale, "j_per_sample": self.j_per_sample,
                 "samples_per_j": self.samples_per_j}
 
+    @classmethod
+    def from_dict(cls, d: Mapping) -> Score:
+        return cls(d.get("value"), float(d["ci_half"]), float(d["samples_per_s"]),
+                   d.get("efficiency"), d.get("noise_scale"), d.get("j_per_sample"))
+
 
 @dataclass(frozen=True)
 class Scorer:
@@ -196,6 +201,11 @@ class Point:
     def to_dict(self) -> dict:
         return {"name": self.name, "knobs": dict(self.cfg), "samples_per_s": self.samples_per_s,
                 "samples_per_j": self.samples_per_j}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> Point:
+        return cls(str(d["name"]), dict(d["knobs"]), float(d["samples_per_s"]),
+                   float(d["samples_per_j"]))
 
 
 def front(points: Sequence[Point]) -> list[Point]:

@@ -30,6 +30,10 @@ class RunLength:
     def seconds_at(self, samples_per_s: float) -> float:
         return self.samples / samples_per_s if samples_per_s > 0 else float("inf")
 
+    @classmethod
+    def from_dict(cls, d: Mapping) -> RunLength:
+        return cls(float(d["samples"]), str(d["how"]))
+
 
 def project(args: Sequence[str], seen: Mapping, global_batch: int | None) -> RunLength | None:
     """The run's length from the script's arguments (``args``, the script's own) and the
@@ -71,7 +75,13 @@ class Payback:
                 f"{duration(self.best_run_s)} with the winner): tuning {verdict}")
 
     def to_dict(self) -> dict:
+        """The ``payback`` event's fields and ``summary.json``'s ``payback``."""
         return {**asdict(self), "saving_s": self.saving_s, "text": self.text()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> Payback:
+        return cls(float(d["tuning_s"]), RunLength.from_dict(d["run"]),
+                   float(d["baseline_run_s"]), float(d["best_run_s"]))
 
 
 def payback(tuning_s: float, run: RunLength, baseline_rate: float,

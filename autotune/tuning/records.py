@@ -1,16 +1,25 @@
-"""Plain records of a tuning run: its settings, its scores, what the study knows, its report."""
+"""Plain records of a tuning run: its settings, its scores, what the study knows, its report.
+
+Each record that is saved (``tune.json``) or reported (``summary.json``) turns into JSON by its
+own ``to_dict`` and back by ``from_dict``; nothing reads our own results back by string keys.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autotune import Note
+from autotune.measuring import allreduce
 from autotune.measuring.bottleneck import Verdict
 from autotune.measuring.foreign_load import FOREIGN_CORES_LIMIT
 from autotune.measuring.outcome import Outcome
-from autotune.tuning.objective import THROUGHPUT, Objective
+from autotune.tuning.memory import MemoryAdvice
+from autotune.tuning.objective import THROUGHPUT, Objective, Point, Score
+from autotune.tuning.payback import Payback
 from autotune.tuning.space import Range, Space, batch_change_note, parse_fix, parse_space
 from autotune.tuning.space.parse import parse_values
 
@@ -92,6 +101,10 @@ class Scored:
     samples_per_s: float
     ci_half: float
 
+    def to_dict(self) -> dict:
+        return {"knobs": dict(self.knobs), "samples_per_s": self.samples_per_s,
+                "ci_half": self.ci_half}
+
 
 @dataclass(frozen=True)
 class BaselineRecord(Scored):
@@ -103,6 +116,62 @@ class BaselineRecord(Scored):
     energy: Mapping | None = None  # joules per sample (`EnergyPerSample.to_dict`)
     noise: Mapping | None = None  # gradient noise scale, when its probe measured it
 
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "source": self.source, "seen": dict(self.seen),
+                "breakdown": self.breakdown, "energy": self.energy, "noise": self.noise}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> BaselineRecord:
+        return cls(dict(d["knobs"]), float(d["samples_per_s"]), float(d["ci_half"]),
+                   str(d.get("source", "")), dict(d.get("seen") or {}), d.get("breakdown"),
+                   d.get("energy"), d.get("noise"))
+
+
+@dataclass(frozen=True)
+class RanksProbe:
+    """The two-rank probe that showed the script data-parallel (`baseline.discover_ranks`):
+    the study's first two-rank trial."""
+
+    knobs: Mapping[str, int]
+    samples_per_s: float
+    ci_half: float
+    energy: Mapping | None = None  # joules per sample (`EnergyPerSample.to_dict`)
+    noise: Mapping | None = None  # gradient noise scale (`autotune.measuring.noise`)
+
+    def to_dict(self) -> dict:
+        return {"knobs": dict(self.knobs), "samples_per_s": self.samples_per_s,
+                "ci_half": self.ci_half, "energy": self.energy, "noise": self.noise}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> RanksProbe:
+        return cls(dict(d["knobs"]), float(d["samples_per_s"]), float(d["ci_half"]),
+                   d.get("energy"), d.get("noise"))
+
+
+@dataclass(frozen=True)
+class AllreduceTiming:
+    """The allreduce timing that bounds ``bucket_mb``: its result, or why it failed (a bound
+    for one knob never fails the tuning)."""
+
+    result: allreduce.AllreduceResult | None = None
+    error: str = ""
+
+    @property
+    def bucket_mb_range(self) -> tuple[float, float] | None:
+        """(low, high) MB for ``bucket_mb``; None when the timing failed."""
+        return allreduce.bucket_range(self.result) if self.result is not None else None
+
+    def to_dict(self) -> dict:
+        """``{"result": ...}`` or ``{"error": why}``: the ``allreduce`` event's fields."""
+        return {"result": self.result.to_dict()} if self.result is not None else \
+            {"error": self.error}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> AllreduceTiming:
+        if d.get("result") is not None:
+            return cls(allreduce.parse(d["result"]))
+        return cls(error=str(d.get("error") or "unknown"))
+
 
 @dataclass(frozen=True)
 class ProbeFacts:
@@ -113,6 +182,51 @@ class ProbeFacts:
     core_s_per_sample: float = 0.0  # CPU seconds of its processes on this host
     gpu_s_per_sample: float = 0.0  # GPUs held x wall time
     energy: Mapping | None = None  # joules per sample (`autotune.measuring.energy`)
+
+    def to_dict(self) -> dict:
+        return {"breakdown": self.breakdown, "core_s_per_sample": self.core_s_per_sample,
+                "gpu_s_per_sample": self.gpu_s_per_sample, "energy": self.energy}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> ProbeFacts:
+        return cls(d.get("breakdown"), float(d.get("core_s_per_sample", 0.0)),
+                   float(d.get("gpu_s_per_sample", 0.0)), d.get("energy"))
+
+
+class Stop(enum.Enum):
+    """Why a search stopped."""
+
+    TRIALS = "trials"  # --trials probes done
+    BUDGET = "budget"  # the time budget (its search part) spent
+    EXHAUSTED = "exhausted"  # every config of the space answered
+    DUPLICATES = "duplicates"  # the sampler keeps proposing configs already measured
+    CONVERGED = "converged"  # no gain for a while
+
+
+@dataclass(frozen=True)
+class StopReason:
+    """A search's stop rule and the numbers its text names."""
+
+    rule: Stop
+    count: int = 0  # TRIALS: the trials; EXHAUSTED: the space's configs; CONVERGED: patience
+    rel: float = 0.0  # CONVERGED: the gain that counts
+    reserved: bool = False  # BUDGET: the rest of the budget is kept for the confirmation
+
+    @property
+    def text(self) -> str:
+        if self.rule is Stop.TRIALS:
+            return f"{self.count} trials done"
+        if self.rule is Stop.BUDGET:
+            return "time budget spent" + (" (the rest is kept for the confirmation)"
+                                          if self.reserved else "")
+        if self.rule is Stop.EXHAUSTED:
+            return f"all {self.count} configs of the space measured"
+        if self.rule is Stop.DUPLICATES:
+            return "converged: the sampler keeps proposing configs already measured"
+        return f"converged: no gain above {self.rel:.0%} in the last {self.count} trials"
+
+    def __str__(self) -> str:
+        return self.text
 
 
 @dataclass(frozen=True)
@@ -126,25 +240,27 @@ class TuneReport:
     reason: str
     trials_measured: int
     trials_total: int
-    stop_reason: str
+    stop_reason: StopReason | None  # None: the study ended without a stop rule
     source: str
     verdict: Verdict | None = None
-    notes: tuple[str, ...] = ()
+    notes: tuple[Note, ...] = ()
     best_notes: tuple[str, ...] = ()  # what the winner's probes said of it
     speedup_low: float = 1.0  # the speed-up's 95% interval over the confirmation rounds
     speedup_high: float = 1.0
     one_rank_samples_per_s: float = 0.0  # the best one-rank config's (0: none measured)
-    memory: Mapping | None = None  # memory by batch (`autotune.tuning.tuner._memory`)
-    payback: Mapping | None = None  # `autotune.tuning.payback.Payback.to_dict`; None: run unknown
+    memory: MemoryAdvice | None = None  # memory by batch; None: too few probes to fit
+    payback: Payback | None = None  # None: the run's length is unknown
     # what the last probes of the winner and the baseline told beyond throughput
     best_probe: ProbeFacts | None = None
     baseline_probe: ProbeFacts | None = None
     objective: str = "throughput"  # --objective's token; ``speedup`` is the gain in its score
-    # the winner's and the baseline's scores and their parts (`objective.Score.to_dict`)
-    score: Mapping | None = None
+    # the winner's and the baseline's scores and their parts (not for throughput)
+    best_score: Score | None = None
+    baseline_score: Score | None = None
     objective_note: str = ""  # how the score was made (B_noise's source, a fallback)
-    # throughput,energy: the Pareto front (`objective.Point.to_dict`), fastest first
-    pareto: tuple[Mapping, ...] = ()
+    # throughput,energy: the Pareto front, fastest first, and the name of its pick
+    pareto: tuple[Point, ...] = ()
+    picked: str = ""
 
     @property
     def batch_note(self) -> str:
@@ -170,25 +286,39 @@ class TuneReport:
     def baseline_breakdown(self) -> Mapping | None:
         return self.baseline_probe.breakdown if self.baseline_probe else None
 
-    def to_dict(self) -> dict:
-        return {"run_dir": str(self.run_dir),
-                "baseline": dataclasses.asdict(self.baseline),
-                "best": dataclasses.asdict(self.best), "speedup": self.speedup,
-                "speedup_interval": [self.speedup_low, self.speedup_high],
-                "kept_baseline": self.kept_baseline, "reason": self.reason,
-                "trials": self.trials_measured, "trials_total": self.trials_total,
-                "stop_reason": self.stop_reason, "source": self.source,
-                "space": self.space.to_dict(),
-                "verdict": self.verdict.to_dict() if self.verdict else None,
-                "notes": list(self.notes), "best_notes": list(self.best_notes),
-                "scaling_efficiency": self.scaling_efficiency, "memory": self.memory,
-                "batch_note": self.batch_note, "payback": self.payback,
-                "objective": self.objective, "score": self.score,
-                "objective_note": self.objective_note, "pareto": [dict(p) for p in self.pareto],
-                "probes": {"best": dataclasses.asdict(self.best_probe) if self.best_probe
-                           else None,
-                           "baseline": dataclasses.asdict(self.baseline_probe)
-                           if self.baseline_probe else None}}
+    @property
+    def scored(self) -> bool:
+        """Whether the report carries scores (any objective but throughput)."""
+        return self.objective != THROUGHPUT.token
+
+    def to_dict(self, recipe_path: Path | None = None) -> dict:
+        """``summary.json``; with ``recipe_path`` once the recipe is saved."""
+        out = {"run_dir": str(self.run_dir),
+               "baseline": Scored.to_dict(self.baseline),
+               "best": Scored.to_dict(self.best), "speedup": self.speedup,
+               "speedup_interval": [self.speedup_low, self.speedup_high],
+               "kept_baseline": self.kept_baseline, "reason": self.reason,
+               "trials": self.trials_measured, "trials_total": self.trials_total,
+               "stop_reason": self.stop_reason.text if self.stop_reason else "",
+               "source": self.source, "space": self.space.to_dict(),
+               "verdict": self.verdict.to_dict() if self.verdict else None,
+               "notes": [n.text for n in self.notes], "best_notes": list(self.best_notes),
+               "scaling_efficiency": self.scaling_efficiency,
+               "memory": self.memory.to_dict() if self.memory else None,
+               "batch_note": self.batch_note,
+               "payback": self.payback.to_dict() if self.payback else None,
+               "objective": self.objective,
+               "score": {"best": self.best_score.to_dict() if self.best_score else None,
+                         "baseline": self.baseline_score.to_dict() if self.baseline_score
+                         else None} if self.scored else None,
+               "objective_note": self.objective_note,
+               "pareto": [{**p.to_dict(), "picked": p.name == self.picked} for p in self.pareto],
+               "probes": {"best": self.best_probe.to_dict() if self.best_probe else None,
+                          "baseline": self.baseline_probe.to_dict() if self.baseline_probe
+                          else None}}
+        if recipe_path is not None:
+            out["recipe"] = str(recipe_path)
+        return out
 
 
 # The outcome a study trial records (``user_attrs["outcome"]``, a constraint's name) for any

@@ -15,18 +15,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from autotune.measuring.breakdown import Breakdown
-from autotune import AutotuneError
+from autotune import AutotuneError, Note
 from autotune.measuring.outcome import Outcome
-from autotune.tuning import decision, fitting, objective
+from autotune.tuning import confirm, decision, fitting, objective
 from autotune.tuning import study as studies
 from autotune.tuning.prober import Prober
-from autotune.tuning.records import Known, study_tag
+from autotune.tuning.records import Known, Stop, StopReason, study_tag
 from autotune.tuning.state import TuneState
 from autotune.store.events import Event
+from autotune.tuning.space import knobs_text
 
 DUPLICATE_STREAK = 8  # proposals in a row of configs already known: the sampler has converged
 WAIT_FOR_OTHERS_S = 600.0  # at most, for another tuner's probe of the same config
-BUDGET_SPENT = "time budget spent"  # the stop reason's start when the budget ended the search
 OOM_SKIPPED_TAG = "oom-skipped"  # a study trial's outcome: not tried, an OOM rules it out
 
 
@@ -36,7 +36,7 @@ class SearchResult:
 
     known: Mapping[tuple, Known]
     measured: int  # probes this run took in the search (and earlier controllers of it)
-    stop_reason: str
+    stop_reason: StopReason | None  # None: the study ended without a stop rule
     source: str  # how throughput was counted (the baseline's, else the first clean probe's)
     state: TuneState  # the run's state as the search left it
     noises: tuple[Mapping, ...] = ()  # the noise-scale readings of the probes it took
@@ -44,10 +44,10 @@ class SearchResult:
 
 def budget_plan(prober: Prober, state: TuneState, left_s: float) -> fitting.Plan:
     """What ``left_s`` of the budget holds after the baseline (`fitting.plan`)."""
-    probe_s = prober.typical_s(state.space)
+    probe_s = prober.typical_s(state)
     return fitting.plan(left_s, state.settings.budget_s, probe_s,
                         confirm_rounds=max(1, state.settings.confirm_rounds),
-                        confirm_probe_s=prober.confirm_probe_s(state.space, probe_s))
+                        confirm_probe_s=prober.confirm_probe_s(state, probe_s))
 
 
 def open_study(prober: Prober, state: TuneState, *, resume: bool) -> studies.StudyHandle:
@@ -63,8 +63,8 @@ def open_study(prober: Prober, state: TuneState, *, resume: bool) -> studies.Stu
                                 objectives=len(settings.objective.kinds),
                                 prune=settings.objective.prunes)
     if handle.recovered:
-        prober.tell("info", f"resume: re-running interrupted trial(s) "
-                            f"{', '.join(map(str, handle.recovered))} first")
+        prober.tell(Note.info(f"resume: re-running interrupted trial(s) "
+                              f"{', '.join(map(str, handle.recovered))} first"))
     return handle
 
 
@@ -72,7 +72,8 @@ class Search:
     """One run's search over ``state.space`` (measured baseline included) in ``handle``.
 
     ``elapsed`` gives the run's time spent so far (earlier controllers included); ``save``
-    keeps each new state (what is queued in the study) before the search goes on. ``scorer``
+    keeps each new state (what is queued in the study, what each probe taught) before the
+    search goes on. ``scorer``
     turns a measured config into the study's value (throughput unless given).
     """
 
@@ -93,7 +94,7 @@ class Search:
         self.measured = 0
         self.duplicate_streak = 0
         self.convergence = decision.Convergence()
-        self.stop_reason = ""
+        self.stop_reason: StopReason | None = None
         self.source = state.baseline.source
         self.learned: set[int] = set()  # study trials whose answer is in `known`
         self.scorer = scorer or objective.Scorer(self.settings.objective)
@@ -103,7 +104,7 @@ class Search:
         self._enqueue_start()
         self._rebuild()
         self.stop_reason = self._stop_reason()
-        if not self.stop_reason:
+        if self.stop_reason is None:
             self.handle.optimize(self._objective, [self._after_trial])
         return SearchResult(dict(self.known), self.measured, self.stop_reason, self.source,
                             self.state, tuple(self.noises))
@@ -125,17 +126,16 @@ class Search:
         self.handle.enqueue(sp.choice_from_config(sp.baseline), {"baseline": True})
         ranks = self.state.ranks_probe
         if ranks:  # measured already: in the study from the start, whatever the budget leaves
-            choice = sp.choice_from_config(ranks["knobs"])
+            choice = sp.choice_from_config(ranks.knobs)
             cfg = sp.config({n: sp.domains[n][i] for n, i in choice.items()})
-            score = self.scorer.score(ranks["samples_per_s"], ranks["ci_half"], cfg,
-                                      ranks.get("energy"))
+            score = self.scorer.score(ranks.samples_per_s, ranks.ci_half, cfg, ranks.energy)
             value = self.scorer.values(score)
-            if sp.key(cfg) == sp.key(ranks["knobs"]) and value is not None:  # in the space
+            if sp.key(cfg) == sp.key(ranks.knobs) and value is not None:  # in the space
                 self.handle.add_answered(
                     choice, {n: len(sp.domains[n]) for n in choice}, value,
                     {"run": self.run_id, "knobs": cfg, "ranks_probe": True,
-                     "outcome": study_tag(Outcome.OK), "samples_per_s": ranks["samples_per_s"],
-                     "ci_half": ranks["ci_half"], "energy": ranks.get("energy"),
+                     "outcome": study_tag(Outcome.OK), "samples_per_s": ranks.samples_per_s,
+                     "ci_half": ranks.ci_half, "energy": ranks.energy,
                      "score_ci_half": score.ci_half})
         if self.state.warm_start:
             self.handle.enqueue(sp.choice_from_config(self.state.warm_start), {"warm_start": True})
@@ -146,8 +146,8 @@ class Search:
         if first and design:
             moved = [n for n in first if n in sp.names]
             if moved:
-                self.prober.tell("info", f"the first probes move {', '.join(moved)}: what "
-                                         f"binds the baseline ({parts.binding_group()})")
+                self.prober.tell(Note.info(f"the first probes move {', '.join(moved)}: what "
+                                           f"binds the baseline ({parts.binding_group()})"))
         for cfg in design:
             self.handle.enqueue(sp.choice_from_config(cfg), {"design": "initial"})
         self._keep(enqueued=True)
@@ -300,19 +300,21 @@ class Search:
             return trial.should_prune()
 
         knobs, instances = self.space.trial_knobs(cfg)
-        spec = self.prober.spec(knobs, instances, label)
+        spec = self.prober.spec(self.state, knobs, instances, label)
         if self.settings.budget_s is not None and not self.settings.seconds:
             # a config longer than the typical one ends where the budget's search part does
             left = max(fitting.MIN_PROBE_S,
                        self.settings.budget_s - self.elapsed() - self._reserve_s())
             if left < spec.max_s:
-                spec = self.prober.spec(knobs, instances, label, max_s=left)
+                spec = self.prober.spec(self.state, knobs, instances, label, max_s=left)
         try:
-            result = self.prober.probe(spec, label=label,
-                                       number=trial.number, cfg=cfg, on_progress=on_progress)
+            learned, result = self.prober.probe(self.state, spec, label=label,
+                                                number=trial.number, cfg=cfg,
+                                                on_progress=on_progress)
         except (KeyboardInterrupt, AutotuneError):  # Ctrl-C, a write that failed: retried
             trial.set_user_attr("interrupted", True)  # by --resume (a storage that fails
             raise  # here leaves it RUNNING: retried alike)
+        self._keep(learned=learned.learned)
         self.measured += 1
         if not self.source and result.ok:
             self.source = result.source
@@ -343,8 +345,8 @@ class Search:
         if known.infeasible:
             if known.outcome == Outcome.OOM:
                 self.ooms.append(dict(cfg))
-            self.prober.tell("warning", f"{label} {_fmt(cfg)}: {result.outcome.value}: "
-                                        f"{result.reason} (log: {result.log_path})")
+            self.prober.tell(Note.warning(f"{label} {knobs_text(cfg)}: {result.outcome.value}: "
+                                          f"{result.reason} (log: {result.log_path})"))
             trial.set_constraint(study_tag(known.outcome), 1.0)
             return self.scorer.failed()
         values = self.scorer.values(score)
@@ -357,50 +359,41 @@ class Search:
     def _after_trial(self, study, frozen) -> None:
         self._maybe_combine()
         reason = self._stop_reason()
-        if reason:
+        if reason is not None:
             self.stop_reason = reason
             study.stop()
-
-    def _candidates(self) -> list[dict]:
-        """The configs the confirmation would re-measure beside the baseline (the best two)."""
-        base = self.space.key(self.space.baseline)
-        scored = [(self._score(v).value, v) for k, v in self.known.items()
-                  if k != base and v.outcome == Outcome.OK]
-        oks = [v for s, v in sorted((x for x in scored if x[0] is not None),
-                                    key=lambda x: -x[0])]
-        return [dict(v.cfg) for v in oks[:2]]
 
     def _reserve_s(self) -> float:
         """Time kept for the confirmation (`fitting.confirm_reserve`); none while no config but
         the baseline measured (nothing to confirm: the search may use it)."""
         s = self.settings
-        candidates = self._candidates()
+        candidates = confirm.best(self.space, self.known, self.scorer)  # the confirmation's
         if not candidates or s.confirm_rounds == 0:
             return 0.0
-        entries = [dict(self.space.baseline), *candidates]
-        one_round = sum(self.prober.probe_s(*self.space.trial_knobs(c)) for c in entries)
-        full = s.confirm_rounds * len(entries) * self.prober.confirm_probe_s(self.space)
+        entries = [dict(self.space.baseline), *(dict(k.cfg) for k in candidates)]
+        one_round = sum(self.prober.probe_s(self.state, *self.space.trial_knobs(c))
+                        for c in entries)
+        full = s.confirm_rounds * len(entries) * self.prober.confirm_probe_s(self.state)
         return fitting.confirm_reserve(s.budget_s, full, one_round)
 
-    def _stop_reason(self) -> str:
+    def _stop_reason(self) -> StopReason | None:
         s = self.settings
         if s.max_trials is not None and self.measured + 1 >= s.max_trials:
-            return f"{s.max_trials} trials done"
+            return StopReason(Stop.TRIALS, count=s.max_trials)
         if s.budget_s is not None:
             reserve = self._reserve_s()
-            if self.elapsed() + self.prober.typical_s(self.space) + reserve > s.budget_s:
-                return BUDGET_SPENT + (" (the rest is kept for the confirmation)"
-                                              if reserve else "")
+            if self.elapsed() + self.prober.typical_s(self.state) + reserve > s.budget_s:
+                return StopReason(Stop.BUDGET, reserved=bool(reserve))
         answered = len(self.known) + (self._blocked_count() if self.ooms else 0)
         if answered >= self.size:
-            return f"all {self.size} configs of the space measured"
+            return StopReason(Stop.EXHAUSTED, count=self.size)
         if self.duplicate_streak >= DUPLICATE_STREAK:
-            return "converged: the sampler keeps proposing configs already measured"
+            return StopReason(Stop.DUPLICATES)
         if self.convergence.since_best >= self.convergence.patience and \
                 self.convergence.seen >= self.convergence.min_trials:
-            return (f"converged: no gain above {self.convergence.rel:.0%} in the last "
-                    f"{self.convergence.patience} trials")
-        return ""
+            return StopReason(Stop.CONVERGED, count=self.convergence.patience,
+                              rel=self.convergence.rel)
+        return None
 
     def _blocked_count(self) -> int:
         """Configs of the space ruled out by an OOM and not measured."""
@@ -432,7 +425,3 @@ class Search:
         if combo is not None and sp.key(combo) not in self.known:
             self.handle.enqueue(sp.choice_from_config(combo), {"design": "combined"})
         self._keep(combined=True)
-
-
-def _fmt(cfg: Mapping) -> str:
-    return " ".join(f"{k}={v}" for k, v in cfg.items())

@@ -1,7 +1,8 @@
-"""The run directory of a tuning run, for ``--resume``: state file, controller, orphans.
+"""The run directory of a tuning run, for ``--resume``: state file, summary, controller, orphans.
 
-``tune.json`` holds the `TuneState` (settings, baseline, space, how far the search got),
-written by `save` alone; ``controller.json`` the controller's pid (a live controller is never
+``tune.json`` holds the `TuneState` (settings, baseline, space, what the probes taught, how far
+the search got), written by `save` alone; ``summary.json`` the `TuneReport`, written by
+`write_summary` alone; ``controller.json`` the controller's pid (a live controller is never
 resumed under); ``live.json`` the markers of the probe in flight, so a resume can stop what a
 ``kill -9``-ed controller left running.
 """
@@ -21,12 +22,20 @@ import psutil
 
 from autotune.hardware import proc
 from autotune.store import rundir
-from autotune import UsageError
+from autotune import Note, UsageError
+from autotune.store import jsontext
+from autotune.store.events import Event
 from autotune.store.journal import read_events
-from autotune.tuning.records import BaselineRecord, TuneSettings
+from autotune.tuning.learned import Learned
+from autotune.tuning.records import (AllreduceTiming, BaselineRecord, RanksProbe, TuneReport,
+                                     TuneSettings)
 from autotune.tuning.space import Space
 
 STATE = "tune.json"
+SUMMARY = "summary.json"
+# ``tune.json``'s shape; one of another version is refused on --resume, never half read.
+# 2: what the probes taught (`Learned`), typed allreduce timing and two-rank probe.
+STATE_VERSION = 2
 CONTROLLER = "controller.json"
 LIVE = "live.json"
 
@@ -43,12 +52,10 @@ class TuneState:
     warm_start: Mapping[str, int] | None = None  # a matching recipe's knobs, tried early
     space: Space | None = None  # None until the baseline is measured
     baseline: BaselineRecord | None = None
-    allreduce: Mapping | None = None  # {"result": AllreduceResult dict} or {"error": why}
-    # the two-rank probe that showed the script data-parallel (`baseline.discover_ranks`):
-    # {"knobs", "samples_per_s", "ci_half", "energy", "noise"}, the study's first two-rank trial
-    ranks_probe: Mapping | None = None
-    # how the script moved in the baseline (`autotune.tuning.fitting.ScriptTiming`, as a dict)
-    timing: Mapping | None = None
+    allreduce: AllreduceTiming | None = None  # None: bucket_mb not searched, or not yet
+    # the two-rank probe that showed the script data-parallel (`baseline.discover_ranks`)
+    ranks_probe: RanksProbe | None = None
+    learned: Learned = Learned()  # what the probes taught: timing, paces, facts, notes
     enqueued: bool = False  # the baseline and the initial design are queued in the study
     combined: bool = False  # the one-at-a-time moves that paid off are queued, joined
 
@@ -62,27 +69,62 @@ class TuneState:
         return cls(kind, settings, run_id, tuple(run_command or settings.command),
                    run_cwd or settings.cwd, dict(warm_start) if warm_start else None)
 
+    def learn(self, cfg: Mapping, knobs: Mapping, result) -> TuneState:
+        """With a probe of ``cfg`` learned (`Learned.after`)."""
+        return dataclasses.replace(self, learned=self.learned.after(cfg, knobs, result))
+
+    def noted(self, note: Note) -> TuneState:
+        """With ``note`` kept for the report (`Learned.noted`)."""
+        return dataclasses.replace(self, learned=self.learned.noted(note))
+
     def to_dict(self) -> dict:
         """Keys of what is not settled yet are left out, as ever."""
-        d = {**dataclasses.asdict(self), "settings": self.settings.to_dict(),
-             "run_command": list(self.run_command), "space": self.space and self.space.to_dict()}
+        d = {"version": STATE_VERSION, "kind": self.kind, "settings": self.settings.to_dict(),
+             "run_id": self.run_id, "run_command": list(self.run_command),
+             "run_cwd": self.run_cwd,
+             "warm_start": dict(self.warm_start) if self.warm_start else None,
+             "space": self.space and self.space.to_dict(),
+             "baseline": self.baseline and self.baseline.to_dict(),
+             "allreduce": self.allreduce and self.allreduce.to_dict(),
+             "ranks_probe": self.ranks_probe and self.ranks_probe.to_dict(),
+             "learned": self.learned.to_dict(), "enqueued": self.enqueued,
+             "combined": self.combined}
         return {k: v for k, v in d.items() if v is not None and v is not False}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> TuneState:
+        """Raises ValueError for a ``tune.json`` of another version."""
+        if d.get("version") != STATE_VERSION:
+            raise ValueError(f"its format is version {d.get('version', 1)}, this autotune "
+                             f"reads version {STATE_VERSION}; start a new tuning, or resume "
+                             f"with the autotune that began it")
         s = TuneSettings.from_dict(d["settings"])
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{**{k: v for k, v in d.items() if k in names}, "settings": s,
-                      "kind": d.get("kind", "tune"), "run_id": d.get("run_id", ""),
-                      "run_command": tuple(d.get("run_command") or s.command),
-                      "run_cwd": d.get("run_cwd") or s.cwd,
-                      "space": Space.from_dict(d["space"]) if d.get("space") else None,
-                      "baseline": BaselineRecord(**d["baseline"]) if d.get("baseline") else None})
+        return cls(kind=d.get("kind", "tune"), settings=s, run_id=d.get("run_id", ""),
+                   run_command=tuple(d.get("run_command") or s.command),
+                   run_cwd=d.get("run_cwd") or s.cwd,
+                   warm_start=dict(d["warm_start"]) if d.get("warm_start") else None,
+                   space=Space.from_dict(d["space"]) if d.get("space") else None,
+                   baseline=BaselineRecord.from_dict(d["baseline"]) if d.get("baseline")
+                   else None,
+                   allreduce=AllreduceTiming.from_dict(d["allreduce"]) if d.get("allreduce")
+                   else None,
+                   ranks_probe=RanksProbe.from_dict(d["ranks_probe"]) if d.get("ranks_probe")
+                   else None,
+                   learned=Learned.from_dict(d.get("learned") or {}),
+                   enqueued=bool(d.get("enqueued")), combined=bool(d.get("combined")))
 
 
 def save(run_dir: Path, state: TuneState) -> None:
     """The one writer of ``tune.json``, atomically."""
     rundir.write_atomic(Path(run_dir) / STATE, json.dumps(state.to_dict(), indent=2, default=str))
+
+
+def write_summary(run_dir: Path, report: TuneReport, recipe_path: Path | None = None) -> dict:
+    """The one writer of ``summary.json`` (the tuner's, then again naming the recipe once it is
+    saved), atomically; returns what it wrote."""
+    out = report.to_dict(recipe_path)
+    rundir.write_atomic(Path(run_dir) / SUMMARY, jsontext.dumps(out, indent=2))
+    return out
 
 
 def load_state(run_dir: Path) -> TuneState:
@@ -141,7 +183,7 @@ def spent_s(run_dir: Path) -> float:
     for e in events:
         if not isinstance(e.get("t"), (int, float)):
             continue
-        if e.get("event") == "run_started" and start is not None:
+        if e.get("event") == Event.RUN_STARTED and start is not None:
             spent += last - start
             start = None
         start = e["t"] if start is None else start

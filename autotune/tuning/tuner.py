@@ -8,9 +8,11 @@
 3. **Confirmation** (`autotune.tuning.confirm`): the best two and the baseline, re-measured
    interleaved.
 
-Each stage takes the `Prober` and the run's `TuneState` and hands back a frozen result (the
-baseline and the search, a new state); the state is saved as it grows (``tune.json``), so
-``--resume`` continues where it stopped.
+Each stage takes the `Prober` (a runner of probes, with no memory of its own) and the run's
+`TuneState` and hands back a frozen result holding the new state: what the stage settled and
+what its probes taught (`autotune.tuning.learned`: the script's timing, each config's last
+measured probe, the notes for the report). The state is saved as it grows (``tune.json``), so
+``--resume`` continues where it stopped and reports as an uninterrupted run would.
 Everything the run learns goes to the journal (the monitor's only source) and to the study.
 """
 
@@ -25,16 +27,15 @@ from autotune.launching import engines
 from autotune.measuring import trial
 from autotune.measuring.outcome import Outcome
 from autotune.hardware import fingerprint
-from autotune.store import jsontext, rundir
 from autotune.store.journal import Journal
-from autotune import UsageError
+from autotune import Note, UsageError
 from autotune.tuning import baseline, confirm, fitting, memory, objective, payback, search
 from autotune.tuning.space import global_batch
-from autotune.tuning.prober import Notify, Prober, RunTrial, config_key
-from autotune.tuning.records import ProbeFacts, TuneReport
-from autotune.tuning.state import (TuneState, mark_controller, minutes, save, spent_s,
-                                   sweep_orphans)
+from autotune.tuning.prober import Notify, Prober, RunTrial
+from autotune.tuning.records import Stop, TuneReport
 from autotune.store.events import Event
+from autotune.tuning.state import (TuneState, mark_controller, minutes, save, spent_s,
+                                   sweep_orphans, write_summary)
 
 
 class Tuner:
@@ -51,7 +52,7 @@ class Tuner:
         self.state = state
         self.run_dir = Path(run_dir)
         self.resume = resume
-        self.prober = Prober(settings, self.run_dir, journal,
+        self.prober = Prober(self.run_dir, journal,
                              launcher or engines.resolve(settings.launcher, settings.hostfile),
                              notify=notify, run_trial=run_trial, clock=clock)
         self.t0 = clock.monotonic()
@@ -65,6 +66,10 @@ class Tuner:
     def _save(self, new: TuneState) -> None:
         save(self.run_dir, new)
 
+    def _note(self, note: Note) -> None:
+        """Tell the user; the run's state keeps it for the report."""
+        self.state = self.prober.note(self.state, note)
+
     def _tell_plan(self) -> None:
         """What the rest of the budget holds, said before the search; a budget too short for
         a few probes and the confirmation is told (with the budget that would be), not
@@ -74,17 +79,16 @@ class Tuner:
         p = search.budget_plan(self.prober, self.state, left)
         confirm = (f"a confirmation of {p.confirm_rounds} round(s) x {p.confirm_entries} probes "
                    f"of ~{p.confirm_probe_s:.0f} s")
-        self.prober.note("info", f"budget {minutes(settings.budget_s)}: {minutes(spent)} spent "
-                                 f"on the baseline; {minutes(max(left, 0))} left holds about "
-                                 f"{p.probes} search probe(s) of ~{p.probe_s:.0f} s and "
-                                 f"{confirm}")
+        self._note(Note.info(f"budget {minutes(settings.budget_s)}: {minutes(spent)} spent on "
+                             f"the baseline; {minutes(max(left, 0))} left holds about "
+                             f"{p.probes} search probe(s) of ~{p.probe_s:.0f} s and {confirm}"))
         if p.short:
-            self.prober.note("warning", f"--budget {minutes(settings.budget_s)} holds "
-                                        f"{p.probes} search probe(s) of ~{p.probe_s:.0f} s "
-                                        f"beside the confirmation, fewer than "
-                                        f"{fitting.MIN_SEARCH_PROBES}; --budget "
-                                        f"{minutes(math.ceil(p.needed_s(spent) / 60) * 60)} "
-                                        f"would hold {fitting.MIN_SEARCH_PROBES}")
+            self._note(Note.warning(f"--budget {minutes(settings.budget_s)} holds {p.probes} "
+                                    f"search probe(s) of ~{p.probe_s:.0f} s beside the "
+                                    f"confirmation, fewer than {fitting.MIN_SEARCH_PROBES}; "
+                                    f"--budget "
+                                    f"{minutes(math.ceil(p.needed_s(spent) / 60) * 60)} would "
+                                    f"hold {fitting.MIN_SEARCH_PROBES}"))
 
     def _run_length(self) -> payback.RunLength | None:
         """The full run's length, from the script's arguments and the baseline's facts."""
@@ -102,106 +106,101 @@ class Tuner:
             return
         rate = self.state.baseline.samples_per_s
         run_s = run.seconds_at(rate)
-        self.prober.note("info", f"the full run: {run.how}, about {payback.duration(run_s)} at "
-                                 f"the baseline's {rate:.1f} samples/s")
+        self._note(Note.info(f"the full run: {run.how}, about {payback.duration(run_s)} at the "
+                             f"baseline's {rate:.1f} samples/s"))
         if s.budget_s is not None or s.trials is not None:
             return
         budget = payback.budget_for(run_s)
-        new = dataclasses.replace(s, budget_s=budget)
-        self.state = dataclasses.replace(self.state, settings=new)
-        self.prober.settings = new
+        self.state = dataclasses.replace(self.state,
+                                         settings=dataclasses.replace(s, budget_s=budget))
         if run_s < payback.MIN_BUDGET_S:
-            self.prober.note("warning", f"tuning budget {payback.duration(budget)}, the whole "
-                                        f"projected run: a run this short cannot pay for "
-                                        f"tuning; --budget or --trials tunes anyway")
+            self._note(Note.warning(f"tuning budget {payback.duration(budget)}, the whole "
+                                    f"projected run: a run this short cannot pay for tuning; "
+                                    f"--budget or --trials tunes anyway"))
         else:
-            self.prober.note("info", f"tuning budget {minutes(budget)}: "
-                                     f"{payback.SHARE:.0%} of the projected run (at least "
-                                     f"{minutes(payback.MIN_BUDGET_S)}, never more than the "
-                                     f"run); --budget or --trials sets another")
+            self._note(Note.info(f"tuning budget {minutes(budget)}: {payback.SHARE:.0%} of the "
+                                 f"projected run (at least {minutes(payback.MIN_BUDGET_S)}, "
+                                 f"never more than the run); --budget or --trials sets "
+                                 f"another"))
 
     def run(self) -> TuneReport:
-        prober, settings = self.prober, self.state.settings
+        prober = self.prober
         mark_controller(self.run_dir)
         if self.resume:
             killed = sweep_orphans(self.run_dir)
             if killed:
-                prober.tell("info", f"resume: stopped {killed} process(es) the killed run left")
-            budget = settings.budget_s
-            prober.tell("info", f"resume: {minutes(self.spent_before)} spent so far" + (
+                prober.tell(Note.info(f"resume: stopped {killed} process(es) the killed run "
+                                      f"left"))
+            budget = self.state.settings.budget_s
+            prober.tell(Note.info(f"resume: {minutes(self.spent_before)} spent so far" + (
                 f" of the {minutes(budget)} budget, {minutes(budget - self.spent_before)} left"
-                if budget is not None else ""))
+                if budget is not None else "")))
         else:
             self._save(self.state)
         handle = search.open_study(prober, self.state, resume=self.resume)  # before any probe
-        if self.state.timing:
-            prober.timing = fitting.ScriptTiming.from_dict(self.state.timing)
         if self.state.space is None:
             self.state = baseline.measure(prober, self.state)
             self._budget_from_run()
             self._save(self.state)
         space = self.state.space
-        for note in space.notes:
-            prober.note("hint", note)
+        for note in space.notes:  # kept once; a resume tells them again
+            self._note(note)
+        settings = self.state.settings
         if settings.budget_s is not None:
             self._tell_plan()
         self._check_energy()
         scorer, note = self._scorer(())
         if note:
-            prober.tell("info", note)
+            prober.tell(Note.info(note))
         self.found = search.Search(prober, self.state, handle, elapsed=self.elapsed,
                                    save=self._save, scorer=scorer).run()
         self.state = self.found.state
-        prober.tell("info", f"search stopped: {self.found.stop_reason}")
+        stop = self.found.stop_reason
+        prober.tell(Note.info(f"search stopped: {stop.text if stop else 'the study ended'}"))
         if objective.Kind.GOODPUT in settings.objective.kinds:
             scorer, note = self._scorer(self.found.noises, searched=True)
-            prober.note("warning" if scorer.noise_scale is None else "info", note)
+            self._note(Note.warning(note) if scorer.noise_scale is None else Note.info(note))
         left_s = settings.budget_s - self.elapsed() if settings.budget_s is not None else None
         c = confirm.finish(prober, self.state, self.found.known, left_s=left_s,
-                           stretch=self.found.stop_reason.startswith(search.BUDGET_SPENT),
+                           stretch=stop is not None and stop.rule is Stop.BUDGET,
                            scorer=scorer)
+        self.state = c.state
         if c.front:
-            prober.note("info", f"Pareto front (samples/s vs samples/J), "
-                                f"{len(c.front)} config(s); picked {c.picked}: the fastest "
-                                f"within {objective.PICK_WITHIN_REL:.0%} of the best samples/J")
+            self._note(Note.info(f"Pareto front (samples/s vs samples/J), {len(c.front)} "
+                                 f"config(s); picked {c.picked}: the fastest within "
+                                 f"{objective.PICK_WITHIN_REL:.0%} of the best samples/J"))
             prober.emit(Event.PARETO, front=[p.to_dict() for p in c.front], picked=c.picked,
                         points=[p.to_dict() for p in confirm.pareto_points(
                             space, self.found.known, scorer)],
                         within_rel=objective.PICK_WITHIN_REL)
         trials = [t for t in handle.trials() if t.state.is_finished()]
+        learned = self.state.learned
+        run = self._run_length()
         report = TuneReport(
             run_dir=self.run_dir, space=space, baseline=c.baseline, best=c.best,
             speedup=c.speedup, kept_baseline=c.kept_baseline, reason=c.reason,
             trials_measured=self.found.measured + 1, trials_total=len(trials),
-            stop_reason=self.found.stop_reason, source=self.found.source, verdict=c.verdict,
-            notes=tuple(prober.notes),
-            best_notes=prober.probe_notes.get(config_key(c.best.knobs), ()),
+            stop_reason=stop, source=self.found.source, verdict=c.verdict,
+            notes=self.state.learned.notes, best_notes=learned.notes_of(c.best.knobs),
             one_rank_samples_per_s=_one_rank_best(self.found.known, c),
-            best_probe=_measured(prober, c.best.knobs),
-            baseline_probe=_measured(prober, c.baseline.knobs),
+            best_probe=learned.facts(c.best.knobs),
+            baseline_probe=learned.facts(c.baseline.knobs),
             speedup_low=c.speedup_low, speedup_high=c.speedup_high,
-            objective=settings.objective.token,
-            score={"best": c.best_score.to_dict() if c.best_score else None,
-                   "baseline": c.baseline_score.to_dict() if c.baseline_score else None}
-            if settings.objective != objective.THROUGHPUT else None,
+            objective=settings.objective.token, best_score=c.best_score,
+            baseline_score=c.baseline_score,
             objective_note=note if objective.Kind.GOODPUT in settings.objective.kinds else "",
-            pareto=tuple({**p.to_dict(), "picked": p.name == c.picked} for p in c.front))
-        run = self._run_length()
-        report = dataclasses.replace(
-            report, memory=_memory(prober, c.best.knobs),
+            pareto=c.front, picked=c.picked, memory=_memory(self.state, c.best.knobs),
             payback=payback.payback(self.elapsed(), run, c.baseline.samples_per_s,
-                                    c.best.samples_per_s).to_dict() if run else None)
+                                    c.best.samples_per_s) if run else None)
         if report.payback:
-            prober.emit(Event.PAYBACK, **report.payback)
+            prober.emit(Event.PAYBACK, **report.payback.to_dict())
         if report.memory is not None:
-            prober.emit(Event.MEMORY_FIT, **report.memory)
+            prober.emit(Event.MEMORY_FIT, **report.memory.to_dict())
         if report.batch_note:
-            prober.note("warning", report.batch_note)
+            self._note(Note.warning(report.batch_note))
             prober.emit(Event.BATCH_CHANGE, text=report.batch_note)
-        rundir.write_atomic(self.run_dir / "summary.json",
-                            jsontext.dumps(report.to_dict(), indent=2))
+        write_summary(self.run_dir, report)
         return report
-
 
     def _check_energy(self) -> None:
         """An energy objective needs the baseline's joules: without them, one line and exit
@@ -223,7 +222,7 @@ class Tuner:
         if objective.Kind.GOODPUT not in obj.kinds:
             return objective.Scorer(obj), ""
         batch0 = global_batch(st.space.baseline, st.space.devices)
-        ranks = (st.ranks_probe or {}).get("noise")
+        ranks = st.ranks_probe.noise if st.ranks_probe else None
         before, steps = objective.noise_of([st.baseline.noise, ranks])
         value, found = (before, steps) if before is not None else objective.noise_of(noises)
         scorer = objective.Scorer(obj, batch0, value, st.space.devices)
@@ -234,12 +233,10 @@ class Tuner:
             return scorer, ("goodput: no gradient noise scale measured yet (a data-parallel "
                             "trial measures it): configs score as throughput until one has")
         if value is None:
-            # why no data-parallel trial measured it: the space's note when ranks stayed at 1
-            # (the two-rank probe saw them train alone, say), else what the data-parallel
-            # trials said, else the one-rank baseline's reason
-            alone = "instances: fixed at 1: "
-            why = next((n[len(alone):].split("; --space")[0] for n in st.space.notes
-                        if n.startswith(alone)), "") or \
+            # why no data-parallel trial measured it: why the space held ranks at 1 (the
+            # two-rank probe saw them train alone, say), else what the data-parallel trials
+            # said, else the one-rank baseline's reason
+            why = st.space.ranks_why or \
                 next((n.get("reason") for n in (ranks, *noises, st.baseline.noise)
                       if n and n.get("reason")), "") or "no data-parallel trial measured it"
             return scorer, (f"goodput needs a data-parallel trial: scored as throughput "
@@ -252,15 +249,6 @@ class Tuner:
                         f"script's global batch of {batch0}")
 
 
-def _measured(prober, knobs) -> ProbeFacts | None:
-    """What the last probe of ``knobs`` told beyond its throughput."""
-    r = prober.last_ok.get(config_key(knobs))
-    if r is None:
-        return None
-    return ProbeFacts(breakdown=r.breakdown, core_s_per_sample=r.core_s_per_sample,
-                      gpu_s_per_sample=r.gpu_s_per_sample, energy=r.energy)
-
-
 def _one_rank_best(known, c) -> float:
     """The best one-rank throughput measured (the baseline's included): what N ranks are
     weighed against (`TuneReport.scaling_efficiency`)."""
@@ -271,22 +259,13 @@ def _one_rank_best(known, c) -> float:
     return max(rates, default=0.0)
 
 
-def _memory(prober, best_knobs) -> dict | None:
+def _memory(state: TuneState, best_knobs) -> memory.MemoryAdvice | None:
     """Memory by batch from the measured probes (`autotune.tuning.memory`), with the largest
     per-rank batch that fits the winner's ranks in what this host (or GPU) has free now."""
-    points, kind = memory.rank_points((dict(k), r) for k, r in prober.last_ok.items())
+    points, kind = memory.rank_points((r.cfg, r) for r in state.learned.last.values())
     fit = memory.MemoryFit.of(points, kind)
     if fit is None:
         return None
     m = fingerprint.machine()
     free = m.gpu_mem_available_bytes if kind == "gpu" else m.mem_available_bytes
-    ranks = int(best_knobs.get("instances", 1))
-    top = fit.max_batch(free, ranks)
-    if top is None:
-        text = f"{fit.describe()}; it does not grow with the batch"
-    else:
-        who = f"{ranks} ranks" if ranks > 1 else "one rank"
-        text = (f"{fit.describe()}; batches up to {top} per rank fit {who} in "
-                f"{memory.HEADROOM:.0%} of the {free / 2**30:.1f} GB free")
-    return {**fit.to_dict(), "available_bytes": free, "ranks": ranks, "max_batch": top,
-            "text": text}
+    return memory.MemoryAdvice.of(fit, free, int(best_knobs.get("instances", 1)))

@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from autotune import UsageError
+from autotune import Note, UsageError
 from autotune.tuning.space.knobs import (ALIASES, DESIGN_RULES, DOMAIN_RULES, KNOBS, ORDER,
                                          WITH_WORKERS,
                                          Baseline, Machine, pct_for_threads, threads_per_rank)
@@ -28,11 +28,13 @@ class Space:
     baseline: Mapping[str, int]
     cores: int
     global_batch: int | None = None
-    notes: tuple[str, ...] = ()
+    notes: tuple[Note, ...] = ()  # why a knob is not searched, or narrowed: hints
     placeholders: tuple[str, ...] = ()
     device: str = "cpu"
     devices: int = 1  # what the full run spreads ranks over: GPUs x hosts (hosts on CPU)
     own_ranks: bool = False  # the script starts its own data-parallel ranks
+    # why the space holds ``instances`` at 1 ("": searched, or the user's own choice)
+    ranks_why: str = ""
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -114,18 +116,21 @@ class Space:
     def to_dict(self) -> dict:
         return {"domains": {n: list(v) for n, v in self.domains.items()},
                 "fixed": dict(self.fixed), "baseline": dict(self.baseline), "cores": self.cores,
-                "global_batch": self.global_batch, "notes": list(self.notes),
+                "global_batch": self.global_batch, "notes": [n.text for n in self.notes],
                 "placeholders": list(self.placeholders), "device": self.device,
-                "devices": self.devices, "own_ranks": self.own_ranks}
+                "devices": self.devices, "own_ranks": self.own_ranks,
+                "ranks_why": self.ranks_why}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> Space:
         return cls(domains={n: tuple(v) for n, v in d["domains"].items()},
                    fixed=dict(d["fixed"]), baseline=dict(d["baseline"]), cores=int(d["cores"]),
-                   global_batch=d.get("global_batch"), notes=tuple(d.get("notes", ())),
+                   global_batch=d.get("global_batch"),
+                   notes=tuple(Note.hint(n) for n in d.get("notes", ())),
                    placeholders=tuple(d.get("placeholders", ())),
                    device=str(d.get("device", "cpu")), devices=int(d.get("devices", 1)),
-                   own_ranks=bool(d.get("own_ranks", False)))
+                   own_ranks=bool(d.get("own_ranks", False)),
+                   ranks_why=str(d.get("ranks_why", "")))
 
 
 def job_devices(device: str, gpus: int, hosts: int) -> int:
@@ -235,6 +240,7 @@ def build(machine: Machine, baseline: Baseline, req: SpaceRequest) -> Space:
     check_request(req)
     cores = machine.cores
     notes: list[str] = []
+    ranks_why = ""
     base_cfg = _baseline_config(baseline, cores, req.placeholders, machine.device)
     domains: dict[str, tuple[int, ...]] = {}
     fixed: dict[str, int] = {}
@@ -249,10 +255,12 @@ def build(machine: Machine, baseline: Baseline, req: SpaceRequest) -> Space:
         else:
             rule = DOMAIN_RULES.get((name, machine.device))
             values = rule(machine, _with_placeholders(baseline, base_cfg)) if rule else ()
-        values, note = _applicable(name, values, baseline, base_cfg, req, name in req.ranges,
-                                   machine)
+        values, note, why = _applicable(name, values, baseline, base_cfg, req,
+                                        name in req.ranges, machine)
         if note:
             notes.append(note)
+        if name == "instances":
+            ranks_why = why
         if len(values) == 1:
             fixed[name] = values[0]
         elif values:
@@ -283,9 +291,10 @@ def build(machine: Machine, baseline: Baseline, req: SpaceRequest) -> Space:
     return Space(domains=domains, fixed=fixed,
                  baseline=canonical(base_cfg, req.global_batch, req.devices,
                                     own_ranks=baseline.own_ranks),
-                 cores=cores, global_batch=req.global_batch, notes=tuple(notes),
+                 cores=cores, global_batch=req.global_batch,
+                 notes=tuple(Note.hint(n) for n in notes),
                  placeholders=tuple(req.placeholders), device=machine.device,
-                 devices=req.devices, own_ranks=baseline.own_ranks)
+                 devices=req.devices, own_ranks=baseline.own_ranks, ranks_why=ranks_why)
 
 
 def _baseline_config(b: Baseline, cores: int, placeholders: Sequence[str],
@@ -328,36 +337,37 @@ def _check_mps(name: str, values: Sequence[int], machine: Machine, flag: str) ->
 
 def _applicable(name: str, values: tuple[int, ...], b: Baseline, base_cfg: Mapping[str, int],
                 req: SpaceRequest, asked: bool, machine: Machine) \
-        -> tuple[tuple[int, ...], str]:
-    """Drop knobs the script or the host cannot take, with a note that says why."""
+        -> tuple[tuple[int, ...], str, str]:
+    """Drop knobs the script or the host cannot take: the values left, a note that says why,
+    and for a knob held at one value, the reason alone."""
     if name == "batch_size" and "batch_size" not in base_cfg and not req.global_batch:
         if asked:
             raise UsageError("cannot tune batch_size: the script builds no DataLoader with a "
                              "batch size; put {batch_size} in its arguments")
         return (), ("batch_size: not tuned: the script builds no DataLoader with a batch size "
-                    "and has no {batch_size} placeholder in its arguments")
+                    "and has no {batch_size} placeholder in its arguments"), ""
     if name == "workers" and "workers" not in base_cfg:
         if asked:
             raise UsageError("cannot tune workers: the script builds no DataLoader; put "
                              "{workers} in its arguments")
-        return (), "workers: not tuned: the script builds no DataLoader"
+        return (), "workers: not tuned: the script builds no DataLoader", ""
     if name in ("prefetch", "persistent", "pin_memory") and "workers" not in base_cfg:
         if asked:
             raise UsageError(f"cannot tune {name}: the script builds no DataLoader")
-        return (), ""  # said once, of workers
+        return (), "", ""  # said once, of workers
     if machine.device == "gpu" and not machine.mps and name in _MPS_KNOBS and not asked:
         alone, why = _MPS_KNOBS[name]
-        return (alone,), f"{name}: fixed at {alone}: {why}, which is not available here: " \
-                         f"{machine.mps_why}"
+        why = f"{why}, which is not available here: {machine.mps_why}"
+        return (alone,), f"{name}: fixed at {alone}: {why}", why
     if name == "instances" and not b.distributed and not asked:
         why = b.alone_why or ("the baseline probe never saw the script initialise "
                               "torch.distributed, so extra ranks would each train alone")
-        return (1,), f"instances: fixed at 1: {why}; --space instances=1:N tries anyway"
+        return (1,), f"instances: fixed at 1: {why}; --space instances=1:N tries anyway", why
     if name == "instances" and b.own_ranks and not asked:
-        return (1,), ("instances: fixed at 1: the script starts its own data-parallel ranks "
-                      "(torch.multiprocessing.spawn or the like), so each rank autotune added "
-                      "would start a whole job of its own")
-    return values, ""
+        why = ("the script starts its own data-parallel ranks (torch.multiprocessing.spawn or "
+               "the like), so each rank autotune added would start a whole job of its own")
+        return (1,), f"instances: fixed at 1: {why}", why
+    return values, "", ""
 
 
 def _keep_global_batch(domains: dict, fixed: dict, n: int,
