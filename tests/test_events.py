@@ -285,6 +285,6 @@ def test_a_tuning_run_journals_its_findings_within_the_schema(tmp_path, machine)
     report, _, run_dir = tune(tmp_path, Measured(surface), command=("train.py", "--epochs", "20"),
                               trials=4, confirm_rounds=0)
     (paid,), (fit,) = journal(run_dir, Event.PAYBACK), journal(run_dir, Event.MEMORY_FIT)
-    assert paid["text"] == report.payback.text() and fit["text"] == report.memory.text()
+    assert paid["text"] == report.payback.text() and fit["text"] == report.memory.text
     lines = [text.event_line(e) for e in journal(run_dir)]
     assert f"payback: {paid['text']}" in lines and f"memory: {fit['text']}" in lines
