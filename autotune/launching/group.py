@@ -35,6 +35,7 @@ from autotune.hardware import proc
 from autotune.hardware.host import Gpu, host_cores, host_gpus
 from autotune import LaunchError
 from probes import protocol
+from probes.protocol import Mode
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class RanksSpec:
     command: tuple[str, ...]
     knobs: Mapping[str, float] = field(default_factory=dict)
     instances: int = 1
-    mode: str = "full"
+    mode: Mode = Mode.FULL
     cwd: str = "."
     log_dir: Path = Path(".")
     name: str = "run"
@@ -65,6 +66,9 @@ class RanksSpec:
     device: str = "auto"
     gpus: int | None = 1
     mps_verify_s: float = 120.0  # how long ranks may take to reach CUDA (and so MPS)
+
+    def __post_init__(self):
+        object.__setattr__(self, "mode", Mode(self.mode))  # "io" from a flag: parsed once
 
 
 @dataclass

@@ -34,6 +34,7 @@ from autotune.measuring import breakdown, series
 from autotune.store.journal import Journal
 from autotune.launching.group import RanksSpec, start_group
 from probes import protocol
+from probes.protocol import Mode
 
 POLL_S = 0.2
 
@@ -187,7 +188,7 @@ def run_full(spec: FullRunSpec, journal: Journal, *, out=None) -> int:
             except (OSError, ValueError):
                 pass  # our stdout went away; the log file still has it
 
-    ranks = replace(asked, mode="full", marker=f"{asked.name}-{uuid.uuid4().hex[:12]}")
+    ranks = replace(asked, mode=Mode.FULL, marker=f"{asked.name}-{uuid.uuid4().hex[:12]}")
     journal.emit("fullrun_started", command=list(asked.command),
                  knobs=dict(spec.journal_knobs or asked.knobs), instances=asked.instances,
                  launcher=engines.describe(asked.launcher))

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from probes.protocol import NOISE_FIELDS
+from probes.protocol import NOISE_FIELDS, Mode
 
 NoisePoints = list[tuple[float, Mapping[str, float]]]  # (controller time, cumulative sums)
 
@@ -123,15 +123,15 @@ def _per_rank(counts: Sequence[float]) -> int:
 
 
 def fold(per_rank: Sequence[NoisePoints], start_t: float, end_t: float, *, world_size: int,
-         samples_per_step: int | None = None, mode: str = "full") -> NoiseEstimate:
+         samples_per_step: int | None = None, mode: Mode = Mode.FULL) -> NoiseEstimate:
     """The noise scale over ``[start_t, end_t]`` (the probe's measured span, controller clock)
     from each rank's cumulative sums (`probes.protocol.TICK_NOISE`)."""
     if world_size <= 1:
         return NoiseEstimate(None, ranks=1, reason=ONE_RANK)
-    if mode != "full":
+    if mode is not Mode.FULL:
         return NoiseEstimate(None, ranks=world_size, reason=(
-            f"{mode} mode: " + ("the same few batches replayed are not the data's noise"
-                                if mode == "synthetic" else "nothing trains")))
+            f"{mode.value} mode: " + ("the same few batches replayed are not the data's noise"
+                                      if mode is Mode.SYNTHETIC else "nothing trains")))
     reporting = [pts for pts in per_rank if pts]
     if not reporting:
         return NoiseEstimate(None, ranks=world_size, reason=(

@@ -29,6 +29,7 @@ from autotune.measuring.outcome import Observed, Outcome, classify, script_exit_
 from autotune.launching.group import RanksSpec, start_group
 from autotune.launching.group import log_path as log_path_of
 from probes import protocol
+from probes.protocol import Mode
 
 POLL_S = 0.2
 ESTIMATE_EVERY_S = 1.0
@@ -98,7 +99,7 @@ class TrialResult:
     seen: dict  # what the script asked for: {"batch_size": .., "workers": .., ...}
     notes: tuple[str, ...] = ()
     knobs: Mapping[str, float] = field(default_factory=dict)
-    mode: str = "full"
+    mode: Mode = Mode.FULL
 
     @property
     def ok(self) -> bool:
@@ -463,7 +464,7 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         reason = series.metric_reason(
             probe.metric, batch_known=bool(probe.samples_per_step or probe.script.loader_batch),
             ran_s=ran_s, log_path=log_path)
-    if probe.spec.ranks.mode == "io" and outcome == Outcome.OK and probe.source != "dataloader":
+    if probe.spec.ranks.mode is Mode.IO and outcome == Outcome.OK and probe.source != "dataloader":
         outcome, reason = Outcome.NO_SIGNAL, ("io mode drains a DataLoader, and the script "
                                               "fed no batch through one")
     if probe.pruned and outcome == Outcome.OK:

@@ -22,6 +22,7 @@ from autotune.tuning.prober import Prober, config_key
 from autotune.tuning.records import Known, Scored
 from autotune.tuning.space import Space
 from autotune.tuning.state import TuneState
+from probes.protocol import Mode
 
 CONFIRM_TARGET_REL = 0.02  # tight enough that a confirmation probe measures its whole window
 TOO_SHORT_SHARE = 0.75  # less than this share of one round left: no re-measurement
@@ -107,13 +108,13 @@ def _windows(prober: Prober, space: Space, entries) -> dict[str, float]:
 def _probe_verdict(prober: Prober, space: Space, cfg: dict,
                    full: float) -> bottleneck.Verdict:
     rates = {}
-    for mode in ("synthetic", "io"):
-        label = f"verdict-{mode}"
+    for mode in (Mode.SYNTHETIC, Mode.IO):
+        label = f"verdict-{mode.value}"
         r = prober.probe(prober.spec(*space.trial_knobs(cfg), label, mode=mode), label=label,
                          number=None, cfg=cfg)
         rates[mode] = r.samples_per_s if r.ok else None
     last = prober.last_ok.get(config_key(cfg))
-    v = bottleneck.decide(full, rates["synthetic"], rates["io"],
+    v = bottleneck.decide(full, rates[Mode.SYNTHETIC], rates[Mode.IO],
                           Breakdown.from_dict(last.breakdown) if last is not None else None)
     prober.emit("probe_verdict", verdict=v.to_dict())
     return v

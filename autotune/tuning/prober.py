@@ -20,6 +20,7 @@ from autotune.measuring.trial import TrialResult, TrialSpec
 from autotune.store.journal import Journal
 from autotune.tuning import fitting, state
 from autotune.tuning.records import TuneSettings
+from probes.protocol import Mode
 
 FOREIGN_WAIT_S = 5.0
 
@@ -115,7 +116,7 @@ class Prober:
     def remember(self, cfg: Mapping, result: TrialResult) -> None:
         """Keep ``result`` as the last measurement of ``cfg`` too: the baseline, probed with
         the script's own values before the space named all its knobs."""
-        if result.outcome == Outcome.OK and result.mode == "full":
+        if result.outcome == Outcome.OK and result.mode is Mode.FULL:
             self.last_ok[config_key(cfg)] = result
 
     def typical_s(self, space) -> float:
@@ -159,7 +160,7 @@ class Prober:
             said = tuple(n for n in result.notes if not n.startswith("WARNING"))
             if said:  # what autotune did to this config (a backend replaced, a flag kept)
                 self.probe_notes[config_key(cfg)] = said
-            if result.outcome == Outcome.OK and spec.ranks.mode == "full":
+            if result.outcome == Outcome.OK and spec.ranks.mode is Mode.FULL:
                 self.last_ok[config_key(cfg)] = result
             spoiled = result.outcome in (Outcome.OK, Outcome.PRUNED, Outcome.FOREIGN_LOAD) \
                 and result.foreign_flagged

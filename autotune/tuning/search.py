@@ -22,6 +22,7 @@ from autotune.tuning import study as studies
 from autotune.tuning.prober import Prober
 from autotune.tuning.records import Known, study_tag
 from autotune.tuning.state import TuneState
+from probes.protocol import Mode
 
 DUPLICATE_STREAK = 8  # proposals in a row of configs already known: the sampler has converged
 WAIT_FOR_OTHERS_S = 600.0  # at most, for another tuner's probe of the same config
@@ -242,7 +243,7 @@ class Search:
                       f"{cfg.get('instances', 1)} ranks is at or above one that ran out of "
                       f"memory ({blocker.get('batch_size')})")
             self.prober.emit("trial_started", trial=label, number=trial.number, knobs=cfg,
-                             mode="full")
+                             mode=Mode.FULL)
             self.prober.emit("trial_pruned", trial=label, number=trial.number, reason=reason)
             return self.scorer.failed()
         self.duplicate_streak = 0
