@@ -14,7 +14,7 @@ from autotune.hardware import fingerprint
 from autotune.tuning import space
 from autotune.tuning import study as studies
 from autotune.store.journal import Journal, read_events
-from autotune.measuring.outcome import Outcome
+from autotune.measuring.outcome import Observed, Outcome, classify
 from autotune.measuring.steady import Estimate
 from autotune.measuring.trial import TrialResult
 from autotune.tuning import Tuner, TuneSettings, TuneState, load_state
@@ -23,7 +23,7 @@ SEEN = {"batch_size": 16, "workers": 0}
 NCCL_NOTE = "the script asked for backend 'nccl', which cannot serve here, so autotune used 'gloo'"
 
 
-def result(spec, outcome=Outcome.OK, rate=0.0, foreign=0.0, reason=""):
+def result(spec, outcome=Outcome.OK, reason="", *, rate=0.0, foreign=0.0):
     return TrialResult(
         outcome=outcome, reason=reason, samples_per_s=rate, ci_half=rate * 0.02,
         source="dataloader", steps_per_s=rate / 16, measured_s=5.0, warmup_s=1.0, paused_s=0.0,
@@ -57,11 +57,13 @@ class FakeProbe:
             for i in range(1, 5):
                 est = Estimate(rate, rate * 0.02, float(i), 1.0, 0.0, 4 + i)
                 if on_progress(est):
-                    return result(spec, Outcome.PRUNED, rate,
+                    return result(spec, Outcome.PRUNED, rate=rate,
                                   reason="its interval could not reach the best so far")
-        flagged = self.foreign(knobs, nth)
-        r = result(spec, Outcome.FOREIGN_LOAD if flagged else Outcome.OK, rate,
-                   foreign=2.0 if flagged else 0.0)
+        foreign = 2.0 if self.foreign(knobs, nth) else 0.0
+        r = result(spec, *classify(Observed(  # as the trial decides it, from the same facts
+            exit_code=None, stopped_by_us=True, batches=100, has_estimate=True,
+            foreign_cores=foreign, foreign_limit_cores=spec.foreign_limit_cores,
+            attempt=spec.attempt, last_attempt=spec.last_attempt)), rate=rate, foreign=foreign)
         if self.ddp and spec.ranks.instances > 1:
             r = dataclasses.replace(r, seen={**r.seen, "backend": "gloo",
                                              "world_size": spec.ranks.instances, "ddp": True},
@@ -212,6 +214,12 @@ def test_foreign_load_is_measured_again_never_compared(tmp_path, machine):
                            f"autotune-{run_dir.name}", run_id=run_dir.name)
     spoiled = [tr for tr in h.trials() if tr.user_attrs.get("outcome") == "foreign-load"]
     assert spoiled and all(tr.state == studies.TrialState.FAIL for tr in spoiled)
+    # each attempt's spec says which it is; the last one's own outcome says it was left out
+    twos = [(s.attempt, s.last_attempt) for s in fake.specs
+            if s.ranks.name.startswith("trial-") and s.ranks.knobs.get("workers") == 2]
+    assert twos == [(1, False), (2, True)] * (len(twos) // 2)
+    assert {tr.user_attrs["reason"] for tr in spoiled} == {
+        "2.00 cores of CPU load from other programs in 2 attempt(s); not compared"}
     assert sum("--foreign-limit" in n for n in report.notes) == 1  # told once, not every time
 
 

@@ -65,6 +65,11 @@ class TrialSpec:
     # A probe asking whether ranks join a process group: it ends once this much is measured
     # with none seen (ranks that train alone), instead of measuring a config nobody will use.
     alone_after_s: float | None = None
+    # Which attempt this is of a series the caller re-runs while foreign load spoils it (1 =
+    # first; None: nobody re-runs it), and whether it is the last: the outcome says so
+    # (`autotune.measuring.outcome.classify`).
+    attempt: int | None = None
+    last_attempt: bool = True
 
     @classmethod
     def of(cls, **fields) -> TrialSpec:
@@ -452,6 +457,8 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         logs.cap(path)  # read: the tail above and --metric; its processes are gone
     ran_s = time.monotonic() - probe.t_begin
     has_estimate = est is not None and est.windows >= 3 and est.samples_per_s > 0
+    foreign = load.cores()
+    spec = probe.spec
     outcome, reason = classify(Observed(
         exit_code=exit_code, stopped_by_us=probe.stopped_by_us and own is None,
         error_kind=error.get("kind") if error else None,
@@ -459,21 +466,13 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         batches=batches, steps=steps, has_estimate=has_estimate, hung_s=probe.hung_s,
         ran_s=ran_s, last_log_line=logs.last_line(tail),
         needs_batch_size=not probe.samples_per_step, **_stall(probe),
-        stalled_idle=_idle_stall(probe, load)))
-    if probe.metric is not None and outcome in (Outcome.NO_SIGNAL, Outcome.EXITED_EARLY):
-        reason = series.metric_reason(
+        stalled_idle=_idle_stall(probe, load),
+        metric_reason=series.metric_reason(
             probe.metric, batch_known=bool(probe.samples_per_step or probe.script.loader_batch),
-            ran_s=ran_s, log_path=log_path)
-    if probe.spec.ranks.mode is Mode.IO and outcome == Outcome.OK and probe.source != "dataloader":
-        outcome, reason = Outcome.NO_SIGNAL, ("io mode drains a DataLoader, and the script "
-                                              "fed no batch through one")
-    if probe.pruned and outcome == Outcome.OK:
-        outcome, reason = Outcome.PRUNED, "its interval could not reach the best so far"
-    foreign = load.cores()
-    if outcome == Outcome.OK and foreign > probe.spec.foreign_limit_cores:
-        outcome = Outcome.FOREIGN_LOAD
-        reason = (f"{foreign:.2f} cores of CPU load from other programs during the probe; "
-                  f"not comparable, re-run when the machine is quiet")
+            ran_s=ran_s, log_path=log_path) if probe.metric is not None else "",
+        io_without_loader=spec.ranks.mode is Mode.IO and probe.source != "dataloader",
+        pruned=probe.pruned, foreign_cores=foreign, foreign_limit_cores=spec.foreign_limit_cores,
+        attempt=spec.attempt, last_attempt=spec.last_attempt))
     step_points = [r.step_points for r in probe.ranks.values() if r.step_points]
     step_est = steady.estimate(series.sum_series(step_points), batches=steps) \
         if step_points else None

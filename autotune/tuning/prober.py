@@ -139,10 +139,14 @@ class Prober:
               on_progress=None, events: bool = True, finish: bool = True) -> TrialResult:
         """One probe, re-run while foreign load spoils it (up to ``foreign_retries`` times).
 
+        Each attempt's spec says which it is, so its own outcome tells a spoiled last attempt
+        (`autotune.measuring.outcome.classify`); here only whether to run it again is decided.
         With ``finish=False`` the caller emits the last ``trial_finished`` itself.
         """
-        attempt = 0
+        attempt, attempts = 0, self.settings.foreign_retries + 1
         while True:
+            attempt += 1
+            spec = dataclasses.replace(spec, attempt=attempt, last_attempt=attempt >= attempts)
             if events:
                 self.emit("trial_started", trial=label, number=number, knobs=dict(cfg),
                           mode=spec.ranks.mode)
@@ -162,13 +166,9 @@ class Prober:
                 self.probe_notes[config_key(cfg)] = said
             if result.outcome == Outcome.OK and spec.ranks.mode is Mode.FULL:
                 self.last_ok[config_key(cfg)] = result
-            spoiled = result.outcome in (Outcome.OK, Outcome.PRUNED, Outcome.FOREIGN_LOAD) \
-                and result.foreign_flagged
-            last = not spoiled or attempt == self.settings.foreign_retries
+            spoiled = result.outcome == Outcome.FOREIGN_LOAD
+            last = not spoiled or spec.last_attempt
             if spoiled and last:
-                result = dataclasses.replace(result, outcome=Outcome.FOREIGN_LOAD, reason=(
-                    f"{result.foreign_cores:.2f} cores of CPU load from other programs in "
-                    f"{attempt + 1} attempt(s); not compared"))
                 self._tell_busy(label, result.foreign_cores)
             if events and (finish or not last):
                 self.emit("trial_finished", trial=label, number=number, mode=spec.ranks.mode,
@@ -178,7 +178,6 @@ class Prober:
             self.tell("warning", f"{label}: {result.foreign_cores:.2f} cores of foreign CPU "
                                  f"load during the probe; measuring it again")
             self.clock.sleep(FOREIGN_WAIT_S)
-            attempt += 1
 
     def _keep_pace(self, spec: TrialSpec, result: TrialResult) -> None:
         """A measured probe's step time, for fitting the next probes (`fitting.step_factor`)."""
