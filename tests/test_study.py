@@ -18,6 +18,7 @@ from autotune.measuring.outcome import Observed, Outcome, classify
 from autotune.measuring.steady import Estimate
 from autotune.measuring.trial import TrialResult
 from autotune.tuning import Tuner, TuneSettings, TuneState, load_state
+from autotune.tuning.records import Known
 
 SEEN = {"batch_size": 16, "workers": 0}
 NCCL_NOTE = "the script asked for backend 'nccl', which cannot serve here, so autotune used 'gloo'"
@@ -179,9 +180,66 @@ def test_oom_is_infeasible_and_larger_batches_are_not_tried(tmp_path, machine):
     assert report.best.knobs["batch_size"] == 32
     h = studies.open_study(studies.sqlite_url(run_dir / "study.db"),
                            f"autotune-{run_dir.name}", run_id=run_dir.name)
-    ooms = [tr for tr in h.trials() if tr.user_attrs.get("outcome") in ("oom", "oom-skipped")]
+    ooms = [tr for tr in h.trials() if studies.outcome_of(tr) == Outcome.OOM]
     assert ooms and all(tr.constraints and max(tr.constraints.values()) > 0 for tr in ooms)
+    assert {tr.user_attrs["outcome"] for tr in ooms} == {"oom"}  # one vocabulary
     assert "configs of the space measured" in report.stop_reason  # 4 fit, the rest ruled out
+
+
+def answered(h, outcome, cfg, **attrs):
+    """A finished trial of ``h`` that recorded ``outcome`` through the study module."""
+    trial = h.study.ask()
+    trial.set_user_attr("knobs", cfg)
+    for key, value in attrs.items():
+        trial.set_user_attr(key, value)
+    studies.record_outcome(trial, outcome)
+    if outcome == Outcome.PRUNED:
+        h.study.tell(trial, state=studies.TrialState.PRUNED)
+    else:
+        h.study.tell(trial, 0.0)
+    return trial.number
+
+
+def test_every_outcome_reads_back_as_written(tmp_path):
+    """Each `Outcome` written to a real SQLite study reads back equal, and a finished trial's
+    answer (`Known`) keeps it: an OOM stays an OOM, a hang a hang."""
+    url = studies.sqlite_url(tmp_path / "study.db")
+    h = studies.open_study(url, "s", run_id="r")
+    numbers = {o: answered(h, o, {"batch_size": 2 ** i}) for i, o in enumerate(Outcome)}
+    again = studies.open_study(url, "s", run_id="r")  # read back from the file
+    by_number = {t.number: t for t in again.trials()}
+    for outcome, number in numbers.items():
+        t = by_number[number]
+        assert studies.outcome_of(t) is outcome
+        assert Known.of_trial(t).outcome is outcome
+        infeasible = outcome not in (Outcome.OK, Outcome.PRUNED, Outcome.FOREIGN_LOAD)
+        assert (max(t.constraints.values(), default=0.0) > 0) == infeasible, outcome
+    assert [t.number for t in again.trials() if studies.comparable(t)] == [numbers[Outcome.OK]]
+
+
+def test_a_config_an_oom_ruled_out_is_an_oom_never_measured(tmp_path):
+    h = studies.open_study(studies.sqlite_url(tmp_path / "study.db"), "s", run_id="r")
+    trial = h.study.ask()
+    trial.set_user_attr("knobs", {"batch_size": 64})
+    studies.record_outcome(trial, Outcome.OOM, not_tried=True)
+    h.study.tell(trial, 0.0)
+    (t,) = h.trials()
+    assert studies.outcome_of(t) is Outcome.OOM and studies.not_tried(t)
+    assert max(t.constraints.values()) > 0 and Known.of_trial(t) is None
+
+
+def test_studies_of_earlier_versions_read_their_tags_once(tmp_path):
+    h = studies.open_study(studies.sqlite_url(tmp_path / "study.db"), "s", run_id="r")
+    for tag, cfg in (("failed", {"batch_size": 8}), ("oom-skipped", {"batch_size": 16})):
+        trial = h.study.ask()
+        trial.set_user_attr("knobs", cfg)
+        trial.set_user_attr("outcome", tag)
+        h.study.tell(trial, 0.0)
+    failed, skipped = h.trials()
+    assert studies.outcome_of(failed) is Outcome.CRASHED
+    assert Known.of_trial(failed).outcome is Outcome.CRASHED
+    assert studies.outcome_of(skipped) is Outcome.OOM and studies.not_tried(skipped)
+    assert Known.of_trial(skipped) is None  # ruled out, never measured
 
 
 def test_slow_probes_are_pruned(tmp_path, machine):

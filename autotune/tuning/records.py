@@ -10,6 +10,7 @@ from pathlib import Path
 from autotune.measuring.bottleneck import Verdict
 from autotune.measuring.foreign_load import FOREIGN_CORES_LIMIT
 from autotune.measuring.outcome import Outcome
+from autotune.tuning import study as studies
 from autotune.tuning.objective import THROUGHPUT, Objective
 from autotune.tuning.space import Range, Space, batch_change_note, parse_fix, parse_space
 from autotune.tuning.space.parse import parse_values
@@ -191,22 +192,12 @@ class TuneReport:
                            if self.baseline_probe else None}}
 
 
-# The outcome a study trial records (``user_attrs["outcome"]``, a constraint's name) for any
-# failure but an OOM: such configs are infeasible alike. Other outcomes record their own value.
-FAILED_TAG = "failed"
-_ANSWERS = (Outcome.OK, Outcome.OOM, Outcome.PRUNED)
-
-
-def study_tag(outcome: Outcome) -> str:
-    return outcome.value if outcome in (*_ANSWERS, Outcome.FOREIGN_LOAD) else FAILED_TAG
-
-
 @dataclass(frozen=True)
 class Known:
     """A config the study has an answer for."""
 
     number: int
-    outcome: Outcome  # OK, PRUNED, OOM, or the failure the probe ended with (CRASHED: any)
+    outcome: Outcome  # as the probe ended (`autotune.tuning.study.outcome_of`)
     value: float
     ci_half: float
     cfg: Mapping[str, int]
@@ -218,14 +209,13 @@ class Known:
 
     @classmethod
     def of_trial(cls, t) -> Known | None:
-        """The answer a finished study trial holds in its user attrs, or None: skipped for an
+        """The answer a finished study trial holds in its user attrs, or None: not tried for an
         OOM, spoiled by foreign load, a replay of another trial, or interrupted (failed)."""
         attrs = t.user_attrs
         cfg = attrs.get("knobs")
-        outcome = {FAILED_TAG: Outcome.CRASHED, **{o.value: o for o in _ANSWERS}}.get(
-            attrs.get("outcome"))
-        if not cfg or outcome is None or attrs.get("duplicate_of") is not None or \
-                t.state.name == "FAIL":
+        outcome = studies.outcome_of(t)
+        if not cfg or outcome is None or studies.not_tried(t) or \
+                attrs.get("duplicate_of") is not None or t.state.name == "FAIL":
             return None
         sps = attrs.get("samples_per_s")
         if sps is None:  # ``t.value`` raises for a multi-objective trial: its first value

@@ -20,14 +20,13 @@ from autotune.measuring.outcome import Outcome
 from autotune.tuning import decision, fitting, objective
 from autotune.tuning import study as studies
 from autotune.tuning.prober import Prober
-from autotune.tuning.records import Known, study_tag
+from autotune.tuning.records import Known
 from autotune.tuning.state import TuneState
 from probes.protocol import Mode
 
 DUPLICATE_STREAK = 8  # proposals in a row of configs already known: the sampler has converged
 WAIT_FOR_OTHERS_S = 600.0  # at most, for another tuner's probe of the same config
 BUDGET_SPENT = "time budget spent"  # the stop reason's start when the budget ended the search
-OOM_SKIPPED_TAG = "oom-skipped"  # a study trial's outcome: not tried, an OOM rules it out
 
 
 @dataclass(frozen=True)
@@ -134,7 +133,7 @@ class Search:
                 self.handle.add_answered(
                     choice, {n: len(sp.domains[n]) for n in choice}, value,
                     {"run": self.run_id, "knobs": cfg, "ranks_probe": True,
-                     "outcome": study_tag(Outcome.OK), "samples_per_s": ranks["samples_per_s"],
+                     **studies.outcome_attrs(Outcome.OK), "samples_per_s": ranks["samples_per_s"],
                      "ci_half": ranks["ci_half"], "energy": ranks.get("energy"),
                      "score_ci_half": score.ci_half})
         if self.state.warm_start:
@@ -237,8 +236,7 @@ class Search:
         blocker = decision.oom_blocks(cfg, self.ooms)
         if blocker is not None:
             self.duplicate_streak += 1
-            trial.set_user_attr("outcome", OOM_SKIPPED_TAG)
-            trial.set_constraint(study_tag(Outcome.OOM), 1.0)
+            studies.record_outcome(trial, Outcome.OOM, not_tried=True)
             reason = (f"not tried: batch_size {cfg.get('batch_size')} with "
                       f"{cfg.get('instances', 1)} ranks is at or above one that ran out of "
                       f"memory ({blocker.get('batch_size')})")
@@ -254,7 +252,7 @@ class Search:
         known = Known(trial.number, Outcome.OK, b.samples_per_s, b.ci_half, dict(cfg), b.energy)
         score = self._score(known)
         trial.set_user_attr("baseline", True)
-        trial.set_user_attr("outcome", study_tag(Outcome.OK))
+        studies.record_outcome(trial, Outcome.OK)
         trial.set_user_attr("samples_per_s", b.samples_per_s)
         trial.set_user_attr("ci_half", b.ci_half)
         trial.set_user_attr("energy", b.energy)
@@ -271,14 +269,13 @@ class Search:
         """A config already answered: the same answer, without a probe."""
         self.duplicate_streak += 1
         trial.set_user_attr("duplicate_of", known.number)
-        trial.set_user_attr("outcome", study_tag(known.outcome))
+        studies.record_outcome(trial, known.outcome)
         score = self._score(known)
         if known.outcome == Outcome.PRUNED:
             if self.handle.prunes:
                 trial.report(score.value, 0)
             raise studies.TrialPruned(f"same config as trial {known.number}")
         if known.infeasible:
-            trial.set_constraint(study_tag(known.outcome), 1.0)
             return self.scorer.failed()
         value = self.scorer.values(score)
         if value is None:
@@ -319,7 +316,7 @@ class Search:
         trial.set_user_attr("samples_per_s", result.samples_per_s)
         trial.set_user_attr("ci_half", result.ci_half)
         trial.set_user_attr("reason", result.reason)
-        trial.set_user_attr("outcome", study_tag(result.outcome))
+        studies.record_outcome(trial, result.outcome)
         trial.set_user_attr("energy", result.energy)
         if result.noise:
             trial.set_user_attr("noise", result.noise)
@@ -345,7 +342,6 @@ class Search:
                 self.ooms.append(dict(cfg))
             self.prober.tell("warning", f"{label} {_fmt(cfg)}: {result.outcome.value}: "
                                         f"{result.reason} (log: {result.log_path})")
-            trial.set_constraint(study_tag(known.outcome), 1.0)
             return self.scorer.failed()
         values = self.scorer.values(score)
         if values is None:  # not comparable on energy: left out, as a spoiled probe is
