@@ -1,14 +1,13 @@
 """Issue 13: nothing computed from no measurement is a reference, a recipe figure or a summary
 figure. Fake probes (`test_study.FakeProbe`) flag foreign load where the test says."""
 
-import dataclasses
 import math
 
 import pytest
 
 from autotune import AutotuneError
 import test_study
-from test_study import FakeProbe, events, surface, tune
+from test_study import FakeProbe, events, surface, tune, under_load
 
 machine = test_study.machine  # the fixture
 
@@ -22,7 +21,7 @@ class Spoiled(FakeProbe):
 
     def __call__(self, spec, **kw):
         r = super().__call__(spec, **kw)
-        return dataclasses.replace(r, foreign_cores=2.0) if self.spoils(spec.ranks.name) else r
+        return under_load(spec, r, 2.0) if self.spoils(spec.ranks.name) else r
 
 
 def test_a_confirmation_under_foreign_load_falls_back_to_what_the_search_measured(

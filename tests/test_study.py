@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from autotune import Note
 from autotune.hardware import fingerprint
 from autotune.tuning import space
 from autotune.tuning import study as studies
@@ -32,6 +33,17 @@ def result(spec, outcome=Outcome.OK, reason="", *, rate=0.0, foreign=0.0):
         exit_code=0, log_path=str(spec.ranks.log_dir / f"{spec.ranks.name}.log"), log_tail="",
         seen=dict(SEEN), knobs=dict(spec.ranks.knobs), mode=spec.ranks.mode,
         foreign_limit_cores=spec.foreign_limit_cores)
+
+
+def under_load(spec, r, foreign_cores):
+    """``r``, a measured probe, as the trial classifies it when ``foreign_cores`` of other
+    programs' load ran beside it (the same facts into the same `classify`)."""
+    outcome, reason = classify(Observed(
+        exit_code=None, stopped_by_us=True, batches=100, has_estimate=True,
+        pruned=r.outcome == Outcome.PRUNED, foreign_cores=foreign_cores,
+        foreign_limit_cores=spec.foreign_limit_cores, attempt=spec.attempt,
+        last_attempt=spec.last_attempt))
+    return dataclasses.replace(r, outcome=outcome, reason=reason, foreign_cores=foreign_cores)
 
 
 class FakeProbe:
@@ -60,15 +72,11 @@ class FakeProbe:
                 if on_progress(est):
                     return result(spec, Outcome.PRUNED, rate=rate,
                                   reason="its interval could not reach the best so far")
-        foreign = 2.0 if self.foreign(knobs, nth) else 0.0
-        r = result(spec, *classify(Observed(  # as the trial decides it, from the same facts
-            exit_code=None, stopped_by_us=True, batches=100, has_estimate=True,
-            foreign_cores=foreign, foreign_limit_cores=spec.foreign_limit_cores,
-            attempt=spec.attempt, last_attempt=spec.last_attempt)), rate=rate, foreign=foreign)
+        r = under_load(spec, result(spec, rate=rate), 2.0 if self.foreign(knobs, nth) else 0.0)
         if self.ddp and spec.ranks.instances > 1:
             r = dataclasses.replace(r, seen={**r.seen, "backend": "gloo",
                                              "world_size": spec.ranks.instances, "ddp": True},
-                                    notes=(NCCL_NOTE,))
+                                    notes=(Note.info(NCCL_NOTE),))
         return r
 
     def measured(self):

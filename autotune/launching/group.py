@@ -33,7 +33,7 @@ from autotune.launching import rank_command, engines, placement
 
 from autotune.hardware import proc
 from autotune.hardware.host import Gpu, host_cores, host_gpus
-from autotune import LaunchError
+from autotune import LaunchError, Note
 from probes import protocol
 from probes.protocol import Mode
 
@@ -82,12 +82,12 @@ class RankGroup:
     mps_check: object | None = None  # autotune.hardware.mps.MpsCheck once the check has finished
     _checker: threading.Thread | None = None
 
-    def notes(self) -> list[str]:
+    def notes(self) -> list[Note]:
         """What a probe or the full run should tell the user about where its ranks ran."""
-        notes = list(self.plan.notes)
+        notes = [Note.info(n) for n in self.plan.notes]
         check = self.mps_check
         if check is not None and not check.ok:
-            notes.append(f"WARNING: {check.text}")
+            notes.append(Note.warning(check.text))
         return notes
 
     def wait_mps_check(self, timeout_s: float | None = None):

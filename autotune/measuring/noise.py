@@ -101,6 +101,34 @@ class NoiseEstimate:
             d["reason"] = self.reason
         return d
 
+    @classmethod
+    def from_dict(cls, d: Mapping | None) -> NoiseEstimate | None:
+        """From `to_dict`'s shape (the journal, a study, ``tune.json``); None for none."""
+        if not d:
+            return None
+
+        def number(key: str) -> float | None:
+            v = d.get(key)
+            return float(v) if isinstance(v, (int, float)) else None
+
+        return cls(number("noise_scale"), int(d.get("steps") or 0), int(d.get("b_small") or 0),
+                   int(d.get("b_big") or 0), int(d.get("ranks") or 0), number("grad_sq"),
+                   number("trace_cov"), int(d.get("skipped") or 0), str(d.get("reason") or ""))
+
+    @property
+    def measured(self) -> bool:
+        """A positive noise scale was told."""
+        return self.noise_scale is not None and self.noise_scale > 0
+
+    def describe(self) -> str:
+        """The gradient noise scale and what it stands on, or why there is none."""
+        if self.noise_scale is None:
+            return self.reason or "not measured"
+        text = (f"B_noise {self.noise_scale:.3g} samples (from {self.steps} steps, {self.ranks} "
+                f"ranks x {self.b_small} = {self.b_big} per step)")
+        return text + (f"; {self.skipped} accumulated backward passes not counted"
+                       if self.skipped else "")
+
 
 def _zero() -> dict[str, float]:
     return dict.fromkeys(NOISE_FIELDS, 0.0)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from autotune.measuring.breakdown import Breakdown
 from autotune.measuring import allreduce
 from autotune.launching import engines, rank_command
 from autotune.hardware import fingerprint
@@ -149,7 +148,7 @@ def measure(prober: Prober, state: TuneState) -> TuneState:
         prober.timing = timing
         prober.note("info", f"baseline: {timing.describe()}" + (
             "; later probes are fitted to it" if not settings.seconds else ""))
-    parts = Breakdown.from_dict(result.breakdown)
+    parts = result.breakdown
     if parts is not None:
         prober.note("info", f"baseline: where the time goes: {parts.describe()}; "
                             f"{parts.advice()}")
@@ -243,7 +242,9 @@ def discover_ranks(prober: Prober, machine: space.Machine, base: space.Baseline,
                             f"({result.samples_per_s:.1f} samples/s)")
         return dataclasses.replace(base, distributed=True), {
             "knobs": dict(cfg), "samples_per_s": result.samples_per_s,
-            "ci_half": result.ci_half, "energy": result.energy, "noise": result.noise}
+            "ci_half": result.ci_half,  # the measured values as tune.json keeps them
+            "energy": result.energy and result.energy.to_dict(),
+            "noise": result.noise and result.noise.to_dict()}
     if result.ok:
         why = ("a probe of 2 ranks (torchrun's environment) saw them train alone, with no "
                "process group and no DDP, so extra ranks would each train a model of their own")

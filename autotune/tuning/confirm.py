@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from autotune.measuring import bottleneck
-from autotune.measuring.breakdown import Breakdown
+from autotune.measuring.energy import EnergyPerSample
 from autotune.measuring.outcome import Outcome
 from autotune.tuning import decision, fitting, objective
 from autotune.tuning.decision import Measured
@@ -115,7 +115,7 @@ def _probe_verdict(prober: Prober, space: Space, cfg: dict,
         rates[mode] = r.samples_per_s if r.ok else None
     last = prober.last_ok.get(config_key(cfg))
     v = bottleneck.decide(full, rates[Mode.SYNTHETIC], rates[Mode.IO],
-                          Breakdown.from_dict(last.breakdown) if last is not None else None)
+                          last.breakdown if last is not None else None)
     prober.emit("probe_verdict", verdict=v.to_dict())
     return v
 
@@ -133,7 +133,7 @@ class Round:
 
     samples_per_s: float
     ci_half: float
-    energy: Mapping | None = None
+    energy: EnergyPerSample | None = None
 
 
 def _by_objective(scorer: objective.Scorer, cfgs: Mapping[str, Mapping],

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from autotune import NoteKind
 from autotune.launching import engines
 from autotune.measuring import series, trial
 from autotune.measuring.outcome import Outcome
@@ -161,7 +162,7 @@ class Prober:
             state.mark_live(self.run_dir, [])
             result = dataclasses.replace(result, knobs=dict(cfg))
             self._keep_pace(spec, result)
-            said = tuple(n for n in result.notes if not n.startswith("WARNING"))
+            said = tuple(str(n) for n in result.notes if n.kind is not NoteKind.WARNING)
             if said:  # what autotune did to this config (a backend replaced, a flag kept)
                 self.probe_notes[config_key(cfg)] = said
             if result.outcome == Outcome.OK and spec.ranks.mode is Mode.FULL:

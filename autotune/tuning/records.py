@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune.measuring.bottleneck import Verdict
+from autotune.measuring.breakdown import Breakdown
+from autotune.measuring.energy import EnergyPerSample
+from autotune.measuring.noise import NoiseEstimate
 from autotune.measuring.foreign_load import FOREIGN_CORES_LIMIT
 from autotune.measuring.outcome import Outcome
 from autotune.tuning import study as studies
@@ -100,20 +103,46 @@ class BaselineRecord(Scored):
 
     source: str = ""
     seen: Mapping = field(default_factory=dict)
-    breakdown: Mapping | None = None  # where its time went (`Breakdown.to_dict`)
-    energy: Mapping | None = None  # joules per sample (`EnergyPerSample.to_dict`)
-    noise: Mapping | None = None  # gradient noise scale, when its probe measured it
+    breakdown: Breakdown | None = None  # where its time went
+    energy: EnergyPerSample | None = None  # joules per sample
+    noise: NoiseEstimate | None = None  # gradient noise scale, or why its probe had none
+
+    def to_dict(self) -> dict:
+        """As ``tune.json`` holds it: each measured value in its own ``to_dict`` shape."""
+        return {"knobs": dict(self.knobs), "samples_per_s": self.samples_per_s,
+                "ci_half": self.ci_half, "source": self.source, "seen": dict(self.seen),
+                **{name: _dict_of(getattr(self, name)) for name in _MEASURED}}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> BaselineRecord:
+        return cls(dict(d["knobs"]), float(d["samples_per_s"]), float(d["ci_half"]),
+                   str(d.get("source") or ""), dict(d.get("seen") or {}),
+                   **{name: kind.from_dict(d.get(name)) for name, kind in _MEASURED.items()})
 
 
 @dataclass(frozen=True)
 class ProbeFacts:
     """What a config's probe told beyond its throughput: where the time goes
-    (`autotune.measuring.breakdown.Breakdown.to_dict`) and what a sample costs."""
+    (`autotune.measuring.breakdown`) and what a sample costs."""
 
-    breakdown: Mapping | None = None
+    breakdown: Breakdown | None = None
     core_s_per_sample: float = 0.0  # CPU seconds of its processes on this host
     gpu_s_per_sample: float = 0.0  # GPUs held x wall time
-    energy: Mapping | None = None  # joules per sample (`autotune.measuring.energy`)
+    energy: EnergyPerSample | None = None  # joules per sample (`autotune.measuring.energy`)
+
+    def to_dict(self) -> dict:
+        """As ``summary.json`` holds it."""
+        return {"breakdown": _dict_of(self.breakdown),
+                "core_s_per_sample": self.core_s_per_sample,
+                "gpu_s_per_sample": self.gpu_s_per_sample, "energy": _dict_of(self.energy)}
+
+
+# The measured values a record keeps, each read back by its own ``from_dict``.
+_MEASURED = {"breakdown": Breakdown, "energy": EnergyPerSample, "noise": NoiseEstimate}
+
+
+def _dict_of(value) -> dict | None:
+    return value.to_dict() if value is not None else None
 
 
 @dataclass(frozen=True)
@@ -164,11 +193,11 @@ class TuneReport:
         return self.best.samples_per_s / (n * self.one_rank_samples_per_s)
 
     @property
-    def best_breakdown(self) -> Mapping | None:
+    def best_breakdown(self) -> Breakdown | None:
         return self.best_probe.breakdown if self.best_probe else None
 
     @property
-    def baseline_breakdown(self) -> Mapping | None:
+    def baseline_breakdown(self) -> Breakdown | None:
         return self.baseline_probe.breakdown if self.baseline_probe else None
 
     def to_dict(self) -> dict:
@@ -186,10 +215,8 @@ class TuneReport:
                 "batch_note": self.batch_note, "payback": self.payback,
                 "objective": self.objective, "score": self.score,
                 "objective_note": self.objective_note, "pareto": [dict(p) for p in self.pareto],
-                "probes": {"best": dataclasses.asdict(self.best_probe) if self.best_probe
-                           else None,
-                           "baseline": dataclasses.asdict(self.baseline_probe)
-                           if self.baseline_probe else None}}
+                "probes": {"best": _dict_of(self.best_probe),
+                           "baseline": _dict_of(self.baseline_probe)}}
 
 
 @dataclass(frozen=True)
@@ -201,7 +228,7 @@ class Known:
     value: float
     ci_half: float
     cfg: Mapping[str, int]
-    energy: Mapping | None = None  # its probe's joules per sample (`EnergyPerSample.to_dict`)
+    energy: EnergyPerSample | None = None  # its probe's joules per sample
 
     @property
     def infeasible(self) -> bool:
@@ -221,4 +248,5 @@ class Known:
         if sps is None:  # ``t.value`` raises for a multi-objective trial: its first value
             sps = (t.values or [0.0])[0]
         return cls(t.number, outcome, float(sps),
-                   float(attrs.get("ci_half", 0.0)), dict(cfg), attrs.get("energy"))
+                   float(attrs.get("ci_half", 0.0)), dict(cfg),
+                   EnergyPerSample.from_dict(attrs.get("energy")))

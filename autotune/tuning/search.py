@@ -14,7 +14,8 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from autotune.measuring.breakdown import Breakdown
+from autotune.measuring.energy import EnergyPerSample
+from autotune.measuring.noise import NoiseEstimate
 from autotune import AutotuneError
 from autotune.measuring.outcome import Outcome
 from autotune.tuning import decision, fitting, objective
@@ -38,7 +39,7 @@ class SearchResult:
     stop_reason: str
     source: str  # how throughput was counted (the baseline's, else the first clean probe's)
     state: TuneState  # the run's state as the search left it
-    noises: tuple[Mapping, ...] = ()  # the noise-scale readings of the probes it took
+    noises: tuple[NoiseEstimate, ...] = ()  # the noise-scale readings of the probes it took
 
 
 def budget_plan(prober: Prober, state: TuneState, left_s: float) -> fitting.Plan:
@@ -96,7 +97,7 @@ class Search:
         self.source = state.baseline.source
         self.learned: set[int] = set()  # study trials whose answer is in `known`
         self.scorer = scorer or objective.Scorer(self.settings.objective)
-        self.noises: list[Mapping] = []
+        self.noises: list[NoiseEstimate] = []
 
     def run(self) -> SearchResult:
         self._enqueue_start()
@@ -126,20 +127,19 @@ class Search:
         if ranks:  # measured already: in the study from the start, whatever the budget leaves
             choice = sp.choice_from_config(ranks["knobs"])
             cfg = sp.config({n: sp.domains[n][i] for n, i in choice.items()})
-            score = self.scorer.score(ranks["samples_per_s"], ranks["ci_half"], cfg,
-                                      ranks.get("energy"))
+            energy = EnergyPerSample.from_dict(ranks.get("energy"))  # as tune.json holds it
+            score = self.scorer.score(ranks["samples_per_s"], ranks["ci_half"], cfg, energy)
             value = self.scorer.values(score)
             if sp.key(cfg) == sp.key(ranks["knobs"]) and value is not None:  # in the space
                 self.handle.add_answered(
                     choice, {n: len(sp.domains[n]) for n in choice}, value,
                     {"run": self.run_id, "knobs": cfg, "ranks_probe": True,
                      **studies.outcome_attrs(Outcome.OK), "samples_per_s": ranks["samples_per_s"],
-                     "ci_half": ranks["ci_half"], "energy": ranks.get("energy"),
+                     "ci_half": ranks["ci_half"], "energy": energy and energy.to_dict(),
                      "score_ci_half": score.ci_half})
         if self.state.warm_start:
             self.handle.enqueue(sp.choice_from_config(self.state.warm_start), {"warm_start": True})
-        parts = Breakdown.from_dict(self.state.baseline.breakdown) \
-            if self.state.baseline is not None else None
+        parts = self.state.baseline.breakdown if self.state.baseline is not None else None
         first = parts.moves() if parts is not None else ()
         design = sp.initial_design(first)
         if first and design:
@@ -203,8 +203,9 @@ class Search:
         if not t.state.is_finished():
             return None  # still running (here or in another tuner): not an answer yet
         self.learned.add(t.number)
-        if t.user_attrs.get("noise"):  # a resumed run (or another tuner) measured B_noise
-            self.noises.append(t.user_attrs["noise"])
+        noise = NoiseEstimate.from_dict(t.user_attrs.get("noise"))
+        if noise is not None:  # a resumed run (or another tuner) measured B_noise
+            self.noises.append(noise)
         known = Known.of_trial(t)
         if known is None:
             return None
@@ -255,7 +256,7 @@ class Search:
         studies.record_outcome(trial, Outcome.OK)
         trial.set_user_attr("samples_per_s", b.samples_per_s)
         trial.set_user_attr("ci_half", b.ci_half)
-        trial.set_user_attr("energy", b.energy)
+        trial.set_user_attr("energy", b.energy and b.energy.to_dict())
         trial.set_user_attr("score_ci_half", score.ci_half)
         value = self.scorer.values(score)
         if value is None:  # the tuner checks the baseline's energy before the search
@@ -317,9 +318,9 @@ class Search:
         trial.set_user_attr("ci_half", result.ci_half)
         trial.set_user_attr("reason", result.reason)
         studies.record_outcome(trial, result.outcome)
-        trial.set_user_attr("energy", result.energy)
-        if result.noise:
-            trial.set_user_attr("noise", result.noise)
+        trial.set_user_attr("energy", result.energy and result.energy.to_dict())
+        if result.noise is not None:
+            trial.set_user_attr("noise", result.noise.to_dict())
             self.noises.append(result.noise)
         if result.outcome == Outcome.FOREIGN_LOAD:
             self.convergence.update(None)

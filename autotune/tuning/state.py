@@ -65,7 +65,8 @@ class TuneState:
     def to_dict(self) -> dict:
         """Keys of what is not settled yet are left out, as ever."""
         d = {**dataclasses.asdict(self), "settings": self.settings.to_dict(),
-             "run_command": list(self.run_command), "space": self.space and self.space.to_dict()}
+             "run_command": list(self.run_command), "space": self.space and self.space.to_dict(),
+             "baseline": self.baseline and self.baseline.to_dict()}
         return {k: v for k, v in d.items() if v is not None and v is not False}
 
     @classmethod
@@ -77,7 +78,8 @@ class TuneState:
                       "run_command": tuple(d.get("run_command") or s.command),
                       "run_cwd": d.get("run_cwd") or s.cwd,
                       "space": Space.from_dict(d["space"]) if d.get("space") else None,
-                      "baseline": BaselineRecord(**d["baseline"]) if d.get("baseline") else None})
+                      "baseline": BaselineRecord.from_dict(d["baseline"]) if d.get("baseline")
+                      else None})
 
 
 def save(run_dir: Path, state: TuneState) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 from autotune.launching import engines
 from autotune.measuring import trial
 from autotune.measuring.outcome import Outcome
+from autotune.measuring.noise import NoiseEstimate
 from autotune.hardware import fingerprint
 from autotune.store import jsontext, rundir
 from autotune.store.journal import Journal
@@ -222,7 +223,7 @@ class Tuner:
         if objective.Kind.GOODPUT not in obj.kinds:
             return objective.Scorer(obj), ""
         batch0 = global_batch(st.space.baseline, st.space.devices)
-        ranks = (st.ranks_probe or {}).get("noise")
+        ranks = NoiseEstimate.from_dict((st.ranks_probe or {}).get("noise"))  # tune.json's
         before, steps = objective.noise_of([st.baseline.noise, ranks])
         value, found = (before, steps) if before is not None else objective.noise_of(noises)
         scorer = objective.Scorer(obj, batch0, value, st.space.devices)
@@ -239,8 +240,8 @@ class Tuner:
             alone = "instances: fixed at 1: "
             why = next((n[len(alone):].split("; --space")[0] for n in st.space.notes
                         if n.startswith(alone)), "") or \
-                next((n.get("reason") for n in (ranks, *noises, st.baseline.noise)
-                      if n and n.get("reason")), "") or "no data-parallel trial measured it"
+                next((n.reason for n in (ranks, *noises, st.baseline.noise)
+                      if n is not None and n.reason), "") or "no data-parallel trial measured it"
             return scorer, (f"goodput needs a data-parallel trial: scored as throughput "
                             f"(no gradient noise scale measured: {why})")
         tail = ("fixed for the search" if before is not None else
