@@ -222,7 +222,7 @@ def test_a_script_asking_for_nccl_on_a_cpu_host_trains_on_gloo_and_is_told(tmp_p
               metric=SAMPLES_PER_S, max_s=30.0)
     assert r.outcome == Outcome.OK, r.reason
     if instances == 1:
-        assert "backend" not in r.seen and not any("nccl" in n for n in r.notes), r.notes
+        assert "backend" not in r.seen and not any("nccl" in n.text for n in r.notes), r.notes
         return
     assert r.seen["backend"] == "gloo" and r.seen["world_size"] == instances
-    assert any("asked for backend 'nccl'" in n and "'gloo'" in n for n in r.notes), r.notes
+    assert any("asked for backend 'nccl'" in n.text and "'gloo'" in n.text for n in r.notes), r.notes
