@@ -31,6 +31,7 @@ A rank that dies simply closes its socket; the controller notices the EOF and th
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import hmac
 import json
@@ -41,7 +42,7 @@ VERSION = 2
 ENV_ADDR = "AUTOTUNE_ADDR"  # "host:port" of the controller's collector
 ENV_TOKEN = "AUTOTUNE_TOKEN"  # per-run secret, hex
 ENV_TRIAL = "AUTOTUNE_TRIAL"  # trial id; also marks every process of the trial for clean-up
-ENV_MODE = "AUTOTUNE_MODE"  # "full" | "synthetic" | "io"
+ENV_MODE = "AUTOTUNE_MODE"  # a `Mode` value: "full" | "synthetic" | "io"
 ENV_TICK_S = "AUTOTUNE_TICK_S"  # seconds between ticks
 ENV_BATCH_SIZE = "AUTOTUNE_BATCH_SIZE"  # per-rank DataLoader batch size to apply
 ENV_WORKERS = "AUTOTUNE_WORKERS"  # DataLoader num_workers to apply
@@ -67,7 +68,22 @@ ENV_BACKEND_OVERRIDE = "AUTOTUNE_BACKEND_OVERRIDE"  # e.g. "gloo": replaces an N
 ENV_WATCH_DIRS = "AUTOTUNE_WATCH_DIRS"  # os.pathsep-separated absolute directories
 ENV_SCRATCH_DIR = "AUTOTUNE_SCRATCH_DIR"  # the probe's own working directory when isolated
 
-MODES = ("full", "synthetic", "io")
+
+
+class Mode(str, enum.Enum):
+    """What a probe runs (AccDP's analysis): the script as is; its first batches replayed with
+    no input pipeline (the compute ceiling); or its loader drained with no training (the input
+    ceiling). The value is what ``AUTOTUNE_MODE`` carries."""
+
+    FULL = "full"
+    SYNTHETIC = "synthetic"
+    IO = "io"
+
+    def __str__(self) -> str:  # the value, in f-strings and environment variables alike
+        return self.value
+
+
+MODES = tuple(m.value for m in Mode)
 DEFAULT_TICK_S = 0.25
 DEFAULT_SYNTHETIC_BATCHES = 8
 

@@ -220,6 +220,25 @@ def test_two_ranks_are_averaged_and_a_span_the_ticks_miss_tells_nothing():
     assert breakdown.from_ticks([fast], 30.0, 60.0, windows=8) is None
 
 
+def test_a_trail_takes_ticks_and_starts_over_when_the_clock_changes():
+    """The one fold of part ticks a probe and the full run share: a tick without parts adds
+    nothing, and sums that switch to CUDA events are not added to the host's."""
+    trail = breakdown.PartTrail()
+    trail.add({"type": "tick"}, 1.0)
+    assert trail.points == [] and trail.clock == "host"
+    step = {"data": 0.03, "forward": 0.04}
+    for t, _ in ticks(step, 80)[:3]:
+        trail.add({"parts": {p: v * t for p, v in step.items()}}, t)
+    assert len(trail.points) == 3 and trail.clock == "host"
+    trail.add({"parts": {"forward": 0.1}, "parts_clock": "cuda-events"}, 5.0)
+    assert trail.points == [(5.0, {"forward": 0.1})] and trail.clock == "cuda-events"
+    # the ranks' trails give one breakdown, on the device's clock where any rank has it
+    host = breakdown.PartTrail(ticks(step, 80))
+    gpu = breakdown.PartTrail(ticks(step, 80), clock="cuda-events")
+    b = breakdown.from_trails([host, gpu], 2.0, 18.0, windows=8)
+    assert b.ranks == 2 and b.clock == "cuda-events" and b.share("data") == pytest.approx(0.30)
+
+
 def own_data_share(log: str, start: float, end: float) -> float:
     """The script's own data-wait share over the lines it printed inside the probe's window."""
     lines = [(float(t), float(d)) for d, t in

@@ -81,5 +81,8 @@ def test_joules_per_sample_over_the_measured_span(tmp_path, monkeypatch):
         m.read(t)
     e = m.per_sample(5.0, 15.0, samples=1000)  # 100 J over 1000 samples
     assert e.cpu_j == pytest.approx(0.1) and e.cpu_source == "RAPL package energy"
-    assert e.gpu_j is None and e.gpu_source == "unavailable: no GPU in use"
+    assert e.gpu_j is None and e.gpu_source == "" and e.gpu_why == "no GPU in use"
+    assert e.to_dict()["gpu"] == "unavailable: no GPU in use"  # as the journal has it
+    assert energy.EnergyPerSample.from_dict(e.to_dict()) == e
+    assert e.describe() == "GPU unavailable: no GPU in use; CPU package 0.1 J (RAPL package energy)"
     assert m.per_sample(20.0, 40.0, samples=1000).cpu_j is None  # beyond what was read

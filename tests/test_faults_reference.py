@@ -1,7 +1,6 @@
 """Issue 13: nothing computed from no measurement is a reference, a recipe figure or a summary
 figure. Fake probes (`test_study.FakeProbe`) flag foreign load where the test says."""
 
-import dataclasses
 import math
 
 import pytest
@@ -9,7 +8,7 @@ import pytest
 from autotune import AutotuneError
 import test_study
 from conftest import journal
-from test_study import FakeProbe, surface, tune
+from test_study import FakeProbe, surface, tune, under_load
 
 machine = test_study.machine  # the fixture
 
@@ -23,7 +22,7 @@ class Spoiled(FakeProbe):
 
     def __call__(self, spec, **kw):
         r = super().__call__(spec, **kw)
-        return dataclasses.replace(r, foreign_cores=2.0) if self.spoils(spec.ranks.name) else r
+        return under_load(spec, r, 2.0) if self.spoils(spec.ranks.name) else r
 
 
 def test_a_confirmation_under_foreign_load_falls_back_to_what_the_search_measured(

@@ -111,7 +111,7 @@ def test_success_six_ranks_placed_and_daemon_stopped(host):
         assert rec["OMP_NUM_THREADS"] == rec["AUTOTUNE_THREADS"] == str(rec["torch_threads"])
         assert rec["HOROVOD_FUSION_THRESHOLD"] == str(8 * 2**20)
         assert rec["backend"] == "gloo"  # the script asked for nccl
-    assert any("NCCL refuses two ranks on one GPU" in n for n in result["notes"])
+    assert any("NCCL refuses two ranks on one GPU" in n["text"] for n in result["notes"])
     # both GPUs' energy counters (60 W and 61 W, as the fake NVML draws them) per sample
     energy = result["energy"]
     assert energy["gpu"] == "NVML energy counter"

@@ -16,6 +16,7 @@ from conftest import SCRIPTS
 from probes import intercept
 from probes.noise import GradNorms
 from test_goodput import problem
+from probes.protocol import Mode
 
 # -- the fold (controller) ---------------------------------------------------------------------
 
@@ -91,14 +92,16 @@ def test_what_cannot_be_measured_says_why(case, said):
     per_sample, _ = problem()
     points, _ = ticks(per_sample, b=8, ranks=2, steps=500)
     est = {"one rank": lambda: noise.fold(points[:1], 0.0, 5.1, world_size=1),
-           "synthetic": lambda: noise.fold(points, 0.0, 5.1, world_size=2, mode="synthetic"),
+           "synthetic": lambda: noise.fold(points, 0.0, 5.1, world_size=2,
+                                            mode=Mode.SYNTHETIC),
            "no norms": lambda: noise.fold([[], []], 0.0, 5.1, world_size=2),
            "one of two": lambda: noise.fold(points[:1], 0.0, 5.1, world_size=2),
            "no step in span": lambda: noise.fold(points, 0.0, 0.1, world_size=2)}[case]()
     assert est.noise_scale is None
     assert said in est.reason
     assert est.to_dict()["reason"] == est.reason
-    assert said in noise_text(est.to_dict())
+    assert said in noise_text(est.to_dict()) and said in est.describe()
+    assert noise.NoiseEstimate.from_dict(est.to_dict()) == est
 
 
 def test_the_probe_prints_the_noise_scale_and_what_it_stands_on():

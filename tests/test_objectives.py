@@ -8,7 +8,8 @@ import math
 import pytest
 
 from autotune import UsageError
-from autotune.measuring.outcome import Outcome
+from autotune.measuring.energy import EnergyPerSample
+from autotune.measuring.noise import NoiseEstimate
 from autotune.tuning import decision, goodput, objective
 from autotune.tuning import study as studies
 from autotune.tuning.decision import Measured
@@ -55,16 +56,15 @@ def test_goodput_scales_the_throughput_and_its_interval_by_the_efficiency():
 
 
 def test_energy_scores_samples_per_joule_of_what_is_readable():
-    e = {"gpu_j_per_sample": 0.3, "cpu_j_per_sample": 0.2, "gpu": "NVML energy counter",
-         "cpu": "RAPL package energy"}
+    e = EnergyPerSample(0.3, 0.2, "NVML energy counter", "RAPL package energy")
     sc = Scorer(ENERGY).score(100.0, 5.0, {}, e)
     assert sc.j_per_sample == pytest.approx(0.5) and sc.value == pytest.approx(2.0)
     assert sc.ci_half == pytest.approx(2.0 * 5.0 / 100.0)  # as wide, relatively, as samples/s
-    cpu_only = {**e, "gpu_j_per_sample": None, "gpu": "unavailable: no GPU in use"}
+    cpu_only = dataclasses.replace(e, gpu_j=None, gpu_source="", gpu_why="no GPU in use")
     assert Scorer(ENERGY).score(100.0, 5.0, {}, cpu_only).value == pytest.approx(5.0)
-    none = {"gpu_j_per_sample": None, "cpu_j_per_sample": None,
-            "gpu": "unavailable: no GPU in use",
-            "cpu": "unavailable: /sys/class/powercap does not exist (no RAPL driver here)"}
+    none = EnergyPerSample.from_dict({  # as the journal and the study hold it
+        "gpu_j_per_sample": None, "cpu_j_per_sample": None, "gpu": "unavailable: no GPU in use",
+        "cpu": "unavailable: /sys/class/powercap does not exist (no RAPL driver here)"})
     assert Scorer(ENERGY).score(100.0, 5.0, {}, none).value is None
     assert objective.energy_why(none) == ("GPU: no GPU in use; CPU package: /sys/class/powercap "
                                           "does not exist (no RAPL driver here)")
@@ -76,10 +76,9 @@ def test_energy_scores_samples_per_joule_of_what_is_readable():
 
 
 def test_the_noise_scale_over_the_most_steps_is_used():
-    assert objective.noise_of([None, {"noise_scale": None, "reason": "one rank"}]) == (None, 0)
-    assert objective.noise_of([{"noise_scale": 50.0, "steps": 10},
-                               {"noise_scale": 80.0, "steps": 40},
-                               {"noise_scale": -3.0, "steps": 99}]) == (80.0, 40)
+    assert objective.noise_of([None, NoiseEstimate(None, reason="one rank")]) == (None, 0)
+    assert objective.noise_of([NoiseEstimate(50.0, steps=10), NoiseEstimate(80.0, steps=40),
+                               NoiseEstimate(-3.0, steps=99)]) == (80.0, 40)
 
 
 # -- the Pareto front -----------------------------------------------------------------------------
@@ -134,8 +133,8 @@ class NoisyDdp(FakeProbe):
 
     def __call__(self, spec, **kw):
         r = super().__call__(spec, **kw)
-        noise = {"noise_scale": self.noise_scale, "steps": 40, "b_small": 16, "b_big": 32} \
-            if spec.ranks.instances > 1 else {"noise_scale": None, "reason": "one rank"}
+        noise = NoiseEstimate(self.noise_scale, steps=40, b_small=16, b_big=32) \
+            if spec.ranks.instances > 1 else NoiseEstimate(None, reason="one rank")
         return dataclasses.replace(r, noise=noise)
 
 
@@ -214,10 +213,10 @@ class Metered(FakeProbe):
     def __call__(self, spec, **kw):
         r = super().__call__(spec, **kw)
         knobs = {**SEEN, "threads": 2, **spec.ranks.knobs}
-        e = {"gpu_j_per_sample": None, "gpu": "unavailable: no GPU in use",
-             "cpu_j_per_sample": self.j(knobs) if self.readable else None,
-             "cpu": "RAPL package energy" if self.readable else
-             "unavailable: /sys/class/powercap does not exist (no RAPL driver here)"}
+        e = EnergyPerSample(None, self.j(knobs) if self.readable else None, "",
+                            "RAPL package energy" if self.readable else "",
+                            gpu_why="no GPU in use", cpu_why="" if self.readable else
+                            "/sys/class/powercap does not exist (no RAPL driver here)")
         return dataclasses.replace(r, energy=e)
 
 

@@ -83,6 +83,63 @@ def test_early_exit_with_estimate_is_ok():
                              has_estimate=True))[0] == Outcome.OK
 
 
+MEASURED = dict(exit_code=None, stopped_by_us=True, batches=100, has_estimate=True)
+
+
+@pytest.mark.parametrize("ended, want", [
+    (dict(exit_code=None, stopped_by_us=True, ran_s=40), Outcome.NO_SIGNAL),
+    (dict(exit_code=0, stopped_by_us=False, batches=8), Outcome.EXITED_EARLY)])
+def test_metric_reason_replaces_the_reason_of_a_probe_that_measured_nothing(ended, want):
+    why = "--metric matched no line of rank 0's output in 40 s"
+    assert classify(Observed(**ended, metric_reason=why)) == (want, why)
+
+
+def test_metric_reason_leaves_other_outcomes_alone():
+    assert classify(Observed(**MEASURED, metric_reason="unused")) == (Outcome.OK, "")
+    crashed = classify(Observed(exit_code=1, stopped_by_us=False, error_text="E: x",
+                                metric_reason="unused"))
+    assert crashed == (Outcome.CRASHED, "E: x")
+
+
+def test_io_mode_without_a_dataloader_measured_nothing():
+    outcome, reason = classify(Observed(**MEASURED, io_without_loader=True))
+    assert outcome == Outcome.NO_SIGNAL and "io mode drains a DataLoader" in reason
+
+
+def test_pruned_when_the_search_stopped_a_measured_probe():
+    assert classify(Observed(**MEASURED, pruned=True)) == (
+        Outcome.PRUNED, "its interval could not reach the best so far")
+    # a probe that failed before the search could stop it keeps its failure
+    assert classify(Observed(exit_code=1, stopped_by_us=False, error_text="E: x",
+                             pruned=True))[0] == Outcome.CRASHED
+
+
+def test_foreign_load_over_the_limit_is_not_comparable():
+    outcome, reason = classify(Observed(**MEASURED, foreign_cores=1.5, foreign_limit_cores=0.5))
+    assert outcome == Outcome.FOREIGN_LOAD
+    assert reason.startswith("1.50 cores of CPU load from other programs during the probe")
+    assert classify(Observed(**MEASURED, foreign_cores=0.4,
+                             foreign_limit_cores=0.5)) == (Outcome.OK, "")
+
+
+def test_foreign_load_spoils_a_pruned_probe_but_not_a_failure():
+    assert classify(Observed(**MEASURED, pruned=True, foreign_cores=2.0,
+                             foreign_limit_cores=0.5))[0] == Outcome.FOREIGN_LOAD
+    assert classify(Observed(exit_code=1, stopped_by_us=False, error_text="E: x",
+                             foreign_cores=2.0, foreign_limit_cores=0.5))[0] == Outcome.CRASHED
+
+
+@pytest.mark.parametrize("attempt, last, want", [
+    (1, False, "during the probe; not comparable, re-run when the machine is quiet"),
+    (3, True, "in 3 attempt(s); not compared"),
+    (None, True, "during the probe; not comparable, re-run when the machine is quiet")])
+def test_the_last_attempt_of_a_rerun_series_says_how_many_were_spoiled(attempt, last, want):
+    outcome, reason = classify(Observed(**MEASURED, foreign_cores=2.0, foreign_limit_cores=0.5,
+                                        attempt=attempt, last_attempt=last))
+    assert outcome == Outcome.FOREIGN_LOAD and reason == f"2.00 cores of CPU load from other " \
+                                                         f"programs {want}"
+
+
 def test_verdict_io_bound():
     v = decide(full=90.0, synthetic=400.0, io=100.0)
     assert v.bottleneck == "io"

@@ -66,7 +66,7 @@ def test_a_script_that_always_starts_a_process_group_still_runs_at_one_rank(tmp_
     r = probe(tmp_path, script("shape_ddp.py"), max_s=20.0)
     assert r.outcome == Outcome.OK, r.reason
     assert r.seen["backend"] == "gloo" and r.seen["world_size"] == 1
-    assert any(intercept.SOLO_NOTE in n for n in r.notes), r.notes
+    assert any(intercept.SOLO_NOTE in n.text for n in r.notes), r.notes
 
 
 # -- when a two-rank probe is needed -------------------------------------------------------------
@@ -159,7 +159,7 @@ def test_tune_with_defaults_searches_ranks_of_a_script_that_goes_ddp_when_launch
         evs, _ = read_events(run_dir)
         two_ranks = [e["result"] for e in evs if e["event"] == "trial_finished"
                      and e["result"]["knobs"].get("instances") == 2]
-        assert two_ranks and all(any("asked for backend 'nccl'" in n for n in r["notes"])
+        assert two_ranks and all(any("asked for backend 'nccl'" in n["text"] for n in r["notes"])
                                  for r in two_ranks)
     assert live_children() == []
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from autotune import Note, NoteKind
 from autotune.measuring.outcome import Outcome
 from autotune.measuring.trial import TrialSpec, run_trial
 from conftest import ROOT, SCRIPTS, live_children, trial_processes
@@ -71,7 +72,7 @@ def test_explicit_flag_wins_and_a_hard_coded_worker_count_is_tuned(tmp_path):
     assert r.outcome == Outcome.OK, r.reason
     assert "loader batch_size=8 num_workers=1" in log(r)
     assert r.seen["batch_size"] == 8 and r.seen["workers"] == 0
-    note = next(n for n in r.notes if n.startswith("batch_size stays 8"))
+    note = next(n.text for n in r.notes if n.text.startswith("batch_size stays 8"))
     assert "'-b {batch_size}'" in note
     assert r.source == "dataloader" and r.exit_code == 0  # never ends: stopped cleanly
     assert agrees(r.samples_per_s, own_rate(log(r)))
@@ -85,7 +86,7 @@ def test_placeholder_inside_a_dotted_override_and_an_epoch_that_ends_first(tmp_p
     assert "loader batch_size=16 " in text and "done: 1 epochs" in text
     assert r.outcome == Outcome.OK, r.reason
     assert r.exit_code == 0 and r.duration_s < 25.0
-    assert not [n for n in r.notes if "stays" in n]  # a placeholder is not an explicit value
+    assert not [n for n in r.notes if "stays" in n.text]  # a placeholder is not an explicit value
     assert agrees(r.samples_per_s, own_rate(text, after_s=1.0))
 
 
@@ -94,7 +95,7 @@ def test_no_dataloader_steps_times_the_batch_placeholder(tmp_path):
               knobs={"batch_size": 16, "threads": 1})
     assert r.outcome == Outcome.OK, r.reason
     assert r.source == "steps"
-    assert "samples per step: 16, the value of {batch_size}" in r.notes
+    assert Note.info("samples per step: 16, the value of {batch_size}") in r.notes
     assert agrees(r.samples_per_s, own_rate(log(r)))
 
 
@@ -129,8 +130,8 @@ def test_pauses_are_left_out_and_checkpoints_in_the_tree_are_reported(tmp_path):
     assert n / wall < 0.85 * own
     writes = {w["path"]: w for w in r.seen["writes"]}
     assert writes[str(precious.resolve())]["existed"] is True
-    assert any(n.startswith("WARNING: the probe wrote into your tree") and "--probe-cwd" in n
-               for n in r.notes)
+    assert any(n.kind is NoteKind.WARNING and n.text.startswith("the probe wrote into your tree")
+               and "--probe-cwd" in n.text for n in r.notes)
 
 
 def test_every_rank_printing_the_same_lines_counts_once(tmp_path):
@@ -151,7 +152,8 @@ def test_a_script_setting_its_own_thread_count_is_overridden_with_a_note(tmp_pat
     assert "threads after set_num_threads(3): 2" in text
     assert "worker 0 threads 1" in text  # DataLoader workers keep torch's single thread
     assert r.seen["threads"] == 3
-    assert "the script's torch.set_num_threads call was overridden by autotune" in r.notes
+    assert Note.info("the script's torch.set_num_threads call was overridden by autotune") \
+        in r.notes
 
 
 def test_hogwild_workers_are_measured_and_cleaned_up(tmp_path):
@@ -220,7 +222,7 @@ def test_a_script_asking_for_nccl_on_a_cpu_host_trains_on_gloo_and_is_told(tmp_p
               metric=SAMPLES_PER_S, max_s=30.0)
     assert r.outcome == Outcome.OK, r.reason
     if instances == 1:
-        assert "backend" not in r.seen and not any("nccl" in n for n in r.notes), r.notes
+        assert "backend" not in r.seen and not any("nccl" in n.text for n in r.notes), r.notes
         return
     assert r.seen["backend"] == "gloo" and r.seen["world_size"] == instances
-    assert any("asked for backend 'nccl'" in n and "'gloo'" in n for n in r.notes), r.notes
+    assert any("asked for backend 'nccl'" in n.text and "'gloo'" in n.text for n in r.notes), r.notes

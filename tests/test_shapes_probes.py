@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from autotune import Note, NoteKind
 from autotune.launching import rank_command
 from autotune.measuring import series, trial
 from autotune.launching.collector import Collector
@@ -321,18 +322,20 @@ def test_metric_reasons():
 
 def test_notes_on_sources_disagreement_and_writes():
     assert series.notes(source="steps", step_note="samples per step: 8", metric_rate=0,
-                         counted_rate=0, writes={}) == ["samples per step: 8"]
+                         counted_rate=0, writes={}) == [Note.info("samples per step: 8")]
     assert series.notes(source="dataloader", step_note="samples per step: 8", metric_rate=0,
                          counted_rate=0, writes={}) == []
     agree = series.notes(source="metric", step_note="", metric_rate=110.0, counted_rate=100.0,
                           writes={})
     twice = series.notes(source="metric", step_note="", metric_rate=200.0, counted_rate=100.0,
                           writes={})
-    assert agree == [] and "rank_samples_per_s" in twice[0]
+    assert agree == [] and "rank_samples_per_s" in twice[0].text
+    assert twice[0].kind is NoteKind.WARNING
     written = {"/t/a": {"existed": True}, "/t/b": {"existed": False}}
     note, = series.notes(source="dataloader", step_note="", metric_rate=0, counted_rate=0,
                           writes=written)
-    assert "/t/a, /t/b (1 existed before)" in note and "--probe-cwd" in note
+    assert "/t/a, /t/b (1 existed before)" in note.text and "--probe-cwd" in note.text
+    assert note.kind is NoteKind.WARNING
 
 
 def test_an_error_after_the_stop_is_teardown_unless_out_of_memory():

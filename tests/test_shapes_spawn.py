@@ -214,7 +214,7 @@ def test_ranks_started_with_torch_multiprocessing_spawn_are_measured(tmp_path):
         assert f"rank {rank} loader batch_size=8 num_workers=0 threads 1 bucket_mb 4.0 " \
                f"world 2" in text
     assert r.seen["batch_size"] == 16 and r.seen["bucket_mb"] is None
-    assert any(n.startswith(STARTED_NOTE) for n in r.notes)
+    assert any(n.text.startswith(STARTED_NOTE) for n in r.notes)
     # Both ranks carry the environment's rank 0 and are summed: the job's figure.
     own = own_rate(text, prefix="rank 0 ") + own_rate(text, prefix="rank 1 ")
     assert agrees(r.samples_per_s, own)  # probe() checks that no process outlived the trial

@@ -10,22 +10,23 @@ import time
 
 import pytest
 
+from autotune import Note
 from autotune.hardware import fingerprint
 from autotune.tuning import space
 from autotune.tuning import study as studies
 from autotune.store.journal import Journal
 from conftest import journal
-from autotune.measuring.outcome import Outcome
+from autotune.measuring.outcome import Observed, Outcome, classify
 from autotune.measuring.steady import Estimate
 from autotune.measuring.trial import TrialResult
 from autotune.tuning import Tuner, TuneSettings, TuneState, load_state
-from autotune.tuning.records import Stop
+from autotune.tuning.records import Known, Stop
 
 SEEN = {"batch_size": 16, "workers": 0}
 NCCL_NOTE = "the script asked for backend 'nccl', which cannot serve here, so autotune used 'gloo'"
 
 
-def result(spec, outcome=Outcome.OK, rate=0.0, foreign=0.0, reason=""):
+def result(spec, outcome=Outcome.OK, reason="", *, rate=0.0, foreign=0.0):
     return TrialResult(
         outcome=outcome, reason=reason, samples_per_s=rate, ci_half=rate * 0.02,
         source="dataloader", steps_per_s=rate / 16, measured_s=5.0, warmup_s=1.0, paused_s=0.0,
@@ -33,6 +34,17 @@ def result(spec, outcome=Outcome.OK, rate=0.0, foreign=0.0, reason=""):
         exit_code=0, log_path=str(spec.ranks.log_dir / f"{spec.ranks.name}.log"), log_tail="",
         seen=dict(SEEN), knobs=dict(spec.ranks.knobs), mode=spec.ranks.mode,
         foreign_limit_cores=spec.foreign_limit_cores)
+
+
+def under_load(spec, r, foreign_cores):
+    """``r``, a measured probe, as the trial classifies it when ``foreign_cores`` of other
+    programs' load ran beside it (the same facts into the same `classify`)."""
+    outcome, reason = classify(Observed(
+        exit_code=None, stopped_by_us=True, batches=100, has_estimate=True,
+        pruned=r.outcome == Outcome.PRUNED, foreign_cores=foreign_cores,
+        foreign_limit_cores=spec.foreign_limit_cores, attempt=spec.attempt,
+        last_attempt=spec.last_attempt))
+    return dataclasses.replace(r, outcome=outcome, reason=reason, foreign_cores=foreign_cores)
 
 
 class FakeProbe:
@@ -59,15 +71,13 @@ class FakeProbe:
             for i in range(1, 5):
                 est = Estimate(rate, rate * 0.02, float(i), 1.0, 0.0, 4 + i)
                 if on_progress(est):
-                    return result(spec, Outcome.PRUNED, rate,
+                    return result(spec, Outcome.PRUNED, rate=rate,
                                   reason="its interval could not reach the best so far")
-        flagged = self.foreign(knobs, nth)
-        r = result(spec, Outcome.FOREIGN_LOAD if flagged else Outcome.OK, rate,
-                   foreign=2.0 if flagged else 0.0)
+        r = under_load(spec, result(spec, rate=rate), 2.0 if self.foreign(knobs, nth) else 0.0)
         if self.ddp and spec.ranks.instances > 1:
             r = dataclasses.replace(r, seen={**r.seen, "backend": "gloo",
                                              "world_size": spec.ranks.instances, "ddp": True},
-                                    notes=(NCCL_NOTE,))
+                                    notes=(Note.info(NCCL_NOTE),))
         return r
 
     def measured(self):
@@ -174,9 +184,66 @@ def test_oom_is_infeasible_and_larger_batches_are_not_tried(tmp_path, machine):
     assert report.best.knobs["batch_size"] == 32
     h = studies.open_study(studies.sqlite_url(run_dir / "study.db"),
                            f"autotune-{run_dir.name}", run_id=run_dir.name)
-    ooms = [tr for tr in h.trials() if tr.user_attrs.get("outcome") in ("oom", "oom-skipped")]
+    ooms = [tr for tr in h.trials() if studies.outcome_of(tr) == Outcome.OOM]
     assert ooms and all(tr.constraints and max(tr.constraints.values()) > 0 for tr in ooms)
+    assert {tr.user_attrs["outcome"] for tr in ooms} == {"oom"}  # one vocabulary
     assert report.stop_reason.rule is Stop.EXHAUSTED  # 4 fit, the rest ruled out
+
+
+def answered(h, outcome, cfg, **attrs):
+    """A finished trial of ``h`` that recorded ``outcome`` through the study module."""
+    trial = h.study.ask()
+    trial.set_user_attr("knobs", cfg)
+    for key, value in attrs.items():
+        trial.set_user_attr(key, value)
+    studies.record_outcome(trial, outcome)
+    if outcome == Outcome.PRUNED:
+        h.study.tell(trial, state=studies.TrialState.PRUNED)
+    else:
+        h.study.tell(trial, 0.0)
+    return trial.number
+
+
+def test_every_outcome_reads_back_as_written(tmp_path):
+    """Each `Outcome` written to a real SQLite study reads back equal, and a finished trial's
+    answer (`Known`) keeps it: an OOM stays an OOM, a hang a hang."""
+    url = studies.sqlite_url(tmp_path / "study.db")
+    h = studies.open_study(url, "s", run_id="r")
+    numbers = {o: answered(h, o, {"batch_size": 2 ** i}) for i, o in enumerate(Outcome)}
+    again = studies.open_study(url, "s", run_id="r")  # read back from the file
+    by_number = {t.number: t for t in again.trials()}
+    for outcome, number in numbers.items():
+        t = by_number[number]
+        assert studies.outcome_of(t) is outcome
+        assert Known.of_trial(t).outcome is outcome
+        infeasible = outcome not in (Outcome.OK, Outcome.PRUNED, Outcome.FOREIGN_LOAD)
+        assert (max(t.constraints.values(), default=0.0) > 0) == infeasible, outcome
+    assert [t.number for t in again.trials() if studies.comparable(t)] == [numbers[Outcome.OK]]
+
+
+def test_a_config_an_oom_ruled_out_is_an_oom_never_measured(tmp_path):
+    h = studies.open_study(studies.sqlite_url(tmp_path / "study.db"), "s", run_id="r")
+    trial = h.study.ask()
+    trial.set_user_attr("knobs", {"batch_size": 64})
+    studies.record_outcome(trial, Outcome.OOM, not_tried=True)
+    h.study.tell(trial, 0.0)
+    (t,) = h.trials()
+    assert studies.outcome_of(t) is Outcome.OOM and studies.not_tried(t)
+    assert max(t.constraints.values()) > 0 and Known.of_trial(t) is None
+
+
+def test_studies_of_earlier_versions_read_their_tags_once(tmp_path):
+    h = studies.open_study(studies.sqlite_url(tmp_path / "study.db"), "s", run_id="r")
+    for tag, cfg in (("failed", {"batch_size": 8}), ("oom-skipped", {"batch_size": 16})):
+        trial = h.study.ask()
+        trial.set_user_attr("knobs", cfg)
+        trial.set_user_attr("outcome", tag)
+        h.study.tell(trial, 0.0)
+    failed, skipped = h.trials()
+    assert studies.outcome_of(failed) is Outcome.CRASHED
+    assert Known.of_trial(failed).outcome is Outcome.CRASHED
+    assert studies.outcome_of(skipped) is Outcome.OOM and studies.not_tried(skipped)
+    assert Known.of_trial(skipped) is None  # ruled out, never measured
 
 
 def test_slow_probes_are_pruned(tmp_path, machine):
@@ -209,6 +276,12 @@ def test_foreign_load_is_measured_again_never_compared(tmp_path, machine):
                            f"autotune-{run_dir.name}", run_id=run_dir.name)
     spoiled = [tr for tr in h.trials() if tr.user_attrs.get("outcome") == "foreign-load"]
     assert spoiled and all(tr.state == studies.TrialState.FAIL for tr in spoiled)
+    # each attempt's spec says which it is; the last one's own outcome says it was left out
+    twos = [(s.attempt, s.last_attempt) for s in fake.specs
+            if s.ranks.name.startswith("trial-") and s.ranks.knobs.get("workers") == 2]
+    assert twos == [(1, False), (2, True)] * (len(twos) // 2)
+    assert {tr.user_attrs["reason"] for tr in spoiled} == {
+        "2.00 cores of CPU load from other programs in 2 attempt(s); not compared"}
     assert sum("--foreign-limit" in n.text for n in report.notes) == 1  # told once, not every time
 
 

@@ -10,6 +10,8 @@ import pytest
 from autotune.commands import cli
 from autotune.commands import probe as probe_command
 from autotune import UsageError
+from autotune.measuring.breakdown import Breakdown
+from autotune.measuring.noise import NoiseEstimate
 from autotune.measuring.outcome import Outcome
 from autotune.measuring.trial import TrialResult
 from autotune import Note
@@ -19,6 +21,7 @@ from autotune.tuning.records import AllreduceTiming, BaselineRecord, RanksProbe
 from autotune.tuning.space.parse import parse_values
 from autotune.tuning.state import save
 from conftest import SCRIPTS
+from probes.protocol import Mode
 
 # tune.json as the controller wrote it before version 2 (no version field): the prober's
 # learned state was not in it, so a resume of it could not report as the run would have.
@@ -54,19 +57,20 @@ def test_everything_a_stage_learned_goes_through_tune_json_and_back(tmp_path):
     s = TuneSettings.from_dict(OLD["settings"])
     st = TuneState.new(s, tmp_path / "run", kind="wrap")
     base = BaselineRecord({"batch_size": 16, "thread_pct": 50}, 120.5, 3.0, "dataloader",
-                          {"workers": 0}, {"shares": {"forward": 0.5}}, None, {"reason": "x"})
+                          {"workers": 0}, Breakdown({"forward": (0.5, 0.05)}, 1), None,
+                          NoiseEstimate(None, reason="x"))
     r = TrialResult(outcome=Outcome.OK, reason="", samples_per_s=120.5, ci_half=3.0,
                     source="dataloader", steps_per_s=7.5, measured_s=5.0, warmup_s=1.0,
                     paused_s=0.0, duration_s=8.0, peak_rss_bytes=2**28, cuda_peak_bytes=0,
                     foreign_cores=0.0, exit_code=0, log_path="l", log_tail="", seen={},
-                    knobs={"batch_size": 16}, mode="full", notes=("kept a flag",),
+                    knobs={"batch_size": 16}, mode=Mode.FULL, notes=(Note.info("kept a flag"),),
                     ranks_seen=1, step_s=0.13, core_s_per_sample=0.02)
     cfg = {"batch_size": 16, "thread_pct": 50}
     st = dataclasses.replace(
         st, space=space.Space.from_dict(OLD["space"]), baseline=base,
         allreduce=AllreduceTiming(error="the allreduce probe failed"),
         ranks_probe=RanksProbe({"batch_size": 16, "instances": 2}, 200.0, 5.0, None,
-                               {"reason": "y"}), enqueued=True)
+                               NoiseEstimate(None, reason="y")), enqueued=True)
     st = st.learn(cfg, {"batch_size": 16, "threads": 1}, r)
     st = dataclasses.replace(st, learned=dataclasses.replace(
         st.learned, timing=fitting.ScriptTiming(2.0, 1.0, 0.13, 5.0, 0.05, batch_size=16)))

@@ -10,8 +10,8 @@ import sys
 from autotune.monitor import console
 from autotune.store import jsontext, rundir
 from autotune.launching import engines
-from autotune.measuring import bottleneck, breakdown
-from autotune.monitor.text import cost_text, energy_text, noise_text
+from autotune.measuring import bottleneck
+from autotune.monitor.text import cost_text
 from autotune.commands import common
 from autotune.store.journal import Journal
 from autotune.measuring.outcome import Outcome
@@ -21,6 +21,7 @@ from autotune.measuring.trial_events import TrialEvents
 from autotune.tuning import baseline
 from autotune.store.events import Event
 from probes import protocol
+from probes.protocol import Mode
 
 
 def add_parser(sub):
@@ -88,8 +89,7 @@ def run(args) -> int:
             # says so, rather than giving none on a busy machine.
             rate = {m: (r.samples_per_s if _measured(r) else None) for m, r in results.items()}
             full = results.get("full")
-            parts = breakdown.Breakdown.from_dict(full.breakdown) \
-                if full is not None and _measured(full) else None
+            parts = full.breakdown if full is not None and _measured(full) else None
             v = bottleneck.decide(rate.get("full"), rate.get("synthetic"), rate.get("io"),
                                   parts)
             if any(r.outcome == Outcome.FOREIGN_LOAD for r in results.values()):
@@ -169,15 +169,15 @@ def _print_table(results, v, run_dir, *, plain: bool) -> None:
         table.add_row(mode, rate, ci, r.source, r.outcome.value, note)
     out.print(table)
     for mode, r in results.items():
-        b = breakdown.Breakdown.from_dict(r.breakdown)
+        b = r.breakdown
         if b is not None and _measured(r):
             out.print(f"where the time goes ({mode}, share of wall time ±95%): {b.describe()}")
         if _measured(r) and (r.core_s_per_sample or r.gpu_s_per_sample):
             out.print(f"a sample costs ({mode}): "
                       f"{cost_text(r.core_s_per_sample, r.gpu_s_per_sample)}")
-        if _measured(r) and r.energy:
-            out.print(f"energy per sample ({mode}): {energy_text(r.energy)}")
-        if _measured(r) and r.noise and mode == "full":
-            out.print(f"gradient noise scale ({mode}): {noise_text(r.noise)}")
+        if _measured(r) and r.energy is not None:
+            out.print(f"energy per sample ({mode}): {r.energy.describe()}")
+        if _measured(r) and r.noise is not None and mode == Mode.FULL:
+            out.print(f"gradient noise scale ({mode}): {r.noise.describe()}")
     out.print(f"verdict: {v.text}")
     out.print(f"run directory: {run_dir}")

@@ -15,9 +15,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune.measuring import breakdown, energy
+from autotune.measuring import energy
 from autotune.monitor import console
-from autotune.monitor.text import cost_text, energy_text
+from autotune.monitor.text import cost_text
 from autotune.hardware import fingerprint
 from autotune.store import jsontext, rundir
 from autotune.tuning import recipes, state as states
@@ -319,7 +319,8 @@ def build_recipe(report: TuneReport, prep: Prepared,
         source=report.source, reason=report.reason,
         verdict=report.verdict.to_dict() if report.verdict else None,
         global_batch=global_batch, notes=report.best_notes,
-        breakdown=(report.best_breakdown or {}).get("shares"), batch_note=report.batch_note,
+        breakdown=report.best_breakdown.rounded_shares() if report.best_breakdown else None,
+        batch_note=report.batch_note,
         payback_note=report.payback.text() if report.payback else "",
         core_s_per_sample=report.best_probe.core_s_per_sample if report.best_probe else 0.0,
         gpu_s_per_sample=report.best_probe.gpu_s_per_sample if report.best_probe else 0.0,
@@ -373,8 +374,8 @@ def print_summary(report: TuneReport, recipe_path: Path, *, plain: bool) -> None
         out.print(f"scaling: {n} ranks give {n * eff:.2f}x the best one-rank throughput "
                   f"({report.one_rank_samples_per_s:.1f} samples/s): {eff:.0%} efficiency")
     for label, facts in (("baseline", report.baseline_probe), ("best", report.best_probe)):
-        if facts is not None and facts.energy:
-            out.print(f"energy per sample ({label}): {energy_text(facts.energy)}")
+        if facts is not None and facts.energy is not None:
+            out.print(f"energy per sample ({label}): {facts.energy.describe()}")
     if report.memory:
         out.print(f"memory: {report.memory.text}")
     if report.batch_note:
@@ -386,8 +387,7 @@ def print_summary(report: TuneReport, recipe_path: Path, *, plain: bool) -> None
               f"stopped: {stop}")
     if report.verdict:
         out.print(f"verdict: {report.verdict.text}")
-    for label, d in (("baseline", report.baseline_breakdown), ("best", report.best_breakdown)):
-        b = breakdown.Breakdown.from_dict(d)
+    for label, b in (("baseline", report.baseline_breakdown), ("best", report.best_breakdown)):
         if b is not None:
             out.print(f"where the time goes ({label}): {b.describe()}")
     out.print(f"recipe: {recipe_path}")

@@ -33,8 +33,9 @@ from autotune.launching import rank_command, engines, placement
 
 from autotune.hardware import proc
 from autotune.hardware.host import Gpu, host_cores, host_gpus
-from autotune import LaunchError
+from autotune import LaunchError, Note
 from probes import protocol
+from probes.protocol import Mode
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class RanksSpec:
     command: tuple[str, ...]
     knobs: Mapping[str, float] = field(default_factory=dict)
     instances: int = 1
-    mode: str = "full"
+    mode: Mode = Mode.FULL
     cwd: str = "."
     log_dir: Path = Path(".")
     name: str = "run"
@@ -65,6 +66,9 @@ class RanksSpec:
     device: str = "auto"
     gpus: int | None = 1
     mps_verify_s: float = 120.0  # how long ranks may take to reach CUDA (and so MPS)
+
+    def __post_init__(self):
+        object.__setattr__(self, "mode", Mode(self.mode))  # "io" from a flag: parsed once
 
 
 @dataclass
@@ -78,12 +82,12 @@ class RankGroup:
     mps_check: object | None = None  # autotune.hardware.mps.MpsCheck once the check has finished
     _checker: threading.Thread | None = None
 
-    def notes(self) -> list[str]:
+    def notes(self) -> list[Note]:
         """What a probe or the full run should tell the user about where its ranks ran."""
-        notes = list(self.plan.notes)
+        notes = [Note.info(n) for n in self.plan.notes]
         check = self.mps_check
         if check is not None and not check.ok:
-            notes.append(f"WARNING: {check.text}")
+            notes.append(Note.warning(check.text))
         return notes
 
     def wait_mps_check(self, timeout_s: float | None = None):

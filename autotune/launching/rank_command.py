@@ -77,7 +77,7 @@ def rank_argv(command: Sequence[str], *, python: str | None = None) -> list[str]
 
 def rank_env(base: Mapping[str, str], *, knobs: Mapping[str, float], skip: set[str],
              rank: int, world_size: int, local_rank: int, local_world_size: int,
-             master_addr: str, master_port: int, mode: str,
+             master_addr: str, master_port: int, mode: protocol.Mode,
              channel: Mapping[str, str], run_id: str = "autotune") -> dict[str, str]:
     """The environment of one rank: the caller's, plus torchrun's variables (none in a job of
     one rank: `torchrun_env`), knobs and channel.
@@ -89,7 +89,7 @@ def rank_env(base: Mapping[str, str], *, knobs: Mapping[str, float], skip: set[s
     env.update(torchrun_env(rank=rank, world_size=world_size, local_rank=local_rank,
                             local_world_size=local_world_size, master_addr=master_addr,
                             master_port=master_port, run_id=run_id))
-    env[protocol.ENV_MODE] = mode
+    env[protocol.ENV_MODE] = protocol.Mode(mode).value
     for name, var in protocol.KNOB_ENV.items():
         env.pop(var, None)
         if name in knobs and name not in skip:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from probes.protocol import Mode
+
 NOISE_REL = 0.10  # differences under this are within the machine's noise
 
 
@@ -30,7 +32,7 @@ def decide(full: float | None, synthetic: float | None, io: float | None,
     """Verdict from the three throughputs (None or 0 where a mode failed); ``parts``, the full
     mode's `autotune.measuring.breakdown.Breakdown`, names the share that binds."""
     if not synthetic or not io:
-        missing = [m for m, v in (("synthetic", synthetic), ("io", io)) if not v]
+        missing = [m.value for m, v in ((Mode.SYNTHETIC, synthetic), (Mode.IO, io)) if not v]
         return Verdict("unknown", 0.0, 0.0,
                        f"no verdict: the {' and '.join(missing)} probe gave no throughput"
                        + (f"; {parts.advice()}" if parts is not None else ""))

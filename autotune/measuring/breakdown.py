@@ -11,9 +11,10 @@ as the throughput's does.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from autotune.measuring import steady
+from probes import protocol
 from probes.protocol import PARTS
 
 ALL_PARTS = (*PARTS, "other")
@@ -86,8 +87,12 @@ class Breakdown:
                      key=lambda p: -self.shares[p][0])
         return ", ".join(f"{LABELS[p]} {self.shares[p][0]:.0%}" for p in big)
 
+    def rounded_shares(self) -> dict[str, tuple[float, float]]:
+        """The shares as they are written (the journal, a recipe): four decimals."""
+        return {p: (round(s, 4), round(h, 4)) for p, (s, h) in self.shares.items()}
+
     def to_dict(self) -> dict:
-        return {"shares": {p: [round(s, 4), round(h, 4)] for p, (s, h) in self.shares.items()},
+        return {"shares": {p: list(sh) for p, sh in self.rounded_shares().items()},
                 "ranks": self.ranks, "clock": self.clock}
 
     @classmethod
@@ -96,6 +101,34 @@ class Breakdown:
             return None
         return cls({p: (float(v[0]), float(v[1])) for p, v in d["shares"].items()},
                    int(d.get("ranks", 1)), str(d.get("clock", "host")))
+
+
+@dataclass
+class PartTrail:
+    """One rank's cumulative part times as its ticks bring them, on the controller's clock
+    (a probe and the full run alike). When the meter's sums switch clocks (host to CUDA
+    events, `probes.parts`), the trail starts over: the two do not add up."""
+
+    points: PartPoints = field(default_factory=list)
+    clock: str = "host"
+
+    def add(self, msg: Mapping, t: float) -> None:
+        """Take one tick ``msg`` received at ``t`` (controller time); one without part times
+        adds nothing."""
+        parts = msg.get(protocol.TICK_PARTS)
+        if not isinstance(parts, dict):
+            return
+        clock = msg.get(protocol.TICK_PARTS_CLOCK, "host")
+        if clock != self.clock:
+            self.points, self.clock = [], clock
+        self.points.append((t, parts))
+
+
+def from_trails(trails: Sequence[PartTrail], start_t: float, end_t: float, *,
+                windows: int) -> Breakdown | None:
+    """`from_ticks` over the ranks' trails, on the device's clock where any rank has it."""
+    clock = next((tr.clock for tr in trails if tr.clock != "host"), "host")
+    return from_ticks([tr.points for tr in trails], start_t, end_t, windows=windows, clock=clock)
 
 
 def _window_shares(points: PartPoints, edges: Sequence[float]) -> list[dict[str, float]]:

@@ -17,6 +17,7 @@ per sample over the span the throughput estimate stands on.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,18 +117,67 @@ class Gpus:
         return total
 
 
+UNAVAILABLE = "unavailable: "  # how `EnergyPerSample.to_dict` writes a source that could not be read
+
+
 @dataclass(frozen=True)
 class EnergyPerSample:
-    """Joules per sample over a probe's measured span; None where not readable (``*_why``)."""
+    """Joules per sample over a probe's measured span; None where not readable. Each side has
+    its source ("NVML energy counter", "RAPL package energy"), or "" and why it had none."""
 
     gpu_j: float | None
     cpu_j: float | None
     gpu_source: str
     cpu_source: str
+    gpu_why: str = ""  # why no GPU source (no GPU in use, NVML missing...)
+    cpu_why: str = ""  # why no CPU package source (no RAPL here, not readable...)
+
+    @property
+    def total_j(self) -> float | None:
+        """GPU + CPU package joules per sample, each where it was readable; None when neither
+        gave a positive reading."""
+        total = sum(j for j in (self.gpu_j, self.cpu_j) if j is not None)
+        return total if total > 0 else None
+
+    def why(self) -> str:
+        """Why a side has no joules, in the meter's words ("GPU: ...; CPU package: ...")."""
+        return "; ".join(f"{label}: {source or why or 'unavailable'}"
+                         for label, _, source, why in self._sides())
+
+    def describe(self) -> str:
+        """Joules per sample by source, or why a source is unavailable."""
+        return "; ".join(f"{label} {j:.3g} J ({self._shown(source, why)})" if j is not None else
+                         f"{label} {self._shown(source, why) or 'unavailable'}"
+                         for label, j, source, why in self._sides())
+
+    def _sides(self):
+        return (("GPU", self.gpu_j, self.gpu_source, self.gpu_why),
+                ("CPU package", self.cpu_j, self.cpu_source, self.cpu_why))
+
+    @staticmethod
+    def _shown(source: str, why: str) -> str:
+        return source or (UNAVAILABLE + why if why else "")
 
     def to_dict(self) -> dict:
         return {"gpu_j_per_sample": self.gpu_j, "cpu_j_per_sample": self.cpu_j,
-                "gpu": self.gpu_source, "cpu": self.cpu_source}
+                "gpu": self._shown(self.gpu_source, self.gpu_why),
+                "cpu": self._shown(self.cpu_source, self.cpu_why)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping | None) -> EnergyPerSample | None:
+        """From `to_dict`'s shape (the journal, a study, ``tune.json``); None for none."""
+        if not d:
+            return None
+
+        def side(key: str) -> tuple[float | None, str, str]:
+            j = d.get(f"{key}_j_per_sample")
+            text = str(d.get(key) or "")
+            source, why = ("", text[len(UNAVAILABLE):]) if text.startswith(UNAVAILABLE) else \
+                (text, "")
+            return (float(j) if isinstance(j, (int, float)) else None), source, why
+
+        (gj, gs, gw), (cj, cs, cw) = side("gpu"), side("cpu")
+        return cls(gj, cj, gs, cs, gw, cw)
 
 
 class EnergyMeter:
@@ -145,9 +195,10 @@ class EnergyMeter:
     def per_sample(self, start_t: float, end_t: float, samples: float) -> EnergyPerSample:
         return EnergyPerSample(self._between(1, start_t, end_t, samples),
                                self._between(2, start_t, end_t, samples),
-                               self.gpus.source or f"unavailable: {self.gpus.why}",
-                               "RAPL package energy" if self.rapl.domains else
-                               f"unavailable: {self.rapl.why}")
+                               self.gpus.source,
+                               "RAPL package energy" if self.rapl.domains else "",
+                               gpu_why="" if self.gpus.source else self.gpus.why,
+                               cpu_why="" if self.rapl.domains else self.rapl.why)
 
     def _between(self, col: int, start_t: float, end_t: float, samples: float) -> float | None:
         pts = [(row[0], row[col]) for row in self.trail if row[col] is not None]

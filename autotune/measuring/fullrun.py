@@ -35,6 +35,7 @@ from autotune.store.journal import Journal
 from autotune.launching.group import RanksSpec, start_group
 from autotune.store.events import Event
 from probes import protocol
+from probes.protocol import Mode
 
 POLL_S = 0.2
 
@@ -66,50 +67,37 @@ class _Meter:
         self.ticks: dict[int, dict] = {}
         self.last: tuple[float, int] | None = None
         self.failed: tuple[int, int] | None = None  # (rank, exit code) of the first to fail
-        # per rank: (time received, cumulative seconds by part), and what clock they are on
-        self.parts: dict[int, list[tuple[float, dict]]] = {}
-        self.clock: dict[int, str] = {}
+        # per rank: cumulative seconds by part, on the time they were received
+        self.parts: dict[int, breakdown.PartTrail] = {}
         self.thin_s = thin_s  # points older than the last report are kept this far apart
 
     def absorb(self, received) -> None:
         for r in received:
             if r.msg.get("type") == protocol.TICK:
                 self.ticks[r.conn_id] = r.msg
-                self._parts(r.conn_id, r.t, r.msg)
+                self.parts.setdefault(r.conn_id, breakdown.PartTrail()).add(r.msg, r.t)
             elif self.failed is None and r.failed_code() is not None:
                 self.failed = (int(r.hello.get("rank", -1)), r.failed_code())
 
-    def _parts(self, conn: int, t: float, msg: dict) -> None:
-        parts = msg.get(protocol.TICK_PARTS)
-        if not isinstance(parts, dict):
-            return
-        clock = msg.get(protocol.TICK_PARTS_CLOCK, "host")
-        if clock != self.clock.get(conn):  # the sums switched to CUDA events: start over
-            self.parts[conn], self.clock[conn] = [], clock
-        self.parts[conn].append((t, parts))
-
-    def breakdown(self, start_t: float | None, end_t: float) -> dict | None:
+    def breakdown(self, start_t: float | None, end_t: float) -> breakdown.Breakdown | None:
         """Where the time went over ``[start_t, end_t]``; from the training's start when None
         (the first tick with time in a part: start-up before the first batch is no step's)."""
-        ranks = [pts for pts in self.parts.values() if len(pts) >= 2]
-        begun = [t for t in map(_first_work, ranks) if t is not None]
+        trails = [tr for tr in self.parts.values() if len(tr.points) >= 2]
+        begun = [t for t in (_first_work(tr.points) for tr in trails) if t is not None]
         if not begun:
             return None
         start = min(begun) if start_t is None else start_t
-        clock = next((c for c in self.clock.values() if c != "host"), "host")
-        b = breakdown.from_ticks(ranks, start, end_t, windows=breakdown.MIN_WINDOWS,
-                                 clock=clock)
-        return b.to_dict() if b is not None else None
+        return breakdown.from_trails(trails, start, end_t, windows=breakdown.MIN_WINDOWS)
 
     def thin(self, before_t: float) -> None:
         """Points before ``before_t`` kept `thin_s` apart (a long run's memory stays small;
         the whole run's breakdown needs no more)."""
-        for conn, pts in self.parts.items():
+        for trail in self.parts.values():
             kept: list[tuple[float, dict]] = []
-            for p in pts:
+            for p in trail.points:
                 if p[0] >= before_t or not kept or p[0] - kept[-1][0] >= self.thin_s:
                     kept.append(p)
-            self.parts[conn] = kept
+            trail.points = kept
 
     def totals(self) -> tuple[int, int]:
         """(samples over every rank, the job's steps)."""
@@ -188,7 +176,7 @@ def run_full(spec: FullRunSpec, journal: Journal, *, out=None) -> int:
             except (OSError, ValueError):
                 pass  # our stdout went away; the log file still has it
 
-    ranks = replace(asked, mode="full", marker=f"{asked.name}-{uuid.uuid4().hex[:12]}")
+    ranks = replace(asked, mode=Mode.FULL, marker=f"{asked.name}-{uuid.uuid4().hex[:12]}")
     journal.emit(Event.FULLRUN_STARTED, command=list(asked.command),
                  knobs=dict(spec.journal_knobs or asked.knobs), instances=asked.instances,
                  launcher=engines.describe(asked.launcher))
@@ -205,7 +193,7 @@ def run_full(spec: FullRunSpec, journal: Journal, *, out=None) -> int:
         told = True
         notes = group.notes()
         if notes or check is not None:
-            journal.emit(Event.FULLRUN_NOTES, notes=notes, mps_check=None if check is None else
+            journal.emit(Event.FULLRUN_NOTES, notes=[str(n) for n in notes], mps_check=None if check is None else
                          {"ok": check.ok, "text": check.text})
 
     try:

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from probes.protocol import NOISE_FIELDS
+from probes.protocol import NOISE_FIELDS, Mode
 
 NoisePoints = list[tuple[float, Mapping[str, float]]]  # (controller time, cumulative sums)
 
@@ -101,6 +101,34 @@ class NoiseEstimate:
             d["reason"] = self.reason
         return d
 
+    @classmethod
+    def from_dict(cls, d: Mapping | None) -> NoiseEstimate | None:
+        """From `to_dict`'s shape (the journal, a study, ``tune.json``); None for none."""
+        if not d:
+            return None
+
+        def number(key: str) -> float | None:
+            v = d.get(key)
+            return float(v) if isinstance(v, (int, float)) else None
+
+        return cls(number("noise_scale"), int(d.get("steps") or 0), int(d.get("b_small") or 0),
+                   int(d.get("b_big") or 0), int(d.get("ranks") or 0), number("grad_sq"),
+                   number("trace_cov"), int(d.get("skipped") or 0), str(d.get("reason") or ""))
+
+    @property
+    def measured(self) -> bool:
+        """A positive noise scale was told."""
+        return self.noise_scale is not None and self.noise_scale > 0
+
+    def describe(self) -> str:
+        """The gradient noise scale and what it stands on, or why there is none."""
+        if self.noise_scale is None:
+            return self.reason or "not measured"
+        text = (f"B_noise {self.noise_scale:.3g} samples (from {self.steps} steps, {self.ranks} "
+                f"ranks x {self.b_small} = {self.b_big} per step)")
+        return text + (f"; {self.skipped} accumulated backward passes not counted"
+                       if self.skipped else "")
+
 
 def _zero() -> dict[str, float]:
     return dict.fromkeys(NOISE_FIELDS, 0.0)
@@ -123,15 +151,15 @@ def _per_rank(counts: Sequence[float]) -> int:
 
 
 def fold(per_rank: Sequence[NoisePoints], start_t: float, end_t: float, *, world_size: int,
-         samples_per_step: int | None = None, mode: str = "full") -> NoiseEstimate:
+         samples_per_step: int | None = None, mode: Mode = Mode.FULL) -> NoiseEstimate:
     """The noise scale over ``[start_t, end_t]`` (the probe's measured span, controller clock)
     from each rank's cumulative sums (`probes.protocol.TICK_NOISE`)."""
     if world_size <= 1:
         return NoiseEstimate(None, ranks=1, reason=ONE_RANK)
-    if mode != "full":
+    if mode is not Mode.FULL:
         return NoiseEstimate(None, ranks=world_size, reason=(
-            f"{mode} mode: " + ("the same few batches replayed are not the data's noise"
-                                if mode == "synthetic" else "nothing trains")))
+            f"{mode.value} mode: " + ("the same few batches replayed are not the data's noise"
+                                      if mode is Mode.SYNTHETIC else "nothing trains")))
     reporting = [pts for pts in per_rank if pts]
     if not reporting:
         return NoiseEstimate(None, ranks=world_size, reason=(

@@ -1,4 +1,10 @@
-"""Trial outcomes and the pure rules that decide them from what a probe observed."""
+"""Trial outcomes and the pure rules that decide them from what a probe observed.
+
+`classify` is the only place an ``(Outcome, reason)`` is made: the trial gathers everything that
+decides it into one frozen `Observed` (how the ranks ended, what was counted, whether the search
+pruned it, the foreign load, which attempt of a re-run series it is) and every later layer reads
+the outcome it returns, never rewrites it.
+"""
 
 from __future__ import annotations
 
@@ -36,6 +42,21 @@ class Observed:
     stalled_s: float = 0.0  # seconds without progress when the probe ended, after some progress
     step_s: float | None = None  # its observed seconds per batch (or step) while it progressed
     stalled_idle: bool = False  # its processes did next to no work over that stall: a wait
+    # With --metric: why the metric gave no estimate (`series.metric_reason`), the reason of a
+    # probe that measured nothing or ended early; "" without --metric.
+    metric_reason: str = ""
+    io_without_loader: bool = False  # io mode, and no batch came through a DataLoader
+    pruned: bool = False  # the search stopped it: its interval could not reach the best
+    foreign_cores: float = 0.0  # CPU load of other programs during the probe, in cores
+    foreign_limit_cores: float = float("inf")  # more than this: not comparable
+    # Which attempt of a series the caller re-runs while foreign load spoils it (1 = first);
+    # None: a probe nobody re-runs. ``last_attempt``: no re-run follows this one.
+    attempt: int | None = None
+    last_attempt: bool = True
+
+    @property
+    def foreign_flagged(self) -> bool:
+        return self.foreign_cores > self.foreign_limit_cores
 
 
 STALL_STEPS = 20  # no progress for this many of its own steps ...
@@ -81,7 +102,32 @@ def _signal_name(code: int) -> str:
 
 
 def classify(obs: Observed) -> tuple[Outcome, str]:
-    """(outcome, one-line reason). The reason is empty only for a plain OK."""
+    """(outcome, one-line reason). The reason is empty only for a plain OK.
+
+    How the ranks ended decides first; then, over a result that could be
+    compared: io mode with no DataLoader measured nothing, a pruned probe is PRUNED, and foreign
+    load over the limit makes either FOREIGN_LOAD, never compared.
+    """
+    outcome, reason = _how_it_ended(obs)
+    if obs.metric_reason and outcome in (Outcome.NO_SIGNAL, Outcome.EXITED_EARLY):
+        reason = obs.metric_reason
+    if obs.io_without_loader and outcome == Outcome.OK:
+        return Outcome.NO_SIGNAL, ("io mode drains a DataLoader, and the script fed no batch "
+                                   "through one")
+    if obs.pruned and outcome == Outcome.OK:
+        outcome, reason = Outcome.PRUNED, "its interval could not reach the best so far"
+    if obs.foreign_flagged and outcome in (Outcome.OK, Outcome.PRUNED):
+        if obs.attempt is not None and obs.last_attempt:
+            return Outcome.FOREIGN_LOAD, (f"{obs.foreign_cores:.2f} cores of CPU load from other "
+                                          f"programs in {obs.attempt} attempt(s); not compared")
+        return Outcome.FOREIGN_LOAD, (f"{obs.foreign_cores:.2f} cores of CPU load from other "
+                                      f"programs during the probe; not comparable, re-run when "
+                                      f"the machine is quiet")
+    return outcome, reason
+
+
+def _how_it_ended(obs: Observed) -> tuple[Outcome, str]:
+    """(outcome, reason) from how the ranks ended and what they were counted doing alone."""
     where = f" (last log line: {obs.last_log_line})" if obs.last_log_line else ""
     if obs.error_kind == "oom":
         return Outcome.OOM, f"out of memory: {obs.error_text}"

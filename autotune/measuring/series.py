@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
+from autotune import Note
 from autotune.launching import script_flags
 from autotune.measuring import steady
 from autotune.launching.rank_command import placeholders
@@ -82,24 +83,24 @@ def metric_reason(log: MetricLog, *, batch_known: bool, ran_s: float, log_path) 
 
 
 def notes(*, source: str, step_note: str, metric_rate: float, counted_rate: float,
-          writes: Mapping[str, dict]) -> list[str]:
+          writes: Mapping[str, dict]) -> list[Note]:
     """What the user should know about how a probe was measured and what it touched."""
     out = []
     if source == "steps" and step_note:
-        out.append(step_note)
+        out.append(Note.info(step_note))
     if metric_rate > 0 and counted_rate > 0 \
             and abs(metric_rate - counted_rate) > DISAGREE_REL * counted_rate:
-        out.append(f"WARNING: --metric says {metric_rate:.1f} samples/s, autotune counted "
-                   f"{counted_rate:.1f}; check that the group means what its name says "
-                   f"(samples_per_s is the whole job's figure as rank 0 prints it; a per-rank "
-                   f"figure is rank_samples_per_s)")
+        out.append(Note.warning(
+            f"--metric says {metric_rate:.1f} samples/s, autotune counted {counted_rate:.1f}; "
+            f"check that the group means what its name says (samples_per_s is the whole job's "
+            f"figure as rank 0 prints it; a per-rank figure is rank_samples_per_s)"))
     if writes:
         paths = sorted(writes)
         existed = sum(1 for p in paths if writes[p].get("existed"))
         shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
-        out.append(f"WARNING: the probe wrote into your tree: {shown}"
-                   + (f" ({existed} existed before)" if existed else "")
-                   + "; run probes elsewhere with --probe-cwd DIR")
+        out.append(Note.warning(f"the probe wrote into your tree: {shown}"
+                                + (f" ({existed} existed before)" if existed else "")
+                                + "; run probes elsewhere with --probe-cwd DIR"))
     return out
 
 

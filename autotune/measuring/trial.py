@@ -22,13 +22,17 @@ from autotune.hardware import proc
 from autotune.measuring import breakdown, logs, noise, series, steady
 from autotune.launching.collector import Collector, for_launcher
 from autotune.measuring.script_facts import Seen
-from autotune.measuring.energy import EnergyMeter
+from autotune import Note
+from autotune.measuring.breakdown import Breakdown
+from autotune.measuring.energy import EnergyMeter, EnergyPerSample
+from autotune.measuring.noise import NoiseEstimate
 from autotune.measuring.foreign_load import FOREIGN_CORES_LIMIT, ForeignLoad, cpu_s
 from autotune.measuring.metric import MetricLog, parse_metric
 from autotune.measuring.outcome import Observed, Outcome, classify, script_exit_code
 from autotune.launching.group import RanksSpec, start_group
 from autotune.launching.group import log_path as log_path_of
 from probes import protocol
+from probes.protocol import Mode
 
 POLL_S = 0.2
 ESTIMATE_EVERY_S = 1.0
@@ -64,6 +68,11 @@ class TrialSpec:
     # A probe asking whether ranks join a process group: it ends once this much is measured
     # with none seen (ranks that train alone), instead of measuring a config nobody will use.
     alone_after_s: float | None = None
+    # Which attempt this is of a series the caller re-runs while foreign load spoils it (1 =
+    # first; None: nobody re-runs it), and whether it is the last: the outcome says so
+    # (`autotune.measuring.outcome.classify`).
+    attempt: int | None = None
+    last_attempt: bool = True
 
     @classmethod
     def of(cls, **fields) -> TrialSpec:
@@ -96,9 +105,9 @@ class TrialResult:
     log_path: str
     log_tail: str
     seen: dict  # what the script asked for: {"batch_size": .., "workers": .., ...}
-    notes: tuple[str, ...] = ()
+    notes: tuple[Note, ...] = ()
     knobs: Mapping[str, float] = field(default_factory=dict)
-    mode: str = "full"
+    mode: Mode = Mode.FULL
 
     @property
     def ok(self) -> bool:
@@ -114,9 +123,9 @@ class TrialResult:
     # one rank's time per batch (or step) while it progressed; 0 when never seen.
     first_s: float = 0.0
     step_s: float = 0.0
-    # Where the time went over the measured span (`autotune.measuring.breakdown`), as
-    # ``Breakdown.to_dict``; None when it could not be told.
-    breakdown: dict | None = None
+    # Where the time went over the measured span (`autotune.measuring.breakdown`); None when
+    # it could not be told.
+    breakdown: Breakdown | None = None
     # What a sample costs over the measured span: CPU seconds of the trial's processes on this
     # host (ranks, their DataLoader workers), and GPUs held x wall time; 0 when not known (ranks
     # on other hosts; no GPU).
@@ -124,21 +133,48 @@ class TrialResult:
     gpu_s_per_sample: float = 0.0
     ranks_seen: int = 0  # training processes that reported (peak_rss_bytes is their sum)
     # joules per sample over the measured span, and where they come from
-    # (`autotune.measuring.energy.EnergyPerSample.to_dict`); None when nothing was measured
-    energy: dict | None = None
-    noise: dict | None = None  # gradient noise scale (autotune.tuning.goodput), None when not measured
+    # (`autotune.measuring.energy`); None when no span was measured
+    energy: EnergyPerSample | None = None
+    # the gradient noise scale (`autotune.measuring.noise`), or why it could not be told; None
+    # when no span was measured
+    noise: NoiseEstimate | None = None
 
     @property
     def foreign_flagged(self) -> bool:
         return self.foreign_cores > self.foreign_limit_cores
 
     def to_dict(self) -> dict:
+        """As the journal's ``trial_finished`` and ``probe.json`` hold it."""
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
         d["outcome"] = self.outcome.value
-        d["notes"] = list(self.notes)
+        d["mode"] = self.mode.value
+        d["notes"] = [n.to_dict() for n in self.notes]
         d["knobs"] = dict(self.knobs)
+        for name in ("breakdown", "energy", "noise"):
+            d[name] = d[name].to_dict() if d[name] is not None else None
         d["foreign_flagged"] = self.foreign_flagged
         return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> TrialResult:
+        """From `to_dict`'s shape. Notes of earlier journals were text: "WARNING: ..." is a
+        warning, any other an info."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{**{k: v for k, v in d.items() if k in names},
+                      "outcome": Outcome(d["outcome"]), "mode": Mode(d.get("mode", "full")),
+                      "notes": tuple(map(note_of, d.get("notes") or ())),
+                      "knobs": dict(d.get("knobs") or {}),
+                      "breakdown": Breakdown.from_dict(d.get("breakdown")),
+                      "energy": EnergyPerSample.from_dict(d.get("energy")),
+                      "noise": NoiseEstimate.from_dict(d.get("noise"))})
+
+
+def note_of(raw: Mapping | str) -> Note:
+    """A note as `Note.to_dict` wrote it, or as text (journals before typed notes)."""
+    if isinstance(raw, str):
+        prefix = "WARNING: "
+        return Note.warning(raw[len(prefix):]) if raw.startswith(prefix) else Note.info(raw)
+    return Note.from_dict(raw)
 
 
 @dataclass
@@ -150,8 +186,7 @@ class _Rank:
     tick: dict = field(default_factory=dict)
     batch_points: list = field(default_factory=list)  # (t, cumulative samples)
     step_points: list = field(default_factory=list)  # (t, cumulative steps)
-    part_points: list = field(default_factory=list)  # (t, cumulative seconds by part)
-    parts_clock: str = "host"  # what those seconds are (`probes.parts`)
+    parts: breakdown.PartTrail = field(default_factory=breakdown.PartTrail)
     noise_points: list = field(default_factory=list)  # (t, cumulative gradient norms)
     error: dict | None = None
     teardown: dict | None = None  # an error after we asked it to stop (a peer left first)
@@ -168,7 +203,7 @@ class _Probe:
         self.script = Seen()  # what the ranks said about the script
         self.failed: int | None = None  # exit code of the first rank failing on its own
         self.exited_first: int | None = None  # a process's failing code, before any stop of ours
-        self.notes: list[str] = []
+        self.notes: list[Note] = []
         self.launched: list[proc.Launched] = []
         self.group = None  # autotune.launching.group.RankGroup once started
         self.t_begin = time.monotonic()
@@ -229,20 +264,17 @@ class _Probe:
         rank.tick = msg
         rank.batch_points.extend(batch_points)
         rank.step_points.extend(step_points)
-        parts = msg.get(protocol.TICK_PARTS)
-        if isinstance(parts, dict) and protocol.TICK_T in msg:
-            clock = msg.get(protocol.TICK_PARTS_CLOCK, "host")
-            if clock != rank.parts_clock:  # the sums switched to CUDA events: start over
-                rank.part_points, rank.parts_clock = [], clock
-            rank.part_points.append((float(msg[protocol.TICK_T]) + rank.offset, parts))
+        if protocol.TICK_T in msg:  # on the rank's clock, brought to ours
+            rank.parts.add(msg, float(msg[protocol.TICK_T]) + rank.offset)
         norms = msg.get(protocol.TICK_NOISE)
         if isinstance(norms, dict) and protocol.TICK_T in msg:
             rank.noise_points.append((float(msg[protocol.TICK_T]) + rank.offset, norms))
 
     def _seen(self, msg: dict) -> None:
         self.script.fold(msg)
-        if msg.get("note") and msg["note"] not in self.notes:
-            self.notes.append(msg["note"])
+        note = Note.info(str(msg["note"])) if msg.get("note") else None
+        if note is not None and note not in self.notes:
+            self.notes.append(note)
 
     # -- totals ------------------------------------------------------------------------------
     def totals(self) -> tuple[int, int]:
@@ -310,7 +342,7 @@ def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool]
     if spec.metric:
         base_env["PYTHONUNBUFFERED"] = "1"  # lines are timed when they reach the log
     knobs, won = script_flags.split_knobs(asked.knobs, asked.command[1:])
-    probe.notes.extend(e.note() for e in won)
+    probe.notes.extend(Note.info(e.note()) for e in won)
     ranks_spec = dataclasses.replace(asked, knobs=knobs, log_dir=log_dir, env=base_env,
                                      marker=f"{asked.name}-{uuid.uuid4().hex[:12]}")
     log_path = log_path_of(ranks_spec, 0)
@@ -451,6 +483,8 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         logs.cap(path)  # read: the tail above and --metric; its processes are gone
     ran_s = time.monotonic() - probe.t_begin
     has_estimate = est is not None and est.windows >= 3 and est.samples_per_s > 0
+    foreign = load.cores()
+    spec = probe.spec
     outcome, reason = classify(Observed(
         exit_code=exit_code, stopped_by_us=probe.stopped_by_us and own is None,
         error_kind=error.get("kind") if error else None,
@@ -458,21 +492,13 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         batches=batches, steps=steps, has_estimate=has_estimate, hung_s=probe.hung_s,
         ran_s=ran_s, last_log_line=logs.last_line(tail),
         needs_batch_size=not probe.samples_per_step, **_stall(probe),
-        stalled_idle=_idle_stall(probe, load)))
-    if probe.metric is not None and outcome in (Outcome.NO_SIGNAL, Outcome.EXITED_EARLY):
-        reason = series.metric_reason(
+        stalled_idle=_idle_stall(probe, load),
+        metric_reason=series.metric_reason(
             probe.metric, batch_known=bool(probe.samples_per_step or probe.script.loader_batch),
-            ran_s=ran_s, log_path=log_path)
-    if probe.spec.ranks.mode == "io" and outcome == Outcome.OK and probe.source != "dataloader":
-        outcome, reason = Outcome.NO_SIGNAL, ("io mode drains a DataLoader, and the script "
-                                              "fed no batch through one")
-    if probe.pruned and outcome == Outcome.OK:
-        outcome, reason = Outcome.PRUNED, "its interval could not reach the best so far"
-    foreign = load.cores()
-    if outcome == Outcome.OK and foreign > probe.spec.foreign_limit_cores:
-        outcome = Outcome.FOREIGN_LOAD
-        reason = (f"{foreign:.2f} cores of CPU load from other programs during the probe; "
-                  f"not comparable, re-run when the machine is quiet")
+            ran_s=ran_s, log_path=log_path) if probe.metric is not None else "",
+        io_without_loader=spec.ranks.mode is Mode.IO and probe.source != "dataloader",
+        pruned=probe.pruned, foreign_cores=foreign, foreign_limit_cores=spec.foreign_limit_cores,
+        attempt=spec.attempt, last_attempt=spec.last_attempt))
     step_points = [r.step_points for r in probe.ranks.values() if r.step_points]
     step_est = steady.estimate(series.sum_series(step_points), batches=steps) \
         if step_points else None
@@ -481,9 +507,9 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
     counted = series.rate(*probe.counted_series()[:2]) if probe.source == "metric" else 0.0
     late = next((r.teardown for r in probe.ranks.values() if r.teardown), None)
     if late is not None:
-        probe.notes.append(f"a rank failed while stopping, after the measurement (peers leave "
-                           f"at their own next batch): {late.get('exc_type')}: "
-                           f"{str(late.get('message'))[:200]}")
+        probe.notes.append(Note.info(
+            f"a rank failed while stopping, after the measurement (peers leave at their own "
+            f"next batch): {late.get('exc_type')}: {str(late.get('message'))[:200]}"))
     group_notes = probe.group.notes() if probe.group is not None else []
     notes = list(probe.notes) + group_notes + series.notes(
         source=probe.source, step_note=probe.step_note, counted_rate=counted,
@@ -506,7 +532,7 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         window_start_t=est.start_t if est else 0.0, window_end_t=est.end_t if est else 0.0,
         breakdown=_breakdown(probe, est) if has_estimate else None, ranks_seen=len(ticks),
         energy=probe.energy.per_sample(est.start_t, est.end_t, est.samples_per_s *
-                                       (est.end_t - est.start_t)).to_dict()
+                                       (est.end_t - est.start_t))
         if has_estimate and probe.energy is not None else None,
         noise=_noise(probe, est) if has_estimate else None,
         **(_cost(probe, est) if has_estimate else {}), **_pace(probe))
@@ -529,21 +555,17 @@ def _cost(probe: _Probe, est: steady.Estimate) -> dict:
     return out
 
 
-def _breakdown(probe: _Probe, est: steady.Estimate) -> dict | None:
+def _breakdown(probe: _Probe, est: steady.Estimate) -> Breakdown | None:
     """The parts of a step over the estimate's own span, when the meters timed them."""
-    ranks = list(probe.ranks.values())
-    b = breakdown.from_ticks([r.part_points for r in ranks], est.start_t, est.end_t,
-                             windows=est.windows,
-                             clock=next((r.parts_clock for r in ranks
-                                         if r.parts_clock != "host"), "host"))
-    return b.to_dict() if b is not None else None
+    return breakdown.from_trails([r.parts for r in probe.ranks.values()], est.start_t,
+                                 est.end_t, windows=est.windows)
 
 
-def _noise(probe: _Probe, est: steady.Estimate) -> dict:
+def _noise(probe: _Probe, est: steady.Estimate) -> NoiseEstimate:
     """The gradient noise scale over the estimate's span (`autotune.measuring.noise`)."""
     return noise.fold([r.noise_points for r in probe.ranks.values()], est.start_t, est.end_t,
                       world_size=probe.world_size(), samples_per_step=probe.samples_per_step,
-                      mode=probe.spec.ranks.mode).to_dict()
+                      mode=probe.spec.ranks.mode)
 
 
 def _pace(probe: _Probe) -> dict:

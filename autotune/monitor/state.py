@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from autotune.measuring.outcome import Outcome
 from autotune.store.events import Event
+from probes import protocol
 
 RUNNING = "running"
 HISTORY_MAX = 600  # full-run throughput points kept for the sparkline
@@ -131,9 +132,9 @@ class RunState:
         ok = [r for r in self.trials.values() if r.ok and r.samples_per_s]
         if self.best and self.best.get("knobs") is not None:
             for r in ok:
-                if r.knobs == self.best["knobs"] and r.mode == "full":
+                if r.knobs == self.best["knobs"] and r.mode == protocol.Mode.FULL:
                     return r
-        full = [r for r in ok if r.mode == "full"] or ok
+        full = [r for r in ok if r.mode == protocol.Mode.FULL] or ok
         return max(full, key=lambda r: r.samples_per_s, default=None)
 
     @property
@@ -141,7 +142,7 @@ class RunState:
         if self.best and self.best.get("baseline_samples_per_s"):
             return float(self.best["baseline_samples_per_s"])
         for r in self.trials.values():  # the baseline is measured first
-            if r.mode == "full" and r.finished:
+            if r.mode == protocol.Mode.FULL and r.finished:
                 return r.samples_per_s if r.ok else None
         return None
 
@@ -171,7 +172,7 @@ class RunState:
         """The last finished synthetic and io probes, and the full one of a probe run."""
         return {r.mode: r for r in self.trials.values()
                 if r.finished and (r.mode in ("synthetic", "io")
-                                   or (r.mode == "full" and self.kind == "probe"))}
+                                   or (r.mode == protocol.Mode.FULL and self.kind == "probe"))}
 
     def mode_rates(self) -> dict[str, float | None]:
         """Probe-mode throughputs (full/synthetic/io): None where a mode failed. In a tuning

@@ -12,6 +12,8 @@ import os
 import time
 
 from autotune.measuring.breakdown import Breakdown
+from autotune.measuring.energy import EnergyPerSample
+from autotune.measuring.noise import NoiseEstimate
 from autotune.measuring.outcome import Outcome
 from autotune.store.events import Event
 from autotune.tuning.space.knobs import knobs_text
@@ -316,26 +318,14 @@ def cost_text(core_s: float, gpu_s: float) -> str:
 
 
 def energy_text(e: dict | None) -> str:
-    """Joules per sample by source, or why a source is unavailable."""
-    if not e:
-        return "not measured"
-    parts = []
-    for key, label in (("gpu", "GPU"), ("cpu", "CPU package")):
-        j = e.get(f"{key}_j_per_sample")
-        source = str(e.get(key) or "")
-        parts.append(f"{label} {j:.3g} J ({source})" if j is not None else
-                     f"{label} {source or 'unavailable'}")
-    return "; ".join(parts)
+    """Joules per sample by source, or why a source is unavailable, from the journal's
+    ``EnergyPerSample.to_dict``."""
+    energy = EnergyPerSample.from_dict(e)
+    return energy.describe() if energy is not None else "not measured"
 
 
 def noise_text(n: dict | None) -> str:
-    """The gradient noise scale and what it stands on, or why there is none."""
-    if not n:
-        return "not measured"
-    value = n.get("noise_scale")
-    if value is None:
-        return str(n.get("reason") or "not measured")
-    text = (f"B_noise {value:.3g} samples (from {n.get('steps', 0)} steps, {n.get('ranks', 0)} "
-            f"ranks x {n.get('b_small', 0)} = {n.get('b_big', 0)} per step)")
-    return text + (f"; {n['skipped']} accumulated backward passes not counted"
-                   if n.get("skipped") else "")
+    """The gradient noise scale and what it stands on, or why there is none, from the
+    journal's ``NoiseEstimate.to_dict``."""
+    noise = NoiseEstimate.from_dict(n)
+    return noise.describe() if noise is not None else "not measured"

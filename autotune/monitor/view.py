@@ -169,7 +169,7 @@ def outcome_text(row: TrialRow) -> Text:
 def trials_table(state: RunState, *, now: float, max_rows: int = 12) -> Table:
     rows, hidden = visible_rows(state, max_rows)
     best = state.best_row if state.kind != "probe" else None
-    show_mode = any(r.mode != "full" for r in state.rows)
+    show_mode = any(r.mode != protocol.Mode.FULL for r in state.rows)
     show_knobs = state.kind != "probe" or any(r.knobs for r in state.rows)
     caption = f"{hidden} earlier trials not shown" if hidden else None
     table = Table(title="trials", title_justify="left", caption=caption, expand=False,
@@ -192,7 +192,7 @@ def trials_table(state: RunState, *, now: float, max_rows: int = 12) -> Table:
             rate += " …"
         cells = [mark, r.label] + ([r.mode] if show_mode else [])
         if show_knobs:
-            cells.append(knobs_text(r.knobs) if r.knobs or r.mode == "full" else "")
+            cells.append(knobs_text(r.knobs) if r.knobs or r.mode == protocol.Mode.FULL else "")
         cells += [rate, outcome_text(r), fmt.fmt_duration(dur)]
         table.add_row(*cells, style="bold" if is_best else ("dim" if r.status == Outcome.PRUNED
                                                             else None))
@@ -203,7 +203,7 @@ def trials_table(state: RunState, *, now: float, max_rows: int = 12) -> Table:
 def history(state: RunState) -> list[float | None]:
     """Throughput of finished full-mode trials in order (None for a failed one)."""
     return [r.samples_per_s if r.ok else None for r in state.rows
-            if r.finished and r.mode == "full" and r.status != Outcome.PRUNED]
+            if r.finished and r.mode == protocol.Mode.FULL and r.status != Outcome.PRUNED]
 
 
 def best_so_far(values) -> list[float | None]:

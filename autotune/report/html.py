@@ -67,7 +67,7 @@ def trial_data(state: RunState) -> list[dict]:
 
 def search_rows(state: RunState) -> list[TrialRow]:
     """Finished trials of the search (full mode), in the order they ran."""
-    return [r for r in state.rows if r.finished and r.mode == "full"
+    return [r for r in state.rows if r.finished and r.mode == protocol.Mode.FULL
             and (state.kind != "probe" or r.knobs)]
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from autotune.measuring.breakdown import Breakdown
 from autotune.measuring import allreduce
 from autotune.launching import engines, rank_command
 from autotune.hardware import fingerprint
@@ -151,7 +150,7 @@ def measure(prober: Prober, state: TuneState) -> TuneState:
     if timing is not None:
         state = prober.note(state, Note.info(f"baseline: {timing.describe()}" + (
             "; later probes are fitted to it" if not settings.seconds else "")))
-    parts = Breakdown.from_dict(result.breakdown)
+    parts = result.breakdown
     if parts is not None:
         state = prober.note(state, Note.info(f"baseline: where the time goes: "
                                              f"{parts.describe()}; {parts.advice()}"))

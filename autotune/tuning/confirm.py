@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from autotune import Note
 from autotune.measuring import bottleneck
-from autotune.measuring.breakdown import Breakdown
+from autotune.measuring.energy import EnergyPerSample
 from autotune.measuring.outcome import Outcome
 from autotune.tuning import decision, fitting, objective
 from autotune.tuning.decision import Measured
@@ -24,6 +24,7 @@ from autotune.tuning.records import Known, Scored
 from autotune.tuning.space import Space
 from autotune.tuning.state import TuneState
 from autotune.store.events import Event
+from probes.protocol import Mode
 
 CONFIRM_TARGET_REL = 0.02  # tight enough that a confirmation probe measures its whole window
 TOO_SHORT_SHARE = 0.75  # less than this share of one round left: no re-measurement
@@ -118,15 +119,15 @@ def _probe_verdict(prober: Prober, state: TuneState, cfg: dict,
                    full: float) -> tuple[TuneState, bottleneck.Verdict]:
     space = state.space
     rates = {}
-    for mode in ("synthetic", "io"):
-        label = f"verdict-{mode}"
+    for mode in (Mode.SYNTHETIC, Mode.IO):
+        label = f"verdict-{mode.value}"
         state, r = prober.probe(state, prober.spec(state, *space.trial_knobs(cfg), label,
                                                    mode=mode),
                                 label=label, number=None, cfg=cfg)
         rates[mode] = r.samples_per_s if r.ok else None
     facts = state.learned.facts(cfg)
-    v = bottleneck.decide(full, rates["synthetic"], rates["io"],
-                          Breakdown.from_dict(facts.breakdown) if facts is not None else None)
+    v = bottleneck.decide(full, rates[Mode.SYNTHETIC], rates[Mode.IO],
+                          facts.breakdown if facts is not None else None)
     prober.emit(Event.PROBE_VERDICT, verdict=v.to_dict())
     return state, v
 
@@ -144,7 +145,7 @@ class Round:
 
     samples_per_s: float
     ci_half: float
-    energy: Mapping | None = None
+    energy: EnergyPerSample | None = None
 
 
 def _by_objective(scorer: objective.Scorer, cfgs: Mapping[str, Mapping],

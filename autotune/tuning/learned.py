@@ -18,10 +18,11 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from autotune import Note
+from autotune import Note, NoteKind
 from autotune.measuring.outcome import Outcome
 from autotune.tuning import fitting
 from autotune.tuning.records import ProbeFacts
+from probes.protocol import Mode
 
 
 def config_key(cfg: Mapping) -> tuple:
@@ -80,7 +81,7 @@ class Learned:
         if result.ok and result.step_s > 0 and knobs.get("batch_size"):
             paces = (*paces, fitting.Pace(int(knobs["batch_size"]), int(knobs.get("threads") or 0),
                                           result.step_s))
-        told = tuple(n for n in result.notes if not n.startswith("WARNING"))
+        told = tuple(str(n) for n in result.notes if n.kind is not NoteKind.WARNING)
         if told:  # what autotune did to this config (a backend replaced, a flag kept)
             said[config_key(cfg)] = told
         return dataclasses.replace(self, paces=paces, config_notes=said).measured(cfg, result)
@@ -88,7 +89,7 @@ class Learned:
     def measured(self, cfg: Mapping, result) -> Learned:
         """With ``result`` as the last measurement of ``cfg`` when it measured (the baseline's
         is kept under the space's config too, which names all its knobs)."""
-        if result.outcome != Outcome.OK or result.mode != "full":
+        if result.outcome != Outcome.OK or result.mode is not Mode.FULL:
             return self
         return dataclasses.replace(self, last={**self.last,
                                                config_key(cfg): ProbeRecord.of(cfg, result)})

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from autotune import UsageError
+from autotune.measuring.energy import EnergyPerSample
+from autotune.measuring.noise import NoiseEstimate
 from autotune.tuning import goodput
 from autotune.tuning.space import global_batch, knobs_text
 
@@ -79,22 +81,16 @@ class Objective:
 THROUGHPUT = Objective()
 
 
-def joules_per_sample(energy: Mapping | None) -> float | None:
+def joules_per_sample(energy: EnergyPerSample | None) -> float | None:
     """GPU + CPU package joules per sample, each where it was readable; None when neither."""
-    if not energy:
-        return None
-    parts = [energy.get(k) for k in ("gpu_j_per_sample", "cpu_j_per_sample")]
-    total = sum(float(p) for p in parts if isinstance(p, (int, float)))
-    return total if total > 0 else None
+    return energy.total_j if energy is not None else None
 
 
-def energy_why(energy: Mapping | None) -> str:
+def energy_why(energy: EnergyPerSample | None) -> str:
     """Why a probe has no joules per sample, in the meter's words."""
-    if not energy:
+    if energy is None:
         return "the probe measured no span to read energy over"
-    why = [f"{label}: {str(energy.get(k) or 'unavailable').removeprefix('unavailable: ')}"
-           for k, label in (("gpu", "GPU"), ("cpu", "CPU package"))]
-    return "; ".join(why)
+    return energy.why()
 
 
 @dataclass(frozen=True)
@@ -148,7 +144,7 @@ class Scorer:
         return 1.0 if eff is None else eff
 
     def score(self, samples_per_s: float, ci_half: float, cfg: Mapping[str, int],
-              energy: Mapping | None = None) -> Score:
+              energy: EnergyPerSample | None = None) -> Score:
         eff = self.efficiency(cfg)
         j = joules_per_sample(energy)
         if self.objective.kinds == (Kind.ENERGY,):
@@ -171,15 +167,14 @@ class Scorer:
         return [0.0] * len(self.objective.kinds) if self.objective.multi else 0.0
 
 
-def noise_of(noises: Iterable[Mapping | None]) -> tuple[float | None, int]:
+def noise_of(noises: Iterable[NoiseEstimate | None]) -> tuple[float | None, int]:
     """(B_noise, its steps) from probes' noise readings: the one over the most steps."""
     best: tuple[float | None, int] = (None, 0)
     for n in noises:
-        if not n or not isinstance(n.get("noise_scale"), (int, float)) or n["noise_scale"] <= 0:
+        if n is None or not n.measured:
             continue
-        steps = int(n.get("steps") or 0)
-        if best[0] is None or steps > best[1]:
-            best = (float(n["noise_scale"]), steps)
+        if best[0] is None or n.steps > best[1]:
+            best = (n.noise_scale, n.steps)
     return best
 
 

@@ -121,11 +121,15 @@ class Prober:
         """One probe, re-run while foreign load spoils it (up to ``foreign_retries`` times);
         the state with what it taught (`TuneState.learn`), and its result.
 
+        Each attempt's spec says which it is, so its own outcome tells a spoiled last attempt
+        (`autotune.measuring.outcome.classify`); here only whether to run it again is decided.
         With ``finish=False`` the caller emits the last ``trial_finished`` itself.
         """
-        attempt = 0
+        attempt, attempts = 0, state.settings.foreign_retries + 1
         told = TrialEvents(self.journal, label, number, spec.ranks.mode)
         while True:
+            attempt += 1
+            spec = dataclasses.replace(spec, attempt=attempt, last_attempt=attempt >= attempts)
             if events:
                 told.started(cfg)
 
@@ -138,13 +142,9 @@ class Prober:
             states.mark_live(self.run_dir, [])
             result = dataclasses.replace(result, knobs=dict(cfg))
             state = state.learn(cfg, spec.ranks.knobs, result)
-            spoiled = result.outcome in (Outcome.OK, Outcome.PRUNED, Outcome.FOREIGN_LOAD) \
-                and result.foreign_flagged
-            last = not spoiled or attempt == state.settings.foreign_retries
+            spoiled = result.outcome == Outcome.FOREIGN_LOAD
+            last = not spoiled or spec.last_attempt
             if spoiled and last:
-                result = dataclasses.replace(result, outcome=Outcome.FOREIGN_LOAD, reason=(
-                    f"{result.foreign_cores:.2f} cores of CPU load from other programs in "
-                    f"{attempt + 1} attempt(s); not compared"))
                 state = self._tell_busy(state, label, result.foreign_cores)
             if events and (finish or not last):
                 told.finished(result)
@@ -153,7 +153,6 @@ class Prober:
             self.tell(Note.warning(f"{label}: {result.foreign_cores:.2f} cores of foreign CPU "
                                    f"load during the probe; measuring it again"))
             self.clock.sleep(FOREIGN_WAIT_S)
-            attempt += 1
 
     def _on_start(self, launched) -> None:
         states.mark_live(self.run_dir, [lp.spec.marker for lp in launched])

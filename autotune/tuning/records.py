@@ -15,8 +15,12 @@ from pathlib import Path
 from autotune import Note
 from autotune.measuring import allreduce
 from autotune.measuring.bottleneck import Verdict
+from autotune.measuring.breakdown import Breakdown
+from autotune.measuring.energy import EnergyPerSample
+from autotune.measuring.noise import NoiseEstimate
 from autotune.measuring.foreign_load import FOREIGN_CORES_LIMIT
 from autotune.measuring.outcome import Outcome
+from autotune.tuning import study as studies
 from autotune.tuning.memory import MemoryAdvice
 from autotune.tuning.objective import THROUGHPUT, Objective, Point, Score
 from autotune.tuning.payback import Payback
@@ -112,19 +116,21 @@ class BaselineRecord(Scored):
 
     source: str = ""
     seen: Mapping = field(default_factory=dict)
-    breakdown: Mapping | None = None  # where its time went (`Breakdown.to_dict`)
-    energy: Mapping | None = None  # joules per sample (`EnergyPerSample.to_dict`)
-    noise: Mapping | None = None  # gradient noise scale, when its probe measured it
+    breakdown: Breakdown | None = None  # where its time went
+    energy: EnergyPerSample | None = None  # joules per sample
+    noise: NoiseEstimate | None = None  # gradient noise scale, or why its probe had none
 
     def to_dict(self) -> dict:
-        return {**super().to_dict(), "source": self.source, "seen": dict(self.seen),
-                "breakdown": self.breakdown, "energy": self.energy, "noise": self.noise}
+        """As ``tune.json`` holds it: each measured value in its own ``to_dict`` shape."""
+        return {"knobs": dict(self.knobs), "samples_per_s": self.samples_per_s,
+                "ci_half": self.ci_half, "source": self.source, "seen": dict(self.seen),
+                **{name: _dict_of(getattr(self, name)) for name in _MEASURED}}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> BaselineRecord:
         return cls(dict(d["knobs"]), float(d["samples_per_s"]), float(d["ci_half"]),
-                   str(d.get("source", "")), dict(d.get("seen") or {}), d.get("breakdown"),
-                   d.get("energy"), d.get("noise"))
+                   str(d.get("source") or ""), dict(d.get("seen") or {}),
+                   **{name: kind.from_dict(d.get(name)) for name, kind in _MEASURED.items()})
 
 
 @dataclass(frozen=True)
@@ -135,17 +141,19 @@ class RanksProbe:
     knobs: Mapping[str, int]
     samples_per_s: float
     ci_half: float
-    energy: Mapping | None = None  # joules per sample (`EnergyPerSample.to_dict`)
-    noise: Mapping | None = None  # gradient noise scale (`autotune.measuring.noise`)
+    energy: EnergyPerSample | None = None  # joules per sample, where a counter read them
+    noise: NoiseEstimate | None = None  # gradient noise scale (`autotune.measuring.noise`)
 
     def to_dict(self) -> dict:
         return {"knobs": dict(self.knobs), "samples_per_s": self.samples_per_s,
-                "ci_half": self.ci_half, "energy": self.energy, "noise": self.noise}
+                "ci_half": self.ci_half, "energy": self.energy and self.energy.to_dict(),
+                "noise": self.noise and self.noise.to_dict()}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> RanksProbe:
         return cls(dict(d["knobs"]), float(d["samples_per_s"]), float(d["ci_half"]),
-                   d.get("energy"), d.get("noise"))
+                   EnergyPerSample.from_dict(d.get("energy")),
+                   NoiseEstimate.from_dict(d.get("noise")))
 
 
 @dataclass(frozen=True)
@@ -176,21 +184,32 @@ class AllreduceTiming:
 @dataclass(frozen=True)
 class ProbeFacts:
     """What a config's probe told beyond its throughput: where the time goes
-    (`autotune.measuring.breakdown.Breakdown.to_dict`) and what a sample costs."""
+    (`autotune.measuring.breakdown`) and what a sample costs."""
 
-    breakdown: Mapping | None = None
+    breakdown: Breakdown | None = None
     core_s_per_sample: float = 0.0  # CPU seconds of its processes on this host
     gpu_s_per_sample: float = 0.0  # GPUs held x wall time
-    energy: Mapping | None = None  # joules per sample (`autotune.measuring.energy`)
+    energy: EnergyPerSample | None = None  # joules per sample (`autotune.measuring.energy`)
 
     def to_dict(self) -> dict:
-        return {"breakdown": self.breakdown, "core_s_per_sample": self.core_s_per_sample,
-                "gpu_s_per_sample": self.gpu_s_per_sample, "energy": self.energy}
+        """As ``summary.json`` holds it."""
+        return {"breakdown": _dict_of(self.breakdown),
+                "core_s_per_sample": self.core_s_per_sample,
+                "gpu_s_per_sample": self.gpu_s_per_sample, "energy": _dict_of(self.energy)}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> ProbeFacts:
-        return cls(d.get("breakdown"), float(d.get("core_s_per_sample", 0.0)),
-                   float(d.get("gpu_s_per_sample", 0.0)), d.get("energy"))
+        return cls(Breakdown.from_dict(d.get("breakdown")),
+                   float(d.get("core_s_per_sample", 0.0)), float(d.get("gpu_s_per_sample", 0.0)),
+                   EnergyPerSample.from_dict(d.get("energy")))
+
+
+# The measured values a record keeps, each read back by its own ``from_dict``.
+_MEASURED = {"breakdown": Breakdown, "energy": EnergyPerSample, "noise": NoiseEstimate}
+
+
+def _dict_of(value) -> dict | None:
+    return value.to_dict() if value is not None else None
 
 
 class Stop(enum.Enum):
@@ -279,11 +298,11 @@ class TuneReport:
         return self.best.samples_per_s / (n * self.one_rank_samples_per_s)
 
     @property
-    def best_breakdown(self) -> Mapping | None:
+    def best_breakdown(self) -> Breakdown | None:
         return self.best_probe.breakdown if self.best_probe else None
 
     @property
-    def baseline_breakdown(self) -> Mapping | None:
+    def baseline_breakdown(self) -> Breakdown | None:
         return self.baseline_probe.breakdown if self.baseline_probe else None
 
     @property
@@ -321,26 +340,17 @@ class TuneReport:
         return out
 
 
-# The outcome a study trial records (``user_attrs["outcome"]``, a constraint's name) for any
-# failure but an OOM: such configs are infeasible alike. Other outcomes record their own value.
-FAILED_TAG = "failed"
-_ANSWERS = (Outcome.OK, Outcome.OOM, Outcome.PRUNED)
-
-
-def study_tag(outcome: Outcome) -> str:
-    return outcome.value if outcome in (*_ANSWERS, Outcome.FOREIGN_LOAD) else FAILED_TAG
-
 
 @dataclass(frozen=True)
 class Known:
     """A config the study has an answer for."""
 
     number: int
-    outcome: Outcome  # OK, PRUNED, OOM, or the failure the probe ended with (CRASHED: any)
+    outcome: Outcome  # as the probe ended (`autotune.tuning.study.outcome_of`)
     value: float
     ci_half: float
     cfg: Mapping[str, int]
-    energy: Mapping | None = None  # its probe's joules per sample (`EnergyPerSample.to_dict`)
+    energy: EnergyPerSample | None = None  # its probe's joules per sample
 
     @property
     def infeasible(self) -> bool:
@@ -348,17 +358,17 @@ class Known:
 
     @classmethod
     def of_trial(cls, t) -> Known | None:
-        """The answer a finished study trial holds in its user attrs, or None: skipped for an
+        """The answer a finished study trial holds in its user attrs, or None: not tried for an
         OOM, spoiled by foreign load, a replay of another trial, or interrupted (failed)."""
         attrs = t.user_attrs
         cfg = attrs.get("knobs")
-        outcome = {FAILED_TAG: Outcome.CRASHED, **{o.value: o for o in _ANSWERS}}.get(
-            attrs.get("outcome"))
-        if not cfg or outcome is None or attrs.get("duplicate_of") is not None or \
-                t.state.name == "FAIL":
+        outcome = studies.outcome_of(t)
+        if not cfg or outcome is None or studies.not_tried(t) or \
+                attrs.get("duplicate_of") is not None or t.state.name == "FAIL":
             return None
         sps = attrs.get("samples_per_s")
         if sps is None:  # ``t.value`` raises for a multi-objective trial: its first value
             sps = (t.values or [0.0])[0]
         return cls(t.number, outcome, float(sps),
-                   float(attrs.get("ci_half", 0.0)), dict(cfg), attrs.get("energy"))
+                   float(attrs.get("ci_half", 0.0)), dict(cfg),
+                   EnergyPerSample.from_dict(attrs.get("energy")))

@@ -14,20 +14,20 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from autotune.measuring.breakdown import Breakdown
 from autotune import AutotuneError, Note
+from autotune.measuring.noise import NoiseEstimate
 from autotune.measuring.outcome import Outcome
 from autotune.tuning import confirm, decision, fitting, objective
 from autotune.tuning import study as studies
 from autotune.tuning.prober import Prober
-from autotune.tuning.records import Known, Stop, StopReason, study_tag
+from autotune.tuning.records import Known, Stop, StopReason
 from autotune.tuning.state import TuneState
 from autotune.store.events import Event
 from autotune.tuning.space import knobs_text
+from probes.protocol import Mode
 
 DUPLICATE_STREAK = 8  # proposals in a row of configs already known: the sampler has converged
 WAIT_FOR_OTHERS_S = 600.0  # at most, for another tuner's probe of the same config
-OOM_SKIPPED_TAG = "oom-skipped"  # a study trial's outcome: not tried, an OOM rules it out
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class SearchResult:
     stop_reason: StopReason | None  # None: the study ended without a stop rule
     source: str  # how throughput was counted (the baseline's, else the first clean probe's)
     state: TuneState  # the run's state as the search left it
-    noises: tuple[Mapping, ...] = ()  # the noise-scale readings of the probes it took
+    noises: tuple[NoiseEstimate, ...] = ()  # the noise-scale readings of the probes it took
 
 
 def budget_plan(prober: Prober, state: TuneState, left_s: float) -> fitting.Plan:
@@ -98,7 +98,7 @@ class Search:
         self.source = state.baseline.source
         self.learned: set[int] = set()  # study trials whose answer is in `known`
         self.scorer = scorer or objective.Scorer(self.settings.objective)
-        self.noises: list[Mapping] = []
+        self.noises: list[NoiseEstimate] = []
 
     def run(self) -> SearchResult:
         self._enqueue_start()
@@ -134,13 +134,12 @@ class Search:
                 self.handle.add_answered(
                     choice, {n: len(sp.domains[n]) for n in choice}, value,
                     {"run": self.run_id, "knobs": cfg, "ranks_probe": True,
-                     "outcome": study_tag(Outcome.OK), "samples_per_s": ranks.samples_per_s,
-                     "ci_half": ranks.ci_half, "energy": ranks.energy,
+                     **studies.outcome_attrs(Outcome.OK), "samples_per_s": ranks.samples_per_s,
+                     "ci_half": ranks.ci_half, "energy": ranks.energy and ranks.energy.to_dict(),
                      "score_ci_half": score.ci_half})
         if self.state.warm_start:
             self.handle.enqueue(sp.choice_from_config(self.state.warm_start), {"warm_start": True})
-        parts = Breakdown.from_dict(self.state.baseline.breakdown) \
-            if self.state.baseline is not None else None
+        parts = self.state.baseline.breakdown if self.state.baseline is not None else None
         first = parts.moves() if parts is not None else ()
         design = sp.initial_design(first)
         if first and design:
@@ -204,8 +203,9 @@ class Search:
         if not t.state.is_finished():
             return None  # still running (here or in another tuner): not an answer yet
         self.learned.add(t.number)
-        if t.user_attrs.get("noise"):  # a resumed run (or another tuner) measured B_noise
-            self.noises.append(t.user_attrs["noise"])
+        noise = NoiseEstimate.from_dict(t.user_attrs.get("noise"))
+        if noise is not None:  # a resumed run (or another tuner) measured B_noise
+            self.noises.append(noise)
         known = Known.of_trial(t)
         if known is None:
             return None
@@ -237,13 +237,12 @@ class Search:
         blocker = decision.oom_blocks(cfg, self.ooms)
         if blocker is not None:
             self.duplicate_streak += 1
-            trial.set_user_attr("outcome", OOM_SKIPPED_TAG)
-            trial.set_constraint(study_tag(Outcome.OOM), 1.0)
+            studies.record_outcome(trial, Outcome.OOM, not_tried=True)
             reason = (f"not tried: batch_size {cfg.get('batch_size')} with "
                       f"{cfg.get('instances', 1)} ranks is at or above one that ran out of "
                       f"memory ({blocker.get('batch_size')})")
             self.prober.emit(Event.TRIAL_STARTED, trial=label, number=trial.number, knobs=cfg,
-                             mode="full")
+                             mode=Mode.FULL)
             self.prober.emit(Event.TRIAL_PRUNED, trial=label, number=trial.number, reason=reason)
             return self.scorer.failed()
         self.duplicate_streak = 0
@@ -254,10 +253,10 @@ class Search:
         known = Known(trial.number, Outcome.OK, b.samples_per_s, b.ci_half, dict(cfg), b.energy)
         score = self._score(known)
         trial.set_user_attr("baseline", True)
-        trial.set_user_attr("outcome", study_tag(Outcome.OK))
+        studies.record_outcome(trial, Outcome.OK)
         trial.set_user_attr("samples_per_s", b.samples_per_s)
         trial.set_user_attr("ci_half", b.ci_half)
-        trial.set_user_attr("energy", b.energy)
+        trial.set_user_attr("energy", b.energy and b.energy.to_dict())
         trial.set_user_attr("score_ci_half", score.ci_half)
         value = self.scorer.values(score)
         if value is None:  # the tuner checks the baseline's energy before the search
@@ -271,14 +270,13 @@ class Search:
         """A config already answered: the same answer, without a probe."""
         self.duplicate_streak += 1
         trial.set_user_attr("duplicate_of", known.number)
-        trial.set_user_attr("outcome", study_tag(known.outcome))
+        studies.record_outcome(trial, known.outcome)
         score = self._score(known)
         if known.outcome == Outcome.PRUNED:
             if self.handle.prunes:
                 trial.report(score.value, 0)
             raise studies.TrialPruned(f"same config as trial {known.number}")
         if known.infeasible:
-            trial.set_constraint(study_tag(known.outcome), 1.0)
             return self.scorer.failed()
         value = self.scorer.values(score)
         if value is None:
@@ -321,10 +319,10 @@ class Search:
         trial.set_user_attr("samples_per_s", result.samples_per_s)
         trial.set_user_attr("ci_half", result.ci_half)
         trial.set_user_attr("reason", result.reason)
-        trial.set_user_attr("outcome", study_tag(result.outcome))
-        trial.set_user_attr("energy", result.energy)
-        if result.noise:
-            trial.set_user_attr("noise", result.noise)
+        studies.record_outcome(trial, result.outcome)
+        trial.set_user_attr("energy", result.energy and result.energy.to_dict())
+        if result.noise is not None:
+            trial.set_user_attr("noise", result.noise.to_dict())
             self.noises.append(result.noise)
         if result.outcome == Outcome.FOREIGN_LOAD:
             self.convergence.update(None)
@@ -347,7 +345,6 @@ class Search:
                 self.ooms.append(dict(cfg))
             self.prober.tell(Note.warning(f"{label} {knobs_text(cfg)}: {result.outcome.value}: "
                                           f"{result.reason} (log: {result.log_path})"))
-            trial.set_constraint(study_tag(known.outcome), 1.0)
             return self.scorer.failed()
         values = self.scorer.values(score)
         if values is None:  # not comparable on energy: left out, as a spoiled probe is

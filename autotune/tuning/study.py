@@ -7,7 +7,10 @@ gives any Optuna storage URL (several tuners may share one, e.g. PostgreSQL). Tr
 are each knob's *position* in its ordered candidate list (`autotune.tuning.space`), so TPE sees the order
 of uneven values like batch sizes; the knob values themselves are in ``user_attrs["knobs"]``.
 
-Trials that ran out of memory or failed are completed with value 0 and a positive constraint
+Every trial records its `Outcome` in ``user_attrs["outcome"]``, the value itself, whatever it is
+(`record_outcome`; read back by `outcome_of`, equal); a config not tried because a known OOM rules
+it out records OOM with ``user_attrs["not_tried"]``. Trials that ran out of memory or failed are
+completed with value 0 and a positive constraint named after their outcome
 (``trial.set_constraint``), which TPE treats as infeasible. A study left with a RUNNING trial by a
 controller that was killed is recovered by `open_study`: the trial is marked FAIL and its
 parameters are queued again ahead of the queue, so it is re-run first and no finished trial is
@@ -36,10 +39,14 @@ from autotune.measuring.outcome import Outcome
 
 __all__ = ["StudyHandle", "IntervalPruner", "Trial", "FrozenTrial", "TrialState", "TrialPruned",
            "open_study", "sqlite_url", "comparable", "best_comparable", "best_floor",
-           "importances"]
+           "importances", "record_outcome", "outcome_attrs", "outcome_of", "not_tried"]
 
 TrialPruned = optuna.TrialPruned
-OK = Outcome.OK.value  # user_attrs["outcome"] of a trial whose throughput can be compared
+OUTCOME_ATTR = "outcome"  # user_attrs key: the trial's `Outcome` value
+NOT_TRIED_ATTR = "not_tried"  # user_attrs key: True when a known OOM ruled the config out
+# What studies written before this version recorded instead of an outcome: a failure of any
+# kind ("failed": its kind is lost, read as a crash) and an OOM-ruled-out config.
+LEGACY_OUTCOMES = {"failed": Outcome.CRASHED, "oom-skipped": Outcome.OOM}
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 logging.getLogger("alembic").setLevel(logging.WARNING)
@@ -52,8 +59,40 @@ def sqlite_url(path: Path) -> str:
 
 def comparable(t: FrozenTrial) -> bool:
     """A finished trial whose throughput counts: complete, feasible, measured cleanly."""
-    return (t.state == TrialState.COMPLETE and t.user_attrs.get("outcome") == OK
+    return (t.state == TrialState.COMPLETE and outcome_of(t) == Outcome.OK
             and all(v <= 0 for v in t.constraints.values()) and t.values is not None)
+
+
+def outcome_attrs(outcome: Outcome, *, not_tried: bool = False) -> dict:
+    """The user attrs that record ``outcome`` (``not_tried``: a known OOM ruled it out)."""
+    return {OUTCOME_ATTR: Outcome(outcome).value, **({NOT_TRIED_ATTR: True} if not_tried else {})}
+
+
+def record_outcome(trial: Trial, outcome: Outcome, *, not_tried: bool = False) -> None:
+    """Record ``outcome`` in a live trial; an infeasible one (an OOM, a failure) also gets a
+    positive constraint of its name. A pruned or spoiled trial ends otherwise (pruned, FAIL)."""
+    for key, value in outcome_attrs(outcome, not_tried=not_tried).items():
+        trial.set_user_attr(key, value)
+    if outcome not in (Outcome.OK, Outcome.PRUNED, Outcome.FOREIGN_LOAD):
+        trial.set_constraint(outcome.value, 1.0)
+
+
+def outcome_of(t: FrozenTrial) -> Outcome | None:
+    """The `Outcome` a trial recorded; None when it recorded none (still running, enqueued).
+    A legacy tag is read as `LEGACY_OUTCOMES` says."""
+    raw = t.user_attrs.get(OUTCOME_ATTR)
+    if raw in LEGACY_OUTCOMES:
+        return LEGACY_OUTCOMES[raw]
+    try:
+        return Outcome(raw)
+    except ValueError:
+        return None
+
+
+def not_tried(t: FrozenTrial) -> bool:
+    """The trial answered without a probe: a known OOM ruled its config out."""
+    attrs = t.user_attrs
+    return bool(attrs.get(NOT_TRIED_ATTR)) or attrs.get(OUTCOME_ATTR) == "oom-skipped"  # legacy
 
 
 def best_comparable(trials: list[FrozenTrial]) -> FrozenTrial | None:

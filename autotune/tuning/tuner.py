@@ -237,8 +237,8 @@ class Tuner:
             # two-rank probe saw them train alone, say), else what the data-parallel trials
             # said, else the one-rank baseline's reason
             why = st.space.ranks_why or \
-                next((n.get("reason") for n in (ranks, *noises, st.baseline.noise)
-                      if n and n.get("reason")), "") or "no data-parallel trial measured it"
+                next((n.reason for n in (ranks, *noises, st.baseline.noise)
+                      if n is not None and n.reason), "") or "no data-parallel trial measured it"
             return scorer, (f"goodput needs a data-parallel trial: scored as throughput "
                             f"(no gradient noise scale measured: {why})")
         tail = ("fixed for the search" if before is not None else
