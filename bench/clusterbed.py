@@ -440,6 +440,13 @@ class ClusterBed:
         if self._state_path().exists():
             raise BedError(f"a bed's state is already in {self.workdir}: run "
                            f"`python bench/clusterbed.py down --workdir {self.workdir}` first")
+        for parent in self.workdir.resolve().parents:
+            if parent.exists() and not os.stat(parent).st_mode & 0o001:
+                # munged runs as the munge user and resolves its own dir's path
+                raise BedError(f"the work dir {self.workdir} must be reachable by the munge "
+                               f"user, but {parent} is not searchable by others "
+                               f"(mode {os.stat(parent).st_mode & 0o777:o}); pick a work dir "
+                               "under /tmp")
         taken = self._own_namespaces() + self._own_links()
         if taken:  # another bed's: never build over it (the cleanup would delete it)
             raise BedError(f"prefix {self.prefix!r} is in use ({', '.join(taken)}); "
