@@ -43,7 +43,8 @@ from pathlib import Path
 
 DEFAULT_WORKDIR = Path("/tmp/autotune-clusterbed")
 IFNAME = "eth0"  # the bed's interface inside every namespace, the same name on each host
-NET_LOCK = Path("/tmp/autotune-clusterbed.net.lock")  # serialises subnet choice across beds
+# serialises the choice of subnets across beds (a lock file in the usual place for them)
+NET_LOCK = Path("/run/lock" if Path("/run/lock").is_dir() else "/tmp") / "autotune-clusterbed.lock"
 SLURMD_PORT = 6818  # each slurmd listens in its own namespace, so every bed can use the default
 DAEMONS = ("slurmctld", "slurmscriptd", "slurmd", "slurmstepd", "sshd", "munged")
 UP_TIMEOUT_S = 60.0
@@ -102,7 +103,8 @@ class BedSpec:
             raise ValueError(f"delay_ms >= 0 must hold, but got {self.delay_ms}")
         if self.prefix and not re.fullmatch(r"[a-z][a-z0-9]{1,9}", self.prefix):
             # interface names are at most 15 characters: prefix + "-br" / "-v1"
-            raise ValueError(f"prefix must be 2-10 lowercase letters/digits, but got {self.prefix!r}")
+            raise ValueError("prefix must be 2-10 lowercase letters/digits, "
+                             f"but got {self.prefix!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +145,8 @@ class BedFacts:
         return cls(**d)
 
 
-def hosts_file(hosts: list[str], addresses: list[str], controller: str, controller_addr: str) -> str:
+def hosts_file(hosts: list[str], addresses: list[str], controller: str,
+               controller_addr: str) -> str:
     """``/etc/hosts`` for every namespace: localhost, each host, the controller on the bridge."""
     lines = ["127.0.0.1\tlocalhost", f"{controller_addr}\t{controller}"]
     lines += [f"{a}\t{h}" for h, a in zip(hosts, addresses)]
@@ -255,9 +258,9 @@ def ssh_config(hosts: list[str], addresses: list[str], key: Path, known_hosts: P
 # ---------------------------------------------------------------- I/O helpers
 
 
-def _run(argv: list[str], *, what: str, env: dict | None = None, timeout_s: float = 30.0,
+def _run(argv: list[str], *, what: str, timeout_s: float = 30.0,
          check: bool = True) -> subprocess.CompletedProcess:
-    p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s)
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
     if check and p.returncode != 0:
         raise BedError(f"{what} failed (exit {p.returncode}): {' '.join(argv)}\n"
                        f"{(p.stderr or p.stdout).strip()}")
@@ -495,7 +498,8 @@ class ClusterBed:
             ctl_addr = f"{net}.1"
             addresses = [f"{net}.{11 + i}" for i in range(n)]
             _run(["ip", "link", "add", bridge, "type", "bridge"], what="creating the bridge")
-            _run(["ip", "addr", "add", f"{ctl_addr}/24", "dev", bridge], what="addressing the bridge")
+            _run(["ip", "addr", "add", f"{ctl_addr}/24", "dev", bridge],
+                 what="addressing the bridge")
             _run(["ip", "link", "set", bridge, "up"], what="raising the bridge")
         netem = False
         for i, (h, ns, addr) in enumerate(zip(hosts, namespaces, addresses)):
@@ -654,14 +658,17 @@ class ClusterBed:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation dir
         ssh = self.workdir / "ssh"
         for h in f.hosts:
-            self._spawn(f"sshd-{h}", self.on(h, ["/usr/sbin/sshd", "-D", "-f",
-                                                 str(ssh / f"sshd_{h}.conf"),
-                                                 "-E", str(self.workdir / "log" / f"sshd-{h}.log")]))
+            # sshd re-executes itself, so it must be started by its absolute path
+            self._spawn(f"sshd-{h}", self.on(h, [
+                "/usr/sbin/sshd", "-D", "-f", str(ssh / f"sshd_{h}.conf"),
+                "-E", str(self.workdir / "log" / f"sshd-{h}.log")]))
         first = f.hosts[0]
+
+        def reaches(h):
+            return self.run(first, ["ssh", h, "true"], timeout_s=15).returncode == 0
         for h in f.hosts:
-            self._wait(f"ssh {h} from {first}",
-                       lambda h=h: self.run(first, ["ssh", h, "true"], timeout_s=15).returncode == 0,
-                       deadline, [f"sshd-{x}" for x in f.hosts],
+            self._wait(f"ssh {h} from {first}", lambda h=h: reaches(h), deadline,
+                       [f"sshd-{x}" for x in f.hosts],
                        [self.workdir / "log" / f"sshd-{x}.log" for x in f.hosts])
 
     def _start_slurm(self, deadline: float) -> None:
@@ -672,7 +679,8 @@ class ClusterBed:
         logs += [log / f"slurmd-{h}.log" for h in f.hosts]
         self._spawn("slurmctld", ["slurmctld", "-D", "-c", "-i", "-f", f.slurm_conf], env=env)
         for h in f.hosts:
-            self._spawn(f"slurmd-{h}", self.on(h, ["slurmd", "-D", "-N", h, "-f", f.slurm_conf]), env=env)
+            self._spawn(f"slurmd-{h}", self.on(h, ["slurmd", "-D", "-N", h, "-f", f.slurm_conf]),
+                        env=env)
 
         def idle():
             p = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True,

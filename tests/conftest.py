@@ -127,13 +127,14 @@ def mpi():
 CLUSTER_RATE = "100mbit"
 
 
-def _cluster_skip_reason():
+def cluster_skip_reason():
     import shutil
 
     if os.geteuid() != 0:
         return "the cluster bed needs root (network namespaces, tc, daemons)"
     try:
-        ok = subprocess.run(["ip", "netns", "list"], capture_output=True, timeout=10).returncode == 0
+        ok = subprocess.run(["ip", "netns", "list"], capture_output=True,
+                            timeout=10).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         ok = False
     if not ok:
@@ -155,7 +156,7 @@ def cluster():
     import fcntl
     import shutil
 
-    reason = _cluster_skip_reason()
+    reason = cluster_skip_reason()
     if reason:
         pytest.skip(reason)
     sys.path.insert(0, str(ROOT / "bench"))

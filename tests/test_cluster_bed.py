@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, SCRIPTS, wait_for
+from conftest import ROOT, SCRIPTS, cluster_skip_reason, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -85,8 +85,9 @@ def test_consecutive_steps_in_one_allocation(cluster, tmp_path):
 
 def test_gloo_all_reduce_across_the_two_hosts(cluster):
     f = cluster.facts
-    env = dict(os.environ, MASTER_ADDR=f.addresses[0], MASTER_PORT=str(random.randint(20000, 40000)),
-               GLOO_SOCKET_IFNAME=f.ifname, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, MASTER_ADDR=f.addresses[0],
+               MASTER_PORT=str(random.randint(20000, 40000)), GLOO_SOCKET_IFNAME=f.ifname,
+               PYTHONPATH=str(ROOT))
     p = slurm(cluster, "srun", "-N", "2", "-n", "2", "--ntasks-per-node=1", sys.executable,
               str(SCRIPTS / "bed_allreduce.py"), env=env, timeout_s=180)
     assert p.returncode == 0, p.stderr
@@ -136,7 +137,12 @@ def test_shaped_link_rate(cluster):
     assert 0.5 <= ratio <= 2.0, (measured, f.rate)
 
 
+NOTHING = {"namespaces": [], "links": [], "etc_netns": [], "by_pid": [], "by_cmdline": [],
+           "mounts": []}
+
+
 def _leftovers(prefix, workdir, pids):
+    """What of a bed is still there: by name, by the pids it had, by command line."""
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     return {
@@ -152,7 +158,10 @@ def _leftovers(prefix, workdir, pids):
 
 @pytest.fixture
 def bed_dir():
-    """A work dir the munge user can reach (pytest's tmp_path is 0700), removed afterwards."""
+    """A work dir the munge user can reach (pytest's tmp_path is 0700), removed afterwards;
+    skips where no bed can be built."""
+    if cluster_skip_reason():
+        pytest.skip(cluster_skip_reason())
     path = Path(tempfile.mkdtemp(prefix="atb-test-"))
     os.chmod(path, 0o755)
     yield path / "bed"
@@ -160,11 +169,6 @@ def bed_dir():
 
 
 def test_down_leaves_nothing_behind(bed_dir):
-    from conftest import _cluster_skip_reason
-
-    reason = _cluster_skip_reason()
-    if reason:
-        pytest.skip(reason)
     spec = clusterbed.BedSpec(nodes=3, rate="1gbit", prefix=f"atbd{os.getpid() % 100000}",
                               workdir=bed_dir)
     bed = clusterbed.ClusterBed(spec)
@@ -181,18 +185,12 @@ def test_down_leaves_nothing_behind(bed_dir):
     start = time.monotonic()
     bed.down()
     down_s = time.monotonic() - start
-    assert _leftovers(spec.prefix, spec.workdir, pids) == _leftovers("-none-", Path("/-none-"), [])
+    assert _leftovers(spec.prefix, spec.workdir, pids) == NOTHING
     bed.down()  # idempotent
     print(f"up {up_s:.1f} s, down {down_s:.1f} s")
 
 
 def test_failed_up_leaves_nothing_behind(bed_dir, monkeypatch):
-    from conftest import _cluster_skip_reason
-
-    reason = _cluster_skip_reason()
-    if reason:
-        pytest.skip(reason)
-
     started = []
 
     def broken(self, deadline):
@@ -204,14 +202,12 @@ def test_failed_up_leaves_nothing_behind(bed_dir, monkeypatch):
     with pytest.raises(clusterbed.BedError, match="injected"):
         bed.up()
     assert len(started) == 3, "munged and two sshd had started before the failure"
-    assert _leftovers(spec.prefix, spec.workdir, started) == _leftovers("-none-", Path("/-none-"), [])
+    assert _leftovers(spec.prefix, spec.workdir, started) == NOTHING
 
 
 def test_work_dir_the_munge_user_cannot_reach_is_refused_before_anything_is_built(tmp_path):
-    from conftest import _cluster_skip_reason
-
-    if _cluster_skip_reason():
-        pytest.skip(_cluster_skip_reason())
+    if cluster_skip_reason():
+        pytest.skip(cluster_skip_reason())
     os.chmod(tmp_path, 0o700)
     bed = clusterbed.ClusterBed(clusterbed.BedSpec(prefix="atbzz", workdir=tmp_path / "bed"))
     with pytest.raises(clusterbed.BedError, match="reachable by the munge user"):
