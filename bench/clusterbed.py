@@ -187,7 +187,7 @@ def slurm_conf(*, cluster: str, controller: str, controller_addr: str, ctld_port
         "SchedulerType=sched/builtin",
         "ReturnToService=2",
         "SlurmdTimeout=60",
-        "InactiveLimit=0",
+        "InactiveLimit=30",  # an allocation whose salloc/srun was killed is revoked
         "KillWait=5",
         "MinJobAge=60",
         "MailProg=/bin/true",
@@ -282,7 +282,7 @@ def _tail(path: Path, lines: int = 25) -> str:
     return f"  --- {path} (last {len(text)} lines)\n" + "\n".join("    " + t for t in text)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
@@ -333,7 +333,7 @@ def bed_processes(workdir: Path) -> list[int]:
             continue
         argv = _cmdline(int(entry))
         # slurmctld's helper renames itself ": slurmscriptd": match names anywhere in argv[0]
-        if (argv and any(d in argv[0] for d in DAEMONS) and _alive(int(entry))
+        if (argv and any(d in argv[0] for d in DAEMONS) and alive(int(entry))
                 and _mentions(int(entry), workdir)):
             found.append(int(entry))
     return found
@@ -764,7 +764,7 @@ class ClusterBed:
                     os.kill(pid, sig)
                 except ProcessLookupError:
                     pass
-            if not _poll(lambda: not any(_alive(p) for p in pids), timeout_s=grace_s, poll_s=0.05):
+            if not _poll(lambda: not any(alive(p) for p in pids), timeout_s=grace_s, poll_s=0.05):
                 continue
             return
 

@@ -22,9 +22,34 @@ sys.path.insert(0, str(ROOT / "bench"))
 import clusterbed  # noqa: E402
 
 
+JOB_NAME = f"w{os.getpid()}"  # this worker's jobs: the xdist workers share one bed
+
+
+@pytest.fixture
+def bed(cluster):
+    """The session's bed; this worker's jobs cancelled after each test (a job a failed test
+    left would hold the nodes and fail every test after it)."""
+    yield cluster
+    subprocess.run(["scancel", "-n", JOB_NAME], env=cluster.env(), capture_output=True,
+                   timeout=30)
+    wait_for(lambda: slurm(cluster, "squeue", "-h", "-n", JOB_NAME).stdout.strip() == "",
+             timeout_s=60, what="this worker's jobs to leave the queue", poll_s=0.2)
+
+
 def slurm(bed, *argv, timeout_s=90.0, env=None):
-    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s,
-                          env=bed.env(env))
+    """A Slurm client with the bed's env, in its own session: on timeout its whole group is
+    killed (salloc's script and its sruns with it), and the job is cancelled by ``bed``."""
+    env = dict(bed.env(env), SLURM_JOB_NAME=JOB_NAME, SALLOC_JOB_NAME=JOB_NAME,
+               SBATCH_JOB_NAME=JOB_NAME)
+    p = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, 9)
+        out, err = p.communicate()
+        raise AssertionError(f"{argv[0]} timed out after {timeout_s} s:\n{out}\n{err}")
+    return subprocess.CompletedProcess(list(argv), p.returncode, out, err)
 
 
 def json_lines(text):
@@ -36,21 +61,21 @@ def wait_job_gone(bed, job_id, timeout_s=90.0):
              timeout_s=timeout_s, what=f"job {job_id} to leave squeue", poll_s=0.2)
 
 
-def test_srun_runs_one_task_on_each_host(cluster):
-    p = slurm(cluster, "srun", "-N", "2", "-n", "2", "hostname")
+def test_srun_runs_one_task_on_each_host(bed):
+    p = slurm(bed, "srun", "-N", "2", "-n", "2", "hostname")
     assert p.returncode == 0, p.stderr
-    assert sorted(p.stdout.split()) == sorted(cluster.facts.hosts)
+    assert sorted(p.stdout.split()) == sorted(bed.facts.hosts)
 
 
-def test_sbatch_output_shows_both_hosts_and_the_declared_allocation(cluster, tmp_path):
-    f = cluster.facts
+def test_sbatch_output_shows_both_hosts_and_the_declared_allocation(bed, tmp_path):
+    f = bed.facts
     out = tmp_path / "job.out"
     report = ('echo "$(hostname) $SLURM_CPUS_ON_NODE $SLURM_JOB_CPUS_PER_NODE $SLURM_NNODES"')
-    p = slurm(cluster, "sbatch", "--parsable", "-N", "2", "-n", "2", "-o", str(out),
+    p = slurm(bed, "sbatch", "--parsable", "-N", "2", "-n", "2", "-t", "5", "-o", str(out),
               "--wrap", f"srun -N 2 -n 2 sh -c '{report}'")
     assert p.returncode == 0, p.stderr
     job_id = p.stdout.strip().split(";")[0]
-    wait_job_gone(cluster, job_id)
+    wait_job_gone(bed, job_id)
     lines = sorted(out.read_text().split("\n"))
     rows = [line.split() for line in lines if line.strip()]
     assert sorted(r[0] for r in rows) == sorted(f.hosts), out.read_text()
@@ -60,7 +85,7 @@ def test_sbatch_output_shows_both_hosts_and_the_declared_allocation(cluster, tmp
         assert int(nnodes) == 2
 
 
-def test_consecutive_steps_in_one_allocation(cluster, tmp_path):
+def test_consecutive_steps_in_one_allocation(bed, tmp_path):
     """Two srun steps back to back both run; so does one after a step whose srun was killed
     (srun waits, "Requested nodes are busy", until that step's CPUs are freed); a step asking
     for more CPUs than the allocation holds is what fails with "More processors requested
@@ -73,22 +98,23 @@ def test_consecutive_steps_in_one_allocation(cluster, tmp_path):
         "srun -n 2 sleep 30 & victim=$!\n"
         "for i in $(seq 100); do squeue -h -s -j $SLURM_JOB_ID | grep -q sleep && break; "
         "sleep 0.1; done\n"
+        "squeue -h -s -j $SLURM_JOB_ID | grep -q sleep || exit 15\n"
         "kill -9 $victim\n"
         "srun -n 2 hostname || exit 13\n"
         "srun -n 4 hostname && exit 14\n"
         "exit 0\n")
-    p = slurm(cluster, "salloc", "-N", "2", "-n", "2", "bash", str(script))
+    p = slurm(bed, "salloc", "-N", "2", "-n", "2", "-t", "5", "bash", str(script))
     assert p.returncode == 0, (p.returncode, p.stdout, p.stderr)
-    assert sorted(p.stdout.split()) == sorted(cluster.facts.hosts * 3)
+    assert sorted(p.stdout.split()) == sorted(bed.facts.hosts * 3)
     assert "More processors requested than permitted" in p.stderr
 
 
-def test_gloo_all_reduce_across_the_two_hosts(cluster):
-    f = cluster.facts
+def test_gloo_all_reduce_across_the_two_hosts(bed):
+    f = bed.facts
     env = dict(os.environ, MASTER_ADDR=f.addresses[0],
                MASTER_PORT=str(random.randint(20000, 40000)), GLOO_SOCKET_IFNAME=f.ifname,
                PYTHONPATH=str(ROOT))
-    p = slurm(cluster, "srun", "-N", "2", "-n", "2", "--ntasks-per-node=1", sys.executable,
+    p = slurm(bed, "srun", "-N", "2", "-n", "2", "--ntasks-per-node=1", sys.executable,
               str(SCRIPTS / "bed_allreduce.py"), env=env, timeout_s=180)
     assert p.returncode == 0, p.stderr
     ranks = sorted(json_lines(p.stdout), key=lambda r: r["rank"])
@@ -97,14 +123,14 @@ def test_gloo_all_reduce_across_the_two_hosts(cluster):
     assert all(r["sum"] == 3.0 for r in ranks)
 
 
-def test_mpirun_over_ssh_starts_ranks_on_both_hosts(cluster):
+def test_mpirun_over_ssh_starts_ranks_on_both_hosts(bed):
     pytest.importorskip("mpi4py")
     mpirun = Path(sys.executable).with_name("mpirun")
     if not mpirun.exists():
         pytest.skip(f"no mpirun beside {sys.executable} (pip mpich)")
-    f = cluster.facts
+    f = bed.facts
     env = dict(os.environ, BED_MARKER="forwarded")
-    p = cluster.run(f.hosts[0], [str(mpirun), "-launcher", "ssh", "-launcher-exec", f.ssh,
+    p = bed.run(f.hosts[0], [str(mpirun), "-launcher", "ssh", "-launcher-exec", f.ssh,
                                  "-f", f.hostfile, "-n", "2", "-ppn", "1", sys.executable,
                                  str(SCRIPTS / "bed_mpi_hosts.py")], env=env, timeout_s=120)
     assert p.returncode == 0, p.stderr
@@ -114,16 +140,16 @@ def test_mpirun_over_ssh_starts_ranks_on_both_hosts(cluster):
     assert all(r["sum"] == 3 and r["marker"] == "forwarded" for r in ranks)  # -genvall
 
 
-def test_shaped_link_rate(cluster):
-    f = cluster.facts
+def test_shaped_link_rate(bed):
+    f = bed.facts
     nbytes = max(2 << 20, f.rate_bits_per_s // 8)  # about a second's worth, at least 2 MiB
     port = str(random.randint(20000, 40000))
     argv = [sys.executable, str(SCRIPTS / "bed_rate.py")]
-    server = subprocess.Popen(cluster.on(f.hosts[0], [*argv, "serve", f.addresses[0], port,
+    server = subprocess.Popen(bed.on(f.hosts[0], [*argv, "serve", f.addresses[0], port,
                                                       str(nbytes)]),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        sender = cluster.run(f.hosts[1], [*argv, "send", f.addresses[0], port, str(nbytes)],
+        sender = bed.run(f.hosts[1], [*argv, "send", f.addresses[0], port, str(nbytes)],
                              timeout_s=60)
         out, err = server.communicate(timeout=60)
     finally:
@@ -149,7 +175,7 @@ def _leftovers(prefix, workdir, pids):
         "namespaces": [n for n in names.split() if n.startswith(prefix + "-")],
         "links": [line for line in links.splitlines() if f" {prefix}-" in line],
         "etc_netns": [str(p) for p in Path("/etc/netns").glob(prefix + "-*")],
-        "by_pid": [p for p in pids if clusterbed._alive(p)],
+        "by_pid": [p for p in pids if clusterbed.alive(p)],
         "by_cmdline": clusterbed.bed_processes(workdir),
         "mounts": [line for line in Path("/proc/mounts").read_text().splitlines()
                    if str(workdir) in line],
