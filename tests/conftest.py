@@ -116,3 +116,83 @@ def mpi():
     if info is None:
         pytest.skip("no mpirun beside Python or on PATH")
     return info
+
+
+# ---------------------------------------------------------------- the cluster bed (issue 22)
+# A real two-host cluster (network namespaces, Slurm, sshd; bench/clusterbed.py), built once per
+# test run and shared by the xdist workers: the first to need it builds it under a file lock, each
+# user is counted, the last one out tears it down. It is built by the bed's CLI in a child that
+# exits, so its daemons are nobody's children here (tests that check for leftover children of
+# the worker stay right).
+CLUSTER_RATE = "100mbit"
+
+
+def cluster_skip_reason():
+    import shutil
+
+    if os.geteuid() != 0:
+        return "the cluster bed needs root (network namespaces, tc, daemons)"
+    try:
+        ok = subprocess.run(["ip", "netns", "list"], capture_output=True,
+                            timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    if not ok:
+        return "`ip netns` is not available (iproute2)"
+    path = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
+    missing = [t for t in ("slurmctld", "slurmd", "srun", "sbatch", "munged", "sshd", "ssh",
+                           "tc", "nsenter", "unshare", "taskset", "setpriv")
+               if shutil.which(t, path=path) is None]
+    if missing:
+        return (f"not installed: {', '.join(missing)} (apt-get install slurm-wlm munge "
+                "openssh-server openssh-client iproute2)")
+    return None
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """The running cluster bed (``bench.clusterbed.ClusterBed``, with ``.facts`` and ``.env()``);
+    skips with the reason where it cannot be built."""
+    import fcntl
+    import shutil
+
+    reason = cluster_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    sys.path.insert(0, str(ROOT / "bench"))
+    from clusterbed import ClusterBed
+
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID", f"solo{os.getpid()}")[:12]
+    root = Path("/tmp") / f"atb-pytest-{run_id}"
+    workdir, users = root / "bed", root / "users"
+
+    def locked(update):
+        root.mkdir(exist_ok=True)
+        with open(root.with_name(root.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return update()
+
+    def join():
+        if not (workdir / "bed.json").exists():
+            p = subprocess.run([sys.executable, str(ROOT / "bench" / "clusterbed.py"), "up",
+                                "--rate", CLUSTER_RATE, "--workdir", str(workdir)],
+                               capture_output=True, text=True, timeout=180)
+            if p.returncode != 0:
+                pytest.fail(f"the cluster bed did not come up:\n{p.stderr}", pytrace=False)
+        n = int(users.read_text()) if users.exists() else 0
+        users.write_text(str(n + 1))
+        return ClusterBed.attach(workdir)
+
+    def leave():
+        n = int(users.read_text()) - 1
+        users.write_text(str(n))
+        if n == 0:
+            ClusterBed.attach(workdir).down()
+            shutil.rmtree(root, ignore_errors=True)
+            root.with_name(root.name + ".lock").unlink(missing_ok=True)
+
+    bed = locked(join)
+    try:
+        yield bed
+    finally:
+        locked(leave)
