@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 from autotune.store.journal import EVENTS, Journal, read_events
+from results import trial_result
 
 WRITER = r"""
 import sys
@@ -88,16 +89,8 @@ def test_concurrent_writers_in_several_processes_never_interleave_inside_a_line(
 def test_events_are_strict_json_an_unknown_interval_is_null(tmp_path):
     """jq and JSON.parse reject Python's Infinity/NaN: a probe too short for an interval (its
     half-width is infinite) is written with ci_half null."""
-    from autotune.measuring.outcome import Outcome
-    from autotune.measuring.trial import TrialResult
-    from probes.protocol import Mode
-
-    r = TrialResult(outcome=Outcome.OK, reason="", samples_per_s=195.0,
-                    ci_half=float("inf"), source="dataloader", steps_per_s=1.0, measured_s=2.0,
-                    warmup_s=0.5, paused_s=0.0, duration_s=16.0, peak_rss_bytes=1,
-                    cuda_peak_bytes=0, foreign_cores=float("nan"), exit_code=0,
-                    log_path=str(tmp_path / "x.log"), log_tail="", seen={}, knobs={},
-                    mode=Mode.FULL, foreign_limit_cores=0.3)
+    r = trial_result(samples_per_s=195.0, ci_half=float("inf"), foreign_cores=float("nan"),
+                     log_path=str(tmp_path / "x.log"), foreign_limit_cores=0.3)
     j = Journal(tmp_path)
     j.emit("trial_finished", trial="t", number=None, mode="full", result=r)
     j.emit("fullrun_started", command=[tmp_path], knobs={"a": (1, 2)}, instances=1,

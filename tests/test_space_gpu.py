@@ -14,12 +14,11 @@ from autotune.tuning import recipes
 from autotune.tuning import space
 from autotune import LaunchError, UsageError
 from autotune.store.journal import Journal, read_events
-from autotune.measuring.outcome import Outcome
-from autotune.measuring.trial import TrialResult
 from autotune.tuning import Prober, TuneSettings, TuneState, load_state
 from autotune.tuning import baseline as baseline_probe
 from autotune.tuning.state import save
 from conftest import SCRIPTS
+from results import trial_result
 from fakes.gpu_host import BIN, fake_pynvml, gpu_uuid, write_nvml_config
 
 GIB = 2**30
@@ -242,12 +241,7 @@ SEEN_DDP = {"batch_size": 16, "workers": 0, "backend": "gloo"}
 
 
 def baseline_result(spec):
-    return TrialResult(
-        outcome=Outcome.OK, reason="", samples_per_s=100.0, ci_half=2.0, source="dataloader",
-        steps_per_s=6.0, measured_s=5.0, warmup_s=1.0, paused_s=0.0, duration_s=8.0,
-        peak_rss_bytes=2**28, cuda_peak_bytes=0, foreign_cores=0.0, exit_code=0,
-        log_path=str(spec.ranks.log_dir / f"{spec.ranks.name}.log"), log_tail="", seen=dict(SEEN_DDP),
-        knobs=dict(spec.ranks.knobs), mode=spec.ranks.mode)
+    return trial_result(spec, seen=dict(SEEN_DDP), foreign_limit_cores=0.0)
 
 
 def stage(tmp_path, monkeypatch, *, machine=None, run_trial=None, **settings):

@@ -16,9 +16,9 @@ from autotune.tuning import space
 from autotune.tuning import study as studies
 from autotune.store.journal import Journal
 from conftest import journal
+from results import trial_result
 from autotune.measuring.outcome import Observed, Outcome, classify
 from autotune.measuring.steady import Estimate
-from autotune.measuring.trial import TrialResult
 from autotune.tuning import Tuner, TuneSettings, TuneState, load_state
 from autotune.tuning.records import Known, Stop
 
@@ -27,13 +27,9 @@ NCCL_NOTE = "the script asked for backend 'nccl', which cannot serve here, so au
 
 
 def result(spec, outcome=Outcome.OK, reason="", *, rate=0.0, foreign=0.0):
-    return TrialResult(
-        outcome=outcome, reason=reason, samples_per_s=rate, ci_half=rate * 0.02,
-        source="dataloader", steps_per_s=rate / 16, measured_s=5.0, warmup_s=1.0, paused_s=0.0,
-        duration_s=8.0, peak_rss_bytes=2**28, cuda_peak_bytes=0, foreign_cores=foreign,
-        exit_code=0, log_path=str(spec.ranks.log_dir / f"{spec.ranks.name}.log"), log_tail="",
-        seen=dict(SEEN), knobs=dict(spec.ranks.knobs), mode=spec.ranks.mode,
-        foreign_limit_cores=spec.foreign_limit_cores)
+    return trial_result(spec, outcome=outcome, reason=reason, samples_per_s=rate,
+                        ci_half=rate * 0.02, steps_per_s=rate / 16, foreign_cores=foreign,
+                        seen=dict(SEEN))
 
 
 def under_load(spec, r, foreign_cores):

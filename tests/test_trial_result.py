@@ -12,6 +12,7 @@ from autotune.measuring.trial import TrialResult, note_of
 from autotune.store import jsontext
 from autotune.tuning.records import BaselineRecord, ProbeFacts
 from probes.protocol import Mode
+from results import trial_result
 
 PARTS = Breakdown({"data": (0.12344, 0.01), "forward": (0.5, 0.02), "other": (0.37656, 0.03)},
                   ranks=2)
@@ -21,14 +22,12 @@ NOISE = NoiseEstimate(137.0, steps=900, b_small=16, b_big=32, ranks=2, grad_sq=1
 
 
 def result(**over) -> TrialResult:
-    fields = dict(outcome=Outcome.OK, reason="", samples_per_s=195.0, ci_half=3.0,
-                  source="dataloader", steps_per_s=6.0, measured_s=8.0, warmup_s=1.0,
-                  paused_s=0.0, duration_s=12.0, peak_rss_bytes=2**28, cuda_peak_bytes=0,
-                  foreign_cores=0.1, exit_code=None, log_path="/x/trial-rank0.log", log_tail="",
-                  seen={"batch_size": 32}, knobs={"batch_size": 32}, mode=Mode.SYNTHETIC,
-                  notes=(Note.info("samples per step: 32"), Note.warning("wrote into your tree")),
-                  breakdown=PARTS, energy=ENERGY, noise=NOISE)
-    return TrialResult(**{**fields, **over})
+    return trial_result(**{**dict(
+        samples_per_s=195.0, ci_half=3.0, measured_s=8.0, duration_s=12.0, foreign_cores=0.1,
+        exit_code=None, log_path="/x/trial-rank0.log", seen={"batch_size": 32},
+        knobs={"batch_size": 32}, mode=Mode.SYNTHETIC,
+        notes=(Note.info("samples per step: 32"), Note.warning("wrote into your tree")),
+        breakdown=PARTS, energy=ENERGY, noise=NOISE), **over})
 
 
 def test_a_result_reads_back_from_its_json_as_it_was():

@@ -12,8 +12,6 @@ from autotune.commands import probe as probe_command
 from autotune import UsageError
 from autotune.measuring.breakdown import Breakdown
 from autotune.measuring.noise import NoiseEstimate
-from autotune.measuring.outcome import Outcome
-from autotune.measuring.trial import TrialResult
 from autotune import Note
 from autotune.tuning import TuneSettings, TuneState, load_state, space
 from autotune.tuning import baseline, fitting
@@ -21,7 +19,7 @@ from autotune.tuning.records import AllreduceTiming, BaselineRecord, RanksProbe
 from autotune.tuning.space.parse import parse_values
 from autotune.tuning.state import save
 from conftest import SCRIPTS
-from probes.protocol import Mode
+from results import trial_result
 
 # tune.json as the controller wrote it before version 2 (no version field): the prober's
 # learned state was not in it, so a resume of it could not report as the run would have.
@@ -59,12 +57,9 @@ def test_everything_a_stage_learned_goes_through_tune_json_and_back(tmp_path):
     base = BaselineRecord({"batch_size": 16, "thread_pct": 50}, 120.5, 3.0, "dataloader",
                           {"workers": 0}, Breakdown({"forward": (0.5, 0.05)}, 1), None,
                           NoiseEstimate(None, reason="x"))
-    r = TrialResult(outcome=Outcome.OK, reason="", samples_per_s=120.5, ci_half=3.0,
-                    source="dataloader", steps_per_s=7.5, measured_s=5.0, warmup_s=1.0,
-                    paused_s=0.0, duration_s=8.0, peak_rss_bytes=2**28, cuda_peak_bytes=0,
-                    foreign_cores=0.0, exit_code=0, log_path="l", log_tail="", seen={},
-                    knobs={"batch_size": 16}, mode=Mode.FULL, notes=(Note.info("kept a flag"),),
-                    ranks_seen=1, step_s=0.13, core_s_per_sample=0.02)
+    r = trial_result(samples_per_s=120.5, ci_half=3.0, steps_per_s=7.5, log_path="l",
+                     knobs={"batch_size": 16}, notes=(Note.info("kept a flag"),), ranks_seen=1,
+                     step_s=0.13, core_s_per_sample=0.02)
     cfg = {"batch_size": 16, "thread_pct": 50}
     st = dataclasses.replace(
         st, space=space.Space.from_dict(OLD["space"]), baseline=base,
@@ -149,12 +144,9 @@ def test_probe_gives_a_threads_placeholder_the_cores_a_rank_may_use(tmp_path, mo
 
     def fake(spec, **kw):
         specs.append(spec)
-        return TrialResult(
-            outcome=Outcome.OK, reason="", samples_per_s=10.0, ci_half=1.0, source="dataloader",
-            steps_per_s=1.0, measured_s=5.0, warmup_s=1.0, paused_s=0.0, duration_s=8.0,
-            peak_rss_bytes=0, cuda_peak_bytes=0, foreign_cores=0.0, exit_code=0,
-            log_path=str(spec.ranks.log_dir / "x.log"), log_tail="", seen={}, knobs=dict(spec.ranks.knobs),
-            mode=spec.ranks.mode)
+        return trial_result(spec, samples_per_s=10.0, ci_half=1.0, steps_per_s=1.0,
+                            peak_rss_bytes=0, log_path=str(spec.ranks.log_dir / "x.log"),
+                            foreign_limit_cores=0.0)
 
     monkeypatch.setattr(probe_command, "run_trial", fake)
     args = cli.build_parser().parse_args(
