@@ -241,7 +241,7 @@ SEEN_DDP = {"batch_size": 16, "workers": 0, "backend": "gloo"}
 
 
 def baseline_result(spec):
-    return trial_result(spec, seen=dict(SEEN_DDP), foreign_limit_cores=0.0)
+    return trial_result(spec, seen=dict(SEEN_DDP))
 
 
 def stage(tmp_path, monkeypatch, *, machine=None, run_trial=None, **settings):

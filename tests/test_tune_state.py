@@ -145,8 +145,7 @@ def test_probe_gives_a_threads_placeholder_the_cores_a_rank_may_use(tmp_path, mo
     def fake(spec, **kw):
         specs.append(spec)
         return trial_result(spec, samples_per_s=10.0, ci_half=1.0, steps_per_s=1.0,
-                            peak_rss_bytes=0, log_path=str(spec.ranks.log_dir / "x.log"),
-                            foreign_limit_cores=0.0)
+                            peak_rss_bytes=0, log_path=str(spec.ranks.log_dir / "x.log"))
 
     monkeypatch.setattr(probe_command, "run_trial", fake)
     args = cli.build_parser().parse_args(
