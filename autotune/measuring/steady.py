@@ -13,8 +13,8 @@ Pure: takes ``(time_s, cumulative_samples)`` points, returns an `Estimate`. The 
    of what is left, within the first half of the series.
 4. Mean and a 95% interval by batch means over consecutive windows, which keeps the interval
    honest when neighbouring windows are correlated.
-5. A level shift: the kept windows' two halves, each with its own interval, must agree (their
-   intervals overlap). A script whose step time moves in the middle of the window (nanoGPT's
+5. A level shift: the kept windows split in two at their likeliest change point, each part
+   with its own interval, must agree (their intervals overlap). A script whose step time moves in the middle of the window (nanoGPT's
    fell by a quarter half a minute in) is not tight, however narrow the whole window's interval
    reads: the probe measures on, up to its limit, and says so.
 """
@@ -40,7 +40,8 @@ BATCHES_PER_WINDOW = 2
 MIN_STEP_REL_HALF = 0.005
 # Steps at least this long are one batch per meter tick (0.25 s): measured from jump to jump.
 ALIGNED_MIN_STEP_S = 0.5
-SHIFT_MIN_WINDOWS = 8  # fewer kept windows than this are not split into halves (4 each)
+SHIFT_MIN_WINDOWS = 8  # fewer kept windows than this are not split in two
+SHIFT_MIN_SEGMENT = 4  # windows each side of a change point, for an interval of its own
 
 
 def t975(dof: int) -> float:
@@ -67,7 +68,7 @@ class Estimate:
     windows: int
     start_t: float = 0.0  # the span the estimate stands on, in the points' clock
     end_t: float = 0.0
-    # the window's halves (mean, 95% half-width) when they disagree: a level shift inside it
+    # the window's two parts (mean, 95% half-width) when they disagree: a level shift inside it
     shift: tuple[tuple[float, float], tuple[float, float]] | None = None
 
     @property
@@ -86,8 +87,8 @@ class Estimate:
         if self.shift is None:
             return ""
         (a, ha), (b, hb) = self.shift
-        return (f"the rate moved inside the measured window: its first half read {a:.4g} "
-                f"± {ha:.2g} samples/s, its second {b:.4g} ± {hb:.2g}")
+        return (f"the rate moved inside the measured window: it read {a:.4g} ± {ha:.2g} "
+                f"samples/s, then {b:.4g} ± {hb:.2g}")
 
 
 def resample(points: list[tuple[float, float]], t0: float, dt: float) -> list[float]:
@@ -244,19 +245,34 @@ def _aligned(points: list[tuple[float, float]], index: list[int], t0: float,
 
 def level_shift(kept: list[float], *, quantum: float = 0.0) \
         -> tuple[tuple[float, float], tuple[float, float]] | None:
-    """The two halves of ``kept`` window rates as (mean, 95% half-width) when their intervals
-    do not overlap; None when they agree, or when there are too few windows to tell.
+    """The window's two parts, before and after its likeliest change point, as (mean, 95%
+    half-width) when their intervals do not overlap; None when they agree, or when there are
+    too few windows to tell.
 
-    ``quantum``: one batch in a window's rate; a half's interval is never narrower than one
-    batch over its windows (counts come in whole batches, as in `estimate`)."""
-    if len(kept) < SHIFT_MIN_WINDOWS:
+    The change point is where the split's difference of means, weighted by
+    ``sqrt(k (n - k) / n)`` (CUSUM's statistic), is largest, with at least
+    `SHIFT_MIN_SEGMENT` windows on each side; a cut in the middle of a stretch would mix the two
+    levels inside one part and widen its interval until it hid the shift. ``quantum``: one batch
+    in a window's rate; a part's interval is never narrower than one batch over its windows
+    (counts come in whole batches, as in `estimate`)."""
+    n = len(kept)
+    if n < SHIFT_MIN_WINDOWS:
         return None
-    mid = len(kept) // 2
-    halves = []
-    for xs in (kept[:mid], kept[mid:]):
-        halves.append((sum(xs) / len(xs), max(batch_means_ci(xs), quantum / len(xs))))
-    (a, ha), (b, hb) = halves
-    return (halves[0], halves[1]) if abs(a - b) > ha + hb else None
+    prefix = [0.0]
+    for x in kept:
+        prefix.append(prefix[-1] + x)
+    total = prefix[-1]
+
+    def gap(k: int) -> float:
+        a, b = prefix[k] / k, (total - prefix[k]) / (n - k)
+        return abs(a - b) * math.sqrt(k * (n - k) / n)
+
+    k = max(range(SHIFT_MIN_SEGMENT, n - SHIFT_MIN_SEGMENT + 1), key=gap)
+    parts = []
+    for xs in (kept[:k], kept[k:]):
+        parts.append((sum(xs) / len(xs), max(batch_means_ci(xs), quantum / len(xs))))
+    (a, ha), (b, hb) = parts
+    return (parts[0], parts[1]) if abs(a - b) > ha + hb else None
 
 
 def estimate(points: list[tuple[float, float]], *, batches: int,

@@ -510,6 +510,10 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         probe.notes.append(Note.info(
             f"a rank failed while stopping, after the measurement (peers leave at their own "
             f"next batch): {late.get('exc_type')}: {str(late.get('message'))[:200]}"))
+    if has_estimate and est.shift is not None:  # not tight: it measured on to its limit
+        probe.notes.append(Note.warning(
+            f"{est.shift_note()}; measured on to the probe's limit ({ran_s:.0f} s), and the "
+            f"figure is the whole window's: a longer --seconds settles it"))
     group_notes = probe.group.notes() if probe.group is not None else []
     notes = list(probe.notes) + group_notes + series.notes(
         source=probe.source, step_note=probe.step_note, counted_rate=counted,
