@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -21,7 +20,8 @@ from autotune.tuning import fitting, recipes
 from autotune.tuning import Tuner, TuneSettings, TuneState
 from autotune.tuning import study as studies
 from autotune.tuning.state import save, spent_s
-from conftest import SCRIPTS, assert_one_error_line, autotune, journal, live_children
+from conftest import (SCRIPTS, assert_one_error_line, autotune, journal, live_children,
+                      wait_for)
 import test_study
 from test_study import FakeProbe, QuickClock, surface, tune
 
@@ -147,6 +147,35 @@ def test_a_recipe_that_cannot_be_saved_is_saved_by_resume(tmp_path, machine, mon
         tune_cmd.prepare(parse(["tune", "--resume", str(prep.run_dir)]), "tune")
 
 
+def interrupt_mid_search(args, *, cwd, env, runs, in_flight: bool, timeout_s: float):
+    """``autotune tune --plain ARGS`` in its own session, Ctrl-C once a search trial has
+    started (``in_flight``: one that has not finished yet); it must exit 130. Its run dir and
+    that trial's ``trial_started`` event."""
+    controller = subprocess.Popen([sys.executable, "-m", "autotune", "tune", "--plain", *args],
+                                  cwd=cwd, env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def search_trial():
+        assert controller.poll() is None, "the tuning ended before it could be stopped"
+        dirs = list(runs.glob("*"))
+        if not dirs:
+            return None
+        done = {e["trial"] for e in journal(dirs[0], "trial_finished")} if in_flight else set()
+        hit = next((e for e in journal(dirs[0], "trial_started")
+                    if e["trial"].startswith("trial-") and e["trial"] not in done), None)
+        return (dirs[0], hit) if hit else None
+
+    try:
+        found = wait_for(search_trial, timeout_s=timeout_s, what="a search trial",
+                         poll_s=0.2)
+        controller.send_signal(signal.SIGINT)
+        assert controller.wait(timeout=60) == 130
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+    return found
+
+
 @pytest.mark.slow
 def test_sigint_then_resume_keeps_the_runs_recipe_dir_and_reruns_the_trial_first(tmp_path):
     """tune --recipe-dir X, Ctrl-C mid-trial, tune --resume from elsewhere: the recipe goes to
@@ -155,31 +184,11 @@ def test_sigint_then_resume_keeps_the_runs_recipe_dir_and_reruns_the_trial_first
     here, elsewhere = tmp_path / "a", tmp_path / "b"
     here.mkdir(), elsewhere.mkdir()
     env = dict(os.environ, AUTOTUNE_RUNS_DIR=str(tmp_path / "runs"))
-    controller = subprocess.Popen(
-        [sys.executable, "-m", "autotune", "tune", "--plain", "--foreign-limit", "1000",
-         "--trials", "3", "--seconds", "6", "--budget", "10m", "--confirm-rounds", "0",
-         "--seed", "3", "--space", "batch_size=8:32", "--fix", "threads=1", "--recipe-dir",
-         str(recipe_dir), "--", TOY, "--work", "1"], cwd=here, env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    run_dir, hit = None, None
-    try:
-        deadline = time.monotonic() + 150
-        while time.monotonic() < deadline and hit is None:
-            runs = list((tmp_path / "runs").glob("*"))
-            if runs:
-                run_dir = runs[0]
-                finished = {e["trial"] for e in journal(run_dir, "trial_finished")}
-                hit = next((e for e in journal(run_dir, "trial_started")
-                            if e["trial"].startswith("trial-") and e["trial"] not in finished),
-                           None)
-            assert controller.poll() is None, "the tuning ended before it could be stopped"
-            time.sleep(0.2)
-        assert hit is not None, "no trial in flight within the deadline"
-        controller.send_signal(signal.SIGINT)
-        assert controller.wait(timeout=60) == 130
-    finally:
-        if controller.poll() is None:
-            controller.kill()
+    run_dir, hit = interrupt_mid_search(
+        ["--foreign-limit", "1000", "--trials", "3", "--seconds", "6", "--budget", "10m",
+         "--confirm-rounds", "0", "--seed", "3", "--space", "batch_size=8:32", "--fix",
+         "threads=1", "--recipe-dir", str(recipe_dir), "--", TOY, "--work", "1"],
+        cwd=here, env=env, runs=tmp_path / "runs", in_flight=True, timeout_s=150)
     started = len(journal(run_dir, "trial_started"))
     p = autotune("tune", "--resume", str(run_dir), "--plain", cwd=elsewhere, timeout=240,
                  env=env)
@@ -239,31 +248,12 @@ def test_sigint_mid_search_then_resume_reports_as_an_uninterrupted_run(tmp_path)
     the probe fitting the baseline made (not fitted again: the journal shows one baseline
     probe)."""
     env = dict(os.environ, AUTOTUNE_RUNS_DIR=str(tmp_path / "runs"))
-    controller = subprocess.Popen(
-        [sys.executable, "-m", "autotune", "tune", "--plain", "--foreign-limit", "1000",
-         "--trials", "3", "--seconds", "8", "--confirm-rounds", "0", "--seed", "3",
-         "--baseline", "batch_size=8",
-         "--space", "batch_size=8:32", "--fix", "threads=1", "workers=0", "instances=1",
-         "--", TOY,
-         "--work", "1", "--batch-size", "{batch_size}"], cwd=tmp_path, env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    run_dir, hit = None, None
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and hit is None:
-            runs = list((tmp_path / "runs").glob("*"))
-            if runs:
-                run_dir = runs[0]
-                hit = next((e for e in journal(run_dir, "trial_started")
-                            if e["trial"].startswith("trial-")), None)
-            assert controller.poll() is None, "the tuning ended before it could be stopped"
-            time.sleep(0.2)
-        assert hit is not None, "no search trial within the deadline"
-        controller.send_signal(signal.SIGINT)
-        assert controller.wait(timeout=60) == 130
-    finally:
-        if controller.poll() is None:
-            controller.kill()
+    run_dir, _ = interrupt_mid_search(
+        ["--foreign-limit", "1000", "--trials", "3", "--seconds", "8", "--confirm-rounds", "0",
+         "--seed", "3", "--baseline", "batch_size=8", "--space", "batch_size=8:32", "--fix",
+         "threads=1", "workers=0", "instances=1", "--", TOY, "--work", "1", "--batch-size",
+         "{batch_size}"], cwd=tmp_path, env=env, runs=tmp_path / "runs", in_flight=False,
+        timeout_s=120)
     timing = json.loads((run_dir / "tune.json").read_text())["learned"]["timing"]
     assert timing is not None
     p = autotune("tune", "--resume", str(run_dir), "--plain", cwd=tmp_path, timeout=240,
