@@ -288,3 +288,22 @@ def test_a_tuning_run_journals_its_findings_within_the_schema(tmp_path, machine)
     assert paid["text"] == report.payback.text() and fit["text"] == report.memory.text
     lines = [text.event_line(e) for e in journal(run_dir)]
     assert f"payback: {paid['text']}" in lines and f"memory: {fit['text']}" in lines
+
+
+def test_a_batch_change_is_said_once_in_each_stream(tmp_path, machine):
+    """The winner changes the job's global batch: the journal carries it once (the event), the
+    summary once (its field, not again among the notes), and the tuning's live notes not at
+    all (the live view shows the event)."""
+    from conftest import journal
+    from test_study import FakeProbe, tune
+
+    told = []
+    report, t, run_dir = tune(tmp_path, FakeProbe(lambda k: 10.0 * k["batch_size"]), trials=6,
+                              fix_tokens=("workers=0", "threads=2"), confirm_rounds=1,
+                              notify=told.append)
+    assert report.batch_note, "the fake favours the largest batch: the winner changes it"
+    assert [e["text"] for e in journal(run_dir, Event.BATCH_CHANGE)] == [report.batch_note]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["batch_note"] == report.batch_note
+    assert not [n for n in summary["notes"] if "global batch" in n]
+    assert told and not [n for n in told if "global batch" in n.text]

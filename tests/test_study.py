@@ -99,8 +99,10 @@ class QuickClock:
         pass
 
 
-def tuner(tmp_path, fake, *, resume=False, warm_start=None, clock=None, **settings):
-    """A tuner whose probes are ``fake``; ``settings`` as ``tune.json`` holds them (tokens)."""
+def tuner(tmp_path, fake, *, resume=False, warm_start=None, clock=None, notify=None,
+          **settings):
+    """A tuner whose probes are ``fake``; ``settings`` as ``tune.json`` holds them (tokens);
+    ``notify`` hears every note the tuning tells."""
     run_dir = tmp_path / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
     base = dict(command=("train.py",), cwd=str(tmp_path), seconds=10.0, seed=1,
@@ -110,7 +112,7 @@ def tuner(tmp_path, fake, *, resume=False, warm_start=None, clock=None, **settin
     state = dataclasses.replace(load_state(run_dir), settings=s) if resume else \
         TuneState.new(s, run_dir, warm_start=warm_start)
     return Tuner(state, run_dir, Journal(run_dir), resume=resume, run_trial=fake,
-                 clock=clock or QuickClock())
+                 clock=clock or QuickClock(), notify=notify)
 
 
 def tune(tmp_path, fake, **kw):

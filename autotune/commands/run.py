@@ -74,13 +74,16 @@ def run(args) -> int:
 
 
 def rank_knobs(recipe: recipes.Recipe, fp: fingerprint.Fingerprint,
-               launcher: engines.Launcher) -> tuple[dict[str, float], int]:
+               launcher: engines.Launcher, *, told: bool = False) -> tuple[dict[str, float], int]:
     """The recipe's knobs for the ranks of a run on the visible GPUs (``fp.gpu_count``) of
-    ``launcher``'s hosts, and ``instances``; a `RecipeError` before anything starts."""
+    ``launcher``'s hosts, and ``instances``; a `RecipeError` before anything starts.
+
+    ``told``: the tuning that made the recipe has just said what its notes and batch change
+    say (``wrap``), so they are not said again."""
     knobs, instances = recipe.run_knobs(fp.cores, fp.gpu_count, hosts=launcher.host_count)
-    for note in recipe.notes:  # what its probes said of it: a backend replaced, say
+    for note in () if told else recipe.notes:  # what its probes said: a backend replaced
         console.hint(f"recipe: {note}")
-    if recipe.batch_note and not recipe.global_batch:
+    if recipe.batch_note and not recipe.global_batch and not told:
         console.warning(f"recipe: {recipe.batch_note}")
     if recipe.global_batch and knobs.get("batch_size") != recipe.knobs.get("batch_size"):
         console.hint(f"the recipe's global batch of {recipe.global_batch} is kept: "

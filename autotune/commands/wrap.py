@@ -36,7 +36,8 @@ def run(args) -> int:
             console.hint(f"full run: {' '.join(prep.target)} with "
                          f"{knobs_text(recipe.knobs)}")
             code = status["code"] = run_command.full_run(
-                recipe, prep.target, run_command.rank_knobs(recipe, prep.fp, prep.launcher),
+                recipe, prep.target, run_command.rank_knobs(recipe, prep.fp, prep.launcher,
+                                                       told=True),
                 launcher=prep.launcher, cwd=prep.run_cwd, run_dir=prep.run_dir,
                 journal=prep.journal, samples_per_step=prep.settings.samples_per_step)
     except KeyboardInterrupt:

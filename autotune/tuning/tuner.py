@@ -196,8 +196,7 @@ class Tuner:
             prober.emit(Event.PAYBACK, **report.payback.to_dict())
         if report.memory is not None:
             prober.emit(Event.MEMORY_FIT, **report.memory.to_dict())
-        if report.batch_note:
-            self._note(Note.warning(report.batch_note))
+        if report.batch_note:  # said once: the event (the live view), the summary's field
             prober.emit(Event.BATCH_CHANGE, text=report.batch_note)
         write_summary(self.run_dir, report)
         return report
