@@ -2,6 +2,8 @@
 `ERROR:` line naming the file and the field (exit 2) in `run --recipe` and `recipes show`; `recipes
 list` lists the good ones and warns once per bad file; warm start skips a bad recipe with a note."""
 
+import re
+
 import pytest
 
 from autotune.hardware import fingerprint
@@ -80,3 +82,24 @@ def test_warm_start_skips_a_bad_recipe(tmp_path):
     spoil(path, "trials = 9", 'trials = "x"')
     found, note = recipes.warm_start_candidate(tmp_path / "recipes", (str(script),), here)
     assert found is None and "not warm-starting" in note and "'result.trials'" in note
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spoiled", [False, True])
+def test_a_second_tune_warm_starts_from_the_first_or_says_why_not(tmp_path, spoiled):
+    """The recipe a tune saved in ./recipes is found by the next tune of the same script: news
+    when it warm-starts, a WARNING naming the field when it cannot be used; the tune goes on."""
+    toy = str(SCRIPTS / "tune_toy.py")
+    args = ("tune", "--plain", "--trials", "2", "--seconds", "4", "--confirm-rounds", "0",
+            "--foreign-limit", "1000", "--fix", "threads=1", "--", toy, "--work", "1")
+    first = autotune(*args, cwd=tmp_path, timeout=240)
+    assert first.returncode == 0, first.stderr[-3000:]
+    saved, = (tmp_path / "recipes").glob("*.toml")
+    if spoiled:
+        saved.write_text(re.sub(r"^trials = \d+$", 'trials = "x"', saved.read_text(), flags=re.M))
+    second = autotune(*args, cwd=tmp_path, timeout=240)
+    assert second.returncode == 0, second.stderr[-3000:]
+    if spoiled:
+        assert "WARNING: " in second.stderr and "not warm-starting" in second.stderr
+    else:
+        assert "warm start" in second.stderr and "WARNING: recipe" not in second.stderr

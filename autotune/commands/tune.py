@@ -289,7 +289,8 @@ def ending(journal: Journal):
 def tune_in(prep: Prepared) -> tuple[TuneReport, recipes.Recipe, Path]:
     """Run the tuning, save the recipe; returns (report, recipe, its path)."""
     if prep.warm_note:  # a recipe that cannot be used is a warning; one that can, news
-        notify(Note.info(prep.warm_note) if prep.warm_start else Note.warning(prep.warm_note))
+        notify(Note.info(prep.warm_note) if prep.state.warm_start else
+               Note.warning(prep.warm_note))
     report = Tuner(prep.state, prep.run_dir, prep.journal, notify=notify, resume=prep.resume,
                    launcher=prep.launcher).run()
     # kept for runs on other worlds; a script that starts its own ranks has a world of its own
