@@ -165,6 +165,7 @@ class Tuner:
                            stretch=stop is not None and stop.rule is Stop.BUDGET,
                            scorer=scorer)
         self.state = c.state
+        self._save(self.state)  # what the confirmation's probes taught survives a crash too
         if c.front:
             self._note(Note.info(f"Pareto front (samples/s vs samples/J), {len(c.front)} "
                                  f"config(s); picked {c.picked}: the fastest within "
