@@ -10,6 +10,7 @@ from autotune.hardware import fingerprint
 from autotune.tuning import recipes
 from autotune.store import rundir
 from autotune.measuring import fullrun
+from autotune.measuring.promise import Promise
 from autotune.launching import engines
 from autotune.commands import common, tune
 from autotune.launching.group import RanksSpec
@@ -69,7 +70,7 @@ def run(args) -> int:
             tune.ending(journal) as status:
         status["code"] = full_run(recipe, target, knobs, launcher=launcher, cwd=os.getcwd(),
                                   run_dir=run_dir, journal=journal,
-                                  samples_per_step=args.samples_per_step)
+                                  samples_per_step=args.samples_per_step, fp=fp)
     return said(status["code"], run_dir)
 
 
@@ -95,12 +96,41 @@ def rank_knobs(recipe: recipes.Recipe, fp: fingerprint.Fingerprint,
 
 def full_run(recipe: recipes.Recipe, target: tuple[str, ...],
              knobs: tuple[dict[str, float], int], *, launcher: engines.Launcher, cwd: str,
-             run_dir: Path, journal: Journal, samples_per_step: int | None) -> int:
-    """The full run of ``target`` with ``knobs`` (`rank_knobs`), for ``run`` and ``wrap``."""
+             run_dir: Path, journal: Journal, samples_per_step: int | None,
+             fp: fingerprint.Fingerprint) -> int:
+    """The full run of ``target`` with ``knobs`` (`rank_knobs`), for ``run`` and ``wrap``,
+    held against the recipe's figure where the run's world is the recipe's (`promise_of`)."""
     ranks = RanksSpec(command=target, knobs=knobs[0], instances=knobs[1], cwd=cwd,
                       log_dir=run_dir / "logs", name="fullrun", launcher=launcher, gpus=None)
+    promise, why_not = promise_of(recipe, fp, knobs, launcher)
+    if why_not:
+        console.hint(f"the full run is not held to the recipe's figure: {why_not}")
     return fullrun.run_full(fullrun.FullRunSpec(ranks=ranks, journal_knobs=dict(recipe.knobs),
-                                                samples_per_step=samples_per_step), journal)
+                                                samples_per_step=samples_per_step,
+                                                promise=promise), journal)
+
+
+def promise_of(recipe: recipes.Recipe, fp: fingerprint.Fingerprint,
+               knobs: tuple[dict[str, float], int], launcher: engines.Launcher) \
+        -> tuple[Promise | None, str]:
+    """The recipe's figure as the run's promise, or why the run cannot be held to it: summed
+    samples/s compare only on the world it was measured on (its ranks, one host, its batch)."""
+    run_knobs, instances = knobs
+    tuned = int(recipe.knobs.get("instances", 1))
+    if launcher.host_count > 1:
+        return None, f"it runs on {launcher.host_count} hosts; the recipe's figure is one host's"
+    if instances != tuned:
+        return None, f"it runs {instances} ranks a host; the recipe's figure is for {tuned}"
+    batch = recipe.knobs.get("batch_size")
+    if batch is not None and run_knobs.get("batch_size") not in (None, batch):
+        return None, (f"its per-rank batch is {run_knobs.get('batch_size')}; the recipe's "
+                      f"figure is for {batch}")
+    if not recipe.samples_per_s > 0:
+        return None, "the recipe has no measured figure"
+    differs = fingerprint.describe(fingerprint.diff(fp, recipe.fingerprint, fields=(
+        *fingerprint.HARDWARE, *fingerprint.SOFTWARE)))
+    shares = {p: float(v[0]) for p, v in (recipe.breakdown or {}).items()}
+    return Promise(recipe.samples_per_s, recipe.ci_half, shares, differs), ""
 
 
 def said(code: int, run_dir: Path) -> int:

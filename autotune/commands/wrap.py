@@ -39,7 +39,8 @@ def run(args) -> int:
                 recipe, prep.target, run_command.rank_knobs(recipe, prep.fp, prep.launcher,
                                                        told=True),
                 launcher=prep.launcher, cwd=prep.run_cwd, run_dir=prep.run_dir,
-                journal=prep.journal, samples_per_step=prep.settings.samples_per_step)
+                journal=prep.journal, samples_per_step=prep.settings.samples_per_step,
+                fp=prep.fp)
     except KeyboardInterrupt:
         console.hint(f"if the tuning was cut short, resume with: autotune wrap --resume "
                      f"{prep.run_dir}")

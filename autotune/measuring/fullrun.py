@@ -31,6 +31,8 @@ from autotune.launching import engines
 from autotune.hardware import proc
 from autotune.launching.collector import Collector, for_launcher
 from autotune.measuring import breakdown, series
+from autotune.measuring.foreign_load import ForeignLoad
+from autotune.measuring.promise import SUSTAIN_S, Promise, PromiseWatch, Reading
 from autotune.store.journal import Journal
 from autotune.launching.group import RanksSpec, start_group
 from autotune.store.events import Event
@@ -50,6 +52,9 @@ class FullRunSpec:
     progress_every_s: float = 5.0
     grace_s: float = 10.0
     samples_per_step: int | None = None
+    promise: Promise | None = None  # the recipe's figure, which the run is held against
+    warmup_s: float = 10.0  # training time before the run is held to the promise
+    sustain_s: float = SUSTAIN_S  # below the promise this long is a shortfall (`PromiseWatch`)
 
 
 def exit_status(code: int | None) -> int:
@@ -107,6 +112,12 @@ class _Meter:
             samples = sum(per_rank) * self.samples_per_step
         steps = max(per_rank, default=0)  # data-parallel ranks step together
         return samples, steps
+
+    def started(self) -> float | None:
+        """When the first rank asked for its first batch (the clock of the received ticks)."""
+        begun = [t for t in (_first_work(tr.points) for tr in self.parts.values())
+                 if t is not None]
+        return min(begun, default=None)
 
     def rate(self, now: float) -> tuple[float | None, int, int]:
         samples, steps = self.totals()
@@ -227,18 +238,35 @@ def _supervise(spec: FullRunSpec, signals: _Signals, collector: Collector, journ
     stopping = False
     engine = spec.ranks.launcher.kind != "local"
     reported = 0
+    watch = PromiseWatch(spec.promise, sustain_s=spec.sustain_s) \
+        if spec.promise is not None else None
+    held_from: tuple[float, int] | None = None  # (time, samples) once warm: the promise's span
+    load = ForeignLoad()
     while True:
         time.sleep(POLL_S)
         meter.absorb(collector.drain())
         on_poll()
+        load.sample([p for lp in launched for p in lp.tree()])
         now = time.monotonic()
         if now >= next_report:
             next_report = now + spec.progress_every_s
             rate, steps, samples = meter.rate(now)
             if rate is not None and samples:
+                parts = meter.breakdown(last_report, now)
                 journal.emit(Event.FULLRUN_PROGRESS, samples_per_s=rate, steps=steps,
-                             samples=samples, breakdown=meter.breakdown(last_report, now))
+                             samples=samples, breakdown=parts)
                 reported = samples
+                begun = meter.started()
+                if watch is not None and begun is not None and \
+                        now - begun >= spec.warmup_s:
+                    held_from = held_from or (now, samples)
+                    said = watch.see(Reading(now, rate, parts, load.cores()))
+                    if said:
+                        journal.emit(Event.FULLRUN_PROMISE, samples_per_s=rate,
+                                     promised=spec.promise.samples_per_s,
+                                     ci_half=spec.promise.ci_half, final=False, below=True,
+                                     text=said)
+            load = ForeignLoad()  # the next report's span
             meter.thin(last_report)
             last_report = now
         codes = [lp.poll() for lp in launched]
@@ -264,7 +292,15 @@ def _supervise(spec: FullRunSpec, signals: _Signals, collector: Collector, journ
             code = exit_status(first_failure if first_failure is not None
                                else next((c for c in codes if c != 0), 0))
             code, ended = _rank_said(spec, meter.failed, code)
-            whole = meter.breakdown(None, time.monotonic())
+            end = time.monotonic()
+            whole = meter.breakdown(None, end)
+            if watch is not None and held_from is not None and code == 0 and \
+                    end > held_from[0] and samples > held_from[1]:
+                mean = (samples - held_from[1]) / (end - held_from[0])  # warm, to the end
+                journal.emit(Event.FULLRUN_PROMISE, samples_per_s=mean,
+                             promised=spec.promise.samples_per_s,
+                             ci_half=spec.promise.ci_half, final=True,
+                             below=mean < spec.promise.low, text=watch.verdict(mean, whole))
             return code, {**ended, **({"breakdown": whole} if whole else {})}
 
 

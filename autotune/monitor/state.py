@@ -72,6 +72,8 @@ class FullRun:
     # where the time went (`Breakdown.to_dict`): since the last report while it runs, over the
     # whole run once it has ended
     breakdown: dict | None = None
+    promise: str = ""  # the run against the recipe's figure: a shortfall, then the verdict
+    below_promise: bool = False  # ...and whether the run fell below it
 
 
 @dataclass
@@ -390,6 +392,13 @@ def _fullrun_notes(s: RunState, ev: dict, t) -> None:
     s.fullrun.notes = fullrun_notes(ev)
 
 
+def _fullrun_promise(s: RunState, ev: dict, t) -> None:
+    if s.fullrun is None:
+        s.fullrun = FullRun(started_t=t)
+    s.fullrun.promise = str(ev.get("text") or "")
+    s.fullrun.below_promise = bool(ev.get("below"))
+
+
 def _device_sample(s: RunState, ev: dict, t) -> None:
     s.device = ev
 
@@ -409,6 +418,7 @@ HANDLERS = {
     Event.BATCH_CHANGE: _batch_change, Event.RECIPE_SAVED: _recipe_saved,
     Event.FULLRUN_STARTED: _fullrun_started, Event.FULLRUN_PROGRESS: _fullrun_progress,
     Event.FULLRUN_NOTES: _fullrun_notes, Event.FULLRUN_ENDED: _fullrun_ended,
+    Event.FULLRUN_PROMISE: _fullrun_promise,
     Event.DEVICE_SAMPLE: _device_sample, Event.RUN_ENDED: _run_ended,
 }
 IGNORED: dict[Event, str] = {}  # the state keeps something of every event

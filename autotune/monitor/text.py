@@ -302,6 +302,7 @@ LINES = {
     Event.FULLRUN_STARTED: _fullrun_started,
     Event.FULLRUN_PROGRESS: _fullrun_progress,
     Event.FULLRUN_NOTES: lambda ev: "full run: " + "; ".join(fullrun_notes(ev)),
+    Event.FULLRUN_PROMISE: lambda ev: ("WARNING: " if ev.get("below") else "") + ev["text"],
     Event.FULLRUN_ENDED: _fullrun_ended,
     Event.DEVICE_SAMPLE: lambda ev: f"device: {device_summary(ev)}",
     Event.RUN_ENDED: lambda ev: f"run ended: exit code {ev.get('exit_code')}",

@@ -315,6 +315,8 @@ def fullrun_panel(state: RunState, *, now: float) -> Panel | None:
                 f" · instances {fr.instances}" if fr.instances else ""))
         for note in fr.notes:
             grid.add_row("note", Text(note, style="red" if note.startswith("WARNING") else ""))
+        if fr.promise:
+            grid.add_row("promise", Text(fr.promise, style="red" if fr.below_promise else ""))
         parts = Breakdown.from_dict(fr.breakdown)
         if parts is not None:
             grid.add_row("time" if fr.exit_code is None else "time (whole run)",
@@ -393,6 +395,7 @@ SHOWN = {
     Event.PAYBACK: findings_panel,
     Event.PROBE_VERDICT: fullrun_panel, Event.FULLRUN_STARTED: fullrun_panel,
     Event.FULLRUN_PROGRESS: fullrun_panel, Event.FULLRUN_NOTES: fullrun_panel,
+    Event.FULLRUN_PROMISE: fullrun_panel,
     Event.FULLRUN_ENDED: fullrun_panel,
     Event.DEVICE_SAMPLE: device_panel,
 }

@@ -373,6 +373,8 @@ def fullrun_section(state: RunState) -> str:
     if fr.steps is not None:
         rows.append(("steps", f"{fr.steps:,}"))
     rows += [("note", escape(note)) for note in fr.notes]
+    if fr.promise:
+        rows.append(("against the recipe", escape(fr.promise)))
     return ("<h2>Full run</h2>" + _table(rows) +
             svg.line(pts, chart="fullrun", x_label="seconds", y_label="samples/s"))
 
@@ -451,6 +453,7 @@ SECTIONS = {
     Event.PAYBACK: findings_section,
     Event.FULLRUN_STARTED: fullrun_section, Event.FULLRUN_PROGRESS: fullrun_section,
     Event.FULLRUN_NOTES: fullrun_section, Event.FULLRUN_ENDED: fullrun_section,
+    Event.FULLRUN_PROMISE: fullrun_section,
 }
 IGNORED = {
     Event.DEVICE_SAMPLE: "the machine's readings from moment to moment; the report is of the "

@@ -39,6 +39,7 @@ class Event(str, enum.Enum):
     FULLRUN_STARTED = "fullrun_started"
     FULLRUN_PROGRESS = "fullrun_progress"
     FULLRUN_NOTES = "fullrun_notes"
+    FULLRUN_PROMISE = "fullrun_promise"
     FULLRUN_ENDED = "fullrun_ended"
     DEVICE_SAMPLE = "device_sample"
     RUN_ENDED = "run_ended"
@@ -86,6 +87,7 @@ FIELDS: dict[Event, Fields] = {
     Event.FULLRUN_STARTED: Fields(("command", "knobs", "instances", "launcher")),
     Event.FULLRUN_PROGRESS: Fields(("samples_per_s", "steps", "samples"), ("breakdown",)),
     Event.FULLRUN_NOTES: Fields(("notes", "mps_check")),
+    Event.FULLRUN_PROMISE: Fields(("samples_per_s", "promised", "ci_half", "final", "below", "text"), ()),
     Event.FULLRUN_ENDED: Fields(("exit_code",), ("rank", "launcher_exit_code", "breakdown")),
     Event.DEVICE_SAMPLE: Fields(("cpu_pct", "mem_used_bytes", "mem_total_bytes", "gpus",
                                  "workers", "ranks")),
