@@ -41,6 +41,7 @@ import sys
 import time
 from pathlib import Path
 
+BED_ENV = "AUTOTUNE_CLUSTERBED"  # in every daemon the bed starts: its work dir
 DEFAULT_WORKDIR = Path("/tmp/autotune-clusterbed")
 IFNAME = "eth0"  # the bed's interface inside every namespace, the same name on each host
 # serialises the choice of subnets across beds (a lock file in the usual place for them)
@@ -602,6 +603,9 @@ class ClusterBed:
 
     def _spawn(self, name: str, argv: list[str], *, env: dict | None = None) -> subprocess.Popen:
         log = open(self.workdir / "log" / f"{name}.out", "ab")
+        # marked, so that a test's check for leftover processes tells the bed's daemons (an
+        # orphan goes to the nearest subreaper: a pytest worker that ran autotune is one)
+        env = {**(os.environ if env is None else env), BED_ENV: str(self.workdir)}
         try:
             p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                  env=env, start_new_session=True)

@@ -50,10 +50,14 @@ def trial_processes(prefix: str) -> list[psutil.Process]:
 
 
 def live_children() -> list[psutil.Process]:
+    """Live descendants of this process, but the cluster bed's daemons: a worker that ran
+    autotune is a subreaper (`autotune.hardware.proc`), so the daemons the bed started for the
+    session, orphaned by their starter, become its children; they are the session's, no test's."""
     out = []
     for child in psutil.Process().children(recursive=True):
         try:
-            if child.status() != psutil.STATUS_ZOMBIE:
+            if child.status() != psutil.STATUS_ZOMBIE and \
+                    "AUTOTUNE_CLUSTERBED" not in child.environ():
                 out.append(child)
         except psutil.Error:
             continue
