@@ -47,6 +47,7 @@ SCRIPTS = ROOT / "tests" / "scripts"
 # how each script prints its own throughput, anchored to its own lines: `autotune run --plain`
 # prints its meter's figures beside them ("... 51.2 samples/s ..."), which are not the script's
 WORD_LM_RATE = re.compile(r"^\| epoch .*\| samples/s +([0-9.]+)", re.M)  # "| epoch 1 | ... | samples/s 382.4 |"
+LIGHTNING_RATE = re.compile(r"^lightning: batch \d+ samples/s ([0-9.]+)", re.M)
 MINGPT_RATE = re.compile(r"^iter \d+: dt [0-9.]+ ms, ([0-9.]+) samples/s", re.M)  # "iter 10: dt 1012 ms, 31.62 samples/s"
 
 # name -> (script and its fixed args, placeholder args for tune/run, the same as the user's
@@ -61,6 +62,13 @@ CASES = {
                    ["--trainer.batch_size={batch_size}", "--trainer.num_workers={workers}"],
                    ["--trainer.batch_size=32", "--trainer.num_workers=0"],
                    ["--baseline", "batch_size=32", "workers=0"], MINGPT_RATE),
+    # Lightning's Trainer(devices=2, strategy="ddp"): it starts its second rank itself; the
+    # closure-shaped step; its own throughput callback
+    "lightning_ddp": ([str(SCRIPTS / "fw_lightning.py"), "--devices", "2", "--strategy", "ddp",
+                       "--log-every", "50"],
+                      ["--batch-size", "{batch_size}", "--workers", "{workers}"],
+                      ["--batch-size", "32", "--workers", "0"],
+                      ["--baseline", "batch_size=32", "workers=0"], LIGHTNING_RATE),
 }
 
 

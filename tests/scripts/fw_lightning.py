@@ -4,9 +4,13 @@ Lightning starts the second rank itself (it runs this script again in a new proc
 torchrun it joins the job it finds.
 
     python fw_lightning.py --devices 2 --strategy ddp --batch-size 32 --workers 0
+
+``--log-every N`` adds the throughput callback users write for themselves: rank zero prints
+``lightning: batch N samples/s X`` (the whole job's, every rank's batch) every N batches.
 """
 
 import argparse
+import time
 
 import lightning as L
 import torch
@@ -44,6 +48,26 @@ class Classifier(L.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
 
 
+class Throughput(L.Callback):
+    """Samples/s of the whole job, by the script's own clock, every ``every`` batches."""
+
+    def __init__(self, every: int, batch_size: int):
+        self.every, self.batch_size = every, batch_size
+        self.t0 = None
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if not trainer.is_global_zero:
+            return
+        step = trainer.global_step
+        if self.t0 is None:
+            self.t0 = (time.perf_counter(), step)
+        elif step - self.t0[1] >= self.every:
+            now = time.perf_counter()
+            rate = (step - self.t0[1]) * self.batch_size * trainer.world_size / (now - self.t0[0])
+            print(f"lightning: batch {step} samples/s {rate:.1f}", flush=True)
+            self.t0 = (now, step)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--devices", default="1")
@@ -51,13 +75,16 @@ def main():
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--max-epochs", type=int, default=1000)
+    parser.add_argument("--log-every", type=int, default=0)
     args = parser.parse_args()
     devices = int(args.devices) if args.devices.isdigit() else args.devices
     loader = DataLoader(Blobs(), batch_size=args.batch_size, shuffle=True,
                         num_workers=args.workers, persistent_workers=args.workers > 0)
     trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=args.strategy,
                         max_epochs=args.max_epochs, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
+                        enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[Throughput(args.log_every, args.batch_size)]
+                        if args.log_every else None)
     trainer.fit(Classifier(), loader)
 
 
