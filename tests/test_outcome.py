@@ -136,10 +136,14 @@ def test_an_oom_or_a_signal_after_a_steady_span_is_never_an_end():
     assert classify(Observed(**measured, exit_code=-signal.SIGSEGV))[0] == Outcome.CRASHED
 
 
-def test_an_ended_probe_under_foreign_load_is_not_comparable():
-    outcome, _ = classify(Observed(**RAN_OUT, batches=6000, has_estimate=True,
-                                   foreign_cores=2.0, foreign_limit_cores=0.5))
+def test_an_ended_probe_under_foreign_load_is_not_comparable_and_says_it_ended():
+    outcome, reason = classify(Observed(**RAN_OUT, batches=6000, has_estimate=True,
+                                        foreign_cores=2.0, foreign_limit_cores=0.5))
     assert outcome == Outcome.FOREIGN_LOAD
+    assert reason.startswith("2.00 cores of CPU load from other programs during the probe")
+    assert reason.endswith("; the script ended on its own (its data ran out: an uncaught "
+                           "StopIteration) after 6000 batches; the figure is from the steady "
+                           "span before its end")
 
 
 def test_only_ok_and_ended_are_usable():

@@ -124,12 +124,14 @@ def classify(obs: Observed) -> tuple[Outcome, str]:
     if obs.pruned and outcome.usable:
         outcome, reason = Outcome.PRUNED, "its interval could not reach the best so far"
     if obs.foreign_flagged and (outcome.usable or outcome == Outcome.PRUNED):
+        ended = f"; {reason}" if outcome == Outcome.ENDED else ""
         if obs.attempt is not None and obs.last_attempt:
             return Outcome.FOREIGN_LOAD, (f"{obs.foreign_cores:.2f} cores of CPU load from other "
-                                          f"programs in {obs.attempt} attempt(s); not compared")
+                                          f"programs in {obs.attempt} attempt(s); not "
+                                          f"compared{ended}")
         return Outcome.FOREIGN_LOAD, (f"{obs.foreign_cores:.2f} cores of CPU load from other "
                                       f"programs during the probe; not comparable, re-run when "
-                                      f"the machine is quiet")
+                                      f"the machine is quiet{ended}")
     return outcome, reason
 
 
