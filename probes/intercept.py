@@ -197,6 +197,16 @@ def replayed_epoch_over(*, yielded: int, epoch_len: int | None, started_t: float
     return pace_s is None or now >= started_t + epoch_len * pace_s
 
 
+def _in_world() -> bool:
+    """This process is a rank of a torch.distributed group of more than one."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return bool(dist and dist.is_available() and dist.is_initialized()
+                    and dist.get_world_size() > 1)
+    except Exception:  # noqa: BLE001 - a group we cannot read: keep torch's own epoch
+        return True
+
+
 def _try_set(obj, name: str, value) -> None:
     try:
         setattr(obj, name, value)
@@ -347,6 +357,9 @@ class Interceptor:
         script within seconds, as the replay outran the real loader), and per-epoch work
         (evaluation, checkpoints) comes at the real epochs' cadence, taking the same share of
         the time as in full mode. An epoch may thus hold more than ``len(loader)`` batches.
+        In a process group of several ranks the epoch ends at ``len(loader)`` as torch's does:
+        each rank's pace is its own, and ranks whose epochs ended at different steps would meet
+        in different collectives.
         """
         loader = getattr(it, "_autotune_loader", None)
         key = id(loader)
@@ -360,9 +373,10 @@ class Interceptor:
             epoch_len = len(it)
         except TypeError:
             epoch_len = None
-        if replayed_epoch_over(yielded=yielded, epoch_len=epoch_len,
-                               started_t=getattr(it, "_autotune_epoch_t", now),
-                               pace_s=real_pace_s(filled), now=now):
+        if epoch_len is not None and yielded >= epoch_len and replayed_epoch_over(
+                yielded=yielded, epoch_len=epoch_len,
+                started_t=getattr(it, "_autotune_epoch_t", now),
+                pace_s=None if _in_world() else real_pace_s(filled), now=now):
             raise StopIteration
         if len(cache) < self.synthetic_batches:
             batch = next_(it)

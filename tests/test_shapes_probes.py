@@ -11,7 +11,7 @@ import time
 import pytest
 
 from autotune import Note, NoteKind
-from autotune.launching import rank_command
+from autotune.launching import group, rank_command
 from autotune.measuring import series, trial
 from autotune.launching.collector import Collector
 from autotune.launching.rank_command import PROJECT_ROOT, SITE_DIR
@@ -245,6 +245,38 @@ def test_a_replayed_epoch_lasts_as_long_as_the_real_loaders(tmp_path, mode):
             assert int(batches) == 8, epochs
     if mode == "synthetic":  # the replay is far faster than the sleeps: more batches fit
         assert all(int(batches) > 8 for _, batches, _ in epochs[1:]), epochs
+
+
+def test_ranks_of_a_process_group_end_their_replayed_epochs_together(tmp_path):
+    """Each rank's pace is its own (here 5 ms and 1 ms a sample): in a group of two, a
+    replayed epoch ends at the loader's length on both, as torch's does, so the ranks meet in
+    the same collectives (an epoch's count allreduced)."""
+    script = tmp_path / "group.py"
+    script.write_text(EPOCHS.replace("time.sleep(0.005)", "time.sleep(SLEEP_S)").replace(
+        "import time, torch\n", "import os, time, torch\nimport torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "SLEEP_S = 0.005 if dist.get_rank() == 0 else 0.001\n").replace(
+        '    print(f"for {n}', '    c = torch.tensor([n]); dist.all_reduce(c)\n'
+        '    print(f"for {n} {int(c)}'))
+    base = {k: v for k, v in os.environ.items()
+            if k not in (protocol.ENV_ADDR, protocol.ENV_TOKEN, *protocol.KNOB_ENV.values())}
+    port = group.free_port()
+    ranks = [subprocess.Popen(
+        [sys.executable, "-m", "probes.boot", str(script)],
+        env={**base, "PYTHONPATH": str(PROJECT_ROOT), protocol.ENV_MODE: "synthetic",
+             "RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+             "MASTER_PORT": str(port)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=120) for p in ranks]
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, (out, err) in zip(ranks, outs):
+        assert p.returncode == 0, err
+        assert [line.split()[:3] for line in out.splitlines()][:2] == [["for", "8", "16"]] * 2
 
 
 def test_an_uncaught_stop_iteration_is_reported_as_the_data_running_out(tmp_path):
