@@ -59,8 +59,17 @@ def error_report(exc: BaseException) -> dict:
         cause = _dead_worker_error()
         if cause is not None:
             exc = cause
-    return {"kind": "oom" if is_oom(exc) else "exception", "exc_type": type(exc).__name__,
-            "message": str(exc).strip()[:2000]}
+    kind = "oom" if is_oom(exc) else \
+        protocol.ERROR_STOP_ITERATION if ran_out(exc) else "exception"
+    return {"kind": kind, "exc_type": type(exc).__name__, "message": str(exc).strip()[:2000]}
+
+
+def ran_out(exc: BaseException) -> bool:
+    """An iterator the script pulled with ``next`` had nothing left: the uncaught
+    StopIteration that ends a ``while True: next(it)`` loop, or the RuntimeError a generator
+    turns it into (PEP 479)."""
+    return isinstance(exc, StopIteration) or (
+        isinstance(exc, RuntimeError) and isinstance(exc.__cause__, StopIteration))
 
 
 def _exit_code(exc: SystemExit) -> int:

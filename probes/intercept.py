@@ -174,6 +174,46 @@ def _world_size(model) -> int:
         return 1
 
 
+def real_pace_s(filled: list[tuple[float, float]]) -> float | None:
+    """Seconds per batch of the script fed by its real loader, from the (asked, got) times of
+    the batches that filled the synthetic cache: from the first batch to the last (the
+    script's own work between them included: the pace of the full run), or the one batch's
+    fetch when there is only one. None before any."""
+    if not filled:
+        return None
+    if len(filled) == 1:
+        return filled[0][1] - filled[0][0]
+    return (filled[-1][1] - filled[0][1]) / (len(filled) - 1)
+
+
+def replayed_epoch_over(*, yielded: int, epoch_len: int | None, started_t: float,
+                        pace_s: float | None, now: float) -> bool:
+    """Whether a replayed epoch ends before its next batch: it has yielded ``epoch_len``
+    batches and the real loader, started at ``started_t`` and yielding a batch every
+    ``pace_s``, would have yielded them all by ``now``. A loader without a length (an
+    iterable dataset) never ends its epoch; with no pace known it ends at its length."""
+    if epoch_len is None or yielded < epoch_len:
+        return False
+    return pace_s is None or now >= started_t + epoch_len * pace_s
+
+
+def _in_world() -> bool:
+    """This process is a rank of a torch.distributed group of more than one."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return bool(dist and dist.is_available() and dist.is_initialized()
+                    and dist.get_world_size() > 1)
+    except Exception:  # noqa: BLE001 - a group we cannot read: keep torch's own epoch
+        return True
+
+
+def _try_set(obj, name: str, value) -> None:
+    try:
+        setattr(obj, name, value)
+    except AttributeError:
+        pass
+
+
 def _try(fn, *args) -> None:
     try:
         fn(*args)
@@ -205,6 +245,7 @@ class Interceptor:
         self.knobs = knobs
         self.loaders = 0
         self._synthetic_cache: dict[int, list] = {}
+        self._synthetic_fill: dict[int, list[tuple[float, float]]] = {}
         self.synthetic_batches = int(
             meter.env.get(protocol.ENV_SYNTHETIC_BATCHES, protocol.DEFAULT_SYNTHETIC_BATCHES))
 
@@ -308,20 +349,38 @@ class Interceptor:
     def _replay(self, it, next_):
         """Synthetic mode: the first batches come from the loader, then are replayed (no I/O).
 
-        Epoch length is kept, so the script's own epoch structure still holds.
+        A replayed epoch ends where the script fed by its real loader would have reached the
+        end (`replayed_epoch_over`): never before ``len(loader)`` batches, and never sooner in
+        time than the real loader, at the pace the script took the batches that filled the
+        cache. So the script's data runs out no sooner than in full mode and the probe measures
+        as long as a full one can (a ``next(it)`` loop over a finite loader used to end the
+        script within seconds, as the replay outran the real loader), and per-epoch work
+        (evaluation, checkpoints) comes at the real epochs' cadence, taking the same share of
+        the time as in full mode. An epoch may thus hold more than ``len(loader)`` batches.
+        In a process group of several ranks the epoch ends at ``len(loader)`` as torch's does:
+        each rank's pace is its own, and ranks whose epochs ended at different steps would meet
+        in different collectives.
         """
         loader = getattr(it, "_autotune_loader", None)
         key = id(loader)
         cache = self._synthetic_cache.setdefault(key, [])
+        filled = self._synthetic_fill.setdefault(key, [])  # (asked, got) of each cached batch
         yielded = getattr(it, "_autotune_yielded", 0)
+        now = time.monotonic()
+        if yielded == 0:
+            _try_set(it, "_autotune_epoch_t", now)
         try:
             epoch_len = len(it)
         except TypeError:
             epoch_len = None
-        if epoch_len is not None and yielded >= epoch_len:
+        if epoch_len is not None and yielded >= epoch_len and replayed_epoch_over(
+                yielded=yielded, epoch_len=epoch_len,
+                started_t=getattr(it, "_autotune_epoch_t", now),
+                pace_s=None if _in_world() else real_pace_s(filled), now=now):
             raise StopIteration
         if len(cache) < self.synthetic_batches:
             batch = next_(it)
+            filled.append((now, time.monotonic()))
             cache.append(batch)
         else:
             batch = cache[yielded % len(cache)]

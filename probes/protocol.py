@@ -137,7 +137,10 @@ SEEN = "seen"  # {what, requested, applied, note}; what="writes": {paths: [{path
 #      start_method "subprocess": a new interpreter a metered process started (Lightning's
 #      launcher runs the script again for each further rank).
 SEEN_STARTED_BY_SCRIPT = "started_by_script"
-ERROR = "error"  # {kind: "oom"|"exception", exc_type, message}
+ERROR = "error"  # {kind: "oom"|"exception"|ERROR_STOP_ITERATION, exc_type, message}
+# kind of an uncaught StopIteration (or the RuntimeError a generator makes of one): the script's
+# data ran out, the way a ``while True: next(it)`` loop over a finite loader ends
+ERROR_STOP_ITERATION = "stop_iteration"
 BYE = "bye"  # {exit_code, stopped}
 STOP = "stop"  # controller -> rank: {reason}
 

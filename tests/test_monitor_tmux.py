@@ -17,7 +17,8 @@ pytestmark = [
                               "terminal view cannot be driven without it"),
 ]
 
-OUTCOMES = {"ok", "oom", "crashed", "hung", "no-signal", "exited-early", "pruned", "foreign-load"}
+OUTCOMES = {"ok", "oom", "crashed", "hung", "no-signal", "exited-early", "ended", "pruned",
+            "foreign-load"}
 ROOT = Path(__file__).resolve().parent.parent
 OK_SCRIPT = ROOT / "tests" / "scripts" / "ok.py"
 TUNE_TOY = ROOT / "tests" / "scripts" / "tune_toy.py"

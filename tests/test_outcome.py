@@ -6,6 +6,7 @@ import pytest
 
 from autotune.measuring.outcome import Observed, Outcome, classify, script_exit_code
 from autotune.measuring.bottleneck import decide
+from probes.protocol import Mode
 
 
 def test_ok_with_estimate():
@@ -78,9 +79,75 @@ def test_early_exit():
     assert outcome == Outcome.EXITED_EARLY and "8 batches" in reason
 
 
-def test_early_exit_with_estimate_is_ok():
-    assert classify(Observed(exit_code=0, stopped_by_us=False, batches=800,
-                             has_estimate=True))[0] == Outcome.OK
+def test_a_script_that_exits_0_after_a_steady_span_ended_with_its_figure():
+    outcome, reason = classify(Observed(exit_code=0, stopped_by_us=False, batches=800,
+                                        has_estimate=True))
+    assert outcome == Outcome.ENDED and outcome.usable
+    assert reason == ("the script ended on its own (exit 0) after 800 batches; the figure is "
+                      "from the steady span before its end")
+
+
+RAN_OUT = dict(exit_code=1, stopped_by_us=False, error_kind="stop_iteration",
+               error_text="StopIteration: ")
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_data_that_ran_out_after_a_steady_span_ended_in_every_mode(mode):
+    """``while True: next(it)`` over a finite loader: the uncaught StopIteration (exit 1) ends
+    the script as it ends a real run; the steady span before it stands."""
+    outcome, reason = classify(Observed(**RAN_OUT, batches=6000, has_estimate=True, mode=mode))
+    assert outcome == Outcome.ENDED and outcome.usable
+    assert reason == ("the script ended on its own (its data ran out: an uncaught "
+                      "StopIteration) after 6000 batches; the figure is from the steady span "
+                      "before its end")
+
+
+def test_data_that_ran_out_before_a_steady_span_exited_early_and_is_no_figure():
+    outcome, reason = classify(Observed(**RAN_OUT, batches=12))
+    assert outcome == Outcome.EXITED_EARLY and not outcome.usable
+    assert reason == ("the script ended on its own (its data ran out: an uncaught "
+                      "StopIteration) after 12 batches, before a steady-state estimate; give it "
+                      "more data or make it run longer")
+
+
+def test_a_stop_iteration_before_any_batch_is_a_crash():
+    outcome, reason = classify(Observed(**RAN_OUT))
+    assert (outcome, reason) == (Outcome.CRASHED, "StopIteration before its first batch or step")
+
+
+@pytest.mark.parametrize("ending", [
+    dict(exit_code=1, error_kind="exception", error_text="ValueError: Tried to step 301 times"),
+    dict(exit_code=3)])
+def test_a_failure_after_a_steady_span_ends_a_synthetic_probe_but_crashes_a_full_one(ending):
+    """Replayed batches (and epochs stretched to the real loader's pace) can trip the script's
+    own checks at its end: the synthetic figure stands. In full mode the config failed."""
+    seen = dict(stopped_by_us=False, batches=900, has_estimate=True, **ending)
+    outcome, reason = classify(Observed(**seen, mode=Mode.SYNTHETIC))
+    assert outcome == Outcome.ENDED
+    assert reason.startswith("the script ended on its own (") and "on replayed batches" in reason
+    assert classify(Observed(**seen, mode=Mode.FULL))[0] == Outcome.CRASHED
+    assert classify(Observed(**seen, mode=Mode.IO))[0] == Outcome.CRASHED
+
+
+def test_an_oom_or_a_signal_after_a_steady_span_is_never_an_end():
+    measured = dict(stopped_by_us=False, batches=900, has_estimate=True, mode=Mode.SYNTHETIC)
+    assert classify(Observed(**measured, exit_code=1, error_kind="oom",
+                             error_text="RuntimeError: out of memory"))[0] == Outcome.OOM
+    assert classify(Observed(**measured, exit_code=-signal.SIGSEGV))[0] == Outcome.CRASHED
+
+
+def test_an_ended_probe_under_foreign_load_is_not_comparable_and_says_it_ended():
+    outcome, reason = classify(Observed(**RAN_OUT, batches=6000, has_estimate=True,
+                                        foreign_cores=2.0, foreign_limit_cores=0.5))
+    assert outcome == Outcome.FOREIGN_LOAD
+    assert reason.startswith("2.00 cores of CPU load from other programs during the probe")
+    assert reason.endswith("; the script ended on its own (its data ran out: an uncaught "
+                           "StopIteration) after 6000 batches; the figure is from the steady "
+                           "span before its end")
+
+
+def test_only_ok_and_ended_are_usable():
+    assert {o for o in Outcome if o.usable} == {Outcome.OK, Outcome.ENDED}
 
 
 MEASURED = dict(exit_code=None, stopped_by_us=True, batches=100, has_estimate=True)

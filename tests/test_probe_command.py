@@ -20,7 +20,7 @@ def test_probe_json_has_three_modes_and_a_verdict():
     v = summary["verdict"]
     assert v["bottleneck"] in ("io", "compute", "balanced", "unknown")
     assert v["text"]
-    measured = all(m["outcome"] in ("ok", "foreign-load") and m["samples_per_s"] > 0
+    measured = all(m["outcome"] in ("ok", "ended", "foreign-load") and m["samples_per_s"] > 0
                    for m in summary["modes"].values())
     assert r.returncode == (0 if measured else 1)
 
@@ -85,3 +85,47 @@ def test_input_pipeline_knobs_reach_the_scripts_dataloader(tmp_path):
         open(r.log_path).read()
     # the script's own: no workers, so torch's prefetch does not apply
     assert (r.seen["workers"], r.seen.get("prefetch"), r.seen["persistent"]) == (0, None, 0)
+
+
+def _modes(r) -> dict:
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)["modes"]
+
+
+@pytest.mark.slow
+def test_probe_of_a_script_pulling_next_it_from_a_finite_loader_measures_every_mode():
+    """Issue 23: ``while True: next(it)`` over 100,000 samples of 2 ms. The synthetic replay
+    runs some 200x faster than the loader, and used to run out of data within seconds (the
+    uncaught StopIteration made it a crash, and the probe exit 1); it now replays for as long as
+    the real loader would still yield."""
+    modes = _modes(autotune("probe", "--json", "--seconds", "20",
+                            str(SCRIPTS / "shape_next_it.py")))
+    assert set(modes) == {"full", "synthetic", "io"}
+    for name, m in modes.items():
+        assert m["outcome"] in ("ok", "ended", "foreign-load"), (name, m["reason"])
+        assert m["samples_per_s"] > 0, (name, m)
+        if m["exit_code"]:  # it ended by itself: the outcome says so
+            assert "ended on its own" in m["reason"], (name, m["reason"])
+    assert modes["synthetic"]["samples_per_s"] > modes["full"]["samples_per_s"]
+
+
+@pytest.mark.slow
+def test_probe_of_a_script_whose_data_ends_within_the_probe_gives_every_mode_its_figure():
+    """4,000 samples of 2 ms: the full run's data ends after ~8 s, inside the probe. Full mode
+    ends by itself after a steady span (``ended``); the synthetic replay ends the data no sooner
+    than the real loader would, so it ends as late and measures as long; io mode drains the
+    loader epoch after epoch until stopped."""
+    modes = _modes(autotune("probe", "--json", "--seconds", "40",
+                            str(SCRIPTS / "shape_next_it.py"), "--samples", "4000"))
+    for name in ("full", "synthetic"):
+        m = modes[name]
+        assert m["outcome"] in ("ended", "foreign-load"), (name, m["reason"])
+        assert m["exit_code"] == 1 and m["samples_per_s"] > 0, (name, m)
+        assert "the script ended on its own (its data ran out: an uncaught StopIteration)" \
+            in m["reason"], (name, m["reason"])
+        assert "StopIteration" in m["log_tail"], name
+    full, synthetic = modes["full"], modes["synthetic"]
+    # ~8 s of data at the real loader's pace in both (the replay alone would take 0.1 s)
+    assert synthetic["measured_s"] > 4.0 and full["measured_s"] > 4.0, (full, synthetic)
+    assert synthetic["samples_per_s"] > full["samples_per_s"]  # the compute ceiling
+    assert modes["io"]["outcome"] in ("ok", "foreign-load") and modes["io"]["samples_per_s"] > 0

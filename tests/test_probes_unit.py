@@ -1,5 +1,6 @@
 """Pure parts of the probes side: batch sizes, knob application, environment parsing."""
 
+import pytest
 import torch
 
 from probes import protocol
@@ -122,3 +123,57 @@ def test_a_tick_carries_the_fields_the_protocol_names():
     meter.send_tick()
     assert set(meter.channel.fields) == named
     assert set(meter.channel.fields[protocol.TICK_NOISE]) == set(protocol.NOISE_FIELDS)
+
+
+# -- synthetic replay: where an epoch ends ----------------------------------------------------
+def test_real_pace_is_the_scripts_pace_over_the_batches_that_filled_the_cache():
+    from probes.intercept import real_pace_s
+
+    assert real_pace_s([]) is None
+    assert real_pace_s([(10.0, 10.5)]) == 0.5  # one batch: its fetch
+    # the first fetch's start-up is left out; the script's work between fetches counts
+    assert real_pace_s([(10.0, 12.0), (12.1, 12.2), (12.3, 12.4), (12.5, 12.6)]) == \
+        pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("yielded, now, over", [
+    (99, 500.0, False),  # short of the loader's length: never over
+    (100, 105.0, False),  # at its length, but the real loader (10 s) would still be yielding
+    (100, 110.0, True),  # ... and now it would have yielded all 100
+    (400, 109.0, False),  # replayed on past the length while the real loader would go on
+])
+def test_a_replayed_epoch_ends_no_sooner_than_the_real_loader_would(yielded, now, over):
+    from probes.intercept import replayed_epoch_over
+
+    assert replayed_epoch_over(yielded=yielded, epoch_len=100, started_t=100.0, pace_s=0.1,
+                               now=now) is over
+
+
+def test_a_replayed_epoch_without_a_pace_or_a_length():
+    from probes.intercept import replayed_epoch_over
+
+    # no pace known: the loader's length, as torch's own epoch
+    assert replayed_epoch_over(yielded=8, epoch_len=8, started_t=0.0, pace_s=None, now=0.0)
+    # an iterable dataset has no length: the replay never ends it
+    assert not replayed_epoch_over(yielded=10 ** 6, epoch_len=None, started_t=0.0, pace_s=0.0,
+                                   now=1e9)
+
+
+def test_the_end_of_the_scripts_data_is_told_from_other_exceptions():
+    from probes.boot import error_report
+
+    def raised(fn):
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - the test hands it on
+            return exc
+
+    def gen():
+        yield next(iter([]))
+
+    assert error_report(raised(lambda: next(iter([]))))["kind"] == protocol.ERROR_STOP_ITERATION
+    pep479 = raised(lambda: list(gen()))  # a generator turns it into a RuntimeError
+    assert isinstance(pep479, RuntimeError)
+    assert error_report(pep479)["kind"] == protocol.ERROR_STOP_ITERATION
+    assert error_report(raised(lambda: 1 / 0))["kind"] == "exception"
+    assert error_report(RuntimeError("generator raised StopIteration"))["kind"] == "exception"

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from autotune import Note, NoteKind
-from autotune.launching import rank_command
+from autotune.launching import group, rank_command
 from autotune.measuring import series, trial
 from autotune.launching.collector import Collector
 from autotune.launching.rank_command import PROJECT_ROOT, SITE_DIR
@@ -193,6 +193,110 @@ def test_sitecustomize_reports_an_uncaught_exception(tmp_path):
     assert done.returncode == 1 and "Traceback" in done.stderr
     error = next(m for m in msgs if m["type"] == "error")
     assert error["kind"] == "oom" and error["exc_type"] == "RuntimeError"
+
+
+# -- synthetic replay and the end of the script's data ------------------------------------------
+EPOCHS = """
+import time, torch
+from torch.utils.data import DataLoader, Dataset
+
+class Slow(Dataset):  # 8 batches of 8 samples, 5 ms each: 40 ms a batch, 0.32 s an epoch
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        time.sleep(0.005)
+        return torch.zeros(4)
+
+loader = DataLoader(Slow(), batch_size=8)
+for epoch in range(2):
+    t = time.monotonic()
+    n = sum(1 for _ in loader)
+    print(f"for {n} {time.monotonic() - t:.3f}", flush=True)
+it, n, t = iter(loader), 0, time.monotonic()
+while True:
+    try:
+        next(it)
+    except StopIteration:
+        break
+    n += 1
+print(f"next {n} {time.monotonic() - t:.3f}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["full", "synthetic"])
+def test_a_replayed_epoch_lasts_as_long_as_the_real_loaders(tmp_path, mode):
+    """Synthetic mode replays the cached batches until the real loader, at the pace the script
+    took them, would have yielded its epoch: no sooner (the data of a ``next(it)`` script ran out
+    within seconds), and the epochs still end (two ``for`` epochs, then the ``next`` loop)."""
+    script = tmp_path / "epochs.py"
+    script.write_text(EPOCHS)
+    env = {k: v for k, v in os.environ.items()
+           if k not in (protocol.ENV_ADDR, protocol.ENV_TOKEN, *protocol.KNOB_ENV.values())}
+    env.update({"PYTHONPATH": str(PROJECT_ROOT), protocol.ENV_MODE: mode})
+    done = subprocess.run([sys.executable, "-m", "probes.boot", str(script)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    epochs = [line.split() for line in done.stdout.splitlines()]
+    assert [e[0] for e in epochs] == ["for", "for", "next"], done.stdout
+    for _, batches, seconds in epochs:
+        assert float(seconds) >= 0.3, epochs  # 8 batches of 40 ms, replayed or not
+        if mode == "full":
+            assert int(batches) == 8, epochs
+    if mode == "synthetic":  # the replay is far faster than the sleeps: more batches fit
+        assert all(int(batches) > 8 for _, batches, _ in epochs[1:]), epochs
+
+
+def test_ranks_of_a_process_group_end_their_replayed_epochs_together(tmp_path):
+    """Each rank's pace is its own (here 5 ms and 1 ms a sample): in a group of two, a
+    replayed epoch ends at the loader's length on both, as torch's does, so the ranks meet in
+    the same collectives (an epoch's count allreduced)."""
+    script = tmp_path / "group.py"
+    script.write_text(EPOCHS.replace("time.sleep(0.005)", "time.sleep(SLEEP_S)").replace(
+        "import time, torch\n", "import os, time, torch\nimport torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "SLEEP_S = 0.005 if dist.get_rank() == 0 else 0.001\n").replace(
+        '    print(f"for {n}', '    c = torch.tensor([n]); dist.all_reduce(c)\n'
+        '    print(f"for {n} {int(c)}'))
+    base = {k: v for k, v in os.environ.items()
+            if k not in (protocol.ENV_ADDR, protocol.ENV_TOKEN, *protocol.KNOB_ENV.values())}
+    port = group.free_port()
+    ranks = [subprocess.Popen(
+        [sys.executable, "-m", "probes.boot", str(script)],
+        env={**base, "PYTHONPATH": str(PROJECT_ROOT), protocol.ENV_MODE: "synthetic",
+             "RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+             "MASTER_PORT": str(port)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=120) for p in ranks]
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, (out, err) in zip(ranks, outs):
+        assert p.returncode == 0, err
+        assert [line.split()[:3] for line in out.splitlines()][:2] == [["for", "8", "16"]] * 2
+
+
+def test_an_uncaught_stop_iteration_is_reported_as_the_data_running_out(tmp_path):
+    collector = Collector()
+    try:
+        env = {k: v for k, v in os.environ.items()
+               if k not in (protocol.ENV_MODE, *protocol.KNOB_ENV.values())}
+        env.update(PYTHONPATH=str(PROJECT_ROOT), **collector.env())
+        done = subprocess.run([sys.executable, "-m", "probes.boot",
+                               str(PROJECT_ROOT / "tests" / "scripts" / "shape_next_it.py"),
+                               "--samples", "64", "--sample-ms", "0"], env=env,
+                              capture_output=True, text=True, timeout=120)
+        msgs = [m.msg for m in received(collector)]
+    finally:
+        collector.close()
+    assert done.returncode == 1 and "StopIteration" in done.stderr  # as python would end it
+    error = next(m for m in msgs if m["type"] == "error")
+    assert (error["kind"], error["exc_type"]) == (protocol.ERROR_STOP_ITERATION, "StopIteration")
+    assert next(m for m in msgs if m["type"] == "bye")["exit_code"] == 1
+    assert [m["batches"] for m in msgs if m["type"] == "tick"][-1] == 4
 
 
 # -- forked children ----------------------------------------------------------------------------

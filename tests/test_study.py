@@ -188,6 +188,33 @@ def test_oom_is_infeasible_and_larger_batches_are_not_tried(tmp_path, machine):
     assert report.stop_reason.rule is Stop.EXHAUSTED  # 4 fit, the rest ruled out
 
 
+def test_probes_whose_script_ended_after_a_steady_span_are_searched_and_win_like_ok_ones(
+        tmp_path, machine):
+    """A script that ends on its own within every probe (one short epoch; a ``next(it)`` loop
+    whose data runs out): each probe is ``ended`` with its figure, and the search, the
+    confirmation and the winner use those figures as they use ``ok`` ones."""
+    ok_probe = FakeProbe(surface)
+    ended = classify(Observed(exit_code=1, stopped_by_us=False, error_kind="stop_iteration",
+                              error_text="StopIteration: ", batches=100, has_estimate=True))
+    assert ended[0] == Outcome.ENDED
+
+    def fake(spec, **kw):
+        r = ok_probe(spec, **kw)
+        return dataclasses.replace(r, outcome=ended[0], reason=ended[1], exit_code=1) \
+            if r.outcome == Outcome.OK else r
+
+    report, t, run_dir = tune(tmp_path, fake, trials=8, space_tokens=("batch_size=16:32",))
+    outcomes = [e["result"]["outcome"] for e in journal(run_dir, "trial_finished")]
+    assert outcomes and set(outcomes) <= {"ended", "pruned"}, outcomes
+    assert not report.kept_baseline and report.speedup > 2
+    assert report.best.knobs["workers"] == 2
+    assert all(e["samples_per_s"] for e in journal(run_dir, "confirmation"))
+    h = studies.open_study(studies.sqlite_url(run_dir / "study.db"),
+                           f"autotune-{run_dir.name}", run_id=run_dir.name)
+    measured = [tr for tr in h.trials() if studies.outcome_of(tr) == Outcome.ENDED]
+    assert measured and all(studies.comparable(tr) for tr in measured)  # feasible, compared
+
+
 def answered(h, outcome, cfg, **attrs):
     """A finished trial of ``h`` that recorded ``outcome`` through the study module."""
     trial = h.study.ask()
@@ -214,9 +241,14 @@ def test_every_outcome_reads_back_as_written(tmp_path):
         t = by_number[number]
         assert studies.outcome_of(t) is outcome
         assert Known.of_trial(t).outcome is outcome
-        infeasible = outcome not in (Outcome.OK, Outcome.PRUNED, Outcome.FOREIGN_LOAD)
+        infeasible = outcome not in (Outcome.OK, Outcome.ENDED, Outcome.PRUNED,
+                                     Outcome.FOREIGN_LOAD)
         assert (max(t.constraints.values(), default=0.0) > 0) == infeasible, outcome
-    assert [t.number for t in again.trials() if studies.comparable(t)] == [numbers[Outcome.OK]]
+        if outcome.usable:
+            assert not Known.of_trial(t).infeasible, outcome
+    # a probe whose script ended on its own after a steady span is measured as an OK one
+    assert [t.number for t in again.trials() if studies.comparable(t)] == \
+        sorted([numbers[Outcome.OK], numbers[Outcome.ENDED]])
 
 
 def test_a_config_an_oom_ruled_out_is_an_oom_never_measured(tmp_path):

@@ -12,6 +12,8 @@ import signal
 from dataclasses import dataclass
 from enum import Enum
 
+from probes.protocol import ERROR_STOP_ITERATION, Mode
+
 
 class Outcome(str, Enum):
     OK = "ok"
@@ -19,9 +21,20 @@ class Outcome(str, Enum):
     CRASHED = "crashed"
     HUNG = "hung"
     NO_SIGNAL = "no-signal"
-    EXITED_EARLY = "exited-early"
+    EXITED_EARLY = "exited-early"  # ended on its own before a steady span: no figure
+    # Measured a steady span, then the script ended on its own (its data ran out, it exited):
+    # the figure stands, as OK's does
+    ENDED = "ended"
     PRUNED = "pruned"
     FOREIGN_LOAD = "foreign-load"  # measured, but under load that is not ours: not comparable
+
+    @property
+    def usable(self) -> bool:
+        """Its figure is used as measured (compared, searched on, confirmed): OK or ENDED."""
+        return self in USABLE
+
+
+USABLE = frozenset({Outcome.OK, Outcome.ENDED})
 
 
 @dataclass(frozen=True)
@@ -30,7 +43,7 @@ class Observed:
 
     exit_code: int | None  # of the first rank that failed, or of rank 0; None: still ran
     stopped_by_us: bool  # we asked it to stop (probe over, or pruned)
-    error_kind: str | None = None  # "oom" | "exception" from the meter
+    error_kind: str | None = None  # "oom" | "exception" | "stop_iteration" from the meter
     error_text: str = ""  # "Type: message"
     batches: int = 0
     steps: int = 0
@@ -46,6 +59,7 @@ class Observed:
     # probe that measured nothing or ended early; "" without --metric.
     metric_reason: str = ""
     io_without_loader: bool = False  # io mode, and no batch came through a DataLoader
+    mode: Mode = Mode.FULL
     pruned: bool = False  # the search stopped it: its interval could not reach the best
     foreign_cores: float = 0.0  # CPU load of other programs during the probe, in cores
     foreign_limit_cores: float = float("inf")  # more than this: not comparable
@@ -94,13 +108,6 @@ def script_exit_code(exit_codes: list[int | None], *, own: int | None, stopped_b
     return code
 
 
-def _signal_name(code: int) -> str:
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"signal {-code}"
-
-
 def classify(obs: Observed) -> tuple[Outcome, str]:
     """(outcome, one-line reason). The reason is empty only for a plain OK.
 
@@ -111,30 +118,77 @@ def classify(obs: Observed) -> tuple[Outcome, str]:
     outcome, reason = _how_it_ended(obs)
     if obs.metric_reason and outcome in (Outcome.NO_SIGNAL, Outcome.EXITED_EARLY):
         reason = obs.metric_reason
-    if obs.io_without_loader and outcome == Outcome.OK:
+    if obs.io_without_loader and outcome.usable:
         return Outcome.NO_SIGNAL, ("io mode drains a DataLoader, and the script fed no batch "
                                    "through one")
-    if obs.pruned and outcome == Outcome.OK:
+    if obs.pruned and outcome.usable:
         outcome, reason = Outcome.PRUNED, "its interval could not reach the best so far"
-    if obs.foreign_flagged and outcome in (Outcome.OK, Outcome.PRUNED):
+    if obs.foreign_flagged and (outcome.usable or outcome == Outcome.PRUNED):
+        ended = f"; {reason}" if outcome == Outcome.ENDED else ""
         if obs.attempt is not None and obs.last_attempt:
             return Outcome.FOREIGN_LOAD, (f"{obs.foreign_cores:.2f} cores of CPU load from other "
-                                          f"programs in {obs.attempt} attempt(s); not compared")
+                                          f"programs in {obs.attempt} attempt(s); not "
+                                          f"compared{ended}")
         return Outcome.FOREIGN_LOAD, (f"{obs.foreign_cores:.2f} cores of CPU load from other "
                                       f"programs during the probe; not comparable, re-run when "
-                                      f"the machine is quiet")
+                                      f"the machine is quiet{ended}")
     return outcome, reason
+
+
+def _ended_by_itself(obs: Observed) -> str:
+    """How the script ended on its own, as a reason says it, where that end leaves what it
+    measured standing; "" when it did not (we stopped it, or it failed).
+
+    Exit 0, and an uncaught StopIteration (its data ran out: how a ``while True: next(it)``
+    loop over a finite loader ends), in any mode. In synthetic mode also an exception or a
+    non-zero exit: the script trained on replayed batches it would not see (and on epochs
+    stretched to its real loader's pace), so what it does at the end is the mode's doing, not a
+    failure of the config. An OOM and a signal are never an end.
+    """
+    if obs.stopped_by_us or obs.error_kind == "oom" or (obs.exit_code or 0) < 0:
+        return ""
+    if obs.error_kind == ERROR_STOP_ITERATION:
+        return f"its data ran out: an uncaught {_exception(obs.error_text)}"
+    if obs.exit_code == 0 and not obs.error_text:
+        return "exit 0"
+    if obs.mode is Mode.SYNTHETIC and (obs.error_text or obs.exit_code):
+        how = obs.error_text or f"exit {obs.exit_code}"
+        return f"{how}, on replayed batches"
+    return ""
+
+
+def _exception(error_text: str) -> str:
+    """``Type: message`` without the colon of an empty message (StopIteration has none)."""
+    return error_text.rstrip().rstrip(":") or "StopIteration"
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
 
 
 def _how_it_ended(obs: Observed) -> tuple[Outcome, str]:
     """(outcome, reason) from how the ranks ended and what they were counted doing alone."""
     where = f" (last log line: {obs.last_log_line})" if obs.last_log_line else ""
+    after = f"{obs.batches} batches" if obs.batches else f"{obs.steps} steps"
     if obs.error_kind == "oom":
         return Outcome.OOM, f"out of memory: {obs.error_text}"
     if obs.exit_code == -signal.SIGKILL and not obs.stopped_by_us:
         return Outcome.OOM, "killed by SIGKILL from outside, most likely the kernel OOM killer"
+    ended = _ended_by_itself(obs)
+    if ended and obs.has_estimate:
+        return Outcome.ENDED, (f"the script ended on its own ({ended}) after {after}; the figure "
+                               f"is from the steady span before its end")
+    ran_out = obs.error_kind == ERROR_STOP_ITERATION
+    if ran_out and (obs.batches or obs.steps):
+        return Outcome.EXITED_EARLY, (f"the script ended on its own ({ended}) after {after}, "
+                                      f"before a steady-state estimate; give it more data or "
+                                      f"make it run longer")
     if obs.error_text:
-        return Outcome.CRASHED, obs.error_text
+        return Outcome.CRASHED, (f"{_exception(obs.error_text)} before its first batch or step"
+                                 if ran_out else obs.error_text)
     if obs.exit_code is not None and obs.exit_code != 0 and not obs.stopped_by_us:
         how = (f"killed by {_signal_name(obs.exit_code)}" if obs.exit_code < 0
                else f"exited with code {obs.exit_code}")

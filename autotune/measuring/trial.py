@@ -111,7 +111,8 @@ class TrialResult:
 
     @property
     def ok(self) -> bool:
-        return self.outcome == Outcome.OK
+        """It measured a figure to use as is: OK, or ENDED (`Outcome.usable`)."""
+        return self.outcome.usable
 
     foreign_limit_cores: float = FOREIGN_CORES_LIMIT
     counted_samples_per_s: float = 0.0  # with source "metric": autotune's own count, to compare
@@ -497,6 +498,7 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
             probe.metric, batch_known=bool(probe.samples_per_step or probe.script.loader_batch),
             ran_s=ran_s, log_path=log_path) if probe.metric is not None else "",
         io_without_loader=spec.ranks.mode is Mode.IO and probe.source != "dataloader",
+        mode=spec.ranks.mode,
         pruned=probe.pruned, foreign_cores=foreign, foreign_limit_cores=spec.foreign_limit_cores,
         attempt=spec.attempt, last_attempt=spec.last_attempt))
     step_points = [r.step_points for r in probe.ranks.values() if r.step_points]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from autotune.measuring.outcome import Outcome
+from autotune.measuring.outcome import USABLE, Outcome
 from autotune.store.events import Event
 from probes import protocol
 
@@ -49,7 +49,7 @@ class TrialRow:
 
     @property
     def ok(self) -> bool:
-        return self.status == Outcome.OK
+        return self.status in USABLE
 
     @property
     def label(self) -> str:
@@ -310,7 +310,7 @@ def _memory_point(res: dict) -> tuple | None:
     """(per-rank batch, one rank's peak bytes, kind) of a measured probe's result."""
     knobs, ranks = res.get("knobs") or {}, _num(res.get("ranks_seen"))
     batch = _num(knobs.get("batch_size")) if isinstance(knobs, dict) else None
-    if res.get("outcome") != Outcome.OK.value or not batch or not ranks:
+    if res.get("outcome") not in USABLE or not batch or not ranks:
         return None
     if _num(res.get("cuda_peak_bytes")):
         return int(batch), float(res["cuda_peak_bytes"]), "gpu"

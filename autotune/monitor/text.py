@@ -14,7 +14,7 @@ import time
 from autotune.measuring.breakdown import Breakdown
 from autotune.measuring.energy import EnergyPerSample
 from autotune.measuring.noise import NoiseEstimate
-from autotune.measuring.outcome import Outcome
+from autotune.measuring.outcome import USABLE, Outcome
 from autotune.store.events import Event
 from autotune.tuning.space.knobs import knobs_text
 
@@ -184,12 +184,13 @@ def _trial_finished(ev):
     knobs = _knobs_part(r.get("knobs"), ev.get("mode") or r.get("mode"))
     knobs = f" · {knobs}" if knobs else ""
     dur = fmt_duration(r.get("duration_s"))
-    if outcome == Outcome.OK:
+    if outcome in USABLE:
         flag = " [foreign load: not comparable]" if r.get("foreign_flagged") else ""
         parts = Breakdown.from_dict(r.get("breakdown"))
         time_goes = f" · time: {parts.short()}" if parts is not None and parts.short() else ""
+        ended = f" · {r['reason']}" if outcome == Outcome.ENDED and r.get("reason") else ""
         return (f"{head}: {fmt_rate(r.get('samples_per_s'), r.get('ci_half'))} samples/s "
-                f"in {dur}{knobs}{time_goes}{flag}")
+                f"in {dur}{knobs}{time_goes}{flag}{ended}")
     log = f" (log: {r['log_path']})" if r.get("log_path") else ""
     return f"{head}: {r.get('reason') or 'no reason given'}{knobs} · {dur}{log}"
 

@@ -14,14 +14,15 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.measuring.breakdown import Breakdown
-from autotune.measuring.outcome import Outcome
+from autotune.measuring.outcome import USABLE, Outcome
 from autotune.monitor import text as fmt
 from autotune.monitor.state import RUNNING, RunState, TrialRow
 from autotune.store.events import Event
 from autotune.tuning.space.knobs import knobs_text
 from probes import protocol
 
-OUTCOME_STYLE = {Outcome.OK.value: "green", RUNNING: "yellow", Outcome.PRUNED.value: "magenta",
+OUTCOME_STYLE = {Outcome.OK.value: "green", Outcome.ENDED.value: "green", RUNNING: "yellow",
+                 Outcome.PRUNED.value: "magenta",
                  Outcome.FOREIGN_LOAD.value: "yellow"}  # every other outcome is a failure: red
 
 
@@ -160,7 +161,7 @@ def outcome_text(row: TrialRow) -> Text:
     style = OUTCOME_STYLE.get(row.status, "red")
     text = Text(row.status, style=style)
     if row.reason:
-        text.append(f": {row.reason}", style=style if row.status != Outcome.OK else "")
+        text.append(f": {row.reason}", style=style if row.status not in USABLE else "")
     elif row.foreign_flagged:
         text.append(": foreign load, not comparable", style="yellow")
     return text

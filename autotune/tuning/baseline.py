@@ -236,7 +236,7 @@ def discover_ranks(prober: Prober, state: TuneState, machine: space.Machine,
     seen = result.seen
     joined = bool(seen.get("backend")) and int(seen.get("world_size") or 0) >= 2 and \
         not seen.get("started_by_script")
-    if joined and result.outcome in (Outcome.OK, Outcome.FOREIGN_LOAD):
+    if joined and (result.ok or result.outcome == Outcome.FOREIGN_LOAD):
         if not result.ok:  # data-parallel, but the probe is no trial to compare
             state = prober.note(state, Note.hint(
                 "ranks: the script joins a process group of 2 ranks when launched that way, "

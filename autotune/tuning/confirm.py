@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from autotune import Note
 from autotune.measuring import bottleneck
 from autotune.measuring.energy import EnergyPerSample
-from autotune.measuring.outcome import Outcome
 from autotune.tuning import decision, fitting, objective
 from autotune.tuning.decision import Measured
 from autotune.tuning.prober import Prober
@@ -57,7 +56,7 @@ def pareto_points(space: Space, known: Mapping[tuple, Known],
     out = []
     for k in known.values():
         spj = scorer.score(k.value, k.ci_half, k.cfg, k.energy).samples_per_j
-        if k.outcome == Outcome.OK and spj is not None:
+        if k.outcome.usable and spj is not None:
             name = "baseline" if space.key(k.cfg) == base_key else f"trial-{k.number}"
             out.append(objective.Point(name, dict(k.cfg), k.value, spj))
     return out
@@ -69,7 +68,7 @@ def best(space: Space, known: Mapping[tuple, Known], scorer: objective.Scorer,
     the confirmation re-measures beside the baseline (one objective)."""
     base_key = space.key(space.baseline)
     scored = [(scorer.score(k.value, k.ci_half, k.cfg, k.energy).value, k)
-              for k in known.values() if k.outcome == Outcome.OK and space.key(k.cfg) != base_key]
+              for k in known.values() if k.outcome.usable and space.key(k.cfg) != base_key]
     return [k for v, k in sorted((x for x in scored if x[0] is not None),
                                  key=lambda x: -x[0])][:n]
 

@@ -19,7 +19,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from autotune import Note, NoteKind
-from autotune.measuring.outcome import Outcome
 from autotune.tuning import fitting
 from autotune.tuning.records import ProbeFacts
 from probes.protocol import Mode
@@ -89,7 +88,7 @@ class Learned:
     def measured(self, cfg: Mapping, result) -> Learned:
         """With ``result`` as the last measurement of ``cfg`` when it measured (the baseline's
         is kept under the space's config too, which names all its knobs)."""
-        if result.outcome != Outcome.OK or result.mode is not Mode.FULL:
+        if not result.ok or result.mode is not Mode.FULL:
             return self
         return dataclasses.replace(self, last={**self.last,
                                                config_key(cfg): ProbeRecord.of(cfg, result)})

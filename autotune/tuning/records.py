@@ -354,7 +354,7 @@ class Known:
 
     @property
     def infeasible(self) -> bool:
-        return self.outcome not in (Outcome.OK, Outcome.PRUNED)
+        return not (self.outcome.usable or self.outcome == Outcome.PRUNED)
 
     @classmethod
     def of_trial(cls, t) -> Known | None:

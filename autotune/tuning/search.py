@@ -158,8 +158,7 @@ class Search:
             if key is not None and not t.user_attrs.get("baseline"):
                 self.measured += 1
                 k = self.known[key]
-                self.convergence.update(self._score(k).value if k.outcome == Outcome.OK
-                                        else None)
+                self.convergence.update(self._score(k).value if k.outcome.usable else None)
 
     def _learn_from_others(self) -> None:
         """Answers other tuners sharing the storage found since: not measured here again."""
@@ -335,7 +334,7 @@ class Search:
         self.known[key] = known
         score = self._score(known)
         trial.set_user_attr("score_ci_half", score.ci_half)
-        self.convergence.update(score.value if known.outcome == Outcome.OK else None)
+        self.convergence.update(score.value if known.outcome.usable else None)
         if known.outcome == Outcome.PRUNED:
             self.prober.emit(Event.TRIAL_PRUNED, trial=label, number=trial.number,
                              reason=result.reason)

@@ -59,7 +59,8 @@ def sqlite_url(path: Path) -> str:
 
 def comparable(t: FrozenTrial) -> bool:
     """A finished trial whose throughput counts: complete, feasible, measured cleanly."""
-    return (t.state == TrialState.COMPLETE and outcome_of(t) == Outcome.OK
+    outcome = outcome_of(t)
+    return (t.state == TrialState.COMPLETE and outcome is not None and outcome.usable
             and all(v <= 0 for v in t.constraints.values()) and t.values is not None)
 
 
@@ -73,7 +74,7 @@ def record_outcome(trial: Trial, outcome: Outcome, *, not_tried: bool = False) -
     positive constraint of its name. A pruned or spoiled trial ends otherwise (pruned, FAIL)."""
     for key, value in outcome_attrs(outcome, not_tried=not_tried).items():
         trial.set_user_attr(key, value)
-    if outcome not in (Outcome.OK, Outcome.PRUNED, Outcome.FOREIGN_LOAD):
+    if not (Outcome(outcome).usable or outcome in (Outcome.PRUNED, Outcome.FOREIGN_LOAD)):
         trial.set_constraint(outcome.value, 1.0)
 
 

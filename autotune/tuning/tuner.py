@@ -25,7 +25,6 @@ from pathlib import Path
 
 from autotune.launching import engines
 from autotune.measuring import trial
-from autotune.measuring.outcome import Outcome
 from autotune.hardware import fingerprint
 from autotune.store.journal import Journal
 from autotune import Note, UsageError
@@ -253,7 +252,7 @@ def _one_rank_best(known, c) -> float:
     """The best one-rank throughput measured (the baseline's included): what N ranks are
     weighed against (`TuneReport.scaling_efficiency`)."""
     rates = [k.value for k in known.values()
-             if k.outcome == Outcome.OK and int(k.cfg.get("instances", 1)) == 1]
+             if k.outcome.usable and int(k.cfg.get("instances", 1)) == 1]
     if int(c.baseline.knobs.get("instances", 1)) == 1:
         rates.append(c.baseline.samples_per_s)
     return max(rates, default=0.0)
