@@ -63,25 +63,6 @@ def test_hostfiles_of_both_flavours():
                                               Host("node3", None)]
 
 
-@pytest.mark.parametrize("text, names", [
-    ("gpu[01-03,07],login5", ["gpu01", "gpu02", "gpu03", "gpu07", "login5"]),
-    ("n[8-10]", ["n8", "n9", "n10"]),
-    ("single", ["single"]),
-    ("a1,b2", ["a1", "b2"]),
-])
-def test_slurm_nodelist(text, names):
-    assert engines.expand_nodelist(text) == names
-
-
-def test_slurm_allocation_from_env():
-    assert engines.slurm_allocation({}) is None
-    alloc = engines.slurm_allocation({"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "c[1-2]",
-                                        "SLURM_CPUS_ON_NODE": "32", "SLURM_NTASKS": "8",
-                                        "SLURM_GPUS_ON_NODE": "4"})
-    assert alloc.job_id == "42" and alloc.nodes == ("c1", "c2")
-    assert (alloc.cpus_on_node, alloc.ntasks, alloc.gpus_on_node) == (32, 8, 4)
-
-
 @pytest.mark.parametrize("text, flavor", [
     ("mpirun (Open MPI) 4.1.6", "openmpi"),
     ("HYDRA build details:\n    Version: 5.0.2", "mpich"),

@@ -21,6 +21,11 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+# Slurm's environment is parsed in autotune.hardware.allocation (the machine is the allocation);
+# its names are here too for the callers that choose a launcher.
+from autotune.hardware.allocation import (SlurmAllocation, expand_nodelist,  # noqa: F401
+                                          slurm_allocation)
+
 KINDS = ("local", "mpirun", "srun")
 MPIRUN_ENV = "AUTOTUNE_MPIRUN"
 # Variables a rank needs from the controller; forwarded explicitly where the engine needs it.
@@ -39,15 +44,6 @@ class MpiInfo:
     path: str
     flavor: str  # "openmpi" | "mpich" | "unknown"
     version: str
-
-
-@dataclass(frozen=True)
-class SlurmAllocation:
-    job_id: str
-    nodes: tuple[str, ...]
-    cpus_on_node: int | None
-    ntasks: int | None
-    gpus_on_node: int | None
 
 
 @dataclass(frozen=True)
@@ -90,42 +86,6 @@ def parse_hostfile(text: str) -> list[Host]:
                 slots = int(value)
         hosts.append(Host(name, slots))
     return hosts
-
-
-def expand_nodelist(text: str) -> list[str]:
-    """Slurm's compressed node list: ``"gpu[01-03,07],login5"`` -> gpu01 gpu02 gpu03 gpu07 login5."""
-    names: list[str] = []
-    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]+)\])?(?:,|$)", text):
-        prefix, ranges = m.group(1), m.group(2)
-        if not prefix and not ranges:
-            continue
-        if ranges is None:
-            names.append(prefix)
-            continue
-        for part in ranges.split(","):
-            lo, _, hi = part.partition("-")
-            if not hi:
-                names.append(prefix + lo)
-                continue
-            width = len(lo)
-            names.extend(f"{prefix}{i:0{width}d}" for i in range(int(lo), int(hi) + 1))
-    return names
-
-
-def slurm_allocation(env: Mapping[str, str]) -> SlurmAllocation | None:
-    """The Slurm job we run inside, if any (``SLURM_JOB_ID`` and friends)."""
-    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
-    if not job:
-        return None
-
-    def num(name):
-        m = re.match(r"\d+", env.get(name, ""))
-        return int(m.group(0)) if m else None
-
-    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
-    return SlurmAllocation(job_id=job, nodes=tuple(expand_nodelist(nodelist)),
-                           cpus_on_node=num("SLURM_CPUS_ON_NODE"), ntasks=num("SLURM_NTASKS"),
-                           gpus_on_node=num("SLURM_GPUS_ON_NODE"))
 
 
 # -- MPI ----------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import socket
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -226,6 +227,18 @@ class _Probe:
         self.metric = MetricLog(parse_metric(spec.metric)) if spec.metric else None
         self.log: logs.Reader | None = None  # rank 0's log, from where it ended at the start
         self.energy: EnergyMeter | None = None  # the host's energy counters, read at each poll
+        # an engine's ranks on this host, found by their marker (children of slurmstepd...)
+        self.marked: proc.MarkedScan | None = None
+
+    def processes(self) -> list:
+        """The trial's live processes on this host: our launches' trees, the services working
+        for them (MPS), and the ranks an engine started here with their children."""
+        procs = [p for lp in self.launched for p in lp.tree()]
+        if self.group is not None:
+            procs += self.group.service_processes()
+        if self.marked is not None:
+            procs += self.marked.processes()
+        return list({p.pid: p for p in procs}.values())
 
     def idle_for(self, over_s: float, now: float) -> bool:
         """The ranks used next to no CPU over the last ``over_s`` seconds."""
@@ -354,6 +367,8 @@ def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool]
             probe.energy = EnergyMeter([slot.gpu.index for slot in group.plan.slots
                                         if slot.gpu is not None])
         probe.launched.extend(group.launched)
+        if asked.launcher.kind != "local":  # ranks are the engine's children, not ours
+            probe.marked = proc.MarkedScan({lp.spec.marker for lp in group.launched})
         if on_start is not None:
             on_start(probe.launched)
         _loop(probe, collector, load)
@@ -381,9 +396,7 @@ def _loop(probe: _Probe, collector: Collector, load: ForeignLoad) -> None:
         now = time.monotonic()
         probe.absorb(collector.drain())
         probe.read_log()
-        tree = [p for lp in probe.launched for p in lp.tree()]
-        if probe.group is not None:
-            tree += probe.group.service_processes()
+        tree = probe.processes()
         load.sample(tree)
         codes = [lp.poll() for lp in probe.launched]
         probe.exited_first = next((c for c in codes if c not in (None, 0)), None)
@@ -515,6 +528,14 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
             f"{est.shift_note()}; measured on to the probe's limit ({ran_s:.0f} s), and the "
             f"figure is the whole window's: a longer --seconds settles it"))
     group_notes = probe.group.notes() if probe.group is not None else []
+    launcher = spec.ranks.launcher
+    if launcher.multi_host:
+        here = socket.gethostname()
+        others = [h.name for h in launcher.hosts if h.name.split(".")[0] != here.split(".")[0]]
+        group_notes.append(Note.info(
+            f"foreign load: read on this host ({here}) only; the load on "
+            f"{', '.join(others) or 'the other hosts'} cannot be read from here and was not "
+            f"read"))
     notes = list(probe.notes) + group_notes + series.notes(
         source=probe.source, step_note=probe.step_note, counted_rate=counted,
         metric_rate=est.samples_per_s if has_estimate and probe.source == "metric" else 0.0,
