@@ -133,6 +133,7 @@ class TrialResult:
     core_s_per_sample: float = 0.0
     gpu_s_per_sample: float = 0.0
     ranks_seen: int = 0  # training processes that reported (peak_rss_bytes is their sum)
+    hosts: tuple[str, ...] = ()  # the host names they reported from, sorted
     # joules per sample over the measured span, and where they come from
     # (`autotune.measuring.energy`); None when no span was measured
     energy: EnergyPerSample | None = None
@@ -151,6 +152,7 @@ class TrialResult:
         d["mode"] = self.mode.value
         d["notes"] = [n.to_dict() for n in self.notes]
         d["knobs"] = dict(self.knobs)
+        d["hosts"] = list(self.hosts)
         for name in ("breakdown", "energy", "noise"):
             d[name] = d[name].to_dict() if d[name] is not None else None
         d["foreign_flagged"] = self.foreign_flagged
@@ -165,6 +167,7 @@ class TrialResult:
                       "outcome": Outcome(d["outcome"]), "mode": Mode(d.get("mode", "full")),
                       "notes": tuple(map(note_of, d.get("notes") or ())),
                       "knobs": dict(d.get("knobs") or {}),
+                      "hosts": tuple(d.get("hosts") or ()),
                       "breakdown": Breakdown.from_dict(d.get("breakdown")),
                       "energy": EnergyPerSample.from_dict(d.get("energy")),
                       "noise": NoiseEstimate.from_dict(d.get("noise"))})
@@ -533,9 +536,9 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         here = socket.gethostname()
         others = [h.name for h in launcher.hosts if h.name.split(".")[0] != here.split(".")[0]]
         group_notes.append(Note.info(
-            f"foreign load: read on this host ({here}) only; the load on "
-            f"{', '.join(others) or 'the other hosts'} cannot be read from here and was not "
-            f"read"))
+            f"foreign load: read on this host ({here}) only, where the trial's processes used "
+            f"{load.ours_cores():.2f} cores; the load on {', '.join(others) or 'the other hosts'} "
+            f"cannot be read from here and was not read"))
     notes = list(probe.notes) + group_notes + series.notes(
         source=probe.source, step_note=probe.step_note, counted_rate=counted,
         metric_rate=est.samples_per_s if has_estimate and probe.source == "metric" else 0.0,
@@ -556,6 +559,8 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         foreign_limit_cores=probe.spec.foreign_limit_cores, counted_samples_per_s=counted,
         window_start_t=est.start_t if est else 0.0, window_end_t=est.end_t if est else 0.0,
         breakdown=_breakdown(probe, est) if has_estimate else None, ranks_seen=len(ticks),
+        hosts=tuple(sorted({str(r.hello["host"]) for r in probe.ranks.values()
+                            if r.hello.get("host")})),
         energy=probe.energy.per_sample(est.start_t, est.end_t, est.samples_per_s *
                                        (est.end_t - est.start_t))
         if has_estimate and probe.energy is not None else None,
