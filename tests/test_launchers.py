@@ -116,3 +116,14 @@ def test_the_hostfile_is_closed_after_reading(tmp_path):
 def test_launcher_kind_is_checked():
     with pytest.raises(ValueError, match="launcher must be one of"):
         engines.Launcher(kind="pbs")
+
+
+def test_other_steps_leave_out_the_service_steps_and_our_own():
+    text = "42.batch\n42.extern\n42.0\n42.3\n42.interactive\n"
+    assert engines.other_steps(text) == ["42.0", "42.3"]
+    assert engines.other_steps(text, own_step="42.0") == ["42.3"]
+    assert engines.other_steps("") == []
+
+
+def test_no_allocation_no_steps_to_wait_for():
+    assert engines.wait_steps_ended({}, timeout_s=0.1) == ""

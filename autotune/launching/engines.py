@@ -196,6 +196,62 @@ def srun_argv(*, ranks: int, ranks_per_host: int, nodes: int, cpus_per_task: int
     return argv + list(extra_args) + list(rank_argv)
 
 
+# -- Slurm steps -------------------------------------------------------------------------------
+# Steps of a job that are not ranks of ours: the batch script's, the extern step, an salloc's
+# interactive step.
+SERVICE_STEPS = ("batch", "extern", "interactive")
+
+
+def other_steps(squeue_text: str, *, own_step: str | None = None) -> list[str]:
+    """The step ids ``squeue -h -s -o %i`` lists, less the service steps and our own."""
+    steps = []
+    for word in squeue_text.split():
+        _, _, step = word.partition(".")
+        if step and step not in SERVICE_STEPS and word != own_step:
+            steps.append(word)
+    return steps
+
+
+def wait_steps_ended(env: Mapping[str, str], *, timeout_s: float = 60.0,
+                     poll_s: float = 0.5) -> str:
+    """Inside a Slurm allocation, wait until no step but ours holds its CPUs: ``""`` once so,
+    else why not (the deadline, or ``squeue`` failing).
+
+    A step whose ``srun`` was killed is torn down by Slurm a few seconds later (up to its
+    ``KillWait``); until then a new step waits ("Requested nodes are busy") inside the next
+    probe's time. Polled with ``squeue``, through `autotune.hardware.proc`.
+    """
+    import time
+
+    from autotune.hardware import proc
+    from autotune import LaunchError
+
+    alloc = slurm_allocation(env)
+    if alloc is None:
+        return ""
+    own = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID")
+    own_step = f"{alloc.job_id}.{own}" if own else None
+    deadline = time.monotonic() + timeout_s
+    left: list[str] = []
+    while True:
+        try:
+            out = proc.run_command(["squeue", "-h", "-s", "-j", alloc.job_id, "-o", "%i"],
+                                   env=dict(env), timeout_s=20.0, marker="autotune-squeue")
+        except LaunchError as exc:
+            return f"cannot list the allocation's steps: {exc}"
+        if out.returncode != 0:
+            return (f"cannot list the allocation's steps: squeue exited {out.returncode}: "
+                    f"{out.stderr.strip()[:200]}")
+        left = other_steps(out.stdout, own_step=own_step)
+        if not left or time.monotonic() >= deadline:
+            break
+        time.sleep(poll_s)
+    if left:
+        return (f"step(s) {', '.join(left)} still hold the allocation's CPUs {timeout_s:g} s "
+                f"after their srun ended; the next step waits for them")
+    return ""
+
+
 # -- command line ---------------------------------------------------------------------------
 def add_launcher_args(p: argparse.ArgumentParser) -> None:
     """``--launcher local|mpirun|srun`` and ``--hostfile``, for the commands that start ranks."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -148,6 +149,8 @@ def measure(*, ranks: int = 2, log_dir: Path, cwd: str = ".",
         timed_out = group.running() and time.monotonic() >= deadline
     finally:
         codes = [proc.stop(lp, grace_s=2.0) for lp in group.launched]
+        if launcher.kind == "srun" and -signal.SIGKILL in codes:
+            engines.wait_steps_ended(base)  # the next step would wait for a killed one
     log = log_dir / "allreduce.log"
     if timed_out or any(c != 0 for c in codes) or not out.exists():
         why = f"ran past {timeout_s:g} s" if timed_out else f"exit codes {codes}"

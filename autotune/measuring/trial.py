@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import signal
 import socket
 import time
 import uuid
@@ -17,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune.launching import script_flags
+from autotune.launching import engines, script_flags
 
 from autotune.hardware import proc
 from autotune.measuring import breakdown, logs, noise, series, steady
@@ -385,6 +386,11 @@ def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool]
                 time.sleep(0.05)
                 probe.absorb(collector.drain())
         exit_codes = [proc.stop(lp, grace_s=spec.grace_s) for lp in probe.launched]
+        if asked.launcher.kind == "srun" and -signal.SIGKILL in exit_codes:
+            # a killed srun leaves its step to Slurm: the next probe must not wait for it
+            why = engines.wait_steps_ended(base_env)
+            if why:
+                probe.notes.append(Note.warning(why))
         collector.settle()
         probe.absorb(collector.drain())
         collector.close()
