@@ -153,7 +153,7 @@ def lines(info: dict) -> list[str]:
                    f"{cpus} cpus/node{extra}, srun {s['srun'] or 'not on PATH'}")
     m = info["machine"]
     most = f", at most {m['ranks_per_node']} rank(s) per node" if m["ranks_per_node"] else ""
-    out.append(f"machine   {m['nodes']} node(s) x {m['cores_per_node']} cores{most} "
+    out.append(f"machine   {m['nodes']} node(s) x {m['cores_per_node']} core(s){most} "
                f"(from {m['from']}: what tune searches over)")
     launch = ["local"] + (["mpirun"] if mpi["mpirun"] else []) + (
         ["srun"] if s is not None and s["srun"] else [])
