@@ -70,7 +70,8 @@ def ours_left(bed, marks) -> list[str]:
     return left
 
 
-def test_tune_in_a_two_node_allocation(cluster, tmp_path):
+def test_tune_in_a_two_node_allocation(cluster_nodes, tmp_path):
+    cluster = cluster_nodes
     script = tmp_path / "imagenet_shaped.py"  # a path no other test's processes carry
     shutil.copy(SCRIPTS / "shape_ddp_when_launched.py", script)
     out, rc_file, runs = tmp_path / "job.out", tmp_path / "tune.rc", tmp_path / "runs"
@@ -107,8 +108,13 @@ def test_tune_in_a_two_node_allocation(cluster, tmp_path):
     assert started["launcher"] == "srun on 2 hosts", started
     finished = [e for e in events if e["event"] == "trial_finished"]
     outcomes = [e["result"]["outcome"] for e in finished]
-    assert "crashed" not in outcomes, [(e["trial"], e["result"]["reason"]) for e in finished]
-    assert set(outcomes) <= {"ok", "pruned", "foreign-load"}, outcomes
+    why = [(e["trial"], e["result"]["outcome"], e["result"]["reason"]) for e in finished]
+    assert "crashed" not in outcomes, why
+    # no-signal: a start slower than --seconds on the loaded machine (two ranks, gloo over the
+    # link), which the baseline measures again with twice the time; never a failed step
+    assert set(outcomes) <= {"ok", "pruned", "foreign-load", "no-signal"}, why
+    assert all("without a DataLoader batch" in e["result"]["reason"] for e in finished
+               if e["result"]["outcome"] == "no-signal"), why
     across = [e for e in finished if e["result"]["ranks_seen"] >= 2
               and sorted(e["result"]["hosts"]) == sorted(cluster.facts.hosts)]
     assert across, [(e["trial"], e["result"]["hosts"]) for e in finished]
