@@ -200,3 +200,16 @@ def cluster():
         yield bed
     finally:
         locked(leave)
+
+
+@pytest.fixture
+def cluster_nodes(cluster):
+    """The bed with its nodes to this test alone: the xdist workers share one bed, and a test
+    whose job holds every node for minutes (a tune) would make another's ``srun``/``salloc``
+    wait past its timeout. Tests that submit jobs take this exclusive lock for their duration;
+    the wait for it is not on their clocks."""
+    import fcntl
+
+    with open(Path(cluster.workdir).parent / "nodes.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield cluster

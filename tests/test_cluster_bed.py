@@ -26,9 +26,11 @@ JOB_NAME = f"w{os.getpid()}"  # this worker's jobs: the xdist workers share one 
 
 
 @pytest.fixture
-def bed(cluster):
-    """The session's bed; this worker's jobs cancelled after each test (a job a failed test
-    left would hold the nodes and fail every test after it)."""
+def bed(cluster_nodes):
+    """The session's bed, its nodes to this test alone (`cluster_nodes`); this worker's jobs
+    cancelled after each test (a job a failed test left would hold the nodes and fail every
+    test after it)."""
+    cluster = cluster_nodes
     yield cluster
     subprocess.run(["scancel", "-n", JOB_NAME], env=cluster.env(), capture_output=True,
                    timeout=30)

@@ -64,3 +64,21 @@ def test_numa_from_sysfs(tmp_path):
     assert env_cmd.numa_nodes(str(tmp_path)) == [
         {"node": 0, "cpus": [0, 1, 2, 3]}, {"node": 1, "cpus": [4, 5, 6, 7, 12]}]
     assert env_cmd.numa_nodes(str(tmp_path / "missing")) == []
+
+
+def test_inside_an_allocation_the_machine_is_the_allocation():
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_CPUS_ON_NODE": "1",
+           "SLURM_JOB_CPUS_PER_NODE": "1(x2)", "SLURM_NNODES": "2", "SLURM_NTASKS": "2"}
+    info = env_cmd.collect(env)
+    s = info["slurm"]
+    assert (s["nnodes"], s["cpus_per_node"], s["node_cpus"], s["ranks_per_node"]) == \
+        (2, [1, 1], 1, 1)
+    assert info["machine"] == {"cores_per_node": 1, "nodes": 2, "ranks_per_node": 1,
+                               "from": "slurm allocation"}
+    text = "\n".join(env_cmd.lines(info))
+    assert "slurm     job 7: 2 node(s) node1,node2, 1 cpus/node" in text
+    assert "machine   2 node(s) x 1 core(s), at most 1 rank(s) per node (from slurm allocation" \
+        in text
+    here = env_cmd.collect({})
+    assert here["slurm"] is None and here["machine"]["from"] == "this host"
+    assert here["machine"]["cores_per_node"] == len(os.sched_getaffinity(0))

@@ -63,25 +63,6 @@ def test_hostfiles_of_both_flavours():
                                               Host("node3", None)]
 
 
-@pytest.mark.parametrize("text, names", [
-    ("gpu[01-03,07],login5", ["gpu01", "gpu02", "gpu03", "gpu07", "login5"]),
-    ("n[8-10]", ["n8", "n9", "n10"]),
-    ("single", ["single"]),
-    ("a1,b2", ["a1", "b2"]),
-])
-def test_slurm_nodelist(text, names):
-    assert engines.expand_nodelist(text) == names
-
-
-def test_slurm_allocation_from_env():
-    assert engines.slurm_allocation({}) is None
-    alloc = engines.slurm_allocation({"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "c[1-2]",
-                                        "SLURM_CPUS_ON_NODE": "32", "SLURM_NTASKS": "8",
-                                        "SLURM_GPUS_ON_NODE": "4"})
-    assert alloc.job_id == "42" and alloc.nodes == ("c1", "c2")
-    assert (alloc.cpus_on_node, alloc.ntasks, alloc.gpus_on_node) == (32, 8, 4)
-
-
 @pytest.mark.parametrize("text, flavor", [
     ("mpirun (Open MPI) 4.1.6", "openmpi"),
     ("HYDRA build details:\n    Version: 5.0.2", "mpich"),
@@ -135,3 +116,14 @@ def test_the_hostfile_is_closed_after_reading(tmp_path):
 def test_launcher_kind_is_checked():
     with pytest.raises(ValueError, match="launcher must be one of"):
         engines.Launcher(kind="pbs")
+
+
+def test_other_steps_leave_out_the_service_steps_and_our_own():
+    text = "42.batch\n42.extern\n42.0\n42.3\n42.interactive\n"
+    assert engines.other_steps(text) == ["42.0", "42.3"]
+    assert engines.other_steps(text, own_step="42.0") == ["42.3"]
+    assert engines.other_steps("") == []
+
+
+def test_no_allocation_no_steps_to_wait_for():
+    assert engines.wait_steps_ended({}, timeout_s=0.1) == ""

@@ -72,6 +72,60 @@ def test_srun_engine_leaves_identity_to_the_ranks():
     assert f"--cpus-per-task={plan.threads}" in argv
 
 
+SRUN_TWO_NODES = engines.Launcher(kind="srun", hosts=(engines.Host("node1"),
+                                                     engines.Host("node2")))
+
+
+def _bed_allocation(cpus_per_node="1(x2)", **more):
+    """What sbatch -N 2 gives a job (the bed's nodes hold one CPU each by default)."""
+    return {"PATH": "/bin", "SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "node[1-2]",
+            "SLURM_NNODES": "2", "SLURM_JOB_CPUS_PER_NODE": cpus_per_node,
+            "SLURM_CPUS_ON_NODE": cpus_per_node.split("(")[0].split(",")[0], **more}
+
+
+def _srun_argv(spec):
+    plan = plan_for(spec, spec.env)
+    return plan, engine_argv(spec, plan, ["python", "t.py"], {})
+
+
+@pytest.mark.parametrize("cpus, instances, knobs, per_task", [
+    ("1(x2)", 1, {}, 1),  # the bed: the controller's host has more cores, the step gets one
+    ("4(x2)", 1, {}, 4),  # the baseline: one rank, threads left to torch, the whole node
+    ("4(x2)", 2, {}, 2),
+    ("4(x2)", 2, {"threads": 1}, 1),
+    ("4(x2)", 2, {"threads": 4}, 2),  # oversubscribed threads: the step still fits
+    ("8,4", 1, {"thread_pct": 50}, 2),  # the node with fewer CPUs sets the share
+])
+def test_srun_takes_its_cpus_from_the_allocation_not_the_controller_s_host(
+        cpus, instances, knobs, per_task):
+    spec = _spec(instances=instances, knobs=knobs, env=_bed_allocation(cpus),
+                 launcher=SRUN_TWO_NODES)
+    plan, argv = _srun_argv(spec)
+    assert f"--cpus-per-task={per_task}" in argv
+    assert f"--ntasks-per-node={instances}" in argv and f"--ntasks={2 * instances}" in argv
+    assert plan.local_world_size * per_task <= int(cpus.split("(")[0].split(",")[-1])
+
+
+def test_srun_refuses_more_ranks_per_node_than_the_allocation_starts():
+    spec = _spec(instances=2, knobs={}, env=_bed_allocation(), launcher=SRUN_TWO_NODES)
+    with pytest.raises(LaunchError) as e:
+        plan_for(spec, spec.env)
+    text = str(e.value)
+    assert "2 ranks per node do not fit" in text and "1 CPU per node" in text
+    assert "sbatch -c N" in text and "\n" not in text
+    many = _bed_allocation("4(x2)", SLURM_NTASKS_PER_NODE="1")
+    with pytest.raises(LaunchError, match="2 ranks per node do not fit"):
+        plan_for(_spec(instances=2, knobs={}, env=many, launcher=SRUN_TWO_NODES), many)
+
+
+def test_srun_ranks_are_not_pinned_to_the_controller_s_cores():
+    spec = _spec(instances=2, knobs={"threads": 1, "pin": 1}, env=_bed_allocation("2(x2)"),
+                 launcher=SRUN_TWO_NODES)
+    plan = plan_for(spec, spec.env)
+    assert all(slot.cpus == () for slot in plan.slots)
+    assert any("not pinned" in n for n in plan.notes)
+
+
 def test_mpirun_engine_command():
     mpi = engines.MpiInfo("/x/mpirun", "mpich", "5")
     spec = _spec(launcher=engines.Launcher(kind="mpirun", mpi=mpi))

@@ -193,6 +193,46 @@ def test_a_script_that_starts_its_own_ranks_keeps_one_instance():
     assert forced.domains["instances"] == (1, 2)
 
 
+def _in_allocation(ranks_per_node, cores=4, *, ranges=(), fix=(), device="cpu", gpus=0):
+    machine = space.Machine(cores=cores, mem_available_bytes=16 * GIB, nodes=2,
+                            ranks_per_node=ranks_per_node, device=device, gpus=gpus,
+                            mps=device == "gpu")
+    req = space.SpaceRequest(ranges=space.parse_space(ranges), fixed=space.parse_fix(fix),
+                             devices=2)
+    return space.build(machine, space.Baseline(batch_size=32, workers=0, distributed=True), req)
+
+
+def test_configs_a_node_of_the_allocation_cannot_start_are_left_out_with_the_reason():
+    """Inside a Slurm allocation srun starts no more ranks on a node than it holds: 4 CPUs
+    per node but --ntasks-per-node 2 keeps instances 1 and 2 of the default 1..4."""
+    sp = _in_allocation(2)
+    assert sp.domains["instances"] == (1, 2)
+    note, = [n.text for n in sp.notes if n.text.startswith("instances:")]
+    assert "3, 4 left out" in note and "at most 2 ranks" in note and "srun refuses" in note
+    assert all(cfg.get("instances", 1) <= 2 for cfg in sp.configs())
+    # what the user asks for too
+    asked = _in_allocation(2, ranges=["instances=1:4"])
+    assert asked.domains["instances"] == (1, 2)
+    # one left: held there, and the space says why
+    one = _in_allocation(1, ranges=["instances=1:4"])
+    assert one.fixed["instances"] == 1 and "at most 1 rank " in one.ranks_why
+    # outside an allocation ranks may oversubscribe: nothing is left out
+    assert _in_allocation(None, ranges=["instances=1:4"]).domains["instances"] == (1, 2, 3, 4)
+
+
+def test_on_gpus_an_allocation_s_ranks_per_node_are_shared_by_its_gpus():
+    sp = _in_allocation(4, device="gpu", gpus=2)
+    assert sp.domains["instances"] == (1, 2)  # 2 ranks per GPU x 2 GPUs = 4 per node
+
+
+def test_what_cannot_fit_the_allocation_is_a_usage_error():
+    with pytest.raises(UsageError, match="--fix instances=2 does not fit: a node of the Slurm "
+                                         "allocation starts at most 1 rank"):
+        _in_allocation(1, fix=["instances=2"])
+    with pytest.raises(UsageError, match="none of 2, 3 fits"):
+        _in_allocation(1, ranges=["instances=2:3"])
+
+
 def test_global_batch_keeps_only_divisors():
     sp = build(cores=4, distributed=True, global_batch=96)
     assert "batch_size" not in sp.domains

@@ -1,8 +1,9 @@
 """``autotune env``: what hardware and backends this machine offers, and why not when it doesn't.
 
 Cores (and our share of them), NUMA nodes, memory, GPUs through NVML, MPS, the MPI launcher and
-the MPI library mpi4py loads (they must match), a Slurm allocation, torch and its distributed
-backends. ``--json`` prints the same as one JSON object.
+the MPI library mpi4py loads (they must match), a Slurm allocation (its nodes, CPUs, tasks and
+GPUs per node), the machine tune searches over (a node of the allocation inside one, else this
+host), torch and its distributed backends. ``--json`` prints the same as one JSON object.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from pathlib import Path
 
 import psutil
 
-from autotune.hardware.host import host_cores
+from autotune.hardware.allocation import slurm_allocation
+from autotune.hardware.host import host_cores, node_cores
 from autotune.store import jsontext
 from probes import protocol
 
@@ -52,7 +54,7 @@ def collect(env=None) -> dict:
     mps_ok, mps_why = mps.available(env)
     mpi = engines.detect_mpi(env)
     library = engines.mpi4py_library()
-    alloc = engines.slurm_allocation(env)
+    alloc = slurm_allocation(env)
     mpi_info = {"mpirun": mpi.path if mpi else None, "flavor": mpi.flavor if mpi else None,
                 "version": mpi.version if mpi else None, "mpi4py_library": library,
                 "match": None, "why_not": ""}
@@ -78,9 +80,16 @@ def collect(env=None) -> dict:
                 "control": mps.find_binary(env)},
         "mpi": mpi_info,
         "slurm": None if alloc is None else {
-            "job_id": alloc.job_id, "nodes": list(alloc.nodes),
-            "cpus_on_node": alloc.cpus_on_node, "ntasks": alloc.ntasks,
-            "gpus_on_node": alloc.gpus_on_node, "srun": shutil.which("srun")},
+            "job_id": alloc.job_id, "nodes": list(alloc.nodes), "nnodes": alloc.node_count,
+            "cpus_on_node": alloc.cpus_on_node, "cpus_per_node": list(alloc.cpus_per_node),
+            "node_cpus": alloc.node_cpus, "ntasks": alloc.ntasks,
+            "tasks_per_node": alloc.tasks_per_node, "ranks_per_node": alloc.ranks_per_node,
+            "gpus_per_node": alloc.gpus_per_node, "srun": shutil.which("srun")},
+        # what tune searches over: a node of the allocation inside one, else this host
+        "machine": {"cores_per_node": node_cores(env),
+                    "nodes": alloc.node_count if alloc is not None else 1,
+                    "ranks_per_node": alloc.ranks_per_node if alloc is not None else None,
+                    "from": "slurm allocation" if alloc is not None else "this host"},
         "torch": _torch(),
     }
 
@@ -133,9 +142,19 @@ def lines(info: dict) -> list[str]:
     if mpi["match"] is False:
         out.append(f"WARNING: {mpi['why_not']}")
     s = info["slurm"]
-    out.append("slurm     no allocation (no SLURM_JOB_ID)" if s is None else
-               f"slurm     job {s['job_id']}: {len(s['nodes'])} node(s) {','.join(s['nodes'])}, "
-               f"{s['cpus_on_node']} cpus/node, srun {s['srun'] or 'not on PATH'}")
+    if s is None:
+        out.append("slurm     no allocation (no SLURM_JOB_ID)")
+    else:
+        cpus = "?" if s["node_cpus"] is None else s["node_cpus"]
+        extra = "".join(f", {v} {what}" for v, what in ((s["tasks_per_node"], "tasks/node"),
+                                                         (s["gpus_per_node"], "gpus/node"))
+                        if v is not None)
+        out.append(f"slurm     job {s['job_id']}: {s['nnodes']} node(s) {','.join(s['nodes'])}, "
+                   f"{cpus} cpus/node{extra}, srun {s['srun'] or 'not on PATH'}")
+    m = info["machine"]
+    most = f", at most {m['ranks_per_node']} rank(s) per node" if m["ranks_per_node"] else ""
+    out.append(f"machine   {m['nodes']} node(s) x {m['cores_per_node']} core(s){most} "
+               f"(from {m['from']}: what tune searches over)")
     launch = ["local"] + (["mpirun"] if mpi["mpirun"] else []) + (
         ["srun"] if s is not None and s["srun"] else [])
     out.append(f"launchers {', '.join(launch)}")

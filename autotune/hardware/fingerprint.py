@@ -17,6 +17,7 @@ from importlib import metadata
 import psutil
 
 from autotune.hardware import host as hostinfo
+from autotune.hardware.allocation import slurm_allocation
 
 HARDWARE = ("cpu_model", "cores", "gpu_names", "gpu_count", "gpu_driver")
 SOFTWARE = ("torch_version",)
@@ -72,9 +73,10 @@ def _short(v) -> str:
 
 
 # -- reading the machine ------------------------------------------------------------------------
-def cores() -> int:
-    """The cores we may use (`autotune.hardware.host.host_cores`: our affinity)."""
-    return len(hostinfo.host_cores())
+def cores(env: Mapping[str, str] | None = None) -> int:
+    """The cores a node gives us (`autotune.hardware.host.node_cores`: the Slurm allocation's
+    CPUs per node inside one, else our affinity)."""
+    return hostinfo.node_cores(os.environ if env is None else env)
 
 
 def cpu_model() -> str:
@@ -131,11 +133,18 @@ def current(command: Sequence[str]) -> Fingerprint:
 
 
 def machine(env: Mapping[str, str] | None = None) -> hostinfo.Machine:
-    """What the search space needs about this host: cores, free memory, and the GPUs we may use
+    """What the search space needs about a node: cores, free memory, and the GPUs we may use
     (NVML under ``CUDA_VISIBLE_DEVICES``, as the ranks will see them), their least free memory,
-    and whether CUDA MPS can share them. Without a driver or a visible GPU: a CPU machine."""
+    and whether CUDA MPS can share them. Without a driver or a visible GPU: a CPU machine.
+
+    Inside a Slurm allocation the machine is the allocation (`autotune.hardware.allocation`):
+    its CPUs per node, node count and ranks per node; memory and GPUs are this node's (the
+    nodes of one allocation are taken to be alike)."""
     env = os.environ if env is None else env
-    host = hostinfo.Machine(cores=cores(), mem_available_bytes=psutil.virtual_memory().available)
+    alloc = slurm_allocation(env)
+    host = hostinfo.Machine(cores=cores(env), mem_available_bytes=psutil.virtual_memory().available,
+                            nodes=alloc.node_count if alloc else 1,
+                            ranks_per_node=alloc.ranks_per_node if alloc else None)
     try:
         from autotune.hardware import mps, nvml
 

@@ -1,7 +1,8 @@
-"""The machine the controller runs on: its cores, its GPUs, and what the search space needs of it.
+"""The machine the ranks run on: its cores, its GPUs, and what the search space needs of it.
 
-The one rule for which cores and GPUs are ours (affinity; NVML under ``CUDA_VISIBLE_DEVICES``),
-used by placement, the fingerprint, the allreduce probe and the space alike.
+The one rule for which cores and GPUs are ours (affinity; NVML under ``CUDA_VISIBLE_DEVICES``;
+inside a Slurm allocation, the allocation's CPUs per node: `node_cores`), used by placement,
+the fingerprint, the allreduce probe and the space alike.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from autotune.hardware import nvml
+from autotune.hardware.allocation import slurm_allocation
 
 
 @dataclass(frozen=True)
@@ -24,8 +26,13 @@ class Gpu:
 
 @dataclass(frozen=True)
 class Machine:
-    """What the space needs to know about the host (`autotune.hardware.fingerprint.machine` reads it).
+    """What the space needs to know about a node (`autotune.hardware.fingerprint.machine` reads it).
 
+    ``cores``: the cores one node gives us (`node_cores`: the allocation's CPUs per node inside
+    Slurm, else our affinity). ``nodes``: the allocation's node count (1 outside one).
+    ``ranks_per_node``: the most ranks a job step may start on a node of the allocation
+    (`autotune.hardware.allocation.SlurmAllocation.ranks_per_node`); None outside an
+    allocation, where ranks may oversubscribe the cores.
     ``device`` is "gpu" when a GPU is visible to us (NVML under ``CUDA_VISIBLE_DEVICES``).
     ``mps``/``mps_why``: whether ranks may share a GPU through CUDA MPS, and if not, why.
     ``bucket_mb_range``: (low, high) MB for ``bucket_mb`` measured on this host's ranks
@@ -40,6 +47,8 @@ class Machine:
     mps: bool = False
     mps_why: str = ""
     bucket_mb_range: tuple[float, float] | None = None
+    nodes: int = 1
+    ranks_per_node: int | None = None
 
 
 def host_cores() -> list[int]:
@@ -48,6 +57,15 @@ def host_cores() -> list[int]:
         return sorted(os.sched_getaffinity(0))
     except AttributeError:
         return list(range(os.cpu_count() or 1))
+
+
+def node_cores(env: Mapping[str, str]) -> int:
+    """How many cores a rank's node gives us: inside a Slurm allocation its CPUs per node (what
+    a job step may ask for there, whatever the controller's host has), else our affinity."""
+    alloc = slurm_allocation(env)
+    if alloc is not None and alloc.node_cpus:
+        return alloc.node_cpus
+    return len(host_cores())
 
 
 def host_gpus(env: Mapping[str, str]) -> list[Gpu]:

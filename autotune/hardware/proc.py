@@ -278,6 +278,79 @@ def marked(marker: str) -> list[psutil.Process]:
 
 
 
+class MarkedScan:
+    """The processes of this host carrying one of some markers, and their descendants, found
+    wherever they run: ranks an engine started (children of ``slurmstepd`` or of an ssh
+    session, not of ours), their DataLoader workers.
+
+    Reading every process's environment is costly, so each pid is read once (by pid and create
+    time; a young one again until it has surely exec'd) and the process table is scanned for
+    new pids at most every ``rescan_s``; between scans `processes` gives the ones already found
+    that are still alive.
+    """
+
+    SETTLED_S = 2.0  # a process this old has the environment it will keep
+
+    def __init__(self, markers, *, rescan_s: float = 1.0):
+        self.markers = frozenset(markers)
+        self.rescan_s = rescan_s
+        self._next_scan = 0.0
+        self._checked: set[tuple[int, float]] = set()  # (pid, create time) read once
+        self._found: dict[tuple[int, float], psutil.Process] = {}
+
+    def processes(self) -> list[psutil.Process]:
+        """The marked processes and their descendants alive now (as of the last scan)."""
+        now = time.monotonic()
+        if now >= self._next_scan:
+            self._scan()
+            self._next_scan = time.monotonic() + self.rescan_s
+        alive = []
+        for key, p in list(self._found.items()):
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+                    continue
+            except psutil.Error:
+                pass
+            del self._found[key]
+        return alive
+
+    def _scan(self) -> None:
+        me, uid, now = os.getpid(), os.getuid(), time.time()
+        children: dict[int, list[psutil.Process]] = {}
+        table = []
+        for p in psutil.process_iter(["ppid", "uids", "create_time"]):
+            info = p.info
+            if info["create_time"] is None or p.pid == me:
+                continue
+            table.append(p)
+            if info["ppid"] is not None:
+                children.setdefault(info["ppid"], []).append(p)
+            key = (p.pid, info["create_time"])
+            if key in self._checked or key in self._found:
+                continue
+            if info["uids"] is None or info["uids"].real != uid:
+                self._checked.add(key)
+                continue
+            try:
+                marker = p.environ().get(protocol.ENV_TRIAL)
+            except psutil.Error:
+                continue
+            if marker in self.markers:
+                self._found[key] = p
+            elif now - info["create_time"] > self.SETTLED_S:
+                # A younger one may be between fork and exec, still showing its parent's
+                # environment: read again at the next scan.
+                self._checked.add(key)
+        stack = [p.pid for p in self._found.values()]
+        while stack:  # descendants: whatever environment they were given
+            for child in children.get(stack.pop(), ()):
+                key = (child.pid, child.info["create_time"])
+                if key not in self._found:
+                    self._found[key] = child
+                    stack.append(child.pid)
+
+
 def reap_adopted() -> list[int]:
     """Collect the exit status of orphans re-parented to us (we are their subreaper).
 

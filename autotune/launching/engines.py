@@ -21,6 +21,11 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+# Slurm's environment is parsed in autotune.hardware.allocation (the machine is the allocation);
+# its names are here too for the callers that choose a launcher.
+from autotune.hardware.allocation import (SlurmAllocation, expand_nodelist,  # noqa: F401
+                                          slurm_allocation)
+
 KINDS = ("local", "mpirun", "srun")
 MPIRUN_ENV = "AUTOTUNE_MPIRUN"
 # Variables a rank needs from the controller; forwarded explicitly where the engine needs it.
@@ -39,15 +44,6 @@ class MpiInfo:
     path: str
     flavor: str  # "openmpi" | "mpich" | "unknown"
     version: str
-
-
-@dataclass(frozen=True)
-class SlurmAllocation:
-    job_id: str
-    nodes: tuple[str, ...]
-    cpus_on_node: int | None
-    ntasks: int | None
-    gpus_on_node: int | None
 
 
 @dataclass(frozen=True)
@@ -90,42 +86,6 @@ def parse_hostfile(text: str) -> list[Host]:
                 slots = int(value)
         hosts.append(Host(name, slots))
     return hosts
-
-
-def expand_nodelist(text: str) -> list[str]:
-    """Slurm's compressed node list: ``"gpu[01-03,07],login5"`` -> gpu01 gpu02 gpu03 gpu07 login5."""
-    names: list[str] = []
-    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]+)\])?(?:,|$)", text):
-        prefix, ranges = m.group(1), m.group(2)
-        if not prefix and not ranges:
-            continue
-        if ranges is None:
-            names.append(prefix)
-            continue
-        for part in ranges.split(","):
-            lo, _, hi = part.partition("-")
-            if not hi:
-                names.append(prefix + lo)
-                continue
-            width = len(lo)
-            names.extend(f"{prefix}{i:0{width}d}" for i in range(int(lo), int(hi) + 1))
-    return names
-
-
-def slurm_allocation(env: Mapping[str, str]) -> SlurmAllocation | None:
-    """The Slurm job we run inside, if any (``SLURM_JOB_ID`` and friends)."""
-    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
-    if not job:
-        return None
-
-    def num(name):
-        m = re.match(r"\d+", env.get(name, ""))
-        return int(m.group(0)) if m else None
-
-    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
-    return SlurmAllocation(job_id=job, nodes=tuple(expand_nodelist(nodelist)),
-                           cpus_on_node=num("SLURM_CPUS_ON_NODE"), ntasks=num("SLURM_NTASKS"),
-                           gpus_on_node=num("SLURM_GPUS_ON_NODE"))
 
 
 # -- MPI ----------------------------------------------------------------------------------------
@@ -234,6 +194,62 @@ def srun_argv(*, ranks: int, ranks_per_host: int, nodes: int, cpus_per_task: int
     if cpus_per_task:
         argv.append(f"--cpus-per-task={cpus_per_task}")
     return argv + list(extra_args) + list(rank_argv)
+
+
+# -- Slurm steps -------------------------------------------------------------------------------
+# Steps of a job that are not ranks of ours: the batch script's, the extern step, an salloc's
+# interactive step.
+SERVICE_STEPS = ("batch", "extern", "interactive")
+
+
+def other_steps(squeue_text: str, *, own_step: str | None = None) -> list[str]:
+    """The step ids ``squeue -h -s -o %i`` lists, less the service steps and our own."""
+    steps = []
+    for word in squeue_text.split():
+        _, _, step = word.partition(".")
+        if step and step not in SERVICE_STEPS and word != own_step:
+            steps.append(word)
+    return steps
+
+
+def wait_steps_ended(env: Mapping[str, str], *, timeout_s: float = 60.0,
+                     poll_s: float = 0.5) -> str:
+    """Inside a Slurm allocation, wait until no step but ours holds its CPUs: ``""`` once so,
+    else why not (the deadline, or ``squeue`` failing).
+
+    A step whose ``srun`` was killed is torn down by Slurm a few seconds later (up to its
+    ``KillWait``); until then a new step waits ("Requested nodes are busy") inside the next
+    probe's time. Polled with ``squeue``, through `autotune.hardware.proc`.
+    """
+    import time
+
+    from autotune.hardware import proc
+    from autotune import LaunchError
+
+    alloc = slurm_allocation(env)
+    if alloc is None:
+        return ""
+    own = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID")
+    own_step = f"{alloc.job_id}.{own}" if own else None
+    deadline = time.monotonic() + timeout_s
+    left: list[str] = []
+    while True:
+        try:
+            out = proc.run_command(["squeue", "-h", "-s", "-j", alloc.job_id, "-o", "%i"],
+                                   env=dict(env), timeout_s=20.0, marker="autotune-squeue")
+        except LaunchError as exc:
+            return f"cannot list the allocation's steps: {exc}"
+        if out.returncode != 0:
+            return (f"cannot list the allocation's steps: squeue exited {out.returncode}: "
+                    f"{out.stderr.strip()[:200]}")
+        left = other_steps(out.stdout, own_step=own_step)
+        if not left or time.monotonic() >= deadline:
+            break
+        time.sleep(poll_s)
+    if left:
+        return (f"step(s) {', '.join(left)} still hold the allocation's CPUs {timeout_s:g} s "
+                f"after their srun ended; the next step waits for them")
+    return ""
 
 
 # -- command line ---------------------------------------------------------------------------

@@ -20,6 +20,7 @@ the allreduce timing all start their ranks through it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -32,6 +33,7 @@ from pathlib import Path
 from autotune.launching import rank_command, engines, placement
 
 from autotune.hardware import proc
+from autotune.hardware.allocation import slurm_allocation
 from autotune.hardware.host import Gpu, host_cores, host_gpus
 from autotune import LaunchError, Note
 from probes import protocol
@@ -138,7 +140,14 @@ def resolve_instances(spec: RanksSpec) -> int:
 
 
 def plan_for(spec: RanksSpec, base: Mapping[str, str]) -> placement.Plan:
-    """The placement of ``spec`` on this host (hardware looked up here)."""
+    """The placement of ``spec`` on each host (hardware looked up here).
+
+    Under ``srun`` a host's cores are the Slurm allocation's CPUs per node
+    (`autotune.hardware.allocation`), not the controller's: a step asks for no more than the
+    allocation holds, and ranks are not pinned (Slurm places each task's CPUs, and which cores
+    another node gives is not known here). More ranks on a node than the allocation can start
+    there is a `LaunchError` before anything starts.
+    """
     gpus: list[Gpu] = []
     if spec.device != "cpu":
         gpus = host_gpus(base)
@@ -147,11 +156,27 @@ def plan_for(spec: RanksSpec, base: Mapping[str, str]) -> placement.Plan:
             if int(wanted) > len(gpus):
                 raise LaunchError(f"{int(wanted)} GPUs asked for, {len(gpus)} visible")
             gpus = gpus[:int(wanted)]
+    knobs, cores, notes = dict(spec.knobs), host_cores(), []
+    alloc = slurm_allocation(base) if spec.launcher.kind == "srun" else None
+    if alloc is not None:
+        cores = list(range(alloc.node_cpus or len(cores)))
+        if knobs.pop("pin", None):
+            notes.append("ranks not pinned: under srun Slurm gives each task its CPUs "
+                         "(--cpus-per-task), and which cores another node gives is not known "
+                         "here")
     try:
-        return placement.plan(knobs=spec.knobs, instances=resolve_instances(spec),
-                              cores=host_cores(), gpus=gpus, device=spec.device)
+        plan = placement.plan(knobs=knobs, instances=resolve_instances(spec), cores=cores,
+                              gpus=gpus, device=spec.device)
     except ValueError as exc:
         raise LaunchError(f"cannot place the ranks: {exc}") from None
+    most = alloc.ranks_per_node if alloc is not None else None
+    if most is not None and plan.local_world_size > most:
+        raise LaunchError(
+            f"{plan.local_world_size} ranks per node do not fit the Slurm allocation "
+            f"({alloc.describe()}): srun cannot start more tasks on a node than it holds; "
+            f"lower instances (now {plan.instances}) or allocate more CPUs per node "
+            f"(sbatch -c N or --ntasks-per-node N)")
+    return dataclasses.replace(plan, notes=plan.notes + tuple(notes)) if notes else plan
 
 
 def start_group(spec: RanksSpec, *, channel: Mapping[str, str], extra_env: Mapping[str, str] = (),
@@ -263,8 +288,8 @@ def engine_argv(spec: RanksSpec, plan: placement.Plan, argv, env) -> list[str]:
                                      as_root=os.geteuid() == 0, extra_args=lz.extra_args,
                                      rank_argv=argv)
     return engines.srun_argv(ranks=total, ranks_per_host=per_host, nodes=lz.host_count,
-                               cpus_per_task=plan.threads, extra_args=lz.extra_args,
-                               rank_argv=argv)
+                             cpus_per_task=plan.cpus_per_rank, extra_args=lz.extra_args,
+                             rank_argv=argv)
 
 
 def _start_engine(spec, plan, base, knobs, skip, argv, slot_envs, channel, pipe_output,

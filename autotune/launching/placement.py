@@ -65,6 +65,7 @@ class Plan:
     needs_mps: bool
     common_env: dict[str, str]  # the same for every rank
     notes: tuple[str, ...] = ()
+    cores: int = 1  # how many cores the host gives its ranks
 
     @property
     def local_world_size(self) -> int:
@@ -73,6 +74,14 @@ class Plan:
     @property
     def threads(self) -> int | None:
         return self.slots[0].threads if self.slots else None
+
+    @property
+    def cpus_per_rank(self) -> int:
+        """The CPUs each rank may hold without the host's ranks together holding more than its
+        cores: its threads, at most the cores split evenly (an engine that counts CPUs, Slurm's
+        ``--cpus-per-task``, refuses more); the even split when the threads are left to torch."""
+        share = max(1, self.cores // max(1, self.local_world_size))
+        return min(self.threads, share) if self.threads else share
 
 
 def _number(knobs: Mapping[str, float], name: str) -> float | None:
@@ -154,7 +163,7 @@ def _cpu_plan(instances, pct, explicit_threads, pin, cores, common) -> Plan:
         slots.append(Slot(local_rank=r, gpu=None, threads=threads, cpus=cpus[r],
                           thread_pct=None, env=env))
     return Plan(device="cpu", instances=instances, slots=tuple(slots), needs_mps=False,
-                common_env=common, notes=tuple(notes))
+                common_env=common, notes=tuple(notes), cores=n)
 
 
 def _gpu_plan(instances, pct, explicit_threads, pin, cores, gpus, common) -> Plan:
@@ -185,7 +194,7 @@ def _gpu_plan(instances, pct, explicit_threads, pin, cores, gpus, common) -> Pla
         slots.append(Slot(local_rank=r, gpu=gpu, threads=threads, cpus=cpus[r],
                           thread_pct=pct, env=env))
     return Plan(device="gpu", instances=instances, slots=tuple(slots), needs_mps=needs_mps,
-                common_env=common, notes=tuple(notes))
+                common_env=common, notes=tuple(notes), cores=n)
 
 
 def _rank_env(host_local_rank: int, cpus: Sequence[int]) -> dict[str, str]:

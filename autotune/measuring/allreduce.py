@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from pathlib import Path
 from autotune.launching import engines
 
 from autotune.hardware import proc
+from autotune.hardware.allocation import slurm_allocation
 from autotune.measuring import logs
 from autotune import LaunchError
 
@@ -98,12 +100,24 @@ def placement_for(ranks: int, gpu_count: int) -> tuple[str, int, int | None]:
     return "cpu", ranks, None
 
 
+def ranks_per_host(ranks: int, launcher: engines.Launcher, env) -> int:
+    """Ranks to start on each host for ``ranks`` in all: spread over the launcher's hosts (one
+    on each of two nodes: the allreduce crosses the link between them, as training's will),
+    and under ``srun`` no more on a node than the Slurm allocation can start there
+    (`autotune.hardware.allocation`), as a probe's ranks."""
+    per_host = max(1, -(-ranks // launcher.host_count))
+    alloc = slurm_allocation(env) if launcher.kind == "srun" else None
+    if alloc is not None and alloc.ranks_per_node:
+        per_host = min(per_host, alloc.ranks_per_node)
+    return per_host
+
+
 def measure(*, ranks: int = 2, log_dir: Path, cwd: str = ".",
             launcher: engines.Launcher = engines.Launcher(), device: str = "auto",
             min_bytes: int = 4096, max_bytes: int = 256 * MB, seconds_per_size: float = 0.3,
             timeout_s: float = 300.0, env=None) -> AllreduceResult:
-    """Run the allreduce probe as ``ranks`` ranks and return rank 0's result. ``device="auto"``:
-    see `placement_for`.
+    """Run the allreduce probe as ``ranks`` ranks (`ranks_per_host` on each of the launcher's
+    hosts) and return rank 0's result. ``device="auto"``: see `placement_for`.
 
     Raises `LaunchError` with the log's tail when the probe fails or runs out of time.
     """
@@ -117,10 +131,11 @@ def measure(*, ranks: int = 2, log_dir: Path, cwd: str = ".",
     command = (sys.executable, "-m", "probes.allreduce", "--out", str(out),
                "--min-bytes", str(min_bytes), "--max-bytes", str(max_bytes),
                "--seconds-per-size", str(seconds_per_size))
-    instances, gpus = ranks, None
+    base = os.environ if env is None else env
+    instances, gpus = ranks_per_host(ranks, launcher, base), None
     if device == "auto":  # the GPUs we may use: CUDA_VISIBLE_DEVICES honoured
-        visible = host_gpus(os.environ if env is None else env)
-        device, instances, gpus = placement_for(ranks, len(visible))
+        visible = host_gpus(base)
+        device, instances, gpus = placement_for(instances, len(visible))
     spec = RanksSpec(command=command, instances=instances, gpus=gpus, cwd=cwd, log_dir=log_dir,
                      name="allreduce", marker=f"allreduce-{time.monotonic_ns()}", env=env,
                      launcher=launcher, device=device)
@@ -134,6 +149,8 @@ def measure(*, ranks: int = 2, log_dir: Path, cwd: str = ".",
         timed_out = group.running() and time.monotonic() >= deadline
     finally:
         codes = [proc.stop(lp, grace_s=2.0) for lp in group.launched]
+        if launcher.kind == "srun" and -signal.SIGKILL in codes:
+            engines.wait_steps_ended(base)  # the next step would wait for a killed one
     log = log_dir / "allreduce.log"
     if timed_out or any(c != 0 for c in codes) or not out.exists():
         why = f"ran past {timeout_s:g} s" if timed_out else f"exit codes {codes}"

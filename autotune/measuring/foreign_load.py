@@ -1,7 +1,9 @@
 """Foreign load: CPU time spent on this machine by processes that are not ours during a probe.
 
 System busy time (from the kernel's counters) minus the CPU time of the controller and of every
-process of the trial. What is left, divided by the elapsed time, is in cores: 1.0 means another
+process of the trial: its launches' trees, and the ranks an engine (``srun``, ``mpirun``) started
+on this host, found by their marker (`autotune.hardware.proc.MarkedScan`). Other hosts' load is
+not readable from here; a probe of ranks on several hosts says so. What is left, divided by the elapsed time, is in cores: 1.0 means another
 program kept one core busy the whole probe. Measured here: one such program slowed a 2-thread
 config 10-14x, so a probe under it is flagged rather than compared.
 """
@@ -67,6 +69,11 @@ class ForeignLoad:
     def ours_s(self) -> float:
         """CPU seconds the sampled processes used since construction."""
         return sum(last - first for first, last in self._ours.values())
+
+    def ours_cores(self) -> float:
+        """The sampled processes' average CPU use in cores since construction."""
+        elapsed = time.monotonic() - self._t0
+        return self.ours_s() / elapsed if elapsed > 0 else 0.0
 
     def cores(self) -> float:
         """Average foreign load in cores since construction (never negative)."""

@@ -10,13 +10,15 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import signal
+import socket
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune.launching import script_flags
+from autotune.launching import engines, script_flags
 
 from autotune.hardware import proc
 from autotune.measuring import breakdown, logs, noise, series, steady
@@ -133,6 +135,7 @@ class TrialResult:
     core_s_per_sample: float = 0.0
     gpu_s_per_sample: float = 0.0
     ranks_seen: int = 0  # training processes that reported (peak_rss_bytes is their sum)
+    hosts: tuple[str, ...] = ()  # the host names they reported from, sorted
     # joules per sample over the measured span, and where they come from
     # (`autotune.measuring.energy`); None when no span was measured
     energy: EnergyPerSample | None = None
@@ -151,6 +154,7 @@ class TrialResult:
         d["mode"] = self.mode.value
         d["notes"] = [n.to_dict() for n in self.notes]
         d["knobs"] = dict(self.knobs)
+        d["hosts"] = list(self.hosts)
         for name in ("breakdown", "energy", "noise"):
             d[name] = d[name].to_dict() if d[name] is not None else None
         d["foreign_flagged"] = self.foreign_flagged
@@ -165,6 +169,7 @@ class TrialResult:
                       "outcome": Outcome(d["outcome"]), "mode": Mode(d.get("mode", "full")),
                       "notes": tuple(map(note_of, d.get("notes") or ())),
                       "knobs": dict(d.get("knobs") or {}),
+                      "hosts": tuple(d.get("hosts") or ()),
                       "breakdown": Breakdown.from_dict(d.get("breakdown")),
                       "energy": EnergyPerSample.from_dict(d.get("energy")),
                       "noise": NoiseEstimate.from_dict(d.get("noise"))})
@@ -227,6 +232,18 @@ class _Probe:
         self.metric = MetricLog(parse_metric(spec.metric)) if spec.metric else None
         self.log: logs.Reader | None = None  # rank 0's log, from where it ended at the start
         self.energy: EnergyMeter | None = None  # the host's energy counters, read at each poll
+        # an engine's ranks on this host, found by their marker (children of slurmstepd...)
+        self.marked: proc.MarkedScan | None = None
+
+    def processes(self) -> list:
+        """The trial's live processes on this host: our launches' trees, the services working
+        for them (MPS), and the ranks an engine started here with their children."""
+        procs = [p for lp in self.launched for p in lp.tree()]
+        if self.group is not None:
+            procs += self.group.service_processes()
+        if self.marked is not None:
+            procs += self.marked.processes()
+        return list({p.pid: p for p in procs}.values())
 
     def idle_for(self, over_s: float, now: float) -> bool:
         """The ranks used next to no CPU over the last ``over_s`` seconds."""
@@ -355,6 +372,8 @@ def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool]
             probe.energy = EnergyMeter([slot.gpu.index for slot in group.plan.slots
                                         if slot.gpu is not None])
         probe.launched.extend(group.launched)
+        if asked.launcher.kind != "local":  # ranks are the engine's children, not ours
+            probe.marked = proc.MarkedScan({lp.spec.marker for lp in group.launched})
         if on_start is not None:
             on_start(probe.launched)
         _loop(probe, collector, load)
@@ -368,6 +387,11 @@ def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool]
                 time.sleep(0.05)
                 probe.absorb(collector.drain())
         exit_codes = [proc.stop(lp, grace_s=spec.grace_s) for lp in probe.launched]
+        if asked.launcher.kind == "srun" and -signal.SIGKILL in exit_codes:
+            # a killed srun leaves its step to Slurm: the next probe must not wait for it
+            why = engines.wait_steps_ended(base_env)
+            if why:
+                probe.notes.append(Note.warning(why))
         collector.settle()
         probe.absorb(collector.drain())
         collector.close()
@@ -382,9 +406,7 @@ def _loop(probe: _Probe, collector: Collector, load: ForeignLoad) -> None:
         now = time.monotonic()
         probe.absorb(collector.drain())
         probe.read_log()
-        tree = [p for lp in probe.launched for p in lp.tree()]
-        if probe.group is not None:
-            tree += probe.group.service_processes()
+        tree = probe.processes()
         load.sample(tree)
         codes = [lp.poll() for lp in probe.launched]
         probe.exited_first = next((c for c in codes if c not in (None, 0)), None)
@@ -517,6 +539,14 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
             f"{est.shift_note()}; measured on to the probe's limit ({ran_s:.0f} s), and the "
             f"figure is the whole window's: a longer --seconds settles it"))
     group_notes = probe.group.notes() if probe.group is not None else []
+    launcher = spec.ranks.launcher
+    if launcher.multi_host:
+        here = socket.gethostname()
+        others = [h.name for h in launcher.hosts if h.name.split(".")[0] != here.split(".")[0]]
+        group_notes.append(Note.info(
+            f"foreign load: read on this host ({here}) only, where the trial's processes used "
+            f"{load.ours_cores():.2f} cores; the load on {', '.join(others) or 'the other hosts'} "
+            f"cannot be read from here and was not read"))
     notes = list(probe.notes) + group_notes + series.notes(
         source=probe.source, step_note=probe.step_note, counted_rate=counted,
         metric_rate=est.samples_per_s if has_estimate and probe.source == "metric" else 0.0,
@@ -537,6 +567,8 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         foreign_limit_cores=probe.spec.foreign_limit_cores, counted_samples_per_s=counted,
         window_start_t=est.start_t if est else 0.0, window_end_t=est.end_t if est else 0.0,
         breakdown=_breakdown(probe, est) if has_estimate else None, ranks_seen=len(ticks),
+        hosts=tuple(sorted({str(r.hello["host"]) for r in probe.ranks.values()
+                            if r.hello.get("host")})),
         energy=probe.energy.per_sample(est.start_t, est.end_t, est.samples_per_s *
                                        (est.end_t - est.start_t))
         if has_estimate and probe.energy is not None else None,

@@ -260,7 +260,8 @@ def discover_ranks(prober: Prober, state: TuneState, machine: space.Machine,
 
 
 def time_allreduce(prober: Prober) -> AllreduceTiming:
-    """Allreduce timed on two ranks of this host: its result, or why it failed (a bound for
+    """Allreduce timed on two ranks (of this host, or one on each of two nodes of a launcher's:
+    `autotune.measuring.allreduce.ranks_per_host`): its result, or why it failed (a bound for
     one knob never fails the tuning).
 
     CPU ranks on gloo even on a GPU host: a probe puts ranks that share a GPU on gloo (NCCL

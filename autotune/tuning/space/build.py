@@ -248,6 +248,7 @@ def build(machine: Machine, baseline: Baseline, req: SpaceRequest) -> Space:
         if name in req.fixed:
             fixed[name] = expand(req.fixed[name], cores, machine.device)[0]
             _check_mps(name, (fixed[name],), machine, "--fix")
+            _check_fits(name, fixed[name], machine)
             continue
         if name in req.ranges:
             values = expand(req.ranges[name], cores, machine.device)
@@ -367,7 +368,53 @@ def _applicable(name: str, values: tuple[int, ...], b: Baseline, base_cfg: Mappi
         why = ("the script starts its own data-parallel ranks (torch.multiprocessing.spawn or "
                "the like), so each rank autotune added would start a whole job of its own")
         return (1,), f"instances: fixed at 1: {why}", why
+    if name == "instances":
+        return _fitting_allocation(values, machine, asked)
     return values, "", ""
+
+
+def most_instances(machine: Machine) -> int | None:
+    """The largest ``instances`` a node of the Slurm allocation can start (its ranks per node,
+    over its GPUs on a GPU machine, where ``instances`` is ranks per GPU); None outside an
+    allocation."""
+    if machine.ranks_per_node is None:
+        return None
+    per = machine.gpus if machine.device == "gpu" and machine.gpus else 1
+    return max(1, machine.ranks_per_node // per)
+
+
+def _allocation_why(machine: Machine, most: int) -> str:
+    per_gpu = " per GPU" if machine.device == "gpu" and machine.gpus else ""
+    return (f"a node of the Slurm allocation starts at most {most} rank{'s' if most > 1 else ''}"
+            f"{per_gpu} ({machine.ranks_per_node} per node: its CPUs per node, or "
+            f"--ntasks-per-node when smaller), and srun refuses a step that asks for more")
+
+
+def _fitting_allocation(values: tuple[int, ...], machine: Machine,
+                        asked: bool) -> tuple[tuple[int, ...], str, str]:
+    """``instances`` candidates a node of the allocation can start; the rest left out, said."""
+    most = most_instances(machine)
+    if most is None or all(v <= most for v in values):
+        return values, "", ""
+    kept = tuple(v for v in values if v <= most)
+    left = ", ".join(str(v) for v in values if v > most)
+    why = _allocation_why(machine, most)
+    if not kept:
+        raise UsageError(f"--space instances: none of {', '.join(map(str, values))} fits: "
+                         f"{why}; allocate more CPUs per node (sbatch -c N or "
+                         f"--ntasks-per-node N)")
+    held = why if len(kept) == 1 else ""
+    return kept, f"instances: {left} left out: {why}", held
+
+
+def _check_fits(name: str, value: int, machine: Machine) -> None:
+    """``--fix instances=N`` beyond what a node of the allocation can start: a usage error
+    before any probe would fail to start."""
+    most = most_instances(machine)
+    if name == "instances" and most is not None and value > most:
+        raise UsageError(f"--fix instances={value} does not fit: {_allocation_why(machine, most)}"
+                         f"; fix {most} or fewer, or allocate more CPUs per node (sbatch -c N or "
+                         f"--ntasks-per-node N)")
 
 
 def _keep_global_batch(domains: dict, fixed: dict, n: int,
