@@ -174,7 +174,7 @@ def test_baseline_is_the_first_trial_of_the_study(tmp_path, machine):
 def test_oom_is_infeasible_and_larger_batches_are_not_tried(tmp_path, machine):
     fake = FakeProbe(lambda k: 100.0 * k["batch_size"], oom_from=64)
     report, t, run_dir = tune(tmp_path, fake, trials=10,
-                              fix_tokens=("workers=0", "threads=2"), confirm_rounds=1)
+                              fix_tokens=("workers=0", "threads=2"), confirm_rounds=2)
     batches = [k.get("batch_size") for k in fake.measured()[1:]]
     for i, b in enumerate(batches):  # after an OOM at b, nothing at b or above is tried
         if b >= 64:
@@ -263,7 +263,7 @@ def test_foreign_load_is_measured_again_never_compared(tmp_path, machine):
 
     fake = FakeProbe(lambda k: 100.0 * (1 + k["workers"]), foreign=foreign)
     report, t, run_dir = tune(tmp_path, fake, trials=4,
-                              fix_tokens=("batch_size=16", "threads=2"), confirm_rounds=0,
+                              fix_tokens=("batch_size=16", "threads=2"), confirm_rounds=2,
                               foreign_retries=1)
     search = [s.ranks.knobs.get("workers") for s in fake.specs if s.ranks.name.startswith("trial-")]
     assert search.count(1) == 2  # re-measured once, then clean
@@ -303,12 +303,14 @@ def test_budget_leaves_room_for_the_confirmation(tmp_path, machine):
     fake = Timed(surface)
     report, t, _ = tune(tmp_path, fake, budget_s=100.0, clock=clock)
     assert report.stop_reason.rule is Stop.BUDGET
-    # Search while a probe and the confirmation's share (35% of 100 s) still fit...
+    # Search while a probe and the confirmation's reserve still fit: its share (35% of 100 s),
+    # but never less than the two rounds a switch needs of three search-length probes (60 s)...
     search = [s for s in fake.specs if not s.ranks.name.startswith("confirm")]
-    assert 0.8 * 10 * (len(search) - 1) <= 100 - 10 - 35 < 0.8 * 10 * len(search)
-    # ...then one round of the three, shortened to what is left, never below a search probe.
+    assert 0.8 * 10 * (len(search) - 1) <= 100 - 10 - 60 < 0.8 * 10 * len(search)
+    # ...then two rounds of the three, fitted to what is left, never below a search probe.
     confirm = [s for s in fake.specs if s.ranks.name.startswith("confirm")]
-    assert len(confirm) == 3 and all(10.0 <= s.max_s <= 15.0 for s in confirm)
+    assert len(confirm) == 6 and all(10.0 <= s.max_s <= 15.0 for s in confirm)
+    assert {s.ranks.name[:8] for s in confirm} == {"confirm1", "confirm2"}
     assert clock.t <= 100.0 + 0.8 * 10
 
 
@@ -514,7 +516,7 @@ def test_a_winner_on_a_replaced_backend_carries_the_note_into_the_recipe(tmp_pat
         return surface(knobs) * (3.0 if knobs.get("instances", 1) == 2 else 1.0)
 
     fake = FakeProbe(ranks_pay, ddp=True)
-    report, _, _ = tune(tmp_path, fake, trials=4, confirm_rounds=1)
+    report, _, _ = tune(tmp_path, fake, trials=4, confirm_rounds=2)
     assert report.best.knobs["instances"] == 2 and not report.kept_baseline
     assert report.best_notes == (NCCL_NOTE,)
     script = tmp_path / "train.py"
