@@ -527,3 +527,45 @@ def test_a_winner_on_a_replaced_backend_carries_the_note_into_the_recipe(tmp_pat
                             kept_baseline=False, fingerprint=fp, script_path="train.py",
                             notes=report.best_notes)
     assert recipes.load(recipes.save(recipe, tmp_path / "recipes")).notes == (NCCL_NOTE,)
+
+
+def test_a_winner_that_changes_the_batch_comes_with_the_fastest_that_keeps_it(tmp_path,
+                                                                               machine):
+    """The largest batch is fastest: the confirmation also measures the fastest config that
+    keeps the script's global batch, and the summary, the recipe and ``run --keep-batch``
+    carry it beside the winner."""
+    from types import SimpleNamespace
+
+    from autotune.commands import run as run_command
+    from autotune.commands import tune as tune_command
+    from autotune.store.events import Event
+    from autotune.tuning import recipes
+    from test_recipes import FP
+
+    fake = FakeProbe(lambda k: 10.0 * k["batch_size"] * (1 + 3 * k["workers"]))
+    report, _, run_dir = tune(tmp_path, fake, trials=8, confirm_rounds=2,
+                              space_tokens=("batch_size=16:64", "workers=0:1"),
+                              fix_tokens=("threads=2",))
+    assert report.best.knobs["batch_size"] == 64 and not report.kept_baseline
+    assert report.batch_note and report.candidates == 3  # the best two and the keeper
+    keep = report.keep_batch
+    assert keep is not None and not keep.kept_baseline
+    assert keep.knobs["batch_size"] == 16 and keep.knobs["workers"] == 1
+    assert keep.speedup == pytest.approx(4.0, rel=0.01) and 1.0 < keep.speedup_low < 4.0
+    confirmed = {e["trial"] for e in journal(run_dir, Event.CONFIRMATION)}
+    assert len(confirmed) == 4  # the baseline, the best two, the batch-keeping one
+    (best,) = journal(run_dir, Event.BEST)
+    assert best["keep_batch"]["knobs"] == dict(keep.knobs) and best["candidates"] == 3
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["keep_batch"]["knobs"] == dict(keep.knobs)
+    assert summary["best"]["knobs"]["batch_size"] == 64
+    # the recipe keeps both, and reads back equal
+    prep = SimpleNamespace(target=("train.py",), fp=FP)
+    path = recipes.save(tune_command.build_recipe(report, prep), tmp_path / "recipes")
+    recipe = recipes.load(path)
+    assert recipe.knobs["batch_size"] == 64 and recipe.keep_batch == keep
+    # run --recipe: the fastest by default, the batch-keeping one with --keep-batch
+    assert run_command.chosen(recipe, keep_batch=False) is recipe
+    kept = run_command.chosen(recipe, keep_batch=True)
+    assert dict(kept.knobs) == dict(keep.knobs) and not kept.batch_note
+    assert kept.run_knobs(2)[0]["batch_size"] == 16
