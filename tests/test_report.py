@@ -82,7 +82,7 @@ def test_importance_best_recipe_and_trials_table(mixed_html):
     assert set(data["importance"]) == {"batch_size", "workers"}
     assert sum(data["importance"].values()) == pytest.approx(1.0)
     assert 'data-chart="importance"' in mixed_html
-    assert "1.51x" in mixed_html and "210.9 samples/s" in mixed_html
+    assert "1.506x" in mixed_html and "210.9 samples/s" in mixed_html
     assert "<pre class='recipe'>" + RECIPE in mixed_html
     assert "out of memory: RuntimeError: DefaultCPUAllocator: can&#x27;t allocate memory" \
         in mixed_html
