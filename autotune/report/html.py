@@ -190,7 +190,7 @@ def best_section(state: RunState) -> str:
     keep = (b or {}).get("keep_batch")
     if isinstance(keep, dict):  # the winner changes the job's batch: the one that keeps it
         if keep.get("kept_baseline"):
-            kept = "the script's defaults (nothing that keeps it was faster beyond doubt)"
+            kept = escape("the script's defaults (nothing that keeps it was faster beyond doubt)")
         else:
             low, high = keep.get("speedup_low"), keep.get("speedup_high")
             claim = claim_text(keep.get("speedup") or 1.0, low, high) \
