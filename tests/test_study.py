@@ -569,3 +569,24 @@ def test_a_winner_that_changes_the_batch_comes_with_the_fastest_that_keeps_it(tm
     kept = run_command.chosen(recipe, keep_batch=True)
     assert dict(kept.knobs) == dict(keep.knobs) and not kept.batch_note
     assert kept.run_knobs(2)[0]["batch_size"] == 16
+
+
+def test_one_confirmation_round_keeps_the_defaults_and_says_what_would_decide(tmp_path,
+                                                                              machine):
+    """Workers triple the throughput, but one round of separate processes shows no spread:
+    the defaults stay, and the reason names the rounds and the flag that would decide."""
+    fake = FakeProbe(lambda k: 100.0 * (1 + 2 * k["workers"]))
+    report, _, run_dir = tune(tmp_path, fake, trials=4, confirm_rounds=1,
+                              fix_tokens=("batch_size=16", "threads=2"))
+    assert report.kept_baseline and report.best.knobs == report.baseline.knobs
+    assert report.rounds == 1 and report.speedup == 1.0
+    assert "one interleaved round" in report.reason
+    assert "a switch needs 2 rounds at least" in report.reason
+    assert "2 rounds of ~" in report.reason and "--confirm-rounds 2" in report.reason
+    assert any(n.text.startswith("--confirm-rounds 1: a config replaces") for n in report.notes)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["kept_baseline"] and summary["keep_batch"] is None
+    # the same search with two rounds switches
+    again, _, _ = tune(tmp_path / "two", FakeProbe(lambda k: 100.0 * (1 + 2 * k["workers"])),
+                       trials=4, confirm_rounds=2, fix_tokens=("batch_size=16", "threads=2"))
+    assert not again.kept_baseline and again.best.knobs["workers"] > 0

@@ -415,7 +415,7 @@ def decide_pair(first: Mapping[str, Sequence[Measured | None]],
                         rounds=won.rounds, candidates=k)
     why = d[0].reason.removeprefix(KEPT) if d[0].kept_baseline else ""
     return Decision(baseline, True, 1.0, base1, base1, d[0].noise_rel,
-                    f"kept the script's defaults: no candidate was better beyond doubt on "
-                    f"samples/s or samples/J without being worse on the other"
-                    + (f" (samples/s: {why})" if why else ""), rounds=d[0].rounds, rounds_needed=d[0].rounds_needed,
-                    candidates=k)
+                    f"{KEPT}no candidate was better beyond doubt on samples/s or samples/J "
+                    f"without being worse on the other" + (f" (samples/s: {why})" if why else ""),
+                    rounds=d[0].rounds, rounds_needed=d[0].rounds_needed, candidates=k,
+                    candidate=d[0].candidate, candidate_speedup=d[0].candidate_speedup)

@@ -218,8 +218,9 @@ def confirm_fit(rounds: int, window_s: float, entries: int, left_s: float | None
     Variance lives between processes more than within one, so rounds are kept before length:
     a short budget first shortens the probes (down to ``least_s``, a search probe's), then drops
     rounds (down to one, which cannot switch from the script's defaults: `confirm_reserve`
-    keeps `MIN_ROUNDS` for it, so only a budget spent elsewhere comes to that). With ``stretch``, time left over buys more rounds (up to
-    `MAX_CONFIRM_ROUNDS`), so a run stopped for its budget has used it.
+    keeps `MIN_ROUNDS` for it, so only a budget spent elsewhere comes to that). With
+    ``stretch``, time left over buys more rounds (up to `MAX_CONFIRM_ROUNDS`), so a run stopped
+    for its budget has used it.
     """
     if left_s is None:
         return rounds, window_s

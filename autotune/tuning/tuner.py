@@ -29,7 +29,8 @@ from autotune.measuring.outcome import Outcome
 from autotune.hardware import fingerprint
 from autotune.store.journal import Journal
 from autotune import Note, UsageError
-from autotune.tuning import baseline, confirm, fitting, memory, objective, payback, search
+from autotune.tuning import (baseline, confirm, decision, fitting, memory, objective, payback,
+                             search)
 from autotune.tuning.prober import Notify, Prober, RunTrial
 from autotune.tuning.records import Stop, TuneReport
 from autotune.store.events import Event
@@ -147,6 +148,12 @@ class Tuner:
         settings = self.state.settings
         if settings.budget_s is not None:
             self._tell_plan()
+        if settings.confirm_rounds < decision.MIN_ROUNDS and not self.resume:
+            self._note(Note.warning(
+                f"--confirm-rounds {settings.confirm_rounds}: a config replaces the script's "
+                f"defaults only after {decision.MIN_ROUNDS} interleaved confirmation rounds at "
+                f"least, so this tuning keeps them whatever it finds; --confirm-rounds "
+                f"{decision.MIN_ROUNDS} or more can switch"))
         self._check_energy()
         scorer, note = self._scorer(())
         if note:
