@@ -348,7 +348,7 @@ def test_a_loader_in_the_main_process_is_tuned_to_its_bound_or_the_recipe_names_
     from conftest import autotune
 
     p = autotune("tune", "--plain", "--foreign-limit", "1000", "--json", "--trials", "4",
-                 "--seconds", "12", "--confirm-rounds", "1", "--verdict", "--fix", "threads=1",
+                 "--seconds", "12", "--confirm-rounds", "2", "--verdict", "--fix", "threads=1",
                  "batch_size=16",
                  "--recipe-dir", str(tmp_path / "recipes"), "--", str(SCRIPTS / "data_wait.py"),
                  "--item-ms", "1", "--compute-ms", "25", "--workers", "{workers}",
