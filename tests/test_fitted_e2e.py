@@ -61,7 +61,7 @@ def test_a_claimed_speed_up_holds_when_the_script_measures_it(tmp_path):
               "--first-step-s", "2", "--log-interval", "5", "--tokens", "200000"]
     p = autotune("tune", *QUIET, "--json", "--trials", "2", "--seed", "1",
                  "--space", "batch_size=20:80", "--fix", "instances=1", "thread_pct=100",
-                 "--confirm-rounds", "2", "--confirm-seconds", "20", "--baseline",
+                 "--confirm-rounds", "3", "--confirm-seconds", "20", "--baseline",
                  "batch_size=20",
                  "--recipe-dir", str(tmp_path / "recipes"),
                  "--", *script, "--batch_size", "{batch_size}", cwd=tmp_path, timeout=420)
