@@ -22,7 +22,7 @@ from autotune.measuring.outcome import Outcome
 from autotune.tuning import decision, fitting, objective
 from autotune.tuning.decision import KEPT, MIN_ROUNDS, Choice, Measured
 from autotune.tuning.prober import Prober
-from autotune.tuning.records import Known, Scored
+from autotune.tuning.records import Known, Scored, TuneSettings
 from autotune.tuning.space import Space
 from autotune.tuning.state import TuneState, minutes
 from autotune.store.events import Event
@@ -259,7 +259,7 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
         d = decision.Decision("baseline", True, 1.0, d.baseline_summary, d.baseline_summary, 0.0,
                               f"{KEPT}{why}")
     elif d.kept_baseline:
-        d = dataclasses.replace(d, reason=_needs(d, rounds, state, windows, settings))
+        d = dataclasses.replace(d, reason=_needs(d, rounds, windows, settings))
 
     def raw(name: str) -> Scored:  # the probes' own figures over the rounds, unscored
         r = decision.summarize([Measured(m.samples_per_s, m.ci_half)
@@ -274,11 +274,16 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
     keep = None
     if not d.kept_baseline and not space.keeps_batch(best_cfg):
         keepers = [n for n in names if n == "baseline" or space.keeps_batch(cfgs[n])]
-        kd = judge([{n: b[n] for n in keepers} for b in by])
-        kept = raw(kd.winner)
-        keep = Choice(kept.knobs, kept.samples_per_s, kept.ci_half, kd.speedup,
-                      kd.speedup_low, kd.speedup_high, kd.kept_baseline,
-                      f"batch-keeping alternative: {kd.reason}")
+        if len(keepers) == 1:
+            keep = Choice(base.knobs, base.samples_per_s, base.ci_half,
+                          reason=f"batch-keeping alternative: {KEPT}no other config the "
+                                 f"search measured keeps the job's global batch")
+        else:
+            kd = judge([{n: b[n] for n in keepers} for b in by])
+            kept = raw(kd.winner)
+            keep = Choice(kept.knobs, kept.samples_per_s, kept.ci_half, kd.speedup,
+                          kd.speedup_low, kd.speedup_high, kd.kept_baseline,
+                          f"batch-keeping alternative: {kd.reason}")
         prober.tell(Note.info(keep.reason))
     verdict = None
     if settings.verdict:
@@ -300,8 +305,8 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
                      max(1, k))
 
 
-def _needs(d: decision.Decision, rounds: int, state: TuneState, windows: Mapping[str, float],
-           settings) -> str:
+def _needs(d: decision.Decision, rounds: int, windows: Mapping[str, float],
+           settings: TuneSettings) -> str:
     """A kept baseline's reason, with what would let the confirmation decide: the rounds
     (`MIN_ROUNDS` at least, else what the spread seen asks for), the time they take, and the
     ``--confirm-rounds``/``--budget`` that would hold them."""
