@@ -277,7 +277,7 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
         if len(keepers) == 1:
             keep = Choice(base.knobs, base.samples_per_s, base.ci_half,
                           reason=f"batch-keeping alternative: {KEPT}no other config the "
-                                 f"search measured keeps the job's global batch")
+                                 f"search measured trains with the script's own batch")
         else:
             kd = judge([{n: b[n] for n in keepers} for b in by])
             kept = raw(kd.winner)
