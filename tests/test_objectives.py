@@ -115,7 +115,7 @@ def test_two_objectives_win_only_better_on_one_and_not_worse_on_the_other():
     d = decision.decide_pair({"baseline": base, "x": [Measured(99.0, 1.0)] * rounds},
                              {"baseline": e_base, "x": [Measured(14.0, 0.1)] * rounds},
                              "baseline")
-    assert d.winner == "x" and "samples/J beyond the noise" in d.reason
+    assert d.winner == "x" and "samples/J beyond doubt" in d.reason
 
 
 # -- the search on each objective (fake probes) ---------------------------------------------------

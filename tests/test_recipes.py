@@ -46,7 +46,7 @@ def test_the_speed_up_interval_is_kept_and_shown(tmp_path, capsys):
     assert (loaded.speedup_low, loaded.speedup_high) == (1.31, 1.72)
     assert recipes.load(recipes.save(recipe(name="old"), tmp_path)).speedup_low is None
     assert cli.main(["recipes", "show", str(path)]) == 0
-    assert "1.50x (95% interval 1.31x-1.72x)" in capsys.readouterr().out
+    assert "1.500x (1.310x-1.720x)" in capsys.readouterr().out
 
 
 def test_the_winner_s_breakdown_is_kept_and_shown(tmp_path, capsys):
@@ -229,14 +229,14 @@ def test_the_objective_and_its_parts_are_kept_and_shown(tmp_path, capsys):
     assert "objective: throughput,energy: efficiency 0.800 of the script's batch (B_noise 812)" \
         in out and "0.05 J/sample (baseline 0.07)" in out
     assert "Pareto front (* the pick):" in out and "* batch_size=64" in out
-    assert "gain:      1.50x" in out
+    assert "gain:      1.500x" in out
     # a recipe from before objectives: tuned for throughput, shown as ever
     old = recipes.load(recipes.save(recipe(name="old"), tmp_path))
     assert old.objective == "throughput" and old.objective_parts is None
     assert "[objective]" not in (tmp_path / "old.toml").read_text()
     assert cli.main(["recipes", "show", str(tmp_path / "old.toml")]) == 0
     out = capsys.readouterr().out
-    assert "objective:" not in out and "speedup:   1.50x" in out
+    assert "objective:" not in out and "speedup:   1.500x" in out
 
 
 @pytest.mark.parametrize("edit, words", [
@@ -253,3 +253,31 @@ def test_a_bad_objective_table_names_the_field(tmp_path, edit, words):
         recipes.load(path)
     for w in words:
         assert w in str(e.value)
+
+
+def test_keep_batch_of_a_recipe_without_an_alternative(tmp_path):
+    """``run --keep-batch``: a recipe whose knobs keep the batch runs them; one whose knobs
+    change it and that holds no [keep_batch] (an older autotune's) is a RecipeError, exit 2."""
+    from autotune.commands import run as run_command
+    from autotune.tuning.decision import Choice
+
+    same = recipes.load(recipes.save(recipe(), tmp_path))
+    assert same.keep_batch is None and run_command.chosen(same, keep_batch=True) is same
+    old = recipes.load(recipes.save(recipe(batch_note="the winner trains with a global batch "
+                                                      "of 64"), tmp_path))
+    with pytest.raises(RecipeError, match=r"no \[keep_batch\] config") as err:
+        run_command.chosen(old, keep_batch=True)
+    assert err.value.exit_code == 2
+    keep = Choice({"batch_size": 32, "workers": 2}, 130.0, 2.0, 1.3, 1.1, 1.5, False, "kept")
+    both = recipes.load(recipes.save(recipe(keep_batch=keep), tmp_path))
+    assert both.keep_batch == keep
+    assert dict(run_command.chosen(both, keep_batch=True).knobs) == dict(keep.knobs)
+
+
+def test_a_spoiled_keep_batch_table_names_its_field(tmp_path):
+    from autotune.tuning.decision import Choice
+
+    path = recipes.save(recipe(keep_batch=Choice({"batch_size": 48}, 1.0, 0.1)), tmp_path)
+    path.write_text(path.read_text().replace("batch_size = 48", "nonsense = 48"))
+    with pytest.raises(RecipeError, match=r"keep_batch\.knobs"):
+        recipes.load(path)

@@ -82,7 +82,7 @@ def test_importance_best_recipe_and_trials_table(mixed_html):
     assert set(data["importance"]) == {"batch_size", "workers"}
     assert sum(data["importance"].values()) == pytest.approx(1.0)
     assert 'data-chart="importance"' in mixed_html
-    assert "1.51x" in mixed_html and "210.9 samples/s" in mixed_html
+    assert "1.506x" in mixed_html and "210.9 samples/s" in mixed_html
     assert "<pre class='recipe'>" + RECIPE in mixed_html
     assert "out of memory: RuntimeError: DefaultCPUAllocator: can&#x27;t allocate memory" \
         in mixed_html
@@ -184,3 +184,26 @@ def test_the_report_shows_where_the_time_goes(tmp_path):
     assert "Where the time goes" not in report(make_run(tmp_path / "b", "probe_io_bound"),
                                                tmp_path / "q.html")
     assert_offline(html)
+
+
+def test_the_best_section_shows_the_claim_and_the_batch_keeping_config():
+    from autotune.monitor.state import fold
+    from autotune.report.html import best_section
+
+    keep = {"knobs": {"batch_size": 20, "workers": 2}, "samples_per_s": 130.0, "ci_half": 2.0,
+            "speedup": 1.3, "speedup_low": 1.1049, "speedup_high": 1.5301,
+            "kept_baseline": False, "reason": "batch-keeping alternative: ..."}
+    state = fold([{"t": 1.0, "event": "run_started", "kind": "tune", "command": ["t.py"],
+                   "cwd": "/"},
+                  {"t": 2.0, "event": "best", "knobs": {"batch_size": 160, "workers": 2},
+                   "samples_per_s": 160.0, "ci_half": 3.0, "baseline_samples_per_s": 100.0,
+                   "speedup": 1.6, "kept_baseline": False, "reason": "trial-3 measured ...",
+                   "speedup_low": 1.2999, "speedup_high": 1.9001, "keep_batch": keep,
+                   "rounds": 3, "candidates": 3}])
+    html = best_section(state)
+    assert "1.600x (1.299x-1.901x)" in html  # never rounded up
+    assert "keeping the script&#x27;s batch" in html and "1.300x (1.104x-1.531x)" in html
+    assert "batch_size=20 workers=2" in html
+    kept = fold([{"t": 2.0, "event": "best", **{k: v for k, v in state.best.items()},
+                  "keep_batch": {**keep, "kept_baseline": True}}])
+    assert "the script&#x27;s defaults (nothing that keeps it" in best_section(kept)

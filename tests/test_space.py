@@ -324,3 +324,27 @@ def test_initial_design_adds_a_core_balanced_config():
     assert {**big.baseline, "workers": 8, "thread_pct": 50} in big.initial_design()
     assert build(cores=2, fix=["workers=0"]).initial_design() == \
         build(cores=2, fix=["workers=0"]).one_at_a_time()
+
+
+def test_ranks_a_framework_starts_itself_count_in_the_global_batch():
+    """Lightning's ``Trainer(devices=2, strategy="ddp")``: the script starts its second rank
+    itself, so the job's batch is twice the per-rank one, and a larger per-rank batch says so."""
+    seen = {"batch_size": 32, "workers": 0, "backend": "gloo", "world_size": 2,
+            "started_by_script": "subprocess"}
+    base = space.Baseline.from_seen(seen)
+    assert base.own_ranks and base.own_world == 2
+    assert space.Baseline.from_seen({**seen, "started_by_script": None}).own_world == 0
+    sp = space.build(space.Machine(cores=4, mem_available_bytes=16 * GIB), base,
+                     space.SpaceRequest())
+    assert sp.own_world == 2 and sp.world_devices == 2
+    assert space.Space.from_dict(sp.to_dict()) == sp
+    assert sp.job_batch(sp.baseline) == 64
+    bigger = {**sp.baseline, "batch_size": 256}
+    assert not sp.keeps_batch(bigger) and sp.keeps_batch(dict(sp.baseline))
+    note = sp.batch_note(bigger)
+    assert "a global batch of 512 (batch_size 256 x 2 ranks, 2 started by the script itself)" \
+        in note and "8x the script's own 64" in note and "--global-batch 64" in note
+    # a space from before the count: one rank, as it was
+    old = sp.to_dict()
+    del old["own_world"]
+    assert space.Space.from_dict(old).job_batch(sp.baseline) == 32

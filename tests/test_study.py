@@ -174,7 +174,7 @@ def test_baseline_is_the_first_trial_of_the_study(tmp_path, machine):
 def test_oom_is_infeasible_and_larger_batches_are_not_tried(tmp_path, machine):
     fake = FakeProbe(lambda k: 100.0 * k["batch_size"], oom_from=64)
     report, t, run_dir = tune(tmp_path, fake, trials=10,
-                              fix_tokens=("workers=0", "threads=2"), confirm_rounds=1)
+                              fix_tokens=("workers=0", "threads=2"), confirm_rounds=2)
     batches = [k.get("batch_size") for k in fake.measured()[1:]]
     for i, b in enumerate(batches):  # after an OOM at b, nothing at b or above is tried
         if b >= 64:
@@ -295,7 +295,7 @@ def test_foreign_load_is_measured_again_never_compared(tmp_path, machine):
 
     fake = FakeProbe(lambda k: 100.0 * (1 + k["workers"]), foreign=foreign)
     report, t, run_dir = tune(tmp_path, fake, trials=4,
-                              fix_tokens=("batch_size=16", "threads=2"), confirm_rounds=0,
+                              fix_tokens=("batch_size=16", "threads=2"), confirm_rounds=2,
                               foreign_retries=1)
     search = [s.ranks.knobs.get("workers") for s in fake.specs if s.ranks.name.startswith("trial-")]
     assert search.count(1) == 2  # re-measured once, then clean
@@ -335,12 +335,14 @@ def test_budget_leaves_room_for_the_confirmation(tmp_path, machine):
     fake = Timed(surface)
     report, t, _ = tune(tmp_path, fake, budget_s=100.0, clock=clock)
     assert report.stop_reason.rule is Stop.BUDGET
-    # Search while a probe and the confirmation's share (35% of 100 s) still fit...
+    # Search while a probe and the confirmation's reserve still fit: its share (35% of 100 s),
+    # but never less than the two rounds a switch needs of three search-length probes (60 s)...
     search = [s for s in fake.specs if not s.ranks.name.startswith("confirm")]
-    assert 0.8 * 10 * (len(search) - 1) <= 100 - 10 - 35 < 0.8 * 10 * len(search)
-    # ...then one round of the three, shortened to what is left, never below a search probe.
+    assert 0.8 * 10 * (len(search) - 1) <= 100 - 10 - 60 < 0.8 * 10 * len(search)
+    # ...then two rounds of the three, fitted to what is left, never below a search probe.
     confirm = [s for s in fake.specs if s.ranks.name.startswith("confirm")]
-    assert len(confirm) == 3 and all(10.0 <= s.max_s <= 15.0 for s in confirm)
+    assert len(confirm) == 6 and all(10.0 <= s.max_s <= 15.0 for s in confirm)
+    assert {s.ranks.name[:8] for s in confirm} == {"confirm1", "confirm2"}
     assert clock.t <= 100.0 + 0.8 * 10
 
 
@@ -546,7 +548,7 @@ def test_a_winner_on_a_replaced_backend_carries_the_note_into_the_recipe(tmp_pat
         return surface(knobs) * (3.0 if knobs.get("instances", 1) == 2 else 1.0)
 
     fake = FakeProbe(ranks_pay, ddp=True)
-    report, _, _ = tune(tmp_path, fake, trials=4, confirm_rounds=1)
+    report, _, _ = tune(tmp_path, fake, trials=4, confirm_rounds=2)
     assert report.best.knobs["instances"] == 2 and not report.kept_baseline
     assert report.best_notes == (NCCL_NOTE,)
     script = tmp_path / "train.py"
@@ -557,3 +559,66 @@ def test_a_winner_on_a_replaced_backend_carries_the_note_into_the_recipe(tmp_pat
                             kept_baseline=False, fingerprint=fp, script_path="train.py",
                             notes=report.best_notes)
     assert recipes.load(recipes.save(recipe, tmp_path / "recipes")).notes == (NCCL_NOTE,)
+
+
+def test_a_winner_that_changes_the_batch_comes_with_the_fastest_that_keeps_it(tmp_path,
+                                                                               machine):
+    """The largest batch is fastest: the confirmation also measures the fastest config that
+    keeps the script's global batch, and the summary, the recipe and ``run --keep-batch``
+    carry it beside the winner."""
+    from types import SimpleNamespace
+
+    from autotune.commands import run as run_command
+    from autotune.commands import tune as tune_command
+    from autotune.store.events import Event
+    from autotune.tuning import recipes
+    from test_recipes import FP
+
+    fake = FakeProbe(lambda k: 10.0 * k["batch_size"] * (1 + 3 * k["workers"]))
+    report, _, run_dir = tune(tmp_path, fake, trials=8, confirm_rounds=2,
+                              space_tokens=("batch_size=16:64", "workers=0:1"),
+                              fix_tokens=("threads=2",))
+    assert report.best.knobs["batch_size"] == 64 and not report.kept_baseline
+    assert report.batch_note and report.candidates == 3  # the best two and the keeper
+    keep = report.keep_batch
+    assert keep is not None and not keep.kept_baseline
+    assert keep.knobs["batch_size"] == 16 and keep.knobs["workers"] == 1
+    assert keep.speedup == pytest.approx(4.0, rel=0.01) and 1.0 < keep.speedup_low < 4.0
+    confirmed = {e["trial"] for e in journal(run_dir, Event.CONFIRMATION)}
+    assert len(confirmed) == 4  # the baseline, the best two, the batch-keeping one
+    (best,) = journal(run_dir, Event.BEST)
+    assert best["keep_batch"]["knobs"] == dict(keep.knobs) and best["candidates"] == 3
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["keep_batch"]["knobs"] == dict(keep.knobs)
+    assert summary["best"]["knobs"]["batch_size"] == 64
+    # the recipe keeps both, and reads back equal
+    prep = SimpleNamespace(target=("train.py",), fp=FP)
+    path = recipes.save(tune_command.build_recipe(report, prep), tmp_path / "recipes")
+    recipe = recipes.load(path)
+    assert recipe.knobs["batch_size"] == 64 and recipe.keep_batch == keep
+    # run --recipe: the fastest by default, the batch-keeping one with --keep-batch
+    assert run_command.chosen(recipe, keep_batch=False) is recipe
+    kept = run_command.chosen(recipe, keep_batch=True)
+    assert dict(kept.knobs) == dict(keep.knobs) and not kept.batch_note
+    assert kept.run_knobs(2)[0]["batch_size"] == 16
+
+
+def test_one_confirmation_round_keeps_the_defaults_and_says_what_would_decide(tmp_path,
+                                                                              machine):
+    """Workers triple the throughput, but one round of separate processes shows no spread:
+    the defaults stay, and the reason names the rounds and the flag that would decide."""
+    fake = FakeProbe(lambda k: 100.0 * (1 + 2 * k["workers"]))
+    report, _, run_dir = tune(tmp_path, fake, trials=4, confirm_rounds=1,
+                              fix_tokens=("batch_size=16", "threads=2"))
+    assert report.kept_baseline and report.best.knobs == report.baseline.knobs
+    assert report.rounds == 1 and report.speedup == 1.0
+    assert "one interleaved round" in report.reason
+    assert "a switch needs 2 rounds at least" in report.reason
+    assert "2 rounds of ~" in report.reason and "--confirm-rounds 2" in report.reason
+    assert any(n.text.startswith("--confirm-rounds 1: a config replaces") for n in report.notes)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["kept_baseline"] and summary["keep_batch"] is None
+    # the same search with two rounds switches
+    again, _, _ = tune(tmp_path / "two", FakeProbe(lambda k: 100.0 * (1 + 2 * k["workers"])),
+                       trials=4, confirm_rounds=2, fix_tokens=("batch_size=16", "threads=2"))
+    assert not again.kept_baseline and again.best.knobs["workers"] > 0

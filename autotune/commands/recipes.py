@@ -11,6 +11,7 @@ from autotune.monitor import console
 from autotune.hardware import fingerprint
 from autotune.store import jsontext
 from autotune.tuning import recipes
+from autotune.tuning.decision import Choice, claim_text
 from autotune.tuning.space import knobs_text
 from autotune import RecipeError, UsageError
 
@@ -149,10 +150,10 @@ def _show(r: recipes.Recipe, out) -> None:
         f"baseline:  {r.baseline_samples_per_s:.1f} ± {r.baseline_ci_half:.1f} samples/s with "
         f"{knobs_text(r.baseline_knobs)}",
         ("speedup:   " if r.objective == "throughput" else "gain:      ")
-        + f"{r.speedup:.2f}x" + (" (kept the script's defaults)" if r.kept_baseline
-                                 else _interval(r)),
+        + ("1x (kept the script's defaults)" if r.kept_baseline else _claim(r)),
         f"why:       {r.reason}" if r.reason else "",
         f"batch:     {r.batch_note}" if r.batch_note else "",
+        _keep_line(r.keep_batch) if r.keep_batch else "",
         f"payback:   {r.payback_note}" if r.payback_note else "",
         f"verdict:   {r.verdict.get('text')}" if r.verdict else "",
         f"time goes: {breakdown.Breakdown(r.breakdown, 0).describe()}" if r.breakdown else "",
@@ -192,7 +193,16 @@ def objective_lines(r: recipes.Recipe) -> list[str]:
     return out
 
 
-def _interval(r: recipes.Recipe) -> str:
+def _claim(r: recipes.Recipe) -> str:
+    """The speed-up and its interval, never rounded up (`decision.claim_text`)."""
     if r.speedup_low is None or r.speedup_high is None:
-        return ""
-    return f" (95% interval {r.speedup_low:.2f}x-{r.speedup_high:.2f}x)"
+        return f"{r.speedup:.3f}x"
+    return claim_text(r.speedup, r.speedup_low, r.speedup_high)
+
+
+def _keep_line(k: Choice) -> str:
+    """The [keep_batch] config, as ``run --keep-batch`` would run it."""
+    what = "the script's defaults" if k.kept_baseline else \
+        f"{knobs_text(k.knobs)}: {k.samples_per_s:.1f} ± {k.ci_half:.1f} samples/s, " \
+        f"{claim_text(k.speedup, k.speedup_low, k.speedup_high)}"
+    return f"keeps batch (run --keep-batch): {what}"

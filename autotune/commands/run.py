@@ -8,6 +8,7 @@ from pathlib import Path
 from autotune.monitor import console
 from autotune.hardware import fingerprint
 from autotune.tuning import recipes
+from autotune.tuning.space import knobs_text
 from autotune.store import rundir
 from autotune.measuring import fullrun
 from autotune.measuring.promise import Promise
@@ -26,6 +27,10 @@ def add_parser(sub):
                                    "run's journal (autotune monitor shows it).")
     p.add_argument("--recipe", required=True, metavar="PATH",
                    help="the recipe (.toml) to apply; see 'autotune recipes list'")
+    p.add_argument("--keep-batch", action="store_true",
+                   help="run the recipe's fastest config that keeps the script's global batch "
+                        "(its [keep_batch], when its winner changes the batch) instead of the "
+                        "fastest")
     p.add_argument("--runs-dir", metavar="DIR",
                    help="where run directories go (default: $AUTOTUNE_RUNS_DIR or "
                         "~/.autotune/runs)")
@@ -52,7 +57,7 @@ def fingerprint_warnings(recipe: recipes.Recipe, fp: fingerprint.Fingerprint) ->
 def run(args) -> int:
     from autotune.monitor import watch
 
-    recipe = recipes.load(args.recipe)
+    recipe = chosen(recipes.load(args.recipe), keep_batch=args.keep_batch)
     target = common.resolve_target(args)
     launcher = engines.from_args(args)
     fp = fingerprint.current(target)
@@ -72,6 +77,25 @@ def run(args) -> int:
                                   run_dir=run_dir, journal=journal,
                                   samples_per_step=args.samples_per_step, fp=fp)
     return said(status["code"], run_dir)
+
+
+def chosen(recipe: recipes.Recipe, *, keep_batch: bool) -> recipes.Recipe:
+    """The recipe as the run uses it: its fastest config, or with ``keep_batch`` the one that
+    keeps the script's global batch (`Recipe.keeping_batch`: a recipe whose knobs keep it
+    already is run as it is, and said so; one that changes it and holds no alternative is a
+    `RecipeError`, exit 2)."""
+    if not keep_batch:
+        return recipe
+    kept = recipe.keeping_batch()
+    if kept is recipe:
+        console.hint(f"--keep-batch: recipe {recipe.path}'s knobs keep the script's global "
+                     f"batch already; running them")
+    else:
+        console.hint(f"--keep-batch: running the recipe's config that keeps the script's "
+                     f"global batch: {knobs_text(kept.knobs)}"
+                     + (" (the script's defaults: nothing that keeps it was faster beyond "
+                        "doubt)" if kept.kept_baseline else ""))
+    return kept
 
 
 def rank_knobs(recipe: recipes.Recipe, fp: fingerprint.Fingerprint,

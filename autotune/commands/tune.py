@@ -28,6 +28,7 @@ from autotune import AutotuneError, Note, NoteKind, UsageError
 from autotune.store.journal import Journal
 from autotune.tuning import (TuneReport, TuneSettings, TuneState, Tuner, check_not_running,
                              load_state)
+from autotune.tuning.decision import claim_text
 from autotune.tuning.state import check_budget
 from autotune.tuning.space.parse import parse_values
 from autotune.store.events import Event
@@ -75,9 +76,11 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
                         "the baseline probe (default: batch_size=32, workers=0)")
     s.add_argument("--confirm-rounds", type=_count, default=3, metavar="N",
                    help="interleaved re-measurements of the best two and the baseline "
-                        "(default 3, the fewest whose spread gives the speed-up an interval; "
-                        "a budget may hold fewer, or more when the search stops for it; 0 "
-                        "skips the confirmation)")
+                        "(default 3; a budget may hold fewer, or more when the search stops "
+                        "for it). The script's defaults are replaced only after 2 rounds at "
+                        "least, when the speed-up's 95%% interval, corrected for the "
+                        "candidates compared, lies above 1.0: with 1, or 0 (no "
+                        "confirmation), they are kept")
     s.add_argument("--confirm-seconds", type=common.positive_float, metavar="S",
                    help="time limit of one confirmation probe (default 1.5 x --seconds, or "
                         "each config's fitted probe)")
@@ -327,7 +330,8 @@ def build_recipe(report: TuneReport, prep: Prepared,
         gpu_s_per_sample=report.best_probe.gpu_s_per_sample if report.best_probe else 0.0,
         speedup_low=None if report.kept_baseline else report.speedup_low,
         speedup_high=None if report.kept_baseline else report.speedup_high,
-        objective=report.objective, objective_parts=objective_parts(report))
+        objective=report.objective, objective_parts=objective_parts(report),
+        keep_batch=report.keep_batch)
 
 
 def _front_line(report: TuneReport, p: objective.Point) -> str:
@@ -358,15 +362,24 @@ def print_summary(report: TuneReport, recipe_path: Path, *, plain: bool) -> None
     table = console.Table(title="autotune tune", show_lines=False)
     for col in ("", "knobs", "samples/s", "± 95% CI", "cost per sample"):
         table.add_column(col, justify="right" if col.startswith(("s", "±", "c")) else "left")
-    for label, s, facts in (("baseline", report.baseline, report.baseline_probe),
-                            ("best", report.best, report.best_probe)):
+    rows = [("baseline", report.baseline, report.baseline_probe),
+            ("best", report.best, report.best_probe)]
+    keep = report.keep_batch
+    if keep is not None:  # the winner changes the job's batch: the one that keeps it, too
+        rows.append(("keeps batch", keep, None))
+    for label, s, facts in rows:
         table.add_row(label, space.knobs_text(s.knobs), f"{s.samples_per_s:.1f}",
                       f"{s.ci_half:.1f}",
                       cost_text(facts.core_s_per_sample, facts.gpu_s_per_sample)
                       if facts else "-")
     out.print(table)
-    out.print(f"{_gain_label(report.objective)}: {report.speedup:.2f}x{_interval(report)} — "
-              f"{report.reason}")
+    out.print(f"{_gain_label(report.objective)}: {_claim(report)} — {report.reason}")
+    if keep is not None:
+        out.print("keeping the script's global batch ('autotune run --recipe ... "
+                  "--keep-batch'): "
+                  + (f"{claim_text(keep.speedup, keep.speedup_low, keep.speedup_high)} with "
+                     f"{space.knobs_text(keep.knobs)}" if not keep.kept_baseline else
+                     "the script's defaults") + f" — {keep.reason}")
     for line in objective_lines(report):
         out.print(line)
     eff = report.scaling_efficiency
@@ -425,10 +438,13 @@ def objective_lines(report: TuneReport) -> list[str]:
     return out
 
 
-def _interval(report: TuneReport) -> str:
+def _claim(report: TuneReport) -> str:
+    """The speed-up as claimed: its interval as measured, never rounded up
+    (`decision.claim_text`); for a kept baseline, 1x."""
     if report.kept_baseline or not math.isfinite(report.speedup_high):
-        return ""
-    return f" (95% interval {report.speedup_low:.2f}x-{report.speedup_high:.2f}x)"
+        return "1x (the script's defaults kept)" if report.kept_baseline else \
+            f"{report.speedup:.3f}x"
+    return claim_text(report.speedup, report.speedup_low, report.speedup_high)
 
 
 def run(args) -> int:

@@ -303,7 +303,8 @@ def _confirmation(s: RunState, ev: dict, t) -> None:
 def _best(s: RunState, ev: dict, t) -> None:
     s.best = {k: ev.get(k) for k in ("knobs", "samples_per_s", "ci_half",
                                       "baseline_samples_per_s", "speedup", "kept_baseline",
-                                      "reason")}
+                                      "reason", "speedup_low", "speedup_high", "keep_batch",
+                                      "rounds", "candidates")}
 
 
 def _memory_point(res: dict) -> tuple | None:

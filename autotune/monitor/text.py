@@ -16,6 +16,7 @@ from autotune.measuring.energy import EnergyPerSample
 from autotune.measuring.noise import NoiseEstimate
 from autotune.measuring.outcome import USABLE, Outcome
 from autotune.store.events import Event
+from autotune.tuning.decision import claim_text
 from autotune.tuning.space.knobs import knobs_text
 
 GIB = 1024 ** 3
@@ -213,10 +214,18 @@ def _best(ev):
     low, high = ev.get("speedup_low"), ev.get("speedup_high")
     if vs and isinstance(low, (int, float)) and isinstance(high, (int, float)) and \
             math.isfinite(high) and high > low:
-        vs += f" (95% interval {low:.2f}x-{high:.2f}x)"
+        vs = f", {claim_text(speed, low, high)} the baseline {base:,.1f}"
     if ev.get("kept_baseline"):
-        return f"best: kept the baseline ({rate} samples/s): no config beat it beyond the noise"
-    return f"best: {rate} samples/s{vs} · {knobs_text(ev.get('knobs'))}"
+        return (f"best: kept the baseline ({rate} samples/s): no config beat it beyond "
+                f"doubt")
+    keep = ev.get("keep_batch")
+    kept = ""
+    if isinstance(keep, dict):
+        kept = (" · keeping the script's batch: the script's defaults"
+                if keep.get("kept_baseline") else
+                f" · keeping the script's batch: {fmt_rate(keep.get('samples_per_s'))} "
+                f"samples/s, {knobs_text(keep.get('knobs'))}")
+    return f"best: {rate} samples/s{vs} · {knobs_text(ev.get('knobs'))}{kept}"
 
 
 def _verdict(ev):

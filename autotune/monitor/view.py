@@ -242,7 +242,7 @@ def best_panel(state: RunState) -> Panel | None:
     if base:
         grid.add_row("baseline", f"{fmt.fmt_rate(base)} samples/s")
     if kept:
-        grid.add_row("speedup", Text("none beyond the noise: kept the baseline", style="yellow"))
+        grid.add_row("speedup", Text("none beyond doubt: kept the defaults", style="yellow"))
     if state.best is not None and state.best.get("reason"):
         grid.add_row("why", str(state.best["reason"]))
     elif speedup:

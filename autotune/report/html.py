@@ -27,6 +27,7 @@ from autotune.monitor.state import RunState, TrialRow, fold
 from autotune.monitor import console
 from autotune.monitor.text import allreduce_text, fmt_duration, fmt_rate, unreadable_line
 from autotune.store.events import Event
+from autotune.tuning.decision import claim_text
 from autotune.tuning.space.knobs import knobs_text
 from probes import protocol
 
@@ -177,12 +178,27 @@ def best_section(state: RunState) -> str:
     if base:
         rows.append(("baseline", escape(f"{fmt_rate(base)} samples/s")))
     if b is not None and b.get("kept_baseline"):
-        rows.append(("speedup", "none beyond the noise: the baseline was kept"))
+        rows.append(("speedup", "none beyond doubt: the script's defaults were kept"))
     elif speedup:
         low, high = (b or {}).get("speedup_low"), (b or {}).get("speedup_high")
-        within = f" (95% interval {low:.2f}x-{high:.2f}x)" if isinstance(low, (int, float)) \
-            and isinstance(high, (int, float)) and high > low and high < float("inf") else ""
-        rows.append(("speedup", f"<span class='speedup'>{speedup:.2f}x</span>{within}"))
+        claim = claim_text(speedup, low, high) if isinstance(low, (int, float)) and \
+            isinstance(high, (int, float)) and high > low and high < float("inf") else \
+            f"{speedup:.3f}x"
+        rows.append(("speedup", f"<span class='speedup'>{escape(claim)}</span>"))
+    if b is not None and b.get("reason"):
+        rows.append(("decision", escape(str(b["reason"]))))
+    keep = (b or {}).get("keep_batch")
+    if isinstance(keep, dict):  # the winner changes the job's batch: the one that keeps it
+        if keep.get("kept_baseline"):
+            kept = escape("the script's defaults (nothing that keeps it was faster beyond doubt)")
+        else:
+            low, high = keep.get("speedup_low"), keep.get("speedup_high")
+            claim = claim_text(keep.get("speedup") or 1.0, low, high) \
+                if isinstance(low, (int, float)) and isinstance(high, (int, float)) else \
+                f"{keep.get('speedup') or 1.0:.3f}x"
+            kept = (f"{fmt_rate(keep.get('samples_per_s'), keep.get('ci_half'))} samples/s, "
+                    f"{escape(claim)}, <code>{escape(knobs_text(keep.get('knobs')))}</code>")
+        rows.append(("keeping the script's batch", kept))
     text, where = read_recipe(state)
     if where:
         rows.append(("recipe", f"<code>{escape(where)}</code>"))

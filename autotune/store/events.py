@@ -76,7 +76,7 @@ FIELDS: dict[Event, Fields] = {
     Event.PROBE_VERDICT: Fields(("verdict",)),
     Event.BEST: Fields(("knobs", "samples_per_s", "ci_half", "baseline_samples_per_s", "speedup",
                         "kept_baseline", "reason", "speedup_low", "speedup_high", "objective",
-                        "score", "baseline_score")),
+                        "score", "baseline_score"), ("keep_batch", "rounds", "candidates")),
     Event.PARETO: Fields(("points", "front", "picked", "within_rel")),
     Event.PAYBACK: Fields(("tuning_s", "run", "baseline_run_s", "best_run_s", "saving_s",
                            "text")),

@@ -10,18 +10,20 @@ together, the one candidate is the Pareto front's pick, and `decision.decide_pai
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+import dataclasses
+import math
 from dataclasses import dataclass
 
 from autotune import Note
 from autotune.measuring import bottleneck
 from autotune.measuring.energy import EnergyPerSample
 from autotune.tuning import decision, fitting, objective
-from autotune.tuning.decision import Measured
+from autotune.tuning.decision import KEPT, MIN_ROUNDS, Choice, Measured
 from autotune.tuning.prober import Prober
-from autotune.tuning.records import Known, Scored
+from autotune.tuning.records import Known, Scored, TuneSettings
 from autotune.tuning.space import Space
-from autotune.tuning.state import TuneState
+from autotune.tuning.state import TuneState, minutes
 from autotune.store.events import Event
 from probes.protocol import Mode
 
@@ -47,6 +49,10 @@ class Confirmed:
     front: tuple[objective.Point, ...] = ()  # throughput,energy: the search's Pareto front
     picked: str = ""  # the front's pick (`objective.pick`)
     state: TuneState | None = None
+    # a winner that changes the job's global batch: the fastest confirmed config that keeps it
+    keep_batch: Choice | None = None
+    rounds: int = 0  # interleaved rounds the decision stood on
+    candidates: int = 1  # candidates confirmed beside the baseline
 
 
 def pareto_points(space: Space, known: Mapping[tuple, Known],
@@ -63,25 +69,33 @@ def pareto_points(space: Space, known: Mapping[tuple, Known],
 
 
 def best(space: Space, known: Mapping[tuple, Known], scorer: objective.Scorer,
-         n: int = 2) -> list[Known]:
-    """The ``n`` measured configs but the baseline with the best scores, best first: what
-    the confirmation re-measures beside the baseline (one objective)."""
+         n: int = 2, where: Callable[[Mapping[str, int]], bool] | None = None) -> list[Known]:
+    """The ``n`` measured configs but the baseline (those ``where`` accepts) with the best
+    scores, best first: what the confirmation re-measures beside the baseline (one
+    objective)."""
     base_key = space.key(space.baseline)
     scored = [(scorer.score(k.value, k.ci_half, k.cfg, k.energy).value, k)
-              for k in known.values() if k.outcome.usable and space.key(k.cfg) != base_key]
+              for k in known.values() if k.outcome.usable and space.key(k.cfg) != base_key
+              and (where is None or where(k.cfg))]
     return [k for v, k in sorted((x for x in scored if x[0] is not None),
                                  key=lambda x: -x[0])][:n]
 
 
-def _candidates(space: Space, known: Mapping[tuple, Known],
-                scorer: objective.Scorer) -> list[tuple[str, dict]]:
-    """The baseline and the best two by score; for two objectives, the Pareto pick."""
-    first = [("baseline", dict(space.baseline))]
+def candidates(space: Space, known: Mapping[tuple, Known],
+               scorer: objective.Scorer) -> list[tuple[str, dict]]:
+    """What the confirmation re-measures: the baseline and the best two by score (for two
+    objectives, the Pareto pick); when none of those keeps the job's global batch, also the
+    best config that does, so that a winner that changes it has a measured alternative."""
+    entries = [("baseline", dict(space.baseline))]
     if scorer.objective.multi:
         p = objective.pick(pareto_points(space, known, scorer))
-        return first + ([(p.name, dict(p.cfg))] if p is not None and p.name != "baseline"
-                        else [])
-    return first + [(f"trial-{k.number}", dict(k.cfg)) for k in best(space, known, scorer)]
+        entries += [(p.name, dict(p.cfg))] if p is not None and p.name != "baseline" else []
+    else:
+        entries += [(f"trial-{k.number}", dict(k.cfg)) for k in best(space, known, scorer)]
+    if len(entries) > 1 and not any(space.keeps_batch(c) for _, c in entries[1:]):
+        entries += [(f"trial-{k.number}", dict(k.cfg))
+                    for k in best(space, known, scorer, 1, where=space.keeps_batch)]
+    return entries
 
 
 def _remeasure(prober: Prober, state: TuneState, entries, rounds: int,
@@ -188,7 +202,7 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
     left buys more rounds. The result holds the state with what its probes taught."""
     settings, space, baseline = state.settings, state.space, state.baseline
     scorer = scorer or objective.Scorer(settings.objective)
-    entries = _candidates(space, known, scorer)
+    entries = candidates(space, known, scorer)
     names = [n for n, _ in entries]
     cfgs = dict(entries)
     rounds = settings.confirm_rounds
@@ -226,25 +240,50 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
                     f"search measured: {results[name][0].samples_per_s:.1f} ± "
                     f"{results[name][0].ci_half:.1f} samples/s"))
     else:
-        # No re-measurement: the search's own probes, one round each.
+        # No re-measurement: the search's own probes, one round each; they cannot switch.
         results = {name: [searched(name)] for name in names}
+        rounds = 0
     by = _by_objective(scorer, cfgs, results)
-    d = decision.decide_pair(*by, "baseline") if scorer.objective.multi else \
-        decision.decide(by[0], "baseline")
+    k = len(entries) - 1  # the interval allows for picking the best of these
+
+    def judge(by_objective: list[dict[str, list]]) -> decision.Decision:
+        if scorer.objective.multi:
+            return decision.decide_pair(*by_objective, "baseline", candidates=k)
+        return decision.decide(by_objective[0], "baseline", candidates=k)
+
+    d = judge(by)
     if len(entries) == 1:
         why = ("the Pareto front's pick is the script's own config" if scorer.objective.multi
                else "no other config completed a probe")
         d = decision.Decision("baseline", True, 1.0, d.baseline_summary, d.baseline_summary, 0.0,
-                              f"kept the script's defaults: {why}")
+                              f"{KEPT}{why}")
+    elif d.kept_baseline:
+        d = dataclasses.replace(d, reason=_needs(d, rounds, windows, settings))
+
+    def raw(name: str) -> Scored:  # the probes' own figures over the rounds, unscored
+        r = decision.summarize([Measured(m.samples_per_s, m.ci_half)
+                                for m in results[name] if m is not None])
+        return Scored(cfgs[name], r.samples_per_s, r.ci_half)
+
     best_cfg = cfgs[d.winner]
-    raw = {n: decision.summarize([Measured(r.samples_per_s, r.ci_half)
-                                  for r in results[n] if r is not None]) for n in (d.winner,
-                                                                                  "baseline")}
-    winner = Scored(best_cfg, raw[d.winner].samples_per_s, raw[d.winner].ci_half)
-    base = Scored(cfgs["baseline"], raw["baseline"].samples_per_s, raw["baseline"].ci_half)
+    winner, base = raw(d.winner), raw("baseline")
     best_score = _mean_score(scorer, best_cfg, results[d.winner], d.winner_summary)
     base_score = _mean_score(scorer, cfgs["baseline"], results["baseline"], d.baseline_summary)
     prober.tell(Note.info(d.reason))
+    keep = None
+    if not d.kept_baseline and not space.keeps_batch(best_cfg):
+        keepers = [n for n in names if n == "baseline" or space.keeps_batch(cfgs[n])]
+        if len(keepers) == 1:
+            keep = Choice(base.knobs, base.samples_per_s, base.ci_half,
+                          reason=f"batch-keeping alternative: {KEPT}no other config the "
+                                 f"search measured trains with the script's own batch")
+        else:
+            kd = judge([{n: b[n] for n in keepers} for b in by])
+            kept = raw(kd.winner)
+            keep = Choice(kept.knobs, kept.samples_per_s, kept.ci_half, kd.speedup,
+                          kd.speedup_low, kd.speedup_high, kd.kept_baseline,
+                          f"batch-keeping alternative: {kd.reason}")
+        prober.tell(Note.info(keep.reason))
     verdict = None
     if settings.verdict:
         state, verdict = _probe_verdict(prober, state, best_cfg, winner.samples_per_s)
@@ -254,10 +293,37 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
                 speedup_low=d.speedup_low, speedup_high=d.speedup_high,
                 objective=scorer.objective.token,
                 score=best_score.to_dict() if best_score else None,
-                baseline_score=base_score.to_dict() if base_score else None)
+                baseline_score=base_score.to_dict() if base_score else None,
+                keep_batch=keep.to_dict() if keep else None, rounds=d.rounds, candidates=k)
     front = tuple(objective.front(pareto_points(space, known, scorer))) \
         if scorer.objective.multi else ()
     return Confirmed(winner, base, d.speedup, d.kept_baseline, d.reason, verdict,
                      d.speedup_low, d.speedup_high, best_score, base_score, front,
                      names[1] if scorer.objective.multi and len(names) > 1 else
-                     "baseline" if scorer.objective.multi else "", state)
+                     "baseline" if scorer.objective.multi else "", state, keep, d.rounds,
+                     max(1, k))
+
+
+def _needs(d: decision.Decision, rounds: int, windows: Mapping[str, float],
+           settings: TuneSettings) -> str:
+    """A kept baseline's reason, with what would let the confirmation decide: the rounds
+    (`MIN_ROUNDS` at least, else what the spread seen asks for), the time they take, and the
+    ``--confirm-rounds``/``--budget`` that would hold them."""
+    reason = d.reason
+    if rounds == 0:
+        why = ("--confirm-rounds 0" if settings.confirm_rounds == 0 else
+               "too little budget left for one")
+        reason = (f"{KEPT}no confirmation round ran ({why}), and a switch needs "
+                  f"{MIN_ROUNDS} interleaved rounds at least; the search measured "
+                  f"{d.candidate or 'no candidate'}"
+                  + (f" at {d.candidate_speedup - 1:+.1%}" if d.candidate else ""))
+    need = MIN_ROUNDS if rounds < MIN_ROUNDS else d.rounds_needed
+    if not need or not d.candidate or d.candidate_speedup - 1 <= decision.MIN_GAIN_REL:
+        return reason
+    round_s = sum(windows.values())
+    more_s = (need - rounds) * round_s
+    asks = [f"--confirm-rounds {need}"] if settings.confirm_rounds < need else []
+    if settings.budget_s is not None:
+        asks.append(f"--budget {minutes(math.ceil((settings.budget_s + more_s) / 60) * 60)}")
+    return (f"{reason}; {need} rounds of ~{round_s:.0f} s ({minutes(more_s)} more) would "
+            f"decide" + (f": {' and '.join(asks)}" if asks else ""))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 
 from autotune.measuring.steady import t975
 
@@ -127,6 +128,81 @@ def summarize(ms: Sequence[Measured]) -> Summary:
     return Summary(mean, max(within, between), n)
 
 
+# -- the claim's interval: 95%, corrected for picking the best of several --------------------
+LEVEL = 0.95  # the claim's confidence, over every candidate the confirmation measured together
+KEPT = "kept the script's defaults: "  # how a reason that keeps them begins
+MIN_ROUNDS = 2  # interleaved rounds a switch needs: one round shows no spread between processes
+MAX_ROUNDS_NEEDED = 30  # beyond this many rounds, "more rounds" is no advice
+
+
+def level_for(candidates: int) -> float:
+    """The confidence of each candidate's interval so that all ``candidates`` hold together at
+    `LEVEL` (Bonferroni: 1 - 0.05/k). Picking the best of k noisy candidates favours one whose
+    noise ran high; the wider interval pays for that choice. Bonferroni rather than Šidák
+    (1 - 0.95^(1/k)): the two differ in the fourth digit at k <= 4, and Bonferroni holds
+    whatever the candidates' correlation (they share the baseline's rounds)."""
+    return 1 - (1 - LEVEL) / max(1, candidates)
+
+
+def t_quantile(p: float, dof: int) -> float:
+    """Student's t quantile (``p`` in (0.5, 1)) for whole degrees of freedom: the exact CDF
+    (Abramowitz & Stegun 26.7.3-4) inverted by bisection; the normal's beyond 200 dof."""
+    if dof < 1:
+        return math.inf
+    if dof > 200:
+        return NormalDist().inv_cdf(p)
+    lo, hi = 0.0, 1.0
+    while _t_cdf(hi, dof) < p:
+        hi *= 2
+        if hi > 1e12:
+            return math.inf
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _t_cdf(mid, dof) < p else (lo, mid)
+        if hi - lo < 1e-10 * max(1.0, hi):
+            break
+    return (lo + hi) / 2
+
+
+def _t_cdf(t: float, dof: int) -> float:
+    theta = math.atan(t / math.sqrt(dof))
+    c2, s = math.cos(theta) ** 2, math.sin(theta)
+    if dof % 2:  # odd
+        term, total = 1.0, 1.0 if dof > 1 else 0.0
+        for k in range(1, (dof - 1) // 2):
+            term *= c2 * (2 * k) / (2 * k + 1)
+            total += term
+        a = 2 / math.pi * (theta + (s * math.cos(theta) * total if dof > 1 else 0.0))
+    else:
+        term, total = 1.0, 1.0
+        for k in range(1, dof // 2):
+            term *= c2 * (2 * k - 1) / (2 * k)
+            total += term
+        a = s * total
+    return 0.5 + a / 2
+
+
+def _z(level: float) -> float:
+    return NormalDist().inv_cdf((1 + level) / 2)
+
+
+def claim_text(speedup: float, low: float, high: float) -> str:
+    """``1.062x (0.981x-1.149x)``: the speed-up and its interval as a claim, never rounded up:
+    the low end and the point rounded down, the high end up, to three digits."""
+    def down(x):
+        return f"{math.floor(x * 1000) / 1000:.3f}x"
+    up = f"{math.ceil(high * 1000) / 1000:.3f}x" if math.isfinite(high) else "inf"
+    return f"{down(speedup)} ({down(low)}-{up})"
+
+
+def interval_words(candidates: int) -> str:
+    """How the interval was made, for the reason: its level and the correction."""
+    if candidates <= 1:
+        return "95% interval"
+    return (f"95% interval over {candidates} candidates ({level_for(candidates) * 100:g}% each, "
+            f"Bonferroni)")
+
+
 @dataclass(frozen=True)
 class Decision:
     winner: str
@@ -136,78 +212,165 @@ class Decision:
     baseline_summary: Summary
     noise_rel: float
     reason: str
-    # the 95% interval of ``speedup`` (`speedup_interval`); (1, 1) when the baseline was kept
+    # the 95% interval of ``speedup`` (`speedup_interval`, corrected for the candidates);
+    # (1, 1) when the baseline was kept
     speedup_low: float = 1.0
     speedup_high: float = 1.0
+    rounds: int = 0  # interleaved rounds the winner (or the best candidate) and baseline shared
+    # kept the baseline: interleaved rounds that would show the best candidate's gain if it held
+    # (None: not computable from one round, or no number of rounds would)
+    rounds_needed: int | None = None
+    candidates: int = 1  # candidates the interval is corrected for
+    candidate: str = ""  # kept the baseline: the best candidate, and its measured speed-up
+    candidate_speedup: float = 1.0
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A config the confirmation judged against the baseline: its raw figures over the rounds
+    and the claim (`decide`); the baseline's own knobs when it kept them. The batch-keeping
+    alternative of a winner that changes the job's global batch is one."""
+
+    knobs: Mapping[str, int]
+    samples_per_s: float
+    ci_half: float
+    speedup: float = 1.0
+    speedup_low: float = 1.0  # the claim's interval (corrected for the candidates confirmed)
+    speedup_high: float = 1.0
+    kept_baseline: bool = True
+    reason: str = ""
+
+    def to_dict(self) -> dict:
+        """As ``summary.json``, the ``best`` event and a recipe's [keep_batch] hold it (an
+        end of the interval that is not finite: null)."""
+        return {"knobs": dict(self.knobs), "samples_per_s": self.samples_per_s,
+                "ci_half": self.ci_half, "speedup": self.speedup,
+                "speedup_low": self.speedup_low if math.isfinite(self.speedup_low) else None,
+                "speedup_high": self.speedup_high if math.isfinite(self.speedup_high)
+                else None, "kept_baseline": self.kept_baseline, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> Choice:
+        def num(name: str, missing: float) -> float:
+            return missing if d.get(name) is None else float(d[name])
+
+        return cls({k: int(v) for k, v in d["knobs"].items()}, float(d["samples_per_s"]),
+                   float(d["ci_half"]), num("speedup", 1.0), num("speedup_low", 0.0),
+                   num("speedup_high", math.inf), bool(d.get("kept_baseline", True)),
+                   str(d.get("reason") or ""))
 
 
 def speedup_interval(speedup: float, pairs: Sequence[tuple[float, float]],
-                     winner: Summary, base: Summary) -> tuple[float, float]:
-    """A 95% interval for ``speedup`` that holds when the two configs are run again, in new
-    processes: from the spread of the per-round ratios (``pairs``: winner, baseline) when there
-    are two rounds or more, never narrower than the probes' own intervals; from one round, the
-    probes' intervals widened by `PROCESS_NOISE_REL` for each of the two processes."""
-    within = math.hypot(_rel(winner), _rel(base))
+                     winner: Summary, base: Summary, *,
+                     candidates: int = 1) -> tuple[float, float]:
+    """The interval of ``speedup`` that holds when the two configs are run again, in new
+    processes, at `level_for` ``candidates`` (95% for one): from the spread of the per-round
+    ratios (``pairs``: winner, baseline) when there are two rounds or more, never narrower than
+    the probes' own intervals; from one round, the probes' intervals widened by
+    `PROCESS_NOISE_REL` for each of the two processes."""
+    level = level_for(candidates)
+    z = _z(level)
+    within = math.hypot(_rel(winner), _rel(base)) * z / 1.96  # the probes' 95% -> level
     half = math.log1p(within) if math.isfinite(within) else math.inf
     logs = [math.log(w / b) for w, b in pairs if w > 0 and b > 0]
     if len(logs) >= 2:
-        m = sum(logs) / len(logs)
-        sd = math.sqrt(sum((x - m) ** 2 for x in logs) / (len(logs) - 1))
-        half = max(half, t975(len(logs) - 1) * sd / math.sqrt(len(logs)))
+        half = max(half, _between_half(logs, level))
     else:
-        one = math.hypot(within, 1.96 * math.sqrt(2) * PROCESS_NOISE_REL)
+        one = math.hypot(within, z * math.sqrt(2) * PROCESS_NOISE_REL)
         half = math.log1p(one) if math.isfinite(one) else math.inf
     if not math.isfinite(half):
         return 0.0, math.inf
     return speedup * math.exp(-half), speedup * math.exp(half)
 
 
-def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
-           min_gain_rel: float = MIN_GAIN_REL) -> Decision:
-    """Pick the winner of the interleaved re-measurement; the baseline unless the gain is real.
+def _between_half(logs: Sequence[float], level: float) -> float:
+    """Half-width, in log terms, of the mean per-round log ratio at ``level``."""
+    n = len(logs)
+    m = sum(logs) / n
+    sd = math.sqrt(sum((x - m) ** 2 for x in logs) / (n - 1))
+    return t_quantile((1 + level) / 2, n - 1) * sd / math.sqrt(n)
 
-    ``results[name][i]`` is round i's measurement (None where the probe failed). The best
-    candidate wins only if it beat the baseline in every round both were measured, and its mean
-    gain exceeds the noise: the larger of ``min_gain_rel``, the two intervals combined, and,
-    with three rounds or more, the t-interval of the per-round ratios.
+
+def rounds_needed(speedup: float, logs: Sequence[float], within: float, candidates: int, *,
+                  min_gain_rel: float = MIN_GAIN_REL) -> int | None:
+    """The fewest interleaved rounds whose interval would lie above 1.0 if the gain and the
+    spread seen held (the spread of the per-round log ratios ``logs`` and the probes' own
+    relative interval ``within``, both narrowing as 1/sqrt(rounds)); None from fewer than two
+    rounds, for a gain under ``min_gain_rel``, or beyond `MAX_ROUNDS_NEEDED`."""
+    if len(logs) < 2 or speedup - 1 <= min_gain_rel:
+        return None
+    now, level = len(logs), level_for(candidates)
+    m = sum(logs) / now
+    sd = math.sqrt(sum((x - m) ** 2 for x in logs) / (now - 1))
+    gain = math.log(speedup)
+    for n in range(max(now + 1, MIN_ROUNDS), MAX_ROUNDS_NEEDED + 1):
+        w = math.log1p(within * _z(level) / 1.96 * math.sqrt(now / n))
+        if gain > max(w, t_quantile((1 + level) / 2, n - 1) * sd / math.sqrt(n)):
+            return n
+    return None
+
+
+def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
+           min_gain_rel: float = MIN_GAIN_REL, candidates: int | None = None,
+           min_rounds: int = MIN_ROUNDS) -> Decision:
+    """Pick the winner of the interleaved re-measurement; the baseline unless the gain is
+    beyond doubt.
+
+    ``results[name][i]`` is round i's measurement (None where the probe failed). The candidate
+    with the best mean replaces the baseline only when it was measured beside it in at least
+    ``min_rounds`` rounds, its mean gain exceeds ``min_gain_rel``, and the low end of its
+    speed-up's interval (`speedup_interval` at `level_for` ``candidates``: by default every
+    entry but the baseline, since the best of them was picked) lies above 1.0.
     """
+    k = candidates if candidates is not None else max(1, len(results) - 1)
     base_ms = [m for m in results.get(baseline, ()) if m is not None]
     base = summarize(base_ms)
-    candidates = {n: summarize([m for m in ms if m is not None])
-                  for n, ms in results.items() if n != baseline}
-    candidates = {n: s for n, s in candidates.items() if s.rounds}
+    summaries = {n: summarize([m for m in ms if m is not None])
+                 for n, ms in results.items() if n != baseline}
+    summaries = {n: s for n, s in summaries.items() if s.rounds}
     if not base.rounds:
         return Decision(baseline, True, 1.0, base, base, math.inf,
-                        "the baseline could not be re-measured; nothing to compare against")
-    if not candidates:
+                        "the baseline could not be re-measured; nothing to compare against",
+                        candidates=k)
+    if not summaries:
         return Decision(baseline, True, 1.0, base, base, 0.0,
-                        "no candidate survived re-measurement; keeping the script's defaults")
-    name = max(candidates, key=lambda n: candidates[n].samples_per_s)
-    best = candidates[name]
+                        "no candidate survived re-measurement; keeping the script's defaults",
+                        candidates=k)
+    name = max(summaries, key=lambda n: summaries[n].samples_per_s)
+    best = summaries[name]
     pairs = [(w.samples_per_s, b.samples_per_s)
              for w, b in zip(results[name], results[baseline])
              if w is not None and b is not None and b.samples_per_s > 0]
     speedup = best.samples_per_s / base.samples_per_s if base.samples_per_s else math.inf
-    noise = max(min_gain_rel, math.hypot(_rel(best), _rel(base)))
-    if len(pairs) >= 3:
-        logs = [math.log(w / b) for w, b in pairs if w > 0]
-        if len(logs) >= 3:
-            m = sum(logs) / len(logs)
-            sd = math.sqrt(sum((x - m) ** 2 for x in logs) / (len(logs) - 1))
-            noise = max(noise, math.expm1(t975(len(logs) - 1) * sd / math.sqrt(len(logs))))
-    every_round = bool(pairs) and all(w > b for w, b in pairs)
-    if every_round and speedup - 1 > noise:
-        low, high = speedup_interval(speedup, pairs, best, base)
+    low, high = speedup_interval(speedup, pairs, best, base, candidates=k)
+    noise = max(min_gain_rel, 1 - low / speedup if speedup > 0 and math.isfinite(high)
+                else math.inf)
+    gain = f"{name} measured {speedup - 1:+.1%}"
+    claim = f"{interval_words(k)} of the speed-up {claim_text(speedup, low, high)}"
+    n = len(pairs)
+    if n >= min_rounds and speedup - 1 > min_gain_rel and low > 1.0:
         return Decision(name, False, speedup, best, base, noise,
-                        f"{name} beat the baseline in every round by {speedup - 1:+.1%} on "
-                        f"average, beyond the noise ({noise:.1%}); 95% interval of the "
-                        f"speed-up {low:.2f}x-{high:.2f}x over {len(pairs)} round(s)",
-                        low, high)
-    why = ("it did not win every round" if not every_round
-           else f"{speedup - 1:+.1%} is within the noise ({noise:.1%})")
+                        f"{gain} against the baseline over {n} interleaved rounds, beyond "
+                        f"doubt: {claim}", low, high, rounds=n, candidates=k)
+    logs = [math.log(w / b) for w, b in pairs if w > 0 and b > 0]
+    needed = rounds_needed(speedup, logs, math.hypot(_rel(best), _rel(base)), k,
+                           min_gain_rel=min_gain_rel)
+    if n < min_rounds:
+        why = (f"{'one interleaved round' if n == 1 else f'{n} interleaved rounds'} "
+               f"({claim}): a switch needs {min_rounds} rounds at least, to see the spread "
+               f"between processes")
+    elif speedup - 1 <= min_gain_rel:
+        why = (f"{speedup - 1:+.1%} is not above the {min_gain_rel:.0%} a switch needs "
+               f"({claim}); more rounds would not change that")
+    else:
+        why = (f"the {claim} holds 1.0 over {n} rounds; " +
+               (f"about {needed} rounds would show the gain if it held"
+                if needed else "the spread between rounds is too wide for more rounds to "
+                               "show it"))
     return Decision(baseline, True, 1.0, base, base, noise,
-                    f"kept the script's defaults: the best candidate ({name}, "
-                    f"{speedup - 1:+.1%}) is not clearly faster: {why}")
+                    f"{KEPT}{gain}, not beyond doubt: {why}",
+                    rounds=n, rounds_needed=needed, candidates=k, candidate=name,
+                    candidate_speedup=speedup)
 
 
 def _rel(s: Summary) -> float:
@@ -216,12 +379,14 @@ def _rel(s: Summary) -> float:
 
 def decide_pair(first: Mapping[str, Sequence[Measured | None]],
                 second: Mapping[str, Sequence[Measured | None]], baseline: str, *,
-                min_gain_rel: float = MIN_GAIN_REL) -> Decision:
+                min_gain_rel: float = MIN_GAIN_REL, candidates: int | None = None) -> Decision:
     """Two objectives at once (samples/s, samples/J): a candidate wins when `decide` declares it
     the winner on one of them and, on the other, its mean is not below the baseline's by more
-    than that objective's noise. The speed-up and its interval are the first objective's."""
-    d = (decide(first, baseline, min_gain_rel=min_gain_rel),
-         decide(second, baseline, min_gain_rel=min_gain_rel))
+    than that objective's noise. The speed-up and its interval are the first objective's, at
+    `level_for` ``candidates`` (default: every entry but the baseline)."""
+    k = candidates if candidates is not None else max(1, len(first) - 1)
+    d = (decide(first, baseline, min_gain_rel=min_gain_rel, candidates=k),
+         decide(second, baseline, min_gain_rel=min_gain_rel, candidates=k))
     base1 = d[0].baseline_summary
     for i, (won, other, other_d) in enumerate(((d[0], second, d[1]), (d[1], first, d[0]))):
         if won.kept_baseline:
@@ -238,13 +403,19 @@ def decide_pair(first: Mapping[str, Sequence[Measured | None]],
         pairs = [(w.samples_per_s, b.samples_per_s) for w, b in zip(first[name], first[baseline])
                  if w is not None and b is not None and b.samples_per_s > 0]
         speedup = s1.samples_per_s / base1.samples_per_s if base1.samples_per_s else math.inf
-        low, high = speedup_interval(speedup, pairs, s1, base1)
+        low, high = speedup_interval(speedup, pairs, s1, base1, candidates=k)
         gains = (speedup - 1, ratio - 1) if i == 0 else (ratio - 1, won.speedup - 1)
         return Decision(name, False, speedup, s1, base1, won.noise_rel,
                         f"{name}: {gains[0]:+.1%} samples/s and {gains[1]:+.1%} samples/J "
-                        f"against the baseline; {('samples/s', 'samples/J')[i]} beyond the "
-                        f"noise in every round, {('samples/J', 'samples/s')[i]} not worse "
-                        f"beyond its noise", low, high)
+                        f"against the baseline over {won.rounds} interleaved rounds; "
+                        f"{('samples/s', 'samples/J')[i]} beyond doubt, "
+                        f"{('samples/J', 'samples/s')[i]} not worse beyond its noise; "
+                        f"{interval_words(k)} of the speed-up "
+                        f"{claim_text(speedup, low, high)}", low, high,
+                        rounds=won.rounds, candidates=k)
+    why = d[0].reason.removeprefix(KEPT) if d[0].kept_baseline else ""
     return Decision(baseline, True, 1.0, base1, base1, d[0].noise_rel,
-                    "kept the script's defaults: no candidate was clearly better on samples/s "
-                    "or samples/J without being worse on the other")
+                    f"{KEPT}no candidate was better beyond doubt on samples/s or samples/J "
+                    f"without being worse on the other" + (f" (samples/s: {why})" if why else ""),
+                    rounds=d[0].rounds, rounds_needed=d[0].rounds_needed, candidates=k,
+                    candidate=d[0].candidate, candidate_speedup=d[0].candidate_speedup)

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 
 from autotune.measuring import steady
 from autotune.measuring.outcome import STALL_STEPS
+from autotune.tuning.decision import MIN_ROUNDS
 
 TARGET_REL = 0.05  # a search probe ends once its 95% half-width is this share of its mean
 MIN_WINDOWS = 6  # estimate windows a probe measures at least (steady.batch_means_ci needs 4)
@@ -186,13 +187,16 @@ class Plan:
         return spent_s + MIN_SEARCH_PROBES * self.probe_s + self.confirm_s
 
 
-def confirm_reserve(budget_s: float | None, full_s: float, one_round_s: float) -> float:
+def confirm_reserve(budget_s: float | None, full_s: float, one_round_s: float, *,
+                    rounds: int = MIN_ROUNDS) -> float:
     """Time a search keeps for the confirmation: all of it (``full_s``) but at most
-    `CONFIRM_SHARE` of a budget, and never less than one round of probes as long as the
-    search's (``one_round_s``, what a confirmation takes at the least)."""
+    `CONFIRM_SHARE` of a budget, and never less than the `MIN_ROUNDS` rounds a switch from the
+    script's defaults needs (or the ``rounds`` asked for, when fewer) of probes as long as the
+    search's (``one_round_s`` each: what a confirmation takes at the least)."""
     if budget_s is None:
         return full_s
-    return max(min(full_s, CONFIRM_SHARE * budget_s), one_round_s)
+    return max(min(full_s, CONFIRM_SHARE * budget_s),
+               max(1, min(rounds, MIN_ROUNDS)) * one_round_s)
 
 
 def plan(left_s: float, budget_s: float, probe_s: float, *, confirm_rounds: int,
@@ -201,7 +205,7 @@ def plan(left_s: float, budget_s: float, probe_s: float, *, confirm_rounds: int,
     ``entries`` configs, as the search and the confirmation will (`confirm_reserve`,
     `confirm_fit`)."""
     reserve = confirm_reserve(budget_s, confirm_rounds * entries * confirm_probe_s,
-                              entries * probe_s)
+                              entries * probe_s, rounds=confirm_rounds)
     rounds, window = confirm_fit(confirm_rounds, confirm_probe_s, entries, reserve, probe_s)
     probes = max(0, int((left_s - reserve) // max(probe_s, 1e-9)))
     return Plan(left_s, probe_s, probes, reserve, rounds, window, entries)
@@ -213,8 +217,10 @@ def confirm_fit(rounds: int, window_s: float, entries: int, left_s: float | None
 
     Variance lives between processes more than within one, so rounds are kept before length:
     a short budget first shortens the probes (down to ``least_s``, a search probe's), then drops
-    rounds (down to one). With ``stretch``, time left over buys more rounds (up to
-    `MAX_CONFIRM_ROUNDS`), so a run stopped for its budget has used it.
+    rounds (down to one, which cannot switch from the script's defaults: `confirm_reserve`
+    keeps `MIN_ROUNDS` for it, so only a budget spent elsewhere comes to that). With
+    ``stretch``, time left over buys more rounds (up to `MAX_CONFIRM_ROUNDS`), so a run stopped
+    for its budget has used it.
     """
     if left_s is None:
         return rounds, window_s

@@ -21,6 +21,12 @@ Layout (schema version 1)::
                    kept_baseline, trials, source, reason, notes (what the winner's probes
                    said of it, e.g. a backend autotune replaced)
     [baseline]     the script's own knobs
+    [keep_batch]   only when the winner changes the job's global batch: the fastest config
+                   confirmed that keeps it (the script's own knobs when none was faster beyond
+                   doubt), as [keep_batch.knobs], with its samples_per_s, ci_half, speedup,
+                   speedup_low and speedup_high, kept_baseline and reason; ``autotune run
+                   --recipe --keep-batch`` runs it (a recipe without it keeps the batch
+                   already, or predates it)
     [verdict]      bottleneck, text, bound_samples_per_s (only when known)
     [breakdown]    where the winner's time goes: data, forward, backward, comm, optimizer,
                    other, each [share of wall time, its 95% half-width] (only when measured)
@@ -37,6 +43,7 @@ Layout (schema version 1)::
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import math
 import re
@@ -49,13 +56,14 @@ from autotune import __version__
 from autotune.measuring.breakdown import ALL_PARTS
 from autotune.hardware import fingerprint
 from autotune.store import rundir
-from autotune.tuning import objective, space
+from autotune.tuning import decision, objective, space
 from autotune import RecipeError
 
 SCHEMA_VERSION = 1
 DEFAULT_DIR = "recipes"
 
 _OBJECTIVE = f"one of {', '.join(objective.CHOICES)}"  # the kind of [objective] name
+_KNOB_TABLE = "a table of knobs, each a whole number >= 0"  # [keep_batch.knobs]
 # Every field a recipe may hold: section ("" for the top level) -> field -> (kind, required).
 # A section marked None is a table whose every value has that kind ([knobs], [baseline]).
 _FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
@@ -76,6 +84,11 @@ _FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
                 "bound_samples_per_s": ("int or float", False),
                 "full_share_of_bound": ("int or float", False)},
     "job": {"global_batch": ("a whole number >= 1", False)},
+    "keep_batch": {"knobs": (_KNOB_TABLE, True), "samples_per_s": ("int or float", True),
+                   "ci_half": ("int or float", True), "speedup": ("int or float", True),
+                   "speedup_low": ("int or float", False),
+                   "speedup_high": ("int or float", False), "kept_baseline": ("bool", True),
+                   "reason": ("str", False)},
     "objective": {"name": (_OBJECTIVE, False), "note": ("str", False),
                   "score": ("int or float", False), "efficiency": ("int or float", False),
                   "noise_scale": ("int or float", False),
@@ -104,6 +117,8 @@ _KINDS = {
     _OBJECTIVE: lambda v: v in objective.CHOICES,
     "a whole number >= 0": lambda v: _is_int(v) and v >= 0,
     "a whole number >= 1": lambda v: _is_int(v) and v >= 1,
+    _KNOB_TABLE: lambda v: isinstance(v, dict) and all(
+        k in space.KNOBS and _is_int(x) and x >= 0 for k, x in v.items()),
     "a [share, half-width] pair": lambda v: isinstance(v, list) and len(v) == 2 and all(
         (_is_int(a) or isinstance(a, float)) and 0 <= a <= 10 for a in v),
 }
@@ -144,6 +159,28 @@ class Recipe:
     # the [objective] table beyond its name: note, score, efficiency, noise_scale,
     # j_per_sample, samples_per_j, baseline_j_per_sample, front (None: throughput, nothing more)
     objective_parts: Mapping | None = None
+    # the winner changes the job's global batch: the fastest confirmed config that keeps it
+    keep_batch: decision.Choice | None = None
+
+    def keeping_batch(self) -> Recipe:
+        """This recipe with its [keep_batch] config as its knobs and figures (what ``run
+        --keep-batch`` launches); itself when it has none (its knobs keep the job's batch
+        already). A recipe whose knobs change the batch and that has no [keep_batch] (saved
+        before there was one) is a `RecipeError`."""
+        k = self.keep_batch
+        if k is None:
+            if self.batch_note and not self.global_batch:
+                raise _fail(self.path or Path(f"{self.name}.toml"),
+                            "its knobs change the job's global batch and it holds no "
+                            "[keep_batch] config (saved by an older autotune); tune again, "
+                            "or with --global-batch")
+            return self
+        return dataclasses.replace(
+            self, knobs=dict(k.knobs), samples_per_s=k.samples_per_s, ci_half=k.ci_half,
+            speedup=k.speedup, kept_baseline=k.kept_baseline, reason=k.reason,
+            speedup_low=k.speedup_low, speedup_high=k.speedup_high, batch_note="", notes=(),
+            breakdown=None, verdict=None, core_s_per_sample=0.0, gpu_s_per_sample=0.0,
+            keep_batch=None)
 
     def run_knobs(self, cores: int, gpus: int | None = None,
                   hosts: int | None = None) -> tuple[dict[str, float], int]:
@@ -200,6 +237,9 @@ class Recipe:
         for name in ("core_s_per_sample", "gpu_s_per_sample"):
             if getattr(self, name):
                 doc["result"][name] = float(getattr(self, name))
+        if self.keep_batch is not None:
+            doc["keep_batch"] = {name: v for name, v in self.keep_batch.to_dict().items()
+                                 if v is not None}
         if self.breakdown:
             doc["breakdown"] = {p: [float(v) for v in sh] for p, sh in self.breakdown.items()}
         if self.objective != "throughput" or self.objective_parts:
@@ -310,7 +350,9 @@ def load(path: Path | str) -> Recipe:
         if doc.get("breakdown") else None,
         objective=str(doc.get("objective", {}).get("name", "throughput")),
         objective_parts={k: v for k, v in doc["objective"].items() if k != "name"}
-        if doc.get("objective") else None)
+        if doc.get("objective") else None,
+        keep_batch=decision.Choice.from_dict(doc["keep_batch"]) if doc.get("keep_batch")
+        else None)
 
 
 def listing(recipe_dir: Path) -> list[tuple[Path, Recipe | RecipeError]]:

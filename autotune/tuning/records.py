@@ -21,10 +21,11 @@ from autotune.measuring.noise import NoiseEstimate
 from autotune.measuring.foreign_load import FOREIGN_CORES_LIMIT
 from autotune.measuring.outcome import Outcome
 from autotune.tuning import study as studies
+from autotune.tuning.decision import Choice
 from autotune.tuning.memory import MemoryAdvice
 from autotune.tuning.objective import THROUGHPUT, Objective, Point, Score
 from autotune.tuning.payback import Payback
-from autotune.tuning.space import Range, Space, batch_change_note, parse_fix, parse_space
+from autotune.tuning.space import Range, Space, parse_fix, parse_space
 from autotune.tuning.space.parse import parse_values
 
 DEFAULT_TRIALS = 20
@@ -280,13 +281,18 @@ class TuneReport:
     # throughput,energy: the Pareto front, fastest first, and the name of its pick
     pareto: tuple[Point, ...] = ()
     picked: str = ""
+    # a winner that changes the job's global batch: the fastest config confirmed that keeps it
+    # (the baseline's knobs when none was faster beyond doubt); None: the winner keeps it
+    keep_batch: Choice | None = None
+    rounds: int = 0  # interleaved confirmation rounds the decision stood on
+    candidates: int = 1  # candidates confirmed beside the baseline (the interval's correction)
 
     @property
     def batch_note(self) -> str:
         """What the winner does to the job's global batch ("" when it keeps the script's)."""
-        if self.kept_baseline or self.space is None or self.space.global_batch:
+        if self.kept_baseline or self.space is None:
             return ""
-        return batch_change_note(self.baseline.knobs, self.best.knobs, self.space.devices)
+        return self.space.batch_note(self.best.knobs)
 
     @property
     def scaling_efficiency(self) -> float | None:
@@ -316,6 +322,8 @@ class TuneReport:
                "baseline": Scored.to_dict(self.baseline),
                "best": Scored.to_dict(self.best), "speedup": self.speedup,
                "speedup_interval": [self.speedup_low, self.speedup_high],
+               "confirm_rounds": self.rounds, "candidates": self.candidates,
+               "keep_batch": self.keep_batch.to_dict() if self.keep_batch else None,
                "kept_baseline": self.kept_baseline, "reason": self.reason,
                "trials": self.trials_measured, "trials_total": self.trials_total,
                "stop_reason": self.stop_reason.text if self.stop_reason else "",

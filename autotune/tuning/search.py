@@ -363,14 +363,13 @@ class Search:
         """Time kept for the confirmation (`fitting.confirm_reserve`); none while no config but
         the baseline measured (nothing to confirm: the search may use it)."""
         s = self.settings
-        candidates = confirm.best(self.space, self.known, self.scorer)  # the confirmation's
-        if not candidates or s.confirm_rounds == 0:
+        entries = [c for _, c in confirm.candidates(self.space, self.known, self.scorer)]
+        if len(entries) < 2 or s.confirm_rounds == 0:
             return 0.0
-        entries = [dict(self.space.baseline), *(dict(k.cfg) for k in candidates)]
         one_round = sum(self.prober.probe_s(self.state, *self.space.trial_knobs(c))
                         for c in entries)
         full = s.confirm_rounds * len(entries) * self.prober.confirm_probe_s(self.state)
-        return fitting.confirm_reserve(s.budget_s, full, one_round)
+        return fitting.confirm_reserve(s.budget_s, full, one_round, rounds=s.confirm_rounds)
 
     def _stop_reason(self) -> StopReason | None:
         s = self.settings

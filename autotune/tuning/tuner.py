@@ -28,8 +28,8 @@ from autotune.measuring import trial
 from autotune.hardware import fingerprint
 from autotune.store.journal import Journal
 from autotune import Note, UsageError
-from autotune.tuning import baseline, confirm, fitting, memory, objective, payback, search
-from autotune.tuning.space import global_batch
+from autotune.tuning import (baseline, confirm, decision, fitting, memory, objective, payback,
+                             search)
 from autotune.tuning.prober import Notify, Prober, RunTrial
 from autotune.tuning.records import Stop, TuneReport
 from autotune.store.events import Event
@@ -95,7 +95,7 @@ class Tuner:
         if st.baseline is None or st.space is None:
             return None
         return payback.project(st.settings.command[1:], st.baseline.seen,
-                               global_batch(st.space.baseline, st.space.devices))
+                               st.space.job_batch(st.space.baseline))
 
     def _budget_from_run(self) -> None:
         """Say how long the full run will be; without --budget or --trials, tuning gets a
@@ -147,6 +147,12 @@ class Tuner:
         settings = self.state.settings
         if settings.budget_s is not None:
             self._tell_plan()
+        if settings.confirm_rounds < decision.MIN_ROUNDS and not self.resume:
+            self._note(Note.warning(
+                f"--confirm-rounds {settings.confirm_rounds}: a config replaces the script's "
+                f"defaults only after {decision.MIN_ROUNDS} interleaved confirmation rounds at "
+                f"least, so this tuning keeps them whatever it finds; --confirm-rounds "
+                f"{decision.MIN_ROUNDS} or more can switch"))
         self._check_energy()
         scorer, note = self._scorer(())
         if note:
@@ -189,7 +195,8 @@ class Tuner:
             objective=settings.objective.token, best_score=c.best_score,
             baseline_score=c.baseline_score,
             objective_note=note if objective.Kind.GOODPUT in settings.objective.kinds else "",
-            pareto=c.front, picked=c.picked, memory=_memory(self.state, c.best.knobs),
+            pareto=c.front, picked=c.picked, keep_batch=c.keep_batch, rounds=c.rounds,
+            candidates=c.candidates, memory=_memory(self.state, c.best.knobs),
             payback=payback.payback(self.elapsed(), run, c.baseline.samples_per_s,
                                     c.best.samples_per_s) if run else None)
         if report.payback:
@@ -220,11 +227,11 @@ class Tuner:
         obj = st.settings.objective
         if objective.Kind.GOODPUT not in obj.kinds:
             return objective.Scorer(obj), ""
-        batch0 = global_batch(st.space.baseline, st.space.devices)
+        batch0 = st.space.job_batch(st.space.baseline)
         ranks = st.ranks_probe.noise if st.ranks_probe else None
         before, steps = objective.noise_of([st.baseline.noise, ranks])
         value, found = (before, steps) if before is not None else objective.noise_of(noises)
-        scorer = objective.Scorer(obj, batch0, value, st.space.devices)
+        scorer = objective.Scorer(obj, batch0, value, st.space.world_devices)
         if not batch0:
             return objective.Scorer(obj), ("goodput needs the script's batch size (no "
                                            "DataLoader batch seen): scored as throughput")

@@ -33,8 +33,32 @@ class Space:
     device: str = "cpu"
     devices: int = 1  # what the full run spreads ranks over: GPUs x hosts (hosts on CPU)
     own_ranks: bool = False  # the script starts its own data-parallel ranks
+    own_world: int = 0  # ...and how many (torch's world size in the baseline; 0: none)
     # why the space holds ``instances`` at 1 ("": searched, or the user's own choice)
     ranks_why: str = ""
+
+    @property
+    def world_devices(self) -> int:
+        """What one instance's batch is multiplied by to make the job's: the devices the full
+        run spreads ranks over, or the ranks the script starts itself when more (Lightning's
+        ``Trainer(devices=2, strategy="ddp")`` on one CPU host: 2)."""
+        return max(self.devices, self.own_world)
+
+    def job_batch(self, cfg: Mapping[str, int]) -> int | None:
+        """The job's global batch under ``cfg`` (`global_batch` over `world_devices`)."""
+        return global_batch(cfg, self.world_devices)
+
+    def keeps_batch(self, cfg: Mapping[str, int]) -> bool:
+        """Whether ``cfg`` trains with the script's own global batch (always, under
+        ``--global-batch``; a batch autotune cannot see counts as kept)."""
+        return bool(self.global_batch) or self.job_batch(cfg) == self.job_batch(self.baseline)
+
+    def batch_note(self, cfg: Mapping[str, int]) -> str:
+        """`batch_change_note` of ``cfg`` against the baseline, ranks the script starts itself
+        counted ("" under ``--global-batch``)."""
+        if self.global_batch:
+            return ""
+        return batch_change_note(self.baseline, cfg, self.devices, own_world=self.own_world)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -119,7 +143,7 @@ class Space:
                 "global_batch": self.global_batch, "notes": [n.text for n in self.notes],
                 "placeholders": list(self.placeholders), "device": self.device,
                 "devices": self.devices, "own_ranks": self.own_ranks,
-                "ranks_why": self.ranks_why}
+                "own_world": self.own_world, "ranks_why": self.ranks_why}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> Space:
@@ -130,7 +154,7 @@ class Space:
                    placeholders=tuple(d.get("placeholders", ())),
                    device=str(d.get("device", "cpu")), devices=int(d.get("devices", 1)),
                    own_ranks=bool(d.get("own_ranks", False)),
-                   ranks_why=str(d.get("ranks_why", "")))
+                   own_world=int(d.get("own_world") or 0), ranks_why=str(d.get("ranks_why", "")))
 
 
 def job_devices(device: str, gpus: int, hosts: int) -> int:
@@ -183,23 +207,27 @@ def global_batch(cfg: Mapping[str, int], devices: int = 1) -> int | None:
 
 
 def batch_change_note(base_cfg: Mapping[str, int], best_cfg: Mapping[str, int],
-                      devices: int = 1) -> str:
+                      devices: int = 1, *, own_world: int = 0) -> str:
     """What a winner that changes the job's global batch does to training, in one sentence
     ("" when it keeps the script's own). Throughput is not the whole story: the learning rate
     that fitted the script's batch no longer fits, and past the critical batch size a sample
-    teaches less."""
-    base, best = global_batch(base_cfg, devices), global_batch(best_cfg, devices)
+    teaches less. ``own_world``: the ranks the script starts itself (Lightning's
+    ``devices=2``), which multiply its batch as autotune's own ranks do."""
+    per = max(1, devices, own_world)
+    base, best = global_batch(base_cfg, per), global_batch(best_cfg, per)
     if not base or not best or base == best:
         return ""
     ratio = best / base
-    ranks = int(best_cfg.get("instances", 1)) * max(1, devices)
-    how = f"batch_size {best_cfg['batch_size']} x {ranks} ranks" if ranks > 1 else \
+    ranks = int(best_cfg.get("instances", 1)) * per
+    own = f", {own_world} started by the script itself" if own_world > max(1, devices) else ""
+    how = f"batch_size {best_cfg['batch_size']} x {ranks} ranks{own}" if ranks > 1 else \
         f"batch_size {best_cfg['batch_size']}"
     return (f"the winner trains with a global batch of {best} ({how}), {ratio:.3g}x the "
             f"script's own {base}: a learning rate set for {base} usually needs scaling with "
             f"it ({ratio:.3g}x by the linear rule, with warm-up; {ratio ** 0.5:.3g}x by the "
             f"square-root rule, common with Adam), and past the critical batch size a sample "
-            f"teaches less; to keep the script's batch, tune with --global-batch {base}")
+            f"teaches less; to keep the script's batch, run the recipe with --keep-batch (the "
+            f"fastest config measured that keeps it) or tune with --global-batch {base}")
 
 
 def _product(ranges: Sequence[range]):
@@ -295,7 +323,9 @@ def build(machine: Machine, baseline: Baseline, req: SpaceRequest) -> Space:
                  cores=cores, global_batch=req.global_batch,
                  notes=tuple(Note.hint(n) for n in notes),
                  placeholders=tuple(req.placeholders), device=machine.device,
-                 devices=req.devices, own_ranks=baseline.own_ranks, ranks_why=ranks_why)
+                 devices=req.devices, own_ranks=baseline.own_ranks,
+                 own_world=baseline.own_world if baseline.own_ranks else 0,
+                 ranks_why=ranks_why)
 
 
 def _baseline_config(b: Baseline, cores: int, placeholders: Sequence[str],

@@ -84,6 +84,7 @@ class Baseline:
     threads: int | None = None  # None: torch's default, all cores
     distributed: bool = False  # the script initialised torch.distributed
     own_ranks: bool = False  # ...in processes it started itself (torch.multiprocessing.spawn)
+    own_world: int = 0  # ...and how many: torch's world size (Lightning's devices=2: 2); 0: none
     bucket_mb: float | None = None
     peak_rss_bytes: int = 0
     cuda_peak_bytes: int = 0  # the largest rank's torch.cuda.max_memory_allocated; 0: no CUDA
@@ -98,11 +99,12 @@ class Baseline:
         """From `TrialResult.seen`; placeholder values win (the script saw those)."""
         given = dict(placeholder_values)
         threads = seen.get("threads")
+        own = bool(seen.get("backend") and seen.get("started_by_script"))
         return cls(batch_size=_int_or_none(given.get("batch_size", seen.get("batch_size"))),
                    workers=_int_or_none(given.get("workers", seen.get("workers"))),
                    threads=_int_or_none(given.get("threads", threads)),
                    distributed=bool(seen.get("backend")),
-                   own_ranks=bool(seen.get("backend") and seen.get("started_by_script")),
+                   own_ranks=own, own_world=int(seen.get("world_size") or 0) if own else 0,
                    bucket_mb=seen.get("bucket_mb"), peak_rss_bytes=int(peak_rss_bytes or 0),
                    cuda_peak_bytes=int(cuda_peak_bytes or 0),
                    prefetch=_int_or_none(given.get("prefetch", seen.get("prefetch"))),
