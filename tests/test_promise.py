@@ -99,12 +99,14 @@ def test_a_full_run_that_waits_for_data_the_recipe_never_did_is_told_so(tmp_path
 
 @pytest.mark.slow
 def test_autotune_run_holds_the_run_to_its_recipe(tmp_path):
+    """700 steps of at least 25 ms: past the 10 s of training before a run is held to its
+    recipe, however fast the machine."""
     here = fingerprint.current([str(SCRIPTS / "ok.py")])
     path = recipes.save(recipe(name="ok-promise", knobs={"batch_size": 16, "instances": 1},
                                samples_per_s=1e6, ci_half=10.0, fingerprint=here),
                         tmp_path / "recipes")
     p = autotune("run", "--plain", "--recipe", str(path), "--", str(SCRIPTS / "ok.py"),
-                 "--steps", "4000", cwd=tmp_path, timeout=240)
+                 "--steps", "700", "--step-sleep-ms", "25", cwd=tmp_path, timeout=240)
     assert p.returncode == 0, p.stderr[-3000:]
     run_dir, = (tmp_path / "runs").glob("*run*")
     final = [e for e in journal(run_dir, "fullrun_promise") if e["final"]]

@@ -85,7 +85,7 @@ def test_wrap_image_example(tmp_path):
     # ranks and buckets are searched by default, and at least one trial ran on 2 ranks.
     assert {"instances", "bucket_mb"} <= set(summary["space"]["domains"]), \
         (summary["space"], summary["notes"], p.stderr[-3000:])
-    assert any(e["result"]["knobs"].get("instances") == 2 and e["result"]["outcome"] == "ok"
+    assert any(e["result"]["knobs"].get("instances") == 2 and e["result"]["outcome"] in ("ok", "ended")
                for e in journal(summary["run_dir"], "trial_finished"))
     assert live_children() == []
 
