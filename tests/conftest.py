@@ -153,6 +153,24 @@ def cluster_skip_reason():
     return None
 
 
+def bed_slurm(bed, *argv, timeout_s=90.0, env=None, job_name=None):
+    """A Slurm client against the cluster bed (its env), in its own session: on timeout its
+    whole group is killed (salloc's script and its sruns with it). ``job_name`` names the jobs
+    it submits, so that a test can cancel its own and no other worker's."""
+    env = bed.env(env)
+    if job_name:
+        env.update(SLURM_JOB_NAME=job_name, SALLOC_JOB_NAME=job_name, SBATCH_JOB_NAME=job_name)
+    p = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        raise AssertionError(f"{argv[0]} timed out after {timeout_s} s:\n{out}\n{err}")
+    return subprocess.CompletedProcess(list(argv), p.returncode, out, err)
+
+
 @pytest.fixture(scope="session")
 def cluster():
     """The running cluster bed (``bench.clusterbed.ClusterBed``, with ``.facts`` and ``.env()``);

@@ -2,6 +2,7 @@
 salloc across two namespaced hosts, torch.distributed over gloo between them, MPICH's Hydra
 mpirun over ssh, the tbf-shaped link's rate, and a teardown that leaves nothing behind."""
 
+import functools
 import json
 import os
 import random
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, SCRIPTS, cluster_skip_reason, wait_for
+from conftest import ROOT, SCRIPTS, bed_slurm, cluster_skip_reason, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -38,20 +39,7 @@ def bed(cluster_nodes):
              timeout_s=60, what="this worker's jobs to leave the queue", poll_s=0.2)
 
 
-def slurm(bed, *argv, timeout_s=90.0, env=None):
-    """A Slurm client with the bed's env, in its own session: on timeout its whole group is
-    killed (salloc's script and its sruns with it), and the job is cancelled by ``bed``."""
-    env = dict(bed.env(env), SLURM_JOB_NAME=JOB_NAME, SALLOC_JOB_NAME=JOB_NAME,
-               SBATCH_JOB_NAME=JOB_NAME)
-    p = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=env, start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, 9)
-        out, err = p.communicate()
-        raise AssertionError(f"{argv[0]} timed out after {timeout_s} s:\n{out}\n{err}")
-    return subprocess.CompletedProcess(list(argv), p.returncode, out, err)
+slurm = functools.partial(bed_slurm, job_name=JOB_NAME)  # this worker's jobs, by name
 
 
 def json_lines(text):

@@ -20,7 +20,7 @@ import time
 import pytest
 
 from autotune.store.journal import read_events
-from conftest import ROOT, SCRIPTS, wait_for
+from conftest import ROOT, SCRIPTS, bed_slurm, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -29,22 +29,11 @@ JOB_TIMEOUT_S = 480.0
 SETTLE_S = 30.0
 
 
-def slurm(bed, *argv, timeout_s=60.0, env=None):
-    """A Slurm client against the bed, in its own session (killed whole on timeout)."""
-    p = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=bed.env(env), start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, 9)
-        out, err = p.communicate()
-        raise AssertionError(f"{argv[0]} timed out after {timeout_s} s:\n{out}\n{err}")
-    return subprocess.CompletedProcess(list(argv), p.returncode, out, err)
 
 
 def job_state(bed, job_id) -> tuple[str, str]:
     """(JobState, ExitCode) from ``scontrol show job``; ("", "") once Slurm forgot it."""
-    p = slurm(bed, "scontrol", "show", "job", "-o", job_id)
+    p = bed_slurm(bed, "scontrol", "show", "job", "-o", job_id)
     state = re.search(r"\bJobState=(\S+)", p.stdout)
     code = re.search(r"\bExitCode=(\S+)", p.stdout)
     return (state.group(1) if state else "", code.group(1) if code else "")
@@ -85,7 +74,7 @@ def test_tune_in_a_two_node_allocation(cluster_nodes, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT), AUTOTUNE_RUNS_DIR=str(runs),
                SBATCH_JOB_NAME=job_name, SLURM_JOB_NAME=job_name)
     start = time.monotonic()
-    p = slurm(cluster, "sbatch", "--parsable", "-N", "2", "-n", "2", "-t", "15",
+    p = bed_slurm(cluster, "sbatch", "--parsable", "-N", "2", "-n", "2", "-t", "15",
               "--chdir", str(tmp_path), "-o", str(out), "--wrap", wrap, env=env)
     assert p.returncode == 0, p.stderr
     job_id = p.stdout.strip().split(";")[0]
@@ -95,7 +84,7 @@ def test_tune_in_a_two_node_allocation(cluster_nodes, tmp_path):
                  timeout_s=JOB_TIMEOUT_S, what=f"job {job_id} to end", poll_s=1.0)
         state, exit_code = job_state(cluster, job_id)
     finally:
-        slurm(cluster, "scancel", "-n", job_name)
+        bed_slurm(cluster, "scancel", "-n", job_name)
     took_s = time.monotonic() - start
     log = out.read_text() if out.exists() else "(no job output)"
     assert rc_file.exists(), log[-4000:]
