@@ -39,10 +39,13 @@ def test_a_script_with_slow_steps_is_measured_by_every_probe_and_uses_its_budget
     assert all(o in ("ok", "pruned") for o in outcomes), \
         [(e["result"]["outcome"], e["result"]["reason"]) for e in searched]
     assert "budget" in s["stop_reason"]
-    # used: the run ends near its budget, and not far past it
-    assert 0.8 * 300 <= wall <= 300 + 45, wall
     notes = " | ".join(s["notes"])
     assert "first batch after" in notes and "budget 5m:" in notes
+    # used: the search stops when one more probe (as the plan sized it) would not fit beside
+    # the confirmation's reserve, whose probes end once tight, sooner than reserved: the run
+    # ends within two probes of its budget, and not far past it
+    probe_s = float(re.search(r"search probe\(s\) of ~(\d+) s", notes).group(1))
+    assert 300 - 2 * probe_s <= wall <= 300 + 45, (wall, probe_s)
     assert live_children() == []
 
 

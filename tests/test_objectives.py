@@ -420,7 +420,7 @@ def test_tune_for_goodput_takes_b_noise_from_the_two_rank_probe_and_scores_by_it
     from test_noise import exact_noise_scale
 
     p = autotune("tune", "--plain", "--json", "--foreign-limit", "1000", "--trials", "3",
-                 "--seconds", "8", "--confirm-rounds", "0", "--seed", "0",
+                 "--seconds", "12", "--confirm-rounds", "0", "--seed", "0",
                  "--objective", "goodput",
                  "--space", "batch_size=16:64", "--fix", "workers=0", "bucket_mb=25",
                  "--recipe-dir", str(tmp_path / "recipes"), "--",

@@ -58,6 +58,10 @@ class Observed:
     # With --metric: why the metric gave no estimate (`series.metric_reason`), the reason of a
     # probe that measured nothing or ended early; "" without --metric.
     metric_reason: str = ""
+    # The counted series behind a missing estimate: how long it spans (all ranks counting at
+    # once) and how much of it stood still as pauses (left out of any figure).
+    counted_s: float = 0.0
+    paused_s: float = 0.0
     io_without_loader: bool = False  # io mode, and no batch came through a DataLoader
     mode: Mode = Mode.FULL
     pruned: bool = False  # the search stopped it: its interval could not reach the best
@@ -215,5 +219,18 @@ def _how_it_ended(obs: Observed) -> tuple[Outcome, str]:
     if obs.exit_code == 0 and not obs.stopped_by_us:
         return Outcome.EXITED_EARLY, (f"the script ended on its own after {obs.batches} batches, "
                                       f"before a steady-state estimate; make it run longer")
-    return Outcome.NO_SIGNAL, (f"only {obs.batches} batches in {obs.ran_s:.0f} s: too few to "
-                               f"measure; allow more --seconds")
+    return Outcome.NO_SIGNAL, _why_no_estimate(obs)
+
+
+def _why_no_estimate(obs: Observed) -> str:
+    """Why batches came but no steady figure: pauses took the counted time, the ranks counted
+    together too briefly, or there were simply too few."""
+    got = f"{obs.batches} batches in {obs.ran_s:.0f} s"
+    if obs.counted_s > 0 and obs.paused_s >= 0.5 * obs.counted_s:
+        return (f"{got}, but the count stood still for {obs.paused_s:.1f} s of the "
+                f"{obs.counted_s:.1f} s it ran (pauses are left out of the figure), leaving too "
+                f"little steady time; on a busy machine allow more --seconds")
+    if 0 < obs.counted_s < 0.5 * obs.ran_s:
+        return (f"{got}, but all ranks counted together for only {obs.counted_s:.1f} s (one "
+                f"started or stopped late): too little to measure; allow more --seconds")
+    return f"only {got}: too few to measure; allow more --seconds"

@@ -506,6 +506,7 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         logs.cap(path)  # read: the tail above and --metric; its processes are gone
     ran_s = time.monotonic() - probe.t_begin
     has_estimate = est is not None and est.windows >= 3 and est.samples_per_s > 0
+    pts = probe.series()[0] if not has_estimate else []
     foreign = load.cores()
     spec = probe.spec
     outcome, reason = classify(Observed(
@@ -519,6 +520,8 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         metric_reason=series.metric_reason(
             probe.metric, batch_known=bool(probe.samples_per_step or probe.script.loader_batch),
             ran_s=ran_s, log_path=log_path) if probe.metric is not None else "",
+        counted_s=pts[-1][0] - pts[0][0] if len(pts) > 1 else 0.0,
+        paused_s=est.paused_s if est is not None and not has_estimate else 0.0,
         io_without_loader=spec.ranks.mode is Mode.IO and probe.source != "dataloader",
         mode=spec.ranks.mode,
         pruned=probe.pruned, foreign_cores=foreign, foreign_limit_cores=spec.foreign_limit_cores,
