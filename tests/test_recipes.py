@@ -1,6 +1,7 @@
 """Recipes: TOML round trip, validation that names the file and the field, the CLI, warm start."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -126,6 +127,8 @@ def good_text(tmp_path):
     (lambda t: t + '\n[job]\nglobal_batch = "256"\n', ["'job.global_batch'", "'256'"]),
     (lambda t: t.replace("name = ", "job = 3\nname = ", 1), ["[job] must be a table"]),
     (lambda t: t + "\n[breakdown]\ndata = 0.3\n", ["field 'breakdown.data' must be a [share"]),
+    (lambda t: t.replace("[tuned_on]\nnodes = 1", "[tuned_on]\nnodes = 0"),
+     ["field 'tuned_on.nodes' must be a whole number >= 1"]),
 ])
 def test_validation_names_file_and_field(tmp_path, edit, words):
     path = write(tmp_path, edit(good_text(tmp_path / "src")))
@@ -281,3 +284,53 @@ def test_a_spoiled_keep_batch_table_names_its_field(tmp_path):
     path.write_text(path.read_text().replace("batch_size = 48", "nonsense = 48"))
     with pytest.raises(RecipeError, match=r"keep_batch\.knobs"):
         recipes.load(path)
+
+
+def test_the_nodes_and_link_it_was_tuned_on_are_kept_and_shown(tmp_path, capsys):
+    """[tuned_on]: the nodes the tune's ranks spanned and the allreduce's figure for the link;
+    a recipe saved before the table reads as one node, link unknown."""
+    from autotune.commands import cli
+    from autotune.measuring import allreduce
+    from autotune.tuning.records import AllreduceTiming, TunedOn
+
+    timing = AllreduceTiming(allreduce.AllreduceResult("gloo", 2, "cpu", (
+        allreduce.Point(2**20, 0.01, 0.1, 0.1), allreduce.Point(2**24, 0.2, 0.0839, 0.0839))))
+    on = TunedOn.of(2, timing)
+    assert on.busbw_gbps == 0.1 and "across 2 nodes" in on.link and "0.1 GB/s" in on.link
+    assert TunedOn.of(1, None) == TunedOn(nodes=1)
+    path = recipes.save(recipe(tuned_on=on), tmp_path)
+    assert recipes.load(path).tuned_on == on
+    assert cli.main(["recipes", "show", str(path)]) == 0
+    assert f"tuned on:  2 node(s), {on.link}" in capsys.readouterr().out
+    old = re.sub(r"\[tuned_on\]\n(?:[^\[\n][^\n]*\n?)*", "", path.read_text())
+    assert "tuned_on" not in old and "[fingerprint]" in old
+    assert recipes.load(write(tmp_path, old)).tuned_on == TunedOn(nodes=1)
+
+
+def test_a_run_on_another_number_of_nodes_flags_the_bucket_and_the_global_batch():
+    """Tuned on 2 nodes over a measured link: a run on 1 node carries instances and threads
+    over and says the job's global batch halves and the bucket was tuned for that link; the same
+    number of nodes says nothing; a recipe keeping a global batch does not flag the batch."""
+    from autotune.commands.run import node_change
+    from autotune.tuning.records import TunedOn
+
+    on = TunedOn(nodes=2, busbw_gbps=0.1, link="gloo allreduce of 2 ranks across 2 nodes")
+    r = recipe(knobs={"batch_size": 64, "thread_pct": 100, "instances": 1, "bucket_mb": 4},
+               tuned_on=on)
+    knobs, instances = r.run_knobs(cores=1, hosts=1)
+    lines = node_change(r, knobs, instances, hosts=1, gpus=0)
+    assert len(lines) == 3, lines
+    assert "tuned on 2 node(s) (gloo allreduce of 2 ranks across 2 nodes); this run has 1" \
+        in lines[0] and "instances=1" in lines[0] and "threads=1" in lines[0]
+    assert "global batch goes from 128 (as tuned) to 64" in lines[1]
+    assert "--global-batch 128" in lines[1]
+    assert "bucket_mb=4 was tuned for gloo allreduce of 2 ranks across 2 nodes" in lines[2]
+    assert node_change(r, *r.run_knobs(cores=1, hosts=2), hosts=2, gpus=0) == []
+    kept = recipe(knobs={"batch_size": 64, "instances": 1}, global_batch=128, tuned_on=on)
+    lines = node_change(kept, *kept.run_knobs(cores=1, hosts=1), hosts=1, gpus=0)
+    assert len(lines) == 1 and "bucket" not in lines[0], lines
+    # a recipe that never measured its link says so
+    plain = recipe(knobs={"batch_size": 8, "bucket_mb": 25})
+    lines = node_change(plain, *plain.run_knobs(cores=2, hosts=2), hosts=2, gpus=0)
+    assert "tuned on 1 node(s) (the link between its ranks not measured)" in lines[0]
+    assert "from 8 (as tuned) to 16" in lines[1]

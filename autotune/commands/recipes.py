@@ -158,6 +158,7 @@ def _show(r: recipes.Recipe, out) -> None:
         f"verdict:   {r.verdict.get('text')}" if r.verdict else "",
         f"time goes: {breakdown.Breakdown(r.breakdown, 0).describe()}" if r.breakdown else "",
         f"hardware:  {fingerprint.summary(r.fingerprint)}",
+        f"tuned on:  {r.tuned_on.text()}",
         f"script sha256: {r.fingerprint.script_sha256[:16]}  trials: {r.trials}  "
         f"created: {r.created}  autotune {r.autotune_version}",
     ]

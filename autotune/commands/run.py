@@ -106,6 +106,9 @@ def rank_knobs(recipe: recipes.Recipe, fp: fingerprint.Fingerprint,
     ``told``: the tuning that made the recipe has just said what its notes and batch change
     say (``wrap``), so they are not said again."""
     knobs, instances = recipe.run_knobs(fp.cores, fp.gpu_count, hosts=launcher.host_count)
+    for line in node_change(recipe, knobs, instances, hosts=launcher.host_count,
+                            gpus=fp.gpu_count):
+        console.warning(line)
     for note in () if told else recipe.notes:  # what its probes said: a backend replaced
         console.hint(f"recipe: {note}")
     if recipe.batch_note and not recipe.global_batch and not told:
@@ -116,6 +119,36 @@ def rank_knobs(recipe: recipes.Recipe, fp: fingerprint.Fingerprint,
                      f"{recipe.global_batch // knobs['batch_size']} ranks (the recipe has "
                      f"{recipe.knobs.get('batch_size')} for the world it was tuned on)")
     return knobs, instances
+
+
+def node_change(recipe: recipes.Recipe, knobs: dict[str, float], instances: int, *,
+                hosts: int, gpus: int) -> list[str]:
+    """What a run on another number of nodes than the recipe was tuned on should know: the
+    per-node knobs carry over; the job's global batch changes with the nodes (unless the recipe
+    keeps one, `Recipe.run_knobs`); a fusion bucket was tuned for the link it was measured on."""
+    tuned = recipe.tuned_on.nodes
+    if hosts == tuned:
+        return []
+    link = recipe.tuned_on.link or "the link between its ranks not measured"
+    per_node = {k: v for k, v in knobs.items() if k in ("instances", "threads", "workers")}
+    out = [f"recipe {recipe.path} was tuned on {tuned} node(s) ({link}); this run has {hosts}: "
+           f"its per-node knobs carry over ({knobs_text(per_node) or 'none'})"]
+    batch = knobs.get("batch_size")
+    if batch and not recipe.global_batch:
+        devices_then = recipe.fingerprint.gpu_count or 1
+        devices_now = gpus if recipe.fingerprint.gpu_count and gpus else 1
+        then = int(recipe.knobs.get("batch_size", batch)) * \
+            int(recipe.knobs.get("instances", 1)) * devices_then * tuned
+        now = int(batch) * instances * devices_now * hosts
+        out.append(f"the job's global batch goes from {then} (as tuned) to {now} "
+                   f"({int(batch)} per rank x {now // int(batch)} ranks); keep it with "
+                   f"'autotune tune --global-batch {then}', or scale the learning rate with it")
+    if "bucket_mb" in recipe.knobs:
+        out.append(f"bucket_mb={int(recipe.knobs['bucket_mb'])} was tuned for {link}; "
+                   f"{hosts} node(s) talk over another link (a bucket tuned over one host's "
+                   f"loopback is not one for a network link): 'autotune tune' on these nodes "
+                   f"derives it again")
+    return out
 
 
 def full_run(recipe: recipes.Recipe, target: tuple[str, ...],

@@ -331,7 +331,7 @@ def build_recipe(report: TuneReport, prep: Prepared,
         speedup_low=None if report.kept_baseline else report.speedup_low,
         speedup_high=None if report.kept_baseline else report.speedup_high,
         objective=report.objective, objective_parts=objective_parts(report),
-        keep_batch=report.keep_batch)
+        keep_batch=report.keep_batch, tuned_on=report.tuned_on)
 
 
 def _front_line(report: TuneReport, p: objective.Point) -> str:

@@ -37,6 +37,9 @@ Layout (schema version 1)::
                    efficiency and noise_scale (goodput), j_per_sample and samples_per_j
                    (energy), the baseline's baseline_j_per_sample; front (throughput,energy:
                    the Pareto front, one line per config, the pick marked)
+    [tuned_on]     nodes (the hosts its ranks spanned), busbw_gbps and link (the allreduce
+                   timing between its ranks, when measured): a run on another number of nodes
+                   carries the per-node knobs over and flags the bucket and the global batch
     [fingerprint]  cpu_model, cores, gpu_names, gpu_count, gpu_driver, torch_version,
                    script_sha256, args
 """
@@ -57,6 +60,7 @@ from autotune.measuring.breakdown import ALL_PARTS
 from autotune.hardware import fingerprint
 from autotune.store import rundir
 from autotune.tuning import decision, objective, space
+from autotune.tuning.records import TunedOn
 from autotune import RecipeError
 
 SCHEMA_VERSION = 1
@@ -96,6 +100,8 @@ _FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
                   "samples_per_j": ("int or float", False),
                   "baseline_j_per_sample": ("int or float", False),
                   "front": ("list of str", False)},
+    "tuned_on": {"nodes": ("a whole number >= 1", False), "busbw_gbps": ("int or float", False),
+                 "link": ("str", False)},
     "breakdown": {part: ("a [share, half-width] pair", False) for part in ALL_PARTS},
     "fingerprint": {"cpu_model": ("str", True), "cores": ("int", True),
                     "gpu_names": ("list of str", True), "gpu_count": ("int", True),
@@ -161,6 +167,7 @@ class Recipe:
     objective_parts: Mapping | None = None
     # the winner changes the job's global batch: the fastest confirmed config that keeps it
     keep_batch: decision.Choice | None = None
+    tuned_on: TunedOn = TunedOn()  # the nodes and link it was tuned on (old recipes: 1, unknown)
 
     def keeping_batch(self) -> Recipe:
         """This recipe with its [keep_batch] config as its knobs and figures (what ``run
@@ -240,6 +247,7 @@ class Recipe:
         if self.keep_batch is not None:
             doc["keep_batch"] = {name: v for name, v in self.keep_batch.to_dict().items()
                                  if v is not None}
+        doc["tuned_on"] = self.tuned_on.to_dict()
         if self.breakdown:
             doc["breakdown"] = {p: [float(v) for v in sh] for p, sh in self.breakdown.items()}
         if self.objective != "throughput" or self.objective_parts:
@@ -352,7 +360,8 @@ def load(path: Path | str) -> Recipe:
         objective_parts={k: v for k, v in doc["objective"].items() if k != "name"}
         if doc.get("objective") else None,
         keep_batch=decision.Choice.from_dict(doc["keep_batch"]) if doc.get("keep_batch")
-        else None)
+        else None,
+        tuned_on=TunedOn.from_dict(doc.get("tuned_on", {})))
 
 
 def listing(recipe_dir: Path) -> list[tuple[Path, Recipe | RecipeError]]:

@@ -183,6 +183,47 @@ class AllreduceTiming:
 
 
 @dataclass(frozen=True)
+class TunedOn:
+    """Where a recipe was tuned: the nodes its ranks spanned, and the link between its ranks as
+    the allreduce timing measured it. A recipe used on another number of nodes carries its
+    per-node knobs over; its bucket was tuned for this link (`commands.run` flags it)."""
+
+    nodes: int = 1
+    busbw_gbps: float | None = None  # the allreduce's peak bus bandwidth; None: not measured
+    link: str = ""  # that measurement in words ("" : none)
+
+    @classmethod
+    def of(cls, nodes: int, timing: AllreduceTiming | None) -> TunedOn:
+        r = timing.result if timing is not None else None
+        if r is None:
+            return cls(nodes=nodes)
+        peak = max(p.busbw_gbps for p in r.points)
+        where = f"across {nodes} nodes" if nodes > 1 else "on one host"
+        return cls(nodes=nodes, busbw_gbps=peak,
+                   link=f"{r.backend} allreduce of {r.world_size} ranks {where}: peak bus "
+                        f"bandwidth {peak:.3g} GB/s")
+
+    def to_dict(self) -> dict:
+        """The recipe's [tuned_on] table."""
+        out: dict = {"nodes": self.nodes}
+        if self.busbw_gbps is not None:
+            out["busbw_gbps"] = float(self.busbw_gbps)
+        if self.link:
+            out["link"] = self.link
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> TunedOn:
+        bw = d.get("busbw_gbps")
+        return cls(nodes=int(d.get("nodes", 1)), busbw_gbps=None if bw is None else float(bw),
+                   link=str(d.get("link", "")))
+
+    def text(self) -> str:
+        return (f"{self.nodes} node(s)" + (f", {self.link}" if self.link else
+                                           ", the link between ranks not measured"))
+
+
+@dataclass(frozen=True)
 class ProbeFacts:
     """What a config's probe told beyond its throughput: where the time goes
     (`autotune.measuring.breakdown`) and what a sample costs."""
@@ -284,6 +325,7 @@ class TuneReport:
     # a winner that changes the job's global batch: the fastest config confirmed that keeps it
     # (the baseline's knobs when none was faster beyond doubt); None: the winner keeps it
     keep_batch: Choice | None = None
+    tuned_on: TunedOn = TunedOn()  # the nodes and the link it was tuned on
     rounds: int = 0  # interleaved confirmation rounds the decision stood on
     candidates: int = 1  # candidates confirmed beside the baseline (the interval's correction)
 
@@ -323,6 +365,7 @@ class TuneReport:
                "best": Scored.to_dict(self.best), "speedup": self.speedup,
                "speedup_interval": [self.speedup_low, self.speedup_high],
                "confirm_rounds": self.rounds, "candidates": self.candidates,
+               "tuned_on": self.tuned_on.to_dict(),
                "keep_batch": self.keep_batch.to_dict() if self.keep_batch else None,
                "kept_baseline": self.kept_baseline, "reason": self.reason,
                "trials": self.trials_measured, "trials_total": self.trials_total,

@@ -31,7 +31,7 @@ from autotune import Note, UsageError
 from autotune.tuning import (baseline, confirm, decision, fitting, memory, objective, payback,
                              search)
 from autotune.tuning.prober import Notify, Prober, RunTrial
-from autotune.tuning.records import Stop, TuneReport
+from autotune.tuning.records import Stop, TunedOn, TuneReport
 from autotune.store.events import Event
 from autotune.tuning.state import (TuneState, mark_controller, minutes, save, spent_s,
                                    sweep_orphans, write_summary)
@@ -197,6 +197,7 @@ class Tuner:
             objective_note=note if objective.Kind.GOODPUT in settings.objective.kinds else "",
             pareto=c.front, picked=c.picked, keep_batch=c.keep_batch, rounds=c.rounds,
             candidates=c.candidates, memory=_memory(self.state, c.best.knobs),
+            tuned_on=TunedOn.of(self.prober.launcher.host_count, self.state.allreduce),
             payback=payback.payback(self.elapsed(), run, c.baseline.samples_per_s,
                                     c.best.samples_per_s) if run else None)
         if report.payback:
