@@ -4,6 +4,7 @@ on a condition with a deadline, and the mpirun the tests use."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -231,3 +232,51 @@ def cluster_nodes(cluster):
     with open(Path(cluster.workdir).parent / "nodes.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield cluster
+
+
+# A finished job's steps are gone; Slurm may take a few seconds to tear a killed one down.
+BED_SETTLE_S = 30.0
+
+
+def bed_job_state(bed, job_id) -> tuple[str, str]:
+    """(JobState, ExitCode) from ``scontrol show job``; ("", "") once Slurm forgot it."""
+    p = bed_slurm(bed, "scontrol", "show", "job", "-o", job_id)
+    state = re.search(r"\bJobState=(\S+)", p.stdout)
+    code = re.search(r"\bExitCode=(\S+)", p.stdout)
+    return (state.group(1) if state else "", code.group(1) if code else "")
+
+
+def bed_wait_job(bed, job_id, timeout_s: float) -> tuple[str, str]:
+    """Wait for a bed job to leave the queue; its (JobState, ExitCode)."""
+    wait_for(lambda: bed_job_state(bed, job_id)[0] not in ("PENDING", "RUNNING", "CONFIGURING",
+                                                          "COMPLETING"),
+             timeout_s=timeout_s, what=f"job {job_id} to end", poll_s=1.0)
+    return bed_job_state(bed, job_id)
+
+
+def bed_leftovers(bed, marks) -> list[str]:
+    """Processes in the bed's hosts that belong to a test's run (by the unique paths in their
+    command line or environment): ranks, DataLoader workers, a controller."""
+    left = []
+    for ns in bed.facts.namespaces:
+        p = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True,
+                           timeout=30)
+        for pid in p.stdout.split():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    environ = f.read().decode(errors="replace")
+            except OSError:
+                continue  # gone meanwhile
+            if any(m in cmdline or m in environ for m in marks):
+                left.append(f"{ns}: {pid} {cmdline[:200]}")
+    return left
+
+
+def bed_settled(bed, marks) -> list[str]:
+    """What is left of a test's processes once Slurm had `BED_SETTLE_S` to tear steps down."""
+    deadline = time.monotonic() + BED_SETTLE_S
+    while bed_leftovers(bed, marks) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return bed_leftovers(bed, marks)

@@ -13,50 +13,17 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 
 import pytest
 
 from autotune.store.journal import read_events
-from conftest import ROOT, SCRIPTS, bed_slurm, wait_for
+from conftest import ROOT, SCRIPTS, bed_settled, bed_slurm, bed_wait_job
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 JOB_TIMEOUT_S = 480.0
-# A step of a finished tune is gone; Slurm may take a few seconds to tear a killed one down.
-SETTLE_S = 30.0
-
-
-
-
-def job_state(bed, job_id) -> tuple[str, str]:
-    """(JobState, ExitCode) from ``scontrol show job``; ("", "") once Slurm forgot it."""
-    p = bed_slurm(bed, "scontrol", "show", "job", "-o", job_id)
-    state = re.search(r"\bJobState=(\S+)", p.stdout)
-    code = re.search(r"\bExitCode=(\S+)", p.stdout)
-    return (state.group(1) if state else "", code.group(1) if code else "")
-
-
-def ours_left(bed, marks) -> list[str]:
-    """Processes in the bed's hosts that belong to this test's run (by the unique paths in
-    their command line or environment): ranks, DataLoader workers, a controller."""
-    left = []
-    for ns in bed.facts.namespaces:
-        p = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True,
-                           timeout=30)
-        for pid in p.stdout.split():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    environ = f.read().decode(errors="replace")
-            except OSError:
-                continue  # gone meanwhile
-            if any(m in cmdline or m in environ for m in marks):
-                left.append(f"{ns}: {pid} {cmdline[:200]}")
-    return left
 
 
 def test_tune_in_a_two_node_allocation(cluster_nodes, tmp_path):
@@ -79,10 +46,7 @@ def test_tune_in_a_two_node_allocation(cluster_nodes, tmp_path):
     assert p.returncode == 0, p.stderr
     job_id = p.stdout.strip().split(";")[0]
     try:
-        wait_for(lambda: job_state(cluster, job_id)[0] not in ("PENDING", "RUNNING",
-                                                               "CONFIGURING", "COMPLETING"),
-                 timeout_s=JOB_TIMEOUT_S, what=f"job {job_id} to end", poll_s=1.0)
-        state, exit_code = job_state(cluster, job_id)
+        state, exit_code = bed_wait_job(cluster, job_id, JOB_TIMEOUT_S)
     finally:
         bed_slurm(cluster, "scancel", "-n", job_name)
     took_s = time.monotonic() - start
@@ -122,10 +86,6 @@ def test_tune_in_a_two_node_allocation(cluster_nodes, tmp_path):
     for path in (runs.glob("*/logs/*.log")):
         assert "More processors requested than permitted" not in path.read_text(), path
 
-    marks = (str(tmp_path),)
-    deadline = time.monotonic() + SETTLE_S
-    while ours_left(cluster, marks) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert ours_left(cluster, marks) == []
+    assert bed_settled(cluster, (str(tmp_path),)) == []
     print(f"tune in a 2-node allocation: {took_s:.0f} s, {len(finished)} probes, "
           f"outcomes {outcomes}")

@@ -94,10 +94,12 @@ def test_wrap_image_example(tmp_path):
 def test_wrap_exits_with_the_scripts_code(tmp_path):
     # The toy trains --run-seconds from its first batch: longer than a whole probe (even the
     # baseline's slow-start retry, 2 x --seconds), so only the full run reaches its exit code.
-    p = autotune("wrap", *QUIET, "--trials", "1", "--seconds", "6", "--recipe-dir",
-                 str(tmp_path / "recipes"), "--", TOY, "--work", "1", "--run-seconds", "13",
-                 "--exit-code", "3", cwd=tmp_path, timeout=200)
+    # --keep-batch: one trial keeps the script's defaults, whose batch is the script's own
+    p = autotune("wrap", *QUIET, "--trials", "1", "--seconds", "6", "--keep-batch",
+                 "--recipe-dir", str(tmp_path / "recipes"), "--", TOY, "--work", "1",
+                 "--run-seconds", "13", "--exit-code", "3", cwd=tmp_path, timeout=200)
     assert p.returncode == 3, p.stderr[-3000:]
+    assert "knobs keep the script's global batch already; running them" in p.stderr
     assert "tune_toy: done after" in p.stdout
     assert "exited with code 3" in p.stderr
     assert list((tmp_path / "recipes").glob("*.toml"))  # the tuning part succeeded

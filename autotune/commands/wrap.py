@@ -17,6 +17,9 @@ def add_parser(sub):
                                    "script with the winning knobs: output streamed, Ctrl-C "
                                    "forwarded, and autotune exits with the script's exit code.")
     tune.add_tune_args(p)
+    p.add_argument("--keep-batch", action="store_true",
+                   help="run the confirmed config that keeps the script's global batch (when "
+                        "the fastest changes it) instead of the fastest; the recipe keeps both")
     return p
 
 
@@ -33,6 +36,7 @@ def run(args) -> int:
             report, recipe, path = tune.tune_in(prep)
             if not args.json:
                 tune.print_summary(report, path, plain=args.plain)
+            recipe = run_command.chosen(recipe, keep_batch=args.keep_batch)
             console.hint(f"full run: {' '.join(prep.target)} with "
                          f"{knobs_text(recipe.knobs)}")
             code = status["code"] = run_command.full_run(

@@ -1,0 +1,198 @@
+"""``autotune run --recipe`` inside real Slurm allocations of the cluster bed (issue 22): a recipe
+tuned on two nodes runs on two and on one, and ``scancel`` of a running job leaves nothing
+behind on any host while the run's journal stays whole.
+
+The recipe is written here (the tune that makes one is `test_cluster_tune`'s); its fingerprint
+is this machine's, so nothing but the nodes differs from the run it describes.
+"""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune.hardware import fingerprint
+from autotune.store.journal import read_events
+from autotune.tuning import recipes
+from autotune.tuning.records import TunedOn
+from conftest import (ROOT, SCRIPTS, bed_job_state, bed_settled, bed_slurm, bed_wait_job,
+                      wait_for)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+JOB_TIMEOUT_S = 240.0
+LINK = "gloo allreduce of 2 ranks across 2 nodes: peak bus bandwidth 0.0118 GB/s"
+
+
+def _recipe(tmp_path: Path, script: Path) -> Path:
+    args = ("-b", "{batch_size}", "-j", "0", "--env-out", str(tmp_path / "envs"))
+    fp = fingerprint.current([str(script), *args])
+    r = recipes.Recipe(
+        name="imagenet-shaped-bed", knobs={"batch_size": 64, "instances": 1, "thread_pct": 100,
+                                           "bucket_mb": 4},
+        samples_per_s=300.0, ci_half=20.0, baseline_samples_per_s=250.0, speedup=1.2,
+        kept_baseline=False, fingerprint=fp, script_path=str(script), script_args=args,
+        baseline_knobs={"batch_size": 32, "instances": 1}, trials=5, source="dataloader",
+        tuned_on=TunedOn(nodes=2, busbw_gbps=0.0118, link=LINK))
+    return recipes.save(r, tmp_path / "recipes")
+
+
+def _submit(cluster, tmp_path: Path, name: str, nodes: int, argv: list[str]) -> tuple[str, Path]:
+    """``sbatch -N nodes`` of ``argv`` (autotune's command line) with its exit code kept in
+    ``<name>.rc``; the job id and the job's output file."""
+    out, rc_file = tmp_path / f"{name}.out", tmp_path / f"{name}.rc"
+    job_name = f"{name}{os.getpid()}"
+    wrap = " ".join(argv) + f"; echo $? > {rc_file}"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), AUTOTUNE_RUNS_DIR=str(tmp_path / f"runs-{name}"))
+    p = bed_slurm(cluster, "sbatch", "--parsable", "-N", str(nodes), "-n", str(nodes), "-t", "10",
+                  "--chdir", str(tmp_path), "-o", str(out), "--wrap", wrap, env=env,
+                  job_name=job_name)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip().split(";")[0], out
+
+
+def _run_dir(tmp_path: Path, name: str) -> Path:
+    return next((tmp_path / f"runs-{name}").glob("*-run-*"))
+
+
+def _worlds(tmp_path: Path) -> list[tuple[str, str, str]]:
+    """(RANK, WORLD_SIZE, LOCAL_WORLD_SIZE) of every process the script started, by rank."""
+    envs = [json.loads(p.read_text()) for p in (tmp_path / "envs").glob("env-*.json")]
+    return sorted((e["RANK"], e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"]) for e in envs)
+
+
+def test_a_recipe_tuned_on_two_nodes_runs_on_two_and_on_one(cluster_nodes, tmp_path):
+    """On two nodes: one rank on each (the recipe's instances per node), DDP across the link,
+    exit 0, a whole journal. On one: the run says what carries over and flags the halved global
+    batch and the bucket tuned for the two-node link, then runs one process, exit 0."""
+    cluster = cluster_nodes
+    script = tmp_path / "imagenet_shaped.py"  # a path no other test's processes carry
+    script.write_text((SCRIPTS / "shape_ddp_when_launched.py").read_text())
+    recipe = _recipe(tmp_path, script)
+    results = {}
+    for name, nodes in (("two", 2), ("one", 1)):
+        (tmp_path / "envs").mkdir(exist_ok=True)
+        for old in (tmp_path / "envs").glob("*"):
+            old.unlink()
+        argv = [sys.executable, "-m", "autotune", "run", "--plain", "--recipe", str(recipe),
+                str(script), "-b", "{batch_size}", "-j", "0", "--env-out",
+                str(tmp_path / "envs"), "--epochs", "2"]
+        job_id, out = _submit(cluster, tmp_path, name, nodes, argv)
+        try:
+            state = bed_wait_job(cluster, job_id, JOB_TIMEOUT_S)
+        finally:
+            bed_slurm(cluster, "scancel", job_id)
+        log = out.read_text() if out.exists() else "(no job output)"
+        rc = tmp_path / f"{name}.rc"
+        assert rc.exists() and rc.read_text().strip() == "0", log[-4000:]
+        assert state == ("COMPLETED", "0:0"), log[-4000:]
+        events, bad = read_events(_run_dir(tmp_path, name))
+        assert not bad
+        kinds = [e["event"] for e in events]
+        assert kinds[0] == "run_started" and kinds[-1] == "run_ended", kinds
+        ended = next(e for e in events if e["event"] == "fullrun_ended")
+        assert ended["exit_code"] == 0, ended
+        results[name] = (next(e for e in events if e["event"] == "run_started"), log,
+                         _worlds(tmp_path))
+
+    started, log, worlds = results["two"]
+    assert started["launcher"] == "srun on 2 hosts", started
+    assert worlds == [("0", "2", "1"), ("1", "2", "1")], worlds
+    assert "tuned on 2 node(s)" not in log  # the nodes it was tuned on: nothing to say
+
+    started, log, worlds = results["one"]
+    assert started["launcher"] == "local", started
+    assert len(worlds) == 1 and worlds[0][1] in (None, "1"), worlds  # one process, no DDP
+    assert f"tuned on 2 node(s) ({LINK}); this run has 1" in log, log[-3000:]
+    assert "global batch goes from 128 (as tuned) to 64" in log, log[-3000:]
+    assert f"bucket_mb=4 was tuned for {LINK}" in log, log[-3000:]
+    assert bed_settled(cluster, (str(tmp_path),)) == []
+
+
+def test_scancel_of_a_running_job_leaves_nothing_on_any_node(cluster_nodes, tmp_path):
+    """A run on two nodes, cancelled by ``scancel`` once both ranks train: no process of it is
+    left on either host (ranks, workers, the controller), its journal reads back whole and ends
+    with the run's exit code, and its last line says how it ended."""
+    cluster = cluster_nodes
+    script = tmp_path / "imagenet_shaped.py"
+    script.write_text((SCRIPTS / "shape_ddp_when_launched.py").read_text())
+    recipe = _recipe(tmp_path, script)
+    (tmp_path / "envs").mkdir()
+    argv = [sys.executable, "-m", "autotune", "run", "--plain", "--recipe", str(recipe),
+            str(script), "-b", "{batch_size}", "-j", "2", "--env-out", str(tmp_path / "envs")]
+    job_id, out = _submit(cluster, tmp_path, "cancel", 2, argv)
+    try:
+        def training() -> bool:
+            runs = list((tmp_path / "runs-cancel").glob("*-run-*"))
+            if not runs or len(_worlds(tmp_path)) < 2:
+                return False
+            events, _ = read_events(runs[0])
+            return any(e["event"] == "fullrun_progress" and e["samples"] > 0 for e in events)
+
+        wait_for(training, timeout_s=JOB_TIMEOUT_S, what="both ranks to train", poll_s=1.0)
+        assert bed_job_state(cluster, job_id)[0] == "RUNNING"
+        t0 = time.monotonic()
+        p = bed_slurm(cluster, "scancel", job_id)
+        assert p.returncode == 0, p.stderr
+        state, _ = bed_wait_job(cluster, job_id, 120.0)
+        took = time.monotonic() - t0
+    finally:
+        bed_slurm(cluster, "scancel", job_id)
+    assert state == "CANCELLED" or state.startswith("CANCELLED"), state
+    assert bed_settled(cluster, (str(tmp_path),)) == []
+    events, bad = read_events(_run_dir(tmp_path, "cancel"))
+    assert not bad
+    assert events[-1]["event"] == "run_ended" and events[-1]["exit_code"] != 0, events[-3:]
+    log = out.read_text()
+    print(f"scancel: the job ended {took:.0f} s later; its output ends:\n{log[-600:]}")
+
+
+def test_tune_and_run_through_mpirun_across_the_hosts(cluster_nodes, tmp_path):
+    """Without Slurm, the way clusters start MPI: ``autotune tune --hostfile`` on node1, whose
+    mpirun (MPICH's Hydra over the bed's ssh) starts ranks on both hosts; then ``autotune run
+    --recipe`` through the same hostfile. Exit 0 both times, no crashed probe, probes of ranks
+    on both hosts, the allreduce timed across them, the recipe's [tuned_on] the two nodes and
+    their link, and nothing left on either host."""
+    pytest.importorskip("mpi4py")
+    from autotune.launching import engines
+
+    mpi = engines.detect_mpi(os.environ)
+    if mpi is None or mpi.flavor == "openmpi":
+        pytest.skip("the bed's ssh launch is set up for MPICH's Hydra (pip mpich)")
+    cluster = cluster_nodes
+    f = cluster.facts
+    script = tmp_path / "imagenet_shaped.py"
+    script.write_text((SCRIPTS / "shape_ddp_when_launched.py").read_text())
+    env = dict(os.environ, PYTHONPATH=str(ROOT), AUTOTUNE_RUNS_DIR=str(tmp_path / "runs"),
+               GLOO_SOCKET_IFNAME=f.ifname)
+    tune = [sys.executable, "-m", "autotune", "tune", "--json", "--plain", "--hostfile",
+            f.hostfile, "--trials", "3", "--seconds", "8", "--confirm-rounds", "1",
+            "--foreign-limit", "1000", "--recipe-dir", str(tmp_path / "recipes"), str(script)]
+    p = cluster.run(f.hosts[0], tune, env=env, timeout_s=480)
+    assert p.returncode == 0, p.stderr[-4000:]
+    summary = json.loads(p.stdout.splitlines()[-1])
+    events, _ = read_events(summary["run_dir"])
+    started = next(e for e in events if e["event"] == "run_started")
+    assert started["launcher"].startswith("mpirun") and "2 hosts" in started["launcher"], started
+    finished = [e for e in events if e["event"] == "trial_finished"]
+    why = [(e["trial"], e["result"]["outcome"], e["result"]["reason"]) for e in finished]
+    assert not any(o == "crashed" for _, o, _ in why), why
+    across = [e for e in finished if sorted(e["result"]["hosts"]) == sorted(f.hosts)]
+    assert across, why
+    timing = next(e for e in events if e["event"] == "allreduce")
+    assert timing.get("result") and timing["result"]["world_size"] == 2, timing
+    recipe = recipes.load(summary["recipe"])
+    assert recipe.tuned_on.nodes == 2 and "across 2 nodes" in recipe.tuned_on.link, recipe
+
+    run = [sys.executable, "-m", "autotune", "run", "--plain", "--hostfile", f.hostfile,
+           "--recipe", str(recipe.path), str(script), "--epochs", "2"]
+    p = cluster.run(f.hosts[0], run, env=env, timeout_s=240)
+    assert p.returncode == 0, p.stderr[-4000:]
+    run_dir = next((tmp_path / "runs").glob("*-run-*"))
+    events, bad = read_events(run_dir)
+    assert not bad and events[-1]["event"] == "run_ended" and events[-1]["exit_code"] == 0
+    assert "tuned on 2 node(s)" not in p.stderr  # the same two nodes: nothing to flag
+    assert bed_settled(cluster, (str(tmp_path),)) == []
