@@ -622,3 +622,29 @@ def test_one_confirmation_round_keeps_the_defaults_and_says_what_would_decide(tm
     again, _, _ = tune(tmp_path / "two", FakeProbe(lambda k: 100.0 * (1 + 2 * k["workers"])),
                        trials=4, confirm_rounds=2, fix_tokens=("batch_size=16", "threads=2"))
     assert not again.kept_baseline and again.best.knobs["workers"] > 0
+
+
+def test_no_speed_up_is_claimed_when_the_baseline_fails_in_the_confirmation(tmp_path, machine):
+    """Workers triple the throughput and two rounds would switch, but every confirmation probe
+    of the baseline crashes (a step refused on a cluster, say): the search's baseline figure,
+    from other processes at another time, is not what a claim is made against. The defaults
+    stay and the reason says why."""
+
+    class BaselineFailsLater(FakeProbe):
+        def __call__(self, spec, **kw):
+            if spec.ranks.name.startswith("confirm") and spec.ranks.name.endswith("-baseline"):
+                self.specs.append(spec)
+                return result(spec, Outcome.CRASHED, reason="srun: error: Unable to create step")
+            return super().__call__(spec, **kw)
+
+    fake = BaselineFailsLater(lambda k: 100.0 * (1 + 2 * k["workers"]))
+    report, _, run_dir = tune(tmp_path, fake, trials=4, confirm_rounds=2,
+                              fix_tokens=("batch_size=16", "threads=2"))
+    confirm_base = [s for s in fake.specs if s.ranks.name.startswith("confirm")
+                    and s.ranks.name.endswith("-baseline")]
+    assert len(confirm_base) >= 2  # it was tried in every round
+    assert report.kept_baseline and report.speedup == 1.0, report.reason
+    assert "the baseline could not be re-measured in the confirmation's rounds" in report.reason
+    assert (report.speedup_low, report.speedup_high) == (1.0, 1.0)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["kept_baseline"] and summary["speedup"] == 1.0

@@ -232,6 +232,7 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
         prober.tell(Note.info(f"confirming: {', '.join(names)}, {rounds} interleaved round(s) "
                               f"of {', '.join(f'{w:.0f}' for w in windows.values())} s probes"))
         state, results = _remeasure(prober, state, entries, rounds, windows)
+        unmeasured = {name for name, ms in results.items() if all(m is None for m in ms)}
         for name, ms in results.items():
             if all(m is None for m in ms):  # nothing measured is never a figure: the search's
                 results[name] = [searched(name)]
@@ -242,7 +243,7 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
     else:
         # No re-measurement: the search's own probes, one round each; they cannot switch.
         results = {name: [searched(name)] for name in names}
-        rounds = 0
+        rounds, unmeasured = 0, set()
     by = _by_objective(scorer, cfgs, results)
     k = len(entries) - 1  # the interval allows for picking the best of these
 
@@ -257,6 +258,15 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
                else "no other config completed a probe")
         d = decision.Decision("baseline", True, 1.0, d.baseline_summary, d.baseline_summary, 0.0,
                               f"{KEPT}{why}")
+    elif "baseline" in unmeasured:
+        # a speed-up is claimed only against a baseline measured in the same rounds: the
+        # search's figure came from other processes at another time (another load, a step
+        # that failed then and not now)
+        d = decision.Decision("baseline", True, 1.0, d.baseline_summary, d.baseline_summary,
+                              0.0, f"{KEPT}the baseline could not be re-measured in the "
+                                   f"confirmation's rounds (see its probes' reasons above); no "
+                                   f"speed-up is claimed against a figure from other rounds",
+                              rounds=0, candidates=k)
     elif d.kept_baseline:
         d = dataclasses.replace(d, reason=_needs(d, rounds, windows, settings))
 
