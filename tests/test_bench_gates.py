@@ -19,7 +19,7 @@ def _bench(name: str):
     return module
 
 
-@pytest.mark.parametrize("bench", ["bench_claims", "bench_search"])
+@pytest.mark.parametrize("bench", ["bench_claims", "bench_search", "bench_cluster"])
 def test_one_round_is_refused_rather_than_passed_on_an_infinite_interval(bench):
     r = subprocess.run([sys.executable, str(ROOT / "bench" / f"{bench}.py"), "--rounds", "1"],
                        capture_output=True, text=True, timeout=120)
@@ -52,3 +52,17 @@ def test_the_benches_interval_is_infinite_from_one_round_and_nan_from_none():
     assert math.isnan(common.interval([])[0])
     m, half = common.ratio_interval([110.0, 90.0, None], [100.0, 100.0, 100.0])
     assert m == 1.0 and 0 < half < math.inf  # the round without a figure is left out
+
+
+def test_bench_cluster_fails_below_its_target_a_failed_tune_or_no_interval():
+    cluster = _bench("bench_cluster")
+    ok = {"rate": "1gbit", "tuned_over_grid_best": [cluster.TARGET + 0.01, 0.05]}
+    assert cluster.verdict([ok]) == 0
+    low = {"rate": "100mbit", "tuned_over_grid_best": [cluster.TARGET - 0.01, 0.05]}
+    assert cluster.verdict([ok, low]) == 1
+    assert cluster.verdict([{"rate": "1gbit", "tuned_over_grid_best": [1.2, math.inf]}]) == 1
+    assert cluster.verdict([{"rate": "1gbit", "error": "salloc: error"}]) == 1
+    # the script's own lines after the first two; fewer than two left: no figure
+    text = "step 5 samples/s 10.0\nstep 10 samples/s 90.0\nstep 15 samples/s 100.0\n"
+    assert cluster.own_rate(text) is None
+    assert cluster.own_rate(text + "step 20 samples/s 110.0\n") == 105.0

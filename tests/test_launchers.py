@@ -75,9 +75,10 @@ def test_mpi_flavor(text, flavor):
 
 def test_forwarded_names_only_what_ranks_need():
     env = {"AUTOTUNE_TOKEN": "t", "MASTER_PORT": "1", "OMP_NUM_THREADS": "2", "HOME": "/root",
-           "PYTHONPATH": "/x", "CUDA_VISIBLE_DEVICES": "0"}
-    assert engines.forwarded(env) == ["AUTOTUNE_TOKEN", "CUDA_VISIBLE_DEVICES", "MASTER_PORT",
-                                        "OMP_NUM_THREADS", "PYTHONPATH"]
+           "PYTHONPATH": "/x", "CUDA_VISIBLE_DEVICES": "0", "GLOO_SOCKET_IFNAME": "eth0"}
+    assert engines.forwarded(env) == ["AUTOTUNE_TOKEN", "CUDA_VISIBLE_DEVICES",
+                                        "GLOO_SOCKET_IFNAME", "MASTER_PORT", "OMP_NUM_THREADS",
+                                        "PYTHONPATH"]
 
 
 def _args(**kw):

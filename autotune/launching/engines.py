@@ -29,7 +29,7 @@ from autotune.hardware.allocation import (SlurmAllocation, expand_nodelist,  # n
 KINDS = ("local", "mpirun", "srun")
 MPIRUN_ENV = "AUTOTUNE_MPIRUN"
 # Variables a rank needs from the controller; forwarded explicitly where the engine needs it.
-FORWARD_PREFIXES = ("AUTOTUNE_", "MASTER_", "OMP_", "MKL_", "OPENBLAS_", "CUDA_", "NCCL_",
+FORWARD_PREFIXES = ("AUTOTUNE_", "MASTER_", "OMP_", "MKL_", "OPENBLAS_", "CUDA_", "NCCL_", "GLOO_",
                     "HOROVOD_", "PYTHON", "TORCH")
 
 
