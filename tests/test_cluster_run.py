@@ -196,3 +196,56 @@ def test_tune_and_run_through_mpirun_across_the_hosts(cluster_nodes, tmp_path):
     assert not bad and events[-1]["event"] == "run_ended" and events[-1]["exit_code"] == 0
     assert "tuned on 2 node(s)" not in p.stderr  # the same two nodes: nothing to flag
     assert bed_settled(cluster, (str(tmp_path),)) == []
+
+
+def test_a_node_lost_mid_probe_is_one_clear_line_and_leaves_nothing(cluster_nodes, tmp_path):
+    """``autotune probe`` of two ranks, one on each node, under ``sbatch -N 2``; once they train,
+    node2's link goes down (the node is lost to the others: gloo's allreduce waits on it).
+    The probe says it made no progress, in one line, with how long; the journal reads back
+    whole; once the link is back (within Slurm's SlurmdTimeout, so the node is not declared
+    down), nothing of the run is left on either host."""
+    import subprocess
+
+    cluster = cluster_nodes
+    f = cluster.facts
+    script = tmp_path / "imagenet_shaped.py"
+    script.write_text((SCRIPTS / "shape_ddp_when_launched.py").read_text())
+    argv = [sys.executable, "-m", "autotune", "probe", "--plain", "--modes", "full", "--seconds",
+            "90", "--foreign-limit", "1000", str(script)]
+    job_id, out = _submit(cluster, tmp_path, "lost", 2, argv)
+    down = ["ip", "-n", f.namespaces[1], "link", "set", f.ifname, "down"]
+    up = ["ip", "-n", f.namespaces[1], "link", "set", f.ifname, "up"]
+    try:
+        def training() -> bool:
+            runs = list((tmp_path / "runs-lost").glob("*-probe-*"))
+            return bool(runs) and any(e["event"] == "trial_progress" and e["samples_per_s"] > 0
+                                      for e in read_events(runs[0])[0])
+
+        wait_for(training, timeout_s=JOB_TIMEOUT_S, what="the probe's ranks to train",
+                 poll_s=0.5)
+        subprocess.run(down, check=True, timeout=30)
+        lost_at = time.monotonic()
+        run_dir = next((tmp_path / "runs-lost").glob("*-probe-*"))
+
+        def finished() -> bool:
+            return any(e["event"] == "trial_finished" for e in read_events(run_dir)[0])
+
+        wait_for(finished, timeout_s=120.0, what="the probe to end", poll_s=1.0)
+        ended_after = time.monotonic() - lost_at
+    finally:
+        subprocess.run(up, timeout=30)
+    try:
+        state, _ = bed_wait_job(cluster, job_id, 120.0)
+    finally:
+        bed_slurm(cluster, "scancel", job_id)
+    events, bad = read_events(run_dir)
+    assert not bad
+    result = next(e for e in events if e["event"] == "trial_finished")["result"]
+    assert result["outcome"] in ("hung", "crashed"), result
+    assert "no progress for" in result["reason"] or "Connection" in result["reason"], result
+    assert events[-1]["event"] == "run_ended", events[-3:]
+    log = out.read_text()
+    assert result["reason"].split(" (")[0][:40] in log, log[-3000:]
+    assert bed_settled(cluster, (str(tmp_path),)) == []
+    print(f"lost node: the probe ended {ended_after:.0f} s after the link went down "
+          f"({result['outcome']}: {result['reason'][:200]}); the job ended {state}")
