@@ -158,3 +158,63 @@ def test_the_monitor_line_of_the_best_carries_the_interval():
                        "ci_half": 2.0, "baseline_samples_per_s": 100.0, "speedup": 1.3,
                        "kept_baseline": False, "speedup_low": 1.18, "speedup_high": 1.43})
     assert "1.300x (1.180x-1.430x) the baseline 100.0" in line
+
+
+def test_the_cost_factor_is_the_longest_share_probes_took_within_bounds():
+    cost = fitting.Cost
+    assert fitting.cost_factor([]) == 1.0
+    assert fitting.cost_factor([cost(40.0, 10.0)]) == 1.0  # one probe is not a rule yet
+    room = fitting.COST_HEADROOM
+    assert fitting.cost_factor([cost(40.0, 20.0), cost(40.0, 30.0)]) == pytest.approx(0.75 * room)
+    assert fitting.cost_factor([cost(40.0, 20.0), cost(20.0, 5.0)]) == pytest.approx(0.5 * room)
+    assert fitting.cost_factor([cost(40.0, 1.0)] * 3) == fitting.COST_FACTOR_RANGE[0]
+    assert fitting.cost_factor([cost(40.0, 400.0)] * 3) == fitting.COST_FACTOR_RANGE[1]
+    # only the last COST_WINDOW count
+    old = [cost(40.0, 4.0)] * 20
+    assert fitting.cost_factor(old + [cost(40.0, 30.0)] * fitting.COST_WINDOW) == \
+        pytest.approx(0.75 * room)
+
+
+def test_the_costs_are_kept_in_the_state_and_read_back():
+    from autotune.tuning.learned import Learned
+
+    learned = Learned()
+    for i in range(fitting.COST_WINDOW + 3):
+        learned = learned.costed(40.0, float(i))
+    assert len(learned.costs) == fitting.COST_WINDOW and learned.costs[-1].actual_s == 10.0
+    assert Learned.from_dict(learned.to_dict()).costs == learned.costs
+
+
+class QuickScript(SlowScript):
+    """Its search probes end at half what the fit expects (tight early), as probes of a steady
+    script do; the baseline and the confirmation take their full time."""
+
+    def __call__(self, spec, **kw):
+        if not spec.ranks.name.startswith("trial-"):
+            return super().__call__(spec, **kw)
+        t0 = self.clock.t
+        r = super().__call__(spec, **kw)
+        self.clock.t = t0 + (self.clock.t - t0) / 2
+        return r
+
+
+def test_the_budget_plan_counts_what_probes_really_cost(tmp_path, machine,  # noqa: F811
+                                                        monkeypatch):
+    """Search probes that end at half their fitted time: counted, the same budget holds more of
+    them than when every probe is taken at its fitted time, and is still not overrun."""
+    def search(where, count_costs):
+        if not count_costs:
+            monkeypatch.setattr(fitting, "COST_MIN_PROBES", 10**6)
+        clock = Clock()
+        report, t, run_dir = tune(where, QuickScript(clock), seconds=None, budget_s=300.0,
+                                  clock=clock, confirm_rounds=2)
+        monkeypatch.undo()
+        searched = [e for e in journal(run_dir, "trial_finished")
+                    if e["trial"].startswith("trial-")]
+        return len(searched), clock.t, t.state.learned
+
+    counted, spent, learned = search(tmp_path / "counted", True)
+    fitted, spent_fitted, _ = search(tmp_path / "fitted", False)
+    assert counted > fitted, (counted, fitted)
+    assert spent <= 300 + 10 and spent_fitted <= 300 + 10
+    assert 0.3 <= fitting.cost_factor(learned.costs) <= 0.7  # of a fit with its margins

@@ -42,6 +42,14 @@ CONFIRM_SHARE = 0.35  # of a time budget, at most, kept for the confirmation
 # noise target inside one process, and the spread between processes is what more rounds measure.
 CONFIRM_PROBE_FACTOR = 1.0
 MAX_CONFIRM_ROUNDS = 6  # leftover budget buys rounds up to this many
+# What fitted search probes really took over what they were expected to take (they end once
+# tight, or pruned, often sooner): the budget plan counts that, from this many probes on, as
+# the most any of the last `COST_WINDOW` took (a probe started on less would be cut before it
+# is tight) with `COST_HEADROOM` over it, within `COST_FACTOR_RANGE`.
+COST_MIN_PROBES = 2
+COST_HEADROOM = 1.2
+COST_WINDOW = 8
+COST_FACTOR_RANGE = (0.25, 1.5)
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,26 @@ class ScriptTiming:
     def describe(self) -> str:
         return (f"first batch after {self.first_s:.1f} s, {_secs(self.step_s)} per step, "
                 f"±{self.rel_half:.0%} after {self.measured_s:.0f} s of measuring")
+
+
+@dataclass(frozen=True)
+class Cost:
+    """A fitted search probe's expected time (`Limits.expected_s`, within the budget's cap)
+    and the time it really took, start to end (seconds)."""
+
+    expected_s: float
+    actual_s: float
+
+
+def cost_factor(costs: Sequence[Cost]) -> float:
+    """How much of their expected time fitted probes really take: the largest share of the
+    last `COST_WINDOW` (the plan makes room for the longest, not the typical) with
+    `COST_HEADROOM`, within `COST_FACTOR_RANGE`; 1.0 before `COST_MIN_PROBES` were timed."""
+    ratios = [c.actual_s / c.expected_s for c in costs[-COST_WINDOW:] if c.expected_s > 0]
+    if len(ratios) < COST_MIN_PROBES:
+        return 1.0
+    low, high = COST_FACTOR_RANGE
+    return min(high, max(low, COST_HEADROOM * max(ratios)))
 
 
 @dataclass(frozen=True)

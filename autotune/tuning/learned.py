@@ -6,6 +6,8 @@ on from there instead of starting over.
 - each config's last probe measured in full mode: the report's facts of the winner and the
   baseline (``probes`` in ``summary.json``) and the memory fit (`autotune.tuning.memory`);
 - what autotune did to a config (its probes' notes: a backend replaced, a flag kept);
+- what fitted search probes really took against what they were expected to take, which the
+  budget plan counts (`autotune.tuning.fitting.cost_factor`);
 - what the run told the user, for the report.
 
 Frozen: a probe's answer gives a new `Learned` (`Learned.after`); the stages hand it on inside
@@ -72,6 +74,12 @@ class Learned:
     config_notes: Mapping[tuple, tuple[str, ...]] = field(default_factory=dict)  # by key
     notes: tuple[Note, ...] = ()  # what the run told the user, for the report
     told_busy: bool = False  # the hint that foreign load spoils probes is told once a run
+    costs: tuple[fitting.Cost, ...] = ()  # fitted search probes: expected and real time
+
+    def costed(self, expected_s: float, actual_s: float) -> Learned:
+        """With one more fitted search probe's expected and real time (`fitting.cost_factor`)."""
+        return dataclasses.replace(self, costs=(*self.costs[-(fitting.COST_WINDOW - 1):],
+                                                fitting.Cost(expected_s, actual_s)))
 
     def after(self, cfg: Mapping, knobs: Mapping, result) -> Learned:
         """With a probe of ``cfg`` (run with the rank ``knobs``) and its `TrialResult`: its
@@ -118,7 +126,8 @@ class Learned:
                 "last": [r.to_dict() for r in self.last.values()],
                 "config_notes": [{"cfg": dict(k), "notes": list(v)}
                                  for k, v in self.config_notes.items()],
-                "notes": [n.to_dict() for n in self.notes], "told_busy": self.told_busy}
+                "notes": [n.to_dict() for n in self.notes], "told_busy": self.told_busy,
+                "costs": [dataclasses.asdict(c) for c in self.costs]}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> Learned:
@@ -131,4 +140,6 @@ class Learned:
                    config_notes={config_key(c["cfg"]): tuple(c["notes"])
                                  for c in d.get("config_notes", ())},
                    notes=tuple(Note.from_dict(n) for n in d.get("notes", ())),
-                   told_busy=bool(d.get("told_busy")))
+                   told_busy=bool(d.get("told_busy")),
+                   costs=tuple(fitting.Cost(float(c["expected_s"]), float(c["actual_s"]))
+                               for c in d.get("costs", ())))

@@ -88,13 +88,21 @@ class Prober:
         spec["min_measure_s"] = min(spec["min_measure_s"], 0.6 * spec["max_s"])
         return TrialSpec.of(**spec)
 
-    def probe_s(self, state: TuneState, knobs: Mapping, instances: int) -> float:
-        """What a probe of ``knobs`` is expected to take: ``--seconds``, or fitted."""
+    def fitted_s(self, state: TuneState, knobs: Mapping, instances: int) -> float:
+        """What the fit expects a probe of ``knobs`` to take: ``--seconds``, or
+        `fitting.Limits.expected_s` within the budget's cap."""
         s, learned = state.settings, state.learned
         if s.seconds or learned.timing is None:
             return s.seconds or baseline_max_s(s)
         return min(fitting.limits(learned.timing, knobs, instances,
                                   seen=learned.paces).expected_s, budget_cap(s))
+
+    def probe_s(self, state: TuneState, knobs: Mapping, instances: int) -> float:
+        """What a probe of ``knobs`` will really take, as the plan and the confirmation count
+        it: `fitted_s` times the largest share of their fitted time the run's search probes
+        took so far (`fitting.cost_factor`: they end once tight, or pruned; 1 with
+        ``--seconds``). A search probe's own limit stays the fitted one."""
+        return self.cost_factor(state) * self.fitted_s(state, knobs, instances)
 
     def typical_s(self, state: TuneState) -> float:
         """What a search probe over the state's space is expected to take: ``--seconds``, or
@@ -105,6 +113,13 @@ class Prober:
         configs = space.configs()
         return sum(self.probe_s(state, *space.trial_knobs(c))
                    for c in configs) / max(1, len(configs))
+
+    @staticmethod
+    def cost_factor(state: TuneState) -> float:
+        """What fitted probes really take of their expected time (1.0 with ``--seconds``)."""
+        if state.settings.seconds:
+            return 1.0
+        return fitting.cost_factor(state.learned.costs)
 
     def confirm_probe_s(self, state: TuneState, probe_s: float | None = None) -> float:
         """One confirmation probe: as given (``--confirm-seconds``, else 1.5 x
@@ -127,6 +142,10 @@ class Prober:
         """
         attempt, attempts = 0, state.settings.foreign_retries + 1
         told = TrialEvents(self.journal, label, number, spec.ranks.mode)
+        # a fitted search probe's real cost against its expected one, for the budget plan
+        costed = number is not None and not state.settings.seconds \
+            and state.learned.timing is not None
+        expected_s = self.fitted_s(state, spec.ranks.knobs, spec.ranks.instances)
         while True:
             attempt += 1
             spec = dataclasses.replace(spec, attempt=attempt, last_attempt=attempt >= attempts)
@@ -138,10 +157,14 @@ class Prober:
                     told.progress(est)
                 return bool(on_progress and on_progress(est))
 
+            began = self.clock.monotonic()
             result = self._run_trial(spec, on_progress=progress, on_start=self._on_start)
             states.mark_live(self.run_dir, [])
             result = dataclasses.replace(result, knobs=dict(cfg))
             state = state.learn(cfg, spec.ranks.knobs, result)
+            if costed:
+                state = dataclasses.replace(state, learned=state.learned.costed(
+                    expected_s, self.clock.monotonic() - began))
             spoiled = result.outcome == Outcome.FOREIGN_LOAD
             last = not spoiled or spec.last_attempt
             if spoiled and last:
