@@ -45,8 +45,9 @@ class Pane:
         self.name = name
 
     def text(self, *, history: bool = False) -> str:
-        """What the pane shows now (with ``history``: and what scrolled off above it)."""
-        out = subprocess.run(self.base + ["capture-pane", "-p", "-t", self.name]
+        """What the pane shows now (with ``history``: and what scrolled off above it); a line
+        the terminal wrapped at its width is joined back (``-J``), as a copy of it would be."""
+        out = subprocess.run(self.base + ["capture-pane", "-p", "-J", "-t", self.name]
                              + (["-S", "-"] if history else []), capture_output=True, text=True)
         return out.stdout
 

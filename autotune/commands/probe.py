@@ -180,4 +180,4 @@ def _print_table(results, v, run_dir, *, plain: bool) -> None:
         if _measured(r) and r.noise is not None and mode == Mode.FULL:
             out.print(f"gradient noise scale ({mode}): {r.noise.describe()}")
     out.print(f"verdict: {v.text}")
-    out.print(f"run directory: {run_dir}")
+    out.print(f"run directory: {run_dir}", soft_wrap=True)  # whole, never folded

@@ -404,8 +404,10 @@ def print_summary(report: TuneReport, recipe_path: Path, *, plain: bool) -> None
     for label, b in (("baseline", report.baseline_breakdown), ("best", report.best_breakdown)):
         if b is not None:
             out.print(f"where the time goes ({label}): {b.describe()}")
-    out.print(f"recipe: {recipe_path}")
-    out.print(f"run directory: {report.run_dir}")
+    # paths whole, never folded at the console's width: a terminal wraps them for the eye,
+    # and a copy of the line is still the path
+    out.print(f"recipe: {recipe_path}", soft_wrap=True)
+    out.print(f"run directory: {report.run_dir}", soft_wrap=True)
 
 
 def _gain_label(token: str) -> str:
