@@ -201,6 +201,10 @@ def test_run_forwards_ctrl_c_and_meters(tmp_path):
     assert run.returncode == 130, err  # the script's own end: killed by SIGINT
     assert "KeyboardInterrupt" in (run_dir / "logs" / "fullrun.log").read_text()
     assert "WARNING" not in err  # the recipe matches this host and script
+    # said at once, on stderr and in the journal, before the ranks have ended
+    assert "HINT: SIGINT received: passed on to the ranks, which are stopping" in err
+    said = [n for e in journal(run_dir, "fullrun_notes") for n in e["notes"]]
+    assert "SIGINT received: passed on to the ranks, which are stopping" in said
     ended = journal(run_dir, "fullrun_ended")
     assert ended and ended[-1]["exit_code"] == 130
     assert live_children() == []

@@ -18,6 +18,7 @@ kept beside it in the journal.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -138,6 +139,7 @@ class _Signals:
     def __init__(self):
         self.launched: list[proc.Launched] = []
         self.count = 0
+        self.first: int | None = None  # the first signal received
         self.escalate = threading.Event()
         self._old: dict[int, object] = {}
 
@@ -154,6 +156,8 @@ class _Signals:
 
     def _handle(self, signum, frame) -> None:
         self.count += 1
+        if self.first is None:
+            self.first = signum
         if self.count > 1:
             self.escalate.set()
             return
@@ -242,10 +246,14 @@ def _supervise(spec: FullRunSpec, signals: _Signals, collector: Collector, journ
         if spec.promise is not None else None
     held_from: tuple[float, int] | None = None  # (time, samples) once warm: the promise's span
     load = ForeignLoad()
+    said_signal = False
     while True:
         time.sleep(POLL_S)
         meter.absorb(collector.drain())
         on_poll()
+        if signals.first is not None and not said_signal:
+            said_signal = True
+            _say_signal(signals.first, journal)
         load.sample([p for lp in launched for p in lp.tree()])
         now = time.monotonic()
         if now >= next_report:
@@ -302,6 +310,22 @@ def _supervise(spec: FullRunSpec, signals: _Signals, collector: Collector, journ
                              ci_half=spec.promise.ci_half, final=True,
                              below=mean < spec.promise.low, text=watch.verdict(mean, whole))
             return code, {**ended, **({"breakdown": whole} if whole else {})}
+
+
+def _say_signal(signum: int, journal: Journal) -> None:
+    """A signal that stops the run, said at once on stderr and in the journal: under Slurm
+    (``scancel``, the time limit) everything is killed ``KillWait`` seconds later, maybe before
+    the ranks have ended and the run's last events are written."""
+    name = signal.Signals(signum).name
+    why = " (the Slurm job was cancelled or reached its time limit)" \
+        if signum == signal.SIGTERM and os.environ.get("SLURM_JOB_ID") else ""
+    text = f"{name} received{why}: passed on to the ranks, which are stopping"
+    try:
+        sys.stderr.write(f"HINT: {text}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass  # our stderr went away; the journal says it
+    journal.emit(Event.FULLRUN_NOTES, notes=[text], mps_check=None)
 
 
 def _rank_said(spec: FullRunSpec, failed: tuple[int, int] | None, code: int) -> tuple[int, dict]:

@@ -390,7 +390,8 @@ def _fullrun_notes(s: RunState, ev: dict, t) -> None:
 
     if s.fullrun is None:
         s.fullrun = FullRun(started_t=t)
-    s.fullrun.notes = fullrun_notes(ev)
+    s.fullrun.notes = [*s.fullrun.notes,  # a later one (a signal received) adds to them
+                       *(n for n in fullrun_notes(ev) if n not in s.fullrun.notes)]
 
 
 def _fullrun_promise(s: RunState, ev: dict, t) -> None:
