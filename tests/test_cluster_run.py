@@ -24,6 +24,7 @@ from conftest import (ROOT, SCRIPTS, bed_job_state, bed_settled, bed_slurm, bed_
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 JOB_TIMEOUT_S = 240.0
+LOST_S = 45.0  # node2's link down this long in the lost-node test
 LINK = "gloo allreduce of 2 ranks across 2 nodes: peak bus bandwidth 0.0118 GB/s"
 
 
@@ -218,8 +219,9 @@ def test_a_node_lost_mid_probe_is_one_clear_line_and_leaves_nothing(cluster_node
     """``autotune probe`` of two ranks, one on each node, under ``sbatch -N 2``; once they train,
     node2's link goes down (the node is lost to the others: gloo's allreduce waits on it).
     The probe says it made no progress, in one line, with how long; the journal reads back
-    whole; once the link is back (within Slurm's SlurmdTimeout, so the node is not declared
-    down), nothing of the run is left on either host."""
+    whole; once the link is back (after the probe gave up on the step, and within Slurm's
+    SlurmdTimeout, so the node is not declared down), the probe ends and nothing of the run is
+    left on either host."""
     import subprocess
 
     cluster = cluster_nodes
@@ -227,12 +229,13 @@ def test_a_node_lost_mid_probe_is_one_clear_line_and_leaves_nothing(cluster_node
     script = tmp_path / "imagenet_shaped.py"
     script.write_text((SCRIPTS / "shape_ddp_when_launched.py").read_text())
     argv = [sys.executable, "-m", "autotune", "probe", "--plain", "--modes", "full", "--seconds",
-            "90", "--foreign-limit", "1000", str(script)]
+            "90", str(script), "--epochs", "1000"]
     job_id, out = _submit(cluster, tmp_path, "lost", 2, argv)
     down = ["ip", "-n", f.namespaces[1], "link", "set", f.ifname, "down"]
     up = ["ip", "-n", f.namespaces[1], "link", "set", f.ifname, "up"]
     try:
-        def training() -> bool:
+        def training() -> bool:  # a live estimate: both ranks train, well before it is tight
+            assert not (tmp_path / "lost.rc").exists(), out.read_text()[-3000:]  # ended early
             runs = list((tmp_path / "runs-lost").glob("*-probe-*"))
             return bool(runs) and any(e["event"] == "trial_progress" and e["samples_per_s"] > 0
                                       for e in read_events(runs[0])[0])
@@ -242,6 +245,10 @@ def test_a_node_lost_mid_probe_is_one_clear_line_and_leaves_nothing(cluster_node
         subprocess.run(down, check=True, timeout=30)
         lost_at = time.monotonic()
         run_dir = next((tmp_path / "runs-lost").glob("*-probe-*"))
+        # lost for longer than the probe waits on a step without progress (30 s), and back
+        # before Slurm declares the node down (the bed's SlurmdTimeout, 60 s)
+        time.sleep(LOST_S)
+        subprocess.run(up, check=True, timeout=30)
 
         def finished() -> bool:
             return any(e["event"] == "trial_finished" for e in read_events(run_dir)[0])

@@ -307,3 +307,19 @@ def test_a_batch_change_is_said_once_in_each_stream(tmp_path, machine):
     assert summary["batch_note"] == report.batch_note
     assert not [n for n in summary["notes"] if "global batch" in n]
     assert told and not [n for n in told if "global batch" in n.text]
+
+
+def test_a_live_estimate_that_says_nothing_new_is_not_written(tmp_path):
+    """A probe whose count stands still (a rank waiting on a lost node) gives the same
+    estimate each second: one ``trial_progress`` says it, not one a second."""
+    from autotune.measuring.steady import Estimate
+    from autotune.measuring.trial_events import TrialEvents
+    from autotune.store.journal import Journal, read_events
+
+    told = TrialEvents(Journal(tmp_path), "probe-full", None, "full")
+    still = Estimate(569.4, 19.9, 2.0, 1.0, 0.0, 4)
+    for est in (still, still, still, Estimate(571.0, 12.0, 3.0, 1.0, 0.0, 6), still):
+        told.progress(est)
+    events, _ = read_events(tmp_path)
+    assert [e["samples_per_s"] for e in events if e["event"] == "trial_progress"] == \
+        [569.4, 571.0, 569.4]

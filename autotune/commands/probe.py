@@ -74,12 +74,18 @@ def run(args) -> int:
                 say(f"autotune: probing mode '{mode}' (up to {args.seconds:.0f} s)...")
                 told = TrialEvents(journal, f"probe-{mode}", None, mode)
                 told.started({})
+
+                def live(est, told=told) -> bool:  # the live estimate, as tune's probes give it
+                    told.progress(est)
+                    return False  # never pruned
+
                 result = run_trial(TrialSpec.of(
                     command=target, knobs=knobs, cwd=cwd, log_dir=run_dir / "logs",
                     instances=args.instances, launcher=launcher,
                     name=f"probe-{mode}",
                     mode=mode, max_s=args.seconds, samples_per_step=args.samples_per_step,
-                    metric=args.metric if mode != "io" else None, watch_dirs=watched))
+                    metric=args.metric if mode != "io" else None, watch_dirs=watched),
+                    on_progress=live)
                 told.finished(result)
                 results[mode] = result
                 if not result.ok:

@@ -8,7 +8,7 @@ it, so every probe's events have one shape whoever ran it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from autotune.measuring.trial import TrialResult
 from autotune.store.events import Event
@@ -24,13 +24,19 @@ class TrialEvents:
     trial: str
     number: int | None
     mode: str
+    _last: list = field(default_factory=list, compare=False, repr=False)  # the last estimate
 
     def started(self, knobs: Mapping) -> None:
         self.journal.emit(Event.TRIAL_STARTED, trial=self.trial, number=self.number,
                           knobs=dict(knobs), mode=self.mode)
 
     def progress(self, estimate) -> None:
-        """A live estimate: anything with ``samples_per_s``, ``ci_half`` and ``measured_s``."""
+        """A live estimate: anything with ``samples_per_s``, ``ci_half`` and ``measured_s``;
+        one that says nothing new (the count stood still since the last) is not written."""
+        said = (estimate.samples_per_s, estimate.ci_half, estimate.measured_s)
+        if self._last and self._last[-1] == said:
+            return
+        self._last[:] = [said]
         self.journal.emit(Event.TRIAL_PROGRESS, trial=self.trial,
                           samples_per_s=estimate.samples_per_s, ci_half=estimate.ci_half,
                           measured_s=estimate.measured_s)
