@@ -105,8 +105,11 @@ def one_rate(rate: str, args, work: Path) -> dict:
 
 
 def measure(bed: ClusterBed, f, rate: str, args, work: Path) -> dict:
+    # autotune runs in the root namespace (salloc's command runs where salloc does), whose name
+    # the nodes do not resolve: its address on the bed's bridge is where they reach it
     env = bed.env(dict(os.environ, PYTHONPATH=str(ROOT), GLOO_SOCKET_IFNAME=f.ifname,
-                       AUTOTUNE_RUNS_DIR=str(work / f"runs-{rate}")))
+                       AUTOTUNE_RUNS_DIR=str(work / f"runs-{rate}"),
+                       AUTOTUNE_COLLECTOR_HOST=f.controller_address))
     script = [str(SCRIPT), "--log-every", str(args.log_every)]
     alloc = ["salloc", "-N", "2", "-n", "2", "-t", "60"]
     tune = [*alloc, sys.executable, "-m", "autotune", "tune", "--json", "--plain", "--budget",

@@ -271,3 +271,55 @@ def test_a_node_lost_mid_probe_is_one_clear_line_and_leaves_nothing(cluster_node
     assert bed_settled(cluster, (str(tmp_path),)) == []
     print(f"lost node: the probe ended {ended_after:.0f} s after the link went down "
           f"({result['outcome']}: {result['reason'][:200]}); the job ended {state}")
+
+
+def test_a_rank_lost_on_one_node_ends_the_run_with_its_code(cluster_nodes, tmp_path):
+    """A run on two nodes whose rank on node2 is killed (SIGKILL, as the OOM killer does) while
+    both train: srun ends the step, the run ends with a failure code and one error line naming
+    its log, the journal reads back whole, and nothing is left on either host."""
+    import signal
+    import subprocess
+
+    cluster = cluster_nodes
+    f = cluster.facts
+    script = tmp_path / "imagenet_shaped.py"
+    script.write_text((SCRIPTS / "shape_ddp_when_launched.py").read_text())
+    recipe = _recipe(tmp_path, script)
+    (tmp_path / "envs").mkdir()
+    argv = [sys.executable, "-m", "autotune", "run", "--plain", "--recipe", str(recipe),
+            str(script), "-b", "{batch_size}", "-j", "0", "--env-out", str(tmp_path / "envs")]
+    job_id, out = _submit(cluster, tmp_path, "rank", 2, argv, exec_=True)
+
+    def rank_on_node2() -> int | None:
+        """The pid of the script's process in node2's namespace, once both ranks train."""
+        runs = list((tmp_path / "runs-rank").glob("*-run-*"))
+        if not runs or not any(e["event"] == "fullrun_progress" and e["samples"] > 0
+                               for e in read_events(runs[0])[0]):
+            return None
+        p = subprocess.run(["ip", "netns", "pids", f.namespaces[1]], capture_output=True,
+                           text=True, timeout=30)
+        for pid in p.stdout.split():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    if str(script).encode() in fh.read():
+                        return int(pid)
+            except OSError:
+                continue
+        return None
+
+    try:
+        pid = wait_for(rank_on_node2, timeout_s=JOB_TIMEOUT_S, what="both ranks to train",
+                       poll_s=1.0)
+        os.kill(pid, signal.SIGKILL)
+        state, exit_code = bed_wait_job(cluster, job_id, 120.0)
+    finally:
+        bed_slurm(cluster, "scancel", job_id)
+    log = out.read_text()
+    assert state == "FAILED" and exit_code != "0:0", (state, exit_code, log[-3000:])
+    events = _whole(_run_dir(tmp_path, "rank"))
+    ended = next(e for e in events if e["event"] == "fullrun_ended")
+    assert ended["exit_code"] != 0, ended
+    assert events[-1]["event"] == "run_ended" and events[-1]["exit_code"] == ended["exit_code"]
+    errors = [ln for ln in log.splitlines() if ln.startswith("ERROR:")]
+    assert len(errors) == 1 and "fullrun.log" in errors[0], errors
+    assert bed_settled(cluster, (str(tmp_path),)) == []
