@@ -187,7 +187,7 @@ def slurm_conf(*, cluster: str, controller: str, controller_addr: str, ctld_port
         "SelectTypeParameters=CR_Core",
         "SchedulerType=sched/builtin",
         "ReturnToService=2",
-        "SlurmdTimeout=60",
+        "SlurmdTimeout=300",  # a node unreachable this long is DOWN and its jobs requeued
         "InactiveLimit=30",  # an allocation whose salloc/srun was killed is revoked
         "KillWait=5",
         "MinJobAge=60",

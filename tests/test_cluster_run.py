@@ -24,7 +24,7 @@ from conftest import (ROOT, SCRIPTS, bed_job_state, bed_settled, bed_slurm, bed_
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 JOB_TIMEOUT_S = 240.0
-LOST_S = 45.0  # node2's link down this long in the lost-node test
+LOST_S = 40.0  # node2's link down this long in the lost-node test
 LINK = "gloo allreduce of 2 ranks across 2 nodes: peak bus bandwidth 0.0118 GB/s"
 
 
@@ -42,7 +42,7 @@ def _recipe(tmp_path: Path, script: Path) -> Path:
 
 
 def _submit(cluster, tmp_path: Path, name: str, nodes: int, argv: list[str], *,
-            exec_: bool = False) -> tuple[str, Path]:
+            exec_: bool = False, requeue: bool = True) -> tuple[str, Path]:
     """``sbatch -N nodes`` of ``argv`` (autotune's command line) with its exit code kept in
     ``<name>.rc``; the job id and the job's output file. With ``exec_`` the batch script is
     ``exec autotune ...`` (as docs/cluster.md's template): autotune is the batch step's own
@@ -53,8 +53,8 @@ def _submit(cluster, tmp_path: Path, name: str, nodes: int, argv: list[str], *,
     wrap = "exec " + " ".join(argv) if exec_ else " ".join(argv) + f"; echo $? > {rc_file}"
     env = dict(os.environ, PYTHONPATH=str(ROOT), AUTOTUNE_RUNS_DIR=str(tmp_path / f"runs-{name}"))
     p = bed_slurm(cluster, "sbatch", "--parsable", "-N", str(nodes), "-n", str(nodes), "-t", "10",
-                  "--chdir", str(tmp_path), "-o", str(out), "--wrap", wrap, env=env,
-                  job_name=job_name)
+                  *([] if requeue else ["--no-requeue"]), "--chdir", str(tmp_path), "-o",
+                  str(out), "--wrap", wrap, env=env, job_name=job_name)
     assert p.returncode == 0, p.stderr
     return p.stdout.strip().split(";")[0], out
 
@@ -230,7 +230,8 @@ def test_a_node_lost_mid_probe_is_one_clear_line_and_leaves_nothing(cluster_node
     script.write_text((SCRIPTS / "shape_ddp_when_launched.py").read_text())
     argv = [sys.executable, "-m", "autotune", "probe", "--plain", "--modes", "full", "--seconds",
             "90", str(script), "--epochs", "1000"]
-    job_id, out = _submit(cluster, tmp_path, "lost", 2, argv)
+    # never run twice: a node Slurm did declare down would requeue the job (JobRequeue)
+    job_id, out = _submit(cluster, tmp_path, "lost", 2, argv, requeue=False)
     down = ["ip", "-n", f.namespaces[1], "link", "set", f.ifname, "down"]
     up = ["ip", "-n", f.namespaces[1], "link", "set", f.ifname, "up"]
     try:
@@ -246,7 +247,7 @@ def test_a_node_lost_mid_probe_is_one_clear_line_and_leaves_nothing(cluster_node
         lost_at = time.monotonic()
         run_dir = next((tmp_path / "runs-lost").glob("*-probe-*"))
         # lost for longer than the probe waits on a step without progress (30 s), and back
-        # before Slurm declares the node down (the bed's SlurmdTimeout, 60 s)
+        # long before Slurm declares the node down (the bed's SlurmdTimeout, 300 s)
         time.sleep(LOST_S)
         subprocess.run(up, check=True, timeout=30)
 
