@@ -41,6 +41,27 @@ def _recipe(tmp_path: Path, script: Path) -> Path:
     return recipes.save(r, tmp_path / "recipes")
 
 
+def _script(tmp_path: Path) -> Path:
+    """The imagenet-shaped script under a path no other test's processes carry (the marks
+    `bed_settled` looks for)."""
+    script = tmp_path / "imagenet_shaped.py"
+    script.write_text((SCRIPTS / "shape_ddp_when_launched.py").read_text())
+    return script
+
+
+def _run_argv(tmp_path: Path, script: Path, *, workers: int, extra=()) -> list[str]:
+    """``autotune run`` of ``script`` with a two-node recipe (`_recipe`), its ranks writing
+    their launcher variables to an empty ``envs`` dir (`_worlds`)."""
+    recipe = _recipe(tmp_path, script)
+    envs = tmp_path / "envs"
+    envs.mkdir(exist_ok=True)
+    for old in envs.glob("*"):
+        old.unlink()
+    return [sys.executable, "-m", "autotune", "run", "--plain", "--recipe", str(recipe),
+            str(script), "-b", "{batch_size}", "-j", str(workers), "--env-out", str(envs),
+            *extra]
+
+
 def _submit(cluster, tmp_path: Path, name: str, nodes: int, argv: list[str], *,
             exec_: bool = False, requeue: bool = True) -> tuple[str, Path]:
     """``sbatch -N nodes`` of ``argv`` (autotune's command line) with its exit code kept in
@@ -82,17 +103,10 @@ def test_a_recipe_tuned_on_two_nodes_runs_on_two_and_on_one(cluster_nodes, tmp_p
     exit 0, a whole journal. On one: the run says what carries over and flags the halved global
     batch and the bucket tuned for the two-node link, then runs one process, exit 0."""
     cluster = cluster_nodes
-    script = tmp_path / "imagenet_shaped.py"  # a path no other test's processes carry
-    script.write_text((SCRIPTS / "shape_ddp_when_launched.py").read_text())
-    recipe = _recipe(tmp_path, script)
+    script = _script(tmp_path)
     results = {}
     for name, nodes in (("two", 2), ("one", 1)):
-        (tmp_path / "envs").mkdir(exist_ok=True)
-        for old in (tmp_path / "envs").glob("*"):
-            old.unlink()
-        argv = [sys.executable, "-m", "autotune", "run", "--plain", "--recipe", str(recipe),
-                str(script), "-b", "{batch_size}", "-j", "0", "--env-out",
-                str(tmp_path / "envs"), "--epochs", "2"]
+        argv = _run_argv(tmp_path, script, workers=0, extra=("--epochs", "2"))
         job_id, out = _submit(cluster, tmp_path, name, nodes, argv)
         try:
             state = bed_wait_job(cluster, job_id, JOB_TIMEOUT_S)
@@ -129,12 +143,8 @@ def test_scancel_of_a_running_job_leaves_nothing_on_any_node(cluster_nodes, tmp_
     left on either host (ranks, workers, the controller), its journal reads back whole, and the
     run says at once, in its output and its journal, that it was cancelled."""
     cluster = cluster_nodes
-    script = tmp_path / "imagenet_shaped.py"
-    script.write_text((SCRIPTS / "shape_ddp_when_launched.py").read_text())
-    recipe = _recipe(tmp_path, script)
-    (tmp_path / "envs").mkdir()
-    argv = [sys.executable, "-m", "autotune", "run", "--plain", "--recipe", str(recipe),
-            str(script), "-b", "{batch_size}", "-j", "2", "--env-out", str(tmp_path / "envs")]
+    script = _script(tmp_path)
+    argv = _run_argv(tmp_path, script, workers=2)
     job_id, out = _submit(cluster, tmp_path, "cancel", 2, argv, exec_=True)
     try:
         def training() -> bool:
@@ -181,8 +191,7 @@ def test_tune_and_run_through_mpirun_across_the_hosts(cluster_nodes, tmp_path):
         pytest.skip("the bed's ssh launch is set up for MPICH's Hydra (pip mpich)")
     cluster = cluster_nodes
     f = cluster.facts
-    script = tmp_path / "imagenet_shaped.py"
-    script.write_text((SCRIPTS / "shape_ddp_when_launched.py").read_text())
+    script = _script(tmp_path)
     env = dict(os.environ, PYTHONPATH=str(ROOT), AUTOTUNE_RUNS_DIR=str(tmp_path / "runs"),
                GLOO_SOCKET_IFNAME=f.ifname)
     tune = [sys.executable, "-m", "autotune", "tune", "--json", "--plain", "--hostfile",
@@ -226,8 +235,7 @@ def test_a_node_lost_mid_probe_is_one_clear_line_and_leaves_nothing(cluster_node
 
     cluster = cluster_nodes
     f = cluster.facts
-    script = tmp_path / "imagenet_shaped.py"
-    script.write_text((SCRIPTS / "shape_ddp_when_launched.py").read_text())
+    script = _script(tmp_path)
     argv = [sys.executable, "-m", "autotune", "probe", "--plain", "--modes", "full", "--seconds",
             "90", str(script), "--epochs", "1000"]
     # never run twice: a node Slurm did declare down would requeue the job (JobRequeue)
@@ -283,12 +291,8 @@ def test_a_rank_lost_on_one_node_ends_the_run_with_its_code(cluster_nodes, tmp_p
 
     cluster = cluster_nodes
     f = cluster.facts
-    script = tmp_path / "imagenet_shaped.py"
-    script.write_text((SCRIPTS / "shape_ddp_when_launched.py").read_text())
-    recipe = _recipe(tmp_path, script)
-    (tmp_path / "envs").mkdir()
-    argv = [sys.executable, "-m", "autotune", "run", "--plain", "--recipe", str(recipe),
-            str(script), "-b", "{batch_size}", "-j", "0", "--env-out", str(tmp_path / "envs")]
+    script = _script(tmp_path)
+    argv = _run_argv(tmp_path, script, workers=0)
     job_id, out = _submit(cluster, tmp_path, "rank", 2, argv, exec_=True)
 
     def rank_on_node2() -> int | None:
