@@ -77,10 +77,10 @@ class FakeProbe:
         return r
 
     def measured(self):
-        """Knobs of the search's probes (confirmation probes and the two-rank probe that asks
-        whether the script trains data-parallel left out)."""
+        """Knobs of the search's probes (confirmation probes, the two-rank probe that asks
+        whether the script trains data-parallel and the baseline's second process left out)."""
         return [s.ranks.knobs for s in self.specs
-                if not s.ranks.name.startswith(("confirm", "ranks"))]
+                if not s.ranks.name.startswith(("confirm", "ranks", "baseline-again"))]
 
 
 @pytest.fixture
@@ -135,6 +135,15 @@ def test_search_measures_each_config_once_and_finds_the_best(tmp_path, machine):
     keys = [tuple(sorted(k.items())) for k in probes[1:]]
     assert len(keys) == len(set(keys)), "a config was measured twice"
     assert report.trials_measured == len(probes) <= 12, report.stop_reason
+    # After the first search probe, the script's own config once more, in a new process: the
+    # spread between processes (none here: the fake gives the same figure twice)
+    names = [s.ranks.name for s in fake.specs
+             if not s.ranks.name.startswith(("confirm", "ranks"))]
+    assert names[:3] == ["baseline", "trial-1", "baseline-again"], names
+    again, = [s for s in fake.specs if s.ranks.name == "baseline-again"]
+    assert again.ranks.knobs == {"batch_size": 16, "workers": 0, "threads": 2, "instances": 1}
+    assert report.process_noise.measured and report.process_noise.between_rel == 0.01
+    assert "no more than their own intervals explain" in report.process_noise.why
     # First each knob alone at its far end, a config where workers and threads share the two
     # cores, then the moves that paid off, together.
     assert probes[1:6] == [

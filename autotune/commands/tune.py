@@ -396,6 +396,8 @@ def print_summary(report: TuneReport, recipe_path: Path, *, plain: bool) -> None
         out.print(f"batch: {report.batch_note}")
     if report.payback:
         out.print(f"payback: {report.payback.text()}")
+    if report.process_noise:
+        out.print(f"noise: {report.process_noise.text()}")
     stop = report.stop_reason.text if report.stop_reason else "the study ended"
     out.print(f"trials: {report.trials_measured} measured ({report.trials_total} in the study); "
               f"stopped: {stop}")

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from autotune.measuring import allreduce
 from autotune.launching import engines, rank_command
 from autotune.hardware import fingerprint
-from autotune.tuning import fitting, space
+from autotune.tuning import fitting, space, spread
 from autotune import AutotuneError, Note
 from autotune.measuring.outcome import Outcome
 from autotune.tuning.prober import Prober
@@ -146,7 +146,9 @@ def measure(prober: Prober, state: TuneState) -> TuneState:
     # the summary's baseline facts, confirmed or not, under the config that names every knob
     learned = state.learned.measured(sp.baseline, result)
     timing = fitting.ScriptTiming.of(result, sp.trial_knobs(sp.baseline)[0])
-    state = dataclasses.replace(state, learned=dataclasses.replace(learned, timing=timing))
+    # the first of the two processes the spread between processes is measured on
+    state = dataclasses.replace(state, learned=dataclasses.replace(
+        learned, timing=timing, spread=spread.ProcessSpread(first=spread.Side.of(result))))
     if timing is not None:
         state = prober.note(state, Note.info(f"baseline: {timing.describe()}" + (
             "; later probes are fitted to it" if not settings.seconds else "")))

@@ -247,10 +247,15 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
     by = _by_objective(scorer, cfgs, results)
     k = len(entries) - 1  # the interval allows for picking the best of these
 
+    spread = state.learned.spread
+    process_rel = spread.process_rel() if spread is not None else decision.PROCESS_NOISE_REL
+
     def judge(by_objective: list[dict[str, list]]) -> decision.Decision:
         if scorer.objective.multi:
-            return decision.decide_pair(*by_objective, "baseline", candidates=k)
-        return decision.decide(by_objective[0], "baseline", candidates=k)
+            return decision.decide_pair(*by_objective, "baseline", candidates=k,
+                                        process_rel=process_rel)
+        return decision.decide(by_objective[0], "baseline", candidates=k,
+                               process_rel=process_rel)
 
     d = judge(by)
     if len(entries) == 1:

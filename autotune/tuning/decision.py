@@ -262,12 +262,14 @@ class Choice:
 
 def speedup_interval(speedup: float, pairs: Sequence[tuple[float, float]],
                      winner: Summary, base: Summary, *,
-                     candidates: int = 1) -> tuple[float, float]:
+                     candidates: int = 1,
+                     process_rel: float = PROCESS_NOISE_REL) -> tuple[float, float]:
     """The interval of ``speedup`` that holds when the two configs are run again, in new
     processes, at `level_for` ``candidates`` (95% for one): from the spread of the per-round
     ratios (``pairs``: winner, baseline) when there are two rounds or more, never narrower than
-    the probes' own intervals; from one round, the probes' intervals widened by
-    `PROCESS_NOISE_REL` for each of the two processes."""
+    the probes' own intervals; from one round, the probes' intervals widened by the spread
+    between processes (``process_rel``: measured by `autotune.tuning.spread`, else the assumed
+    `PROCESS_NOISE_REL`) for each of the two processes."""
     level = level_for(candidates)
     z = _z(level)
     within = math.hypot(_rel(winner), _rel(base)) * z / 1.96  # the probes' 95% -> level
@@ -276,7 +278,7 @@ def speedup_interval(speedup: float, pairs: Sequence[tuple[float, float]],
     if len(logs) >= 2:
         half = max(half, _between_half(logs, level))
     else:
-        one = math.hypot(within, z * math.sqrt(2) * PROCESS_NOISE_REL)
+        one = math.hypot(within, z * math.sqrt(2) * process_rel)
         half = math.log1p(one) if math.isfinite(one) else math.inf
     if not math.isfinite(half):
         return 0.0, math.inf
@@ -312,7 +314,7 @@ def rounds_needed(speedup: float, logs: Sequence[float], within: float, candidat
 
 def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
            min_gain_rel: float = MIN_GAIN_REL, candidates: int | None = None,
-           min_rounds: int = MIN_ROUNDS) -> Decision:
+           min_rounds: int = MIN_ROUNDS, process_rel: float = PROCESS_NOISE_REL) -> Decision:
     """Pick the winner of the interleaved re-measurement; the baseline unless the gain is
     beyond doubt.
 
@@ -321,6 +323,7 @@ def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
     ``min_rounds`` rounds, its mean gain exceeds ``min_gain_rel``, and the low end of its
     speed-up's interval (`speedup_interval` at `level_for` ``candidates``: by default every
     entry but the baseline, since the best of them was picked) lies above 1.0.
+    ``process_rel``: the spread between processes a one-round interval allows for.
     """
     k = candidates if candidates is not None else max(1, len(results) - 1)
     base_ms = [m for m in results.get(baseline, ()) if m is not None]
@@ -342,7 +345,8 @@ def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
              for w, b in zip(results[name], results[baseline])
              if w is not None and b is not None and b.samples_per_s > 0]
     speedup = best.samples_per_s / base.samples_per_s if base.samples_per_s else math.inf
-    low, high = speedup_interval(speedup, pairs, best, base, candidates=k)
+    low, high = speedup_interval(speedup, pairs, best, base, candidates=k,
+                                 process_rel=process_rel)
     noise = max(min_gain_rel, 1 - low / speedup if speedup > 0 and math.isfinite(high)
                 else math.inf)
     gain = f"{name} measured {speedup - 1:+.1%}"
@@ -379,14 +383,17 @@ def _rel(s: Summary) -> float:
 
 def decide_pair(first: Mapping[str, Sequence[Measured | None]],
                 second: Mapping[str, Sequence[Measured | None]], baseline: str, *,
-                min_gain_rel: float = MIN_GAIN_REL, candidates: int | None = None) -> Decision:
+                min_gain_rel: float = MIN_GAIN_REL, candidates: int | None = None,
+                process_rel: float = PROCESS_NOISE_REL) -> Decision:
     """Two objectives at once (samples/s, samples/J): a candidate wins when `decide` declares it
     the winner on one of them and, on the other, its mean is not below the baseline's by more
     than that objective's noise. The speed-up and its interval are the first objective's, at
     `level_for` ``candidates`` (default: every entry but the baseline)."""
     k = candidates if candidates is not None else max(1, len(first) - 1)
-    d = (decide(first, baseline, min_gain_rel=min_gain_rel, candidates=k),
-         decide(second, baseline, min_gain_rel=min_gain_rel, candidates=k))
+    d = (decide(first, baseline, min_gain_rel=min_gain_rel, candidates=k,
+                process_rel=process_rel),
+         decide(second, baseline, min_gain_rel=min_gain_rel, candidates=k,
+                process_rel=process_rel))
     base1 = d[0].baseline_summary
     for i, (won, other, other_d) in enumerate(((d[0], second, d[1]), (d[1], first, d[0]))):
         if won.kept_baseline:
@@ -403,7 +410,8 @@ def decide_pair(first: Mapping[str, Sequence[Measured | None]],
         pairs = [(w.samples_per_s, b.samples_per_s) for w, b in zip(first[name], first[baseline])
                  if w is not None and b is not None and b.samples_per_s > 0]
         speedup = s1.samples_per_s / base1.samples_per_s if base1.samples_per_s else math.inf
-        low, high = speedup_interval(speedup, pairs, s1, base1, candidates=k)
+        low, high = speedup_interval(speedup, pairs, s1, base1, candidates=k,
+                                     process_rel=process_rel)
         gains = (speedup - 1, ratio - 1) if i == 0 else (ratio - 1, won.speedup - 1)
         return Decision(name, False, speedup, s1, base1, won.noise_rel,
                         f"{name}: {gains[0]:+.1%} samples/s and {gains[1]:+.1%} samples/J "

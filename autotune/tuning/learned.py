@@ -8,6 +8,8 @@ on from there instead of starting over.
 - what autotune did to a config (its probes' notes: a backend replaced, a flag kept);
 - what fitted search probes really took against what they were expected to take, which the
   budget plan counts (`autotune.tuning.fitting.cost_factor`);
+- the script's own config probed twice, in two processes: the spread between processes
+  (`autotune.tuning.spread`), measured once a run;
 - what the run told the user, for the report.
 
 Frozen: a probe's answer gives a new `Learned` (`Learned.after`); the stages hand it on inside
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 
 from autotune import Note, NoteKind
 from autotune.tuning import fitting
+from autotune.tuning.spread import ProcessSpread
 from autotune.tuning.records import ProbeFacts
 from probes.protocol import Mode
 
@@ -75,6 +78,7 @@ class Learned:
     notes: tuple[Note, ...] = ()  # what the run told the user, for the report
     told_busy: bool = False  # the hint that foreign load spoils probes is told once a run
     costs: tuple[fitting.Cost, ...] = ()  # fitted search probes: expected and real time
+    spread: ProcessSpread | None = None  # None: not yet measured, nor decided against
 
     def costed(self, expected_s: float, actual_s: float) -> Learned:
         """With one more fitted search probe's expected and real time (`fitting.cost_factor`)."""
@@ -127,7 +131,8 @@ class Learned:
                 "config_notes": [{"cfg": dict(k), "notes": list(v)}
                                  for k, v in self.config_notes.items()],
                 "notes": [n.to_dict() for n in self.notes], "told_busy": self.told_busy,
-                "costs": [dataclasses.asdict(c) for c in self.costs]}
+                "costs": [dataclasses.asdict(c) for c in self.costs],
+                "spread": self.spread and self.spread.to_dict()}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> Learned:
@@ -142,4 +147,5 @@ class Learned:
                    notes=tuple(Note.from_dict(n) for n in d.get("notes", ())),
                    told_busy=bool(d.get("told_busy")),
                    costs=tuple(fitting.Cost(float(c["expected_s"]), float(c["actual_s"]))
-                               for c in d.get("costs", ())))
+                               for c in d.get("costs", ())),
+                   spread=ProcessSpread.from_dict(d.get("spread")))

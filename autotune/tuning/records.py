@@ -26,6 +26,7 @@ from autotune.tuning.memory import MemoryAdvice
 from autotune.tuning.objective import THROUGHPUT, Objective, Point, Score
 from autotune.tuning.payback import Payback
 from autotune.tuning.space import Range, Space, parse_fix, parse_space
+from autotune.tuning.spread import ProcessSpread
 from autotune.tuning.space.parse import parse_values
 
 DEFAULT_TRIALS = 20
@@ -328,6 +329,7 @@ class TuneReport:
     tuned_on: TunedOn = TunedOn()  # the nodes and the link it was tuned on
     rounds: int = 0  # interleaved confirmation rounds the decision stood on
     candidates: int = 1  # candidates confirmed beside the baseline (the interval's correction)
+    process_noise: ProcessSpread | None = None  # the spread between processes, or why unmeasured
 
     @property
     def batch_note(self) -> str:
@@ -366,6 +368,7 @@ class TuneReport:
                "speedup_interval": [self.speedup_low, self.speedup_high],
                "confirm_rounds": self.rounds, "candidates": self.candidates,
                "tuned_on": self.tuned_on.to_dict(),
+               "process_noise": self.process_noise.to_dict() if self.process_noise else None,
                "keep_batch": self.keep_batch.to_dict() if self.keep_batch else None,
                "kept_baseline": self.kept_baseline, "reason": self.reason,
                "trials": self.trials_measured, "trials_total": self.trials_total,

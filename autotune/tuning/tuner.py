@@ -197,6 +197,8 @@ class Tuner:
             objective_note=note if objective.Kind.GOODPUT in settings.objective.kinds else "",
             pareto=c.front, picked=c.picked, keep_batch=c.keep_batch, rounds=c.rounds,
             candidates=c.candidates, memory=_memory(self.state, c.best.knobs),
+            process_noise=learned.spread if learned.spread and not learned.spread.pending
+            else None,
             tuned_on=TunedOn.of(self.prober.launcher.host_count, self.state.allreduce),
             payback=payback.payback(self.elapsed(), run, c.baseline.samples_per_s,
                                     c.best.samples_per_s) if run else None)

@@ -1,0 +1,109 @@
+"""The spread between processes: the script's own config probed twice, split from the probes'
+own spread, explained, and used by the search's pruning and the one-round speed-up interval."""
+
+import math
+
+import pytest
+
+from autotune.tuning import decision, spread
+from autotune.tuning.learned import Learned
+from autotune.tuning.spread import ProcessSpread, Side
+from test_study import FakeProbe, machine, tune  # noqa: F401  (machine: a fixture)
+
+
+def side(rate, rel_ci=0.01, **kw):
+    return Side(rate, rate * rel_ci, **kw)
+
+
+def test_the_same_figure_twice_is_no_more_than_the_probes_own_spread():
+    s = spread.measure(side(100.0), side(101.0))
+    assert s.measured and s.between_rel == spread.BETWEEN_FLOOR
+    assert s.margin_rel() == spread.MARGIN_FLOOR
+    assert "no more than their own intervals explain" in s.why
+
+
+def test_processes_that_differ_beyond_their_intervals_give_the_spread_between_them():
+    s = spread.measure(side(100.0), side(80.0))  # 22% apart (log), each probe ±1%
+    d = math.log(100 / 80)
+    own = 2 * (0.01 / 1.96) ** 2
+    assert s.between_rel == pytest.approx(math.sqrt((d * d - own) / 2), rel=1e-9)
+    assert 0.15 < s.between_rel < 0.16
+    assert s.process_rel() == s.between_rel
+    assert s.margin_rel() == pytest.approx(math.sqrt(2) * s.between_rel)
+    # a difference the probes' own intervals explain leaves nothing between processes
+    wide = spread.measure(side(100.0, rel_ci=0.4), side(80.0, rel_ci=0.4))
+    assert wide.between_rel == spread.BETWEEN_FLOOR
+
+
+@pytest.mark.parametrize("first, second, said", [
+    (dict(foreign_cores=0.0), dict(foreign_cores=1.2), "other programs' load differed"),
+    (dict(first_s=2.0), dict(first_s=9.0), "start-up differed (2.0 s and 9.0 s"),
+    (dict(warmup_s=3.0, measured_s=4.0), dict(warmup_s=3.0, measured_s=20.0),
+     "warm-up may be left in"),
+    ({}, {}, "not foreign load nor start-up"),
+])
+def test_a_large_spread_is_put_down_to_what_differed(first, second, said):
+    s = spread.measure(side(100.0, **first), side(75.0, **second))
+    assert said in s.why and said in s.text()
+
+
+def test_unmeasured_the_assumed_figure_stands_and_says_why():
+    s = ProcessSpread(first=side(100.0), why="--trials 3 leaves too few probes")
+    assert not s.measured and not s.pending and s.between_rel is None
+    assert s.process_rel() == decision.PROCESS_NOISE_REL
+    assert s.margin_rel() == decision.PRUNE_MARGIN_REL
+    assert "not measured (--trials 3 leaves too few probes)" in s.text()
+    assert ProcessSpread(first=side(100.0)).pending
+
+
+def test_the_spread_survives_tune_json():
+    s = spread.measure(side(100.0, foreign_cores=0.5, first_s=3.0), side(90.0))
+    back = Learned.from_dict(Learned(spread=s).to_dict()).spread
+    assert back == s and back.between_rel == s.between_rel
+    assert Learned.from_dict(Learned().to_dict()).spread is None
+
+
+def test_a_one_round_interval_widens_with_the_spread_between_processes():
+    w, b = decision.Summary(120.0, 1.2, 1), decision.Summary(100.0, 1.0, 1)
+    narrow = decision.speedup_interval(1.2, [(120.0, 100.0)], w, b, process_rel=0.02)
+    assumed = decision.speedup_interval(1.2, [(120.0, 100.0)], w, b)
+    assert narrow[0] > 1.0 > assumed[0]  # 2% between processes: 1.2x is beyond doubt
+
+
+def rate_with_slow_second_baseline(baseline_knobs):
+    """A surface whose script's own config gives 100 samples/s, then 70 in its second process."""
+    seen = []
+
+    def rate(knobs):
+        if all(knobs.get(k) == v for k, v in baseline_knobs.items()):
+            seen.append(1)
+            return 100.0 if len(seen) == 1 else 70.0
+        return 100.0 + knobs["workers"] * 5
+    return rate
+
+
+def test_the_search_probes_the_baseline_again_and_prunes_with_the_measured_margin(
+        tmp_path, machine):
+    fake = FakeProbe(rate_with_slow_second_baseline({"batch_size": 16, "workers": 0,
+                                                     "threads": 2}))
+    report, t, run_dir = tune(tmp_path, fake, trials=8, confirm_rounds=0,
+                              space_tokens=("batch_size=16:32",))
+    names = [s.ranks.name for s in fake.specs]
+    assert names.count("baseline-again") == 1
+    noise = report.process_noise
+    assert noise.measured and noise.second.samples_per_s == 70.0
+    assert noise.between_rel == pytest.approx(0.25, abs=0.01)
+    assert noise.margin_rel() == spread.MARGIN_CAP
+    assert t.state.learned.spread == noise  # kept in the state: a resume does not repeat it
+    assert "noise: the script's own config started twice: 100.0 and 70.0" in \
+        "\n".join(n.text for n in report.notes)
+    summary = (run_dir / "summary.json").read_text()
+    assert '"process_noise"' in summary and '"between_rel": 0.25' in summary
+
+
+def test_a_search_of_a_few_trials_spends_no_probe_on_the_repeat(tmp_path, machine):
+    fake = FakeProbe(lambda k: 100.0 + k["workers"])
+    report, _, _ = tune(tmp_path, fake, trials=3, confirm_rounds=0)
+    assert "baseline-again" not in [s.ranks.name for s in fake.specs]
+    assert not report.process_noise.measured
+    assert "--trials 3 leaves too few probes" in report.process_noise.why
