@@ -210,3 +210,15 @@ def test_scaling_efficiency_weighs_n_ranks_against_the_best_one_rank_config():
     assert report(best, one).scaling_efficiency == 720.0 / 900.0
     assert report(base, one).scaling_efficiency is None  # one rank: nothing to weigh
     assert report(best, 0.0).scaling_efficiency is None  # no one-rank figure
+
+
+def test_combine_takes_the_better_of_two_moves_of_one_knob():
+    """The batch's two neighbours both paid off: the better one joins the other knob's move;
+    two moves of the batch alone are one knob, not a combination."""
+    base = {"batch_size": 32, "workers": 0}
+    down, up = {"batch_size": 16, "workers": 0}, {"batch_size": 64, "workers": 0}
+    workers = {"batch_size": 32, "workers": 2}
+    for moves in ([(down, 110.0), (up, 120.0), (workers, 130.0)],
+                  [(up, 120.0), (down, 110.0), (workers, 130.0)]):
+        assert decision.combine(base, 100.0, moves) == {"batch_size": 64, "workers": 2}
+    assert decision.combine(base, 100.0, [(down, 110.0), (up, 120.0)]) is None

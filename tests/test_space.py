@@ -291,11 +291,33 @@ def test_dict_round_trip():
     assert space.Space.from_dict(sp.to_dict()) == sp
 
 
-def test_one_at_a_time_moves_each_knob_to_its_far_end():
+def test_one_at_a_time_moves_the_batch_to_its_neighbours_and_each_other_knob_to_its_far_end():
     sp = build()  # baseline batch 32 of 8..256, workers 0 of 0..2, thread_pct 100 of 50,100
+    assert sp.domains["batch_size"] == (8, 16, 32, 64, 128, 256)
     moves = sp.one_at_a_time()
-    assert moves == [{**sp.baseline, "batch_size": 256}, {**sp.baseline, "workers": 2},
-                     {**sp.baseline, "thread_pct": 50}]
+    assert moves == [{**sp.baseline, "batch_size": 16}, {**sp.baseline, "batch_size": 64},
+                     {**sp.baseline, "workers": 2}, {**sp.baseline, "thread_pct": 50}]
+    # at the domain's end, the one neighbour there is
+    low = build(ranges=["batch_size=32:128"])
+    assert [m["batch_size"] for m in low.one_at_a_time() if m["batch_size"] != 32] == [64]
+
+
+@pytest.mark.parametrize("line, then", [
+    ({32: 100.0, 16: 120.0, 64: 90.0}, 8),  # smaller paid off: one step further down
+    ({32: 100.0, 16: 90.0, 64: 120.0}, 128),  # larger paid off: one step further up
+    ({32: 100.0, 16: 120.0, 64: 90.0, 8: 130.0}, None),  # 8 is the domain's end
+    ({32: 100.0, 16: 120.0, 64: 90.0, 8: 110.0}, None),  # 8 measured and no better: stop
+    ({32: 100.0, 16: 102.0, 64: 90.0}, None),  # +2%: within the minimum gain
+    ({32: 100.0, 16: None, 64: 125.0, 128: 140.0}, 256),  # keeps walking while it pays
+    ({32: 100.0, 16: 90.0, 64: None}, None),  # the larger failed (OOM): not past it
+    ({16: 120.0}, None),  # the script's own batch not measured: nothing to beat
+])
+def test_the_batch_walks_on_the_way_it_paid_off(line, then):
+    sp = build()
+    nxt = sp.batch_walk(line, min_gain_rel=0.03)
+    assert (nxt and nxt["batch_size"]) == then
+    if nxt:
+        assert nxt == {**sp.baseline, "batch_size": then}
 
 
 def test_the_first_moves_follow_what_binds_the_baseline():
@@ -317,8 +339,8 @@ def test_the_first_moves_follow_what_binds_the_baseline():
 def test_initial_design_adds_a_core_balanced_config():
     sp = build()  # 2 cores: one worker and one thread fill them
     design = sp.initial_design()
-    assert design[:3] == sp.one_at_a_time()
-    assert design[3] == {**sp.baseline, "workers": 1, "thread_pct": 50}
+    assert design[:4] == sp.one_at_a_time()
+    assert design[4] == {**sp.baseline, "workers": 1, "thread_pct": 50}
     assert space.Space.from_dict(sp.to_dict()).initial_design() == design
     big = build(cores=16, workers=0)
     assert {**big.baseline, "workers": 8, "thread_pct": 50} in big.initial_design()

@@ -657,3 +657,16 @@ def test_no_speed_up_is_claimed_when_the_baseline_fails_in_the_confirmation(tmp_
     assert (report.speedup_low, report.speedup_high) == (1.0, 1.0)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["kept_baseline"] and summary["speedup"] == 1.0
+
+
+def test_a_batch_faster_per_sample_at_a_smaller_size_is_found(tmp_path, machine):
+    """The script's batch 16; each halving gains 12%: the search measures both neighbours
+    first, then walks down while it pays, to the domain's end (4), and picks it."""
+    import math
+
+    fake = FakeProbe(lambda k: 100.0 * 1.12 ** -math.log2(k["batch_size"] / 16))
+    report, _, _ = tune(tmp_path, fake, trials=8, confirm_rounds=2)
+    batches = [k.get("batch_size") for k in fake.measured()[1:]]
+    assert batches[:2] == [8, 32], batches  # both neighbours, before any far end
+    assert 4 in batches[:6], batches  # then one step further the way it paid off
+    assert report.best.knobs["batch_size"] == 4 and not report.kept_baseline

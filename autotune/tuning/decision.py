@@ -55,18 +55,21 @@ def combine(baseline: Mapping[str, int], base_value: float,
             min_gain_rel: float = MIN_GAIN_REL) -> dict[str, int] | None:
     """The baseline with every one-knob move that beat it by more than ``min_gain_rel``.
 
-    ``moves`` are (config, samples/s or None) of one-at-a-time probes. None when fewer than two
-    moves paid off (one alone is already measured).
+    ``moves`` are (config, samples/s or None) of one-at-a-time probes; of two moves of the same
+    knob that both paid off, the better one. None when moves of fewer than two knobs paid off
+    (one alone is already measured).
     """
     out = dict(baseline)
-    won = 0
-    for cfg, value in moves:
-        if value is None or value <= base_value * (1 + min_gain_rel):
-            continue
+    won: set[str] = set()
+    # the better moves last: of two moves of one knob (the batch's neighbours), the better stands
+    paid = sorted(((value, i, cfg) for i, (cfg, value) in enumerate(moves)
+                   if value is not None and value > base_value * (1 + min_gain_rel)),
+                  key=lambda m: (m[0], -m[1]))
+    for _, _, cfg in paid:
         changed = {k: v for k, v in cfg.items() if baseline.get(k) != v}
         out.update(changed)
-        won += 1
-    return out if won >= 2 else None
+        won.update(changed)
+    return out if len(won) >= 2 else None
 
 
 # -- convergence ----------------------------------------------------------------------------

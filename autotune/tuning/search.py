@@ -356,11 +356,39 @@ class Search:
     # -- when to stop ---------------------------------------------------------------------------
     def _after_trial(self, study, frozen) -> None:
         self._maybe_combine()
+        self._maybe_walk()
         self._maybe_repeat()
         reason = self._stop_reason()
         if reason is not None:
             self.stop_reason = reason
             study.stop()
+
+    def _maybe_walk(self) -> None:
+        """One more per-rank batch along the baseline's line, in the direction that paid off
+        (`Space.batch_walk`), queued next unless it is queued already or ruled out by an OOM."""
+        sp = self.space
+        if "batch_size" not in sp.domains:
+            return
+        line: dict[int, float | None] = {}
+        others = self._off_batch(sp.baseline)
+        for k in self.known.values():
+            if self._off_batch(k.cfg) == others:
+                line[int(sp.canonical(k.cfg)["batch_size"])] = \
+                    None if k.infeasible else self._score(k).value
+        nxt = sp.batch_walk(line, min_gain_rel=decision.MIN_GAIN_REL)
+        if nxt is None or decision.oom_blocks(nxt, self.ooms):
+            return
+        key = sp.key(nxt)
+        waiting = self.handle.trials(states=(studies.TrialState.WAITING,))
+        if any(self._key_of(t) == key for t in waiting):
+            return
+        self.handle.enqueue(sp.choice_from_config(nxt), {"design": "batch-walk"})
+        self.prober.tell(Note.info(f"batch: {knobs_text(nxt)} next, one step further the way "
+                                   f"the batch paid off"))
+
+    def _off_batch(self, cfg: Mapping[str, int]) -> dict[str, int]:
+        """Every knob of ``cfg`` but the per-rank batch, canonical."""
+        return {k: v for k, v in self.space.canonical(cfg).items() if k != "batch_size"}
 
     # -- the spread between processes ------------------------------------------------------------
     def _maybe_repeat(self) -> None:

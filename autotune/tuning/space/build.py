@@ -16,6 +16,9 @@ from autotune.tuning.space.knobs import (ALIASES, DESIGN_RULES, DOMAIN_RULES, KN
 from autotune.tuning.space.parse import Range, expand
 
 # Knobs that only CUDA MPS can move on a GPU, and their value without it (one rank, whole GPU).
+# Knobs whose first moves are the baseline's neighbours on both sides, not the far end.
+NEIGHBOURED = ("batch_size",)
+
 _MPS_KNOBS = {"instances": (1, "ranks sharing a GPU need CUDA MPS"),
               "thread_pct": (100, "a GPU share below 100% is set through CUDA MPS")}
 
@@ -88,8 +91,12 @@ class Space:
         return {n: self.index(n, int(base[n])) for n in self.names if n in base}
 
     def one_at_a_time(self, first: Sequence[str] = ()) -> list[dict[str, int]]:
-        """The baseline with one knob moved to its far end: the first configs worth measuring,
-        the knobs in ``first`` first (those that move what binds the baseline).
+        """The baseline with one knob moved: the first configs worth measuring, the knobs in
+        ``first`` first (those that move what binds the baseline). A knob moves to its far end,
+        except the per-rank batch, which moves to its neighbours on both sides
+        (`NEIGHBOURED`): a script's batch is seldom far from a good one, and one that runs
+        faster per sample at a smaller size is found only by looking there;
+        `Space.batch_walk` goes on in the direction that paid off.
 
         With a handful of noisy probes, learning each knob's direction first beats random
         starting points; `autotune.tuning.decision.combine` then joins the moves that paid off.
@@ -100,11 +107,40 @@ class Space:
         for n in order:
             values = self.domains[n]
             i = self.index(n, self.baseline.get(n, values[0]))
-            far = values[-1] if i < (len(values) - 1) / 2 else values[0]
-            cfg = self.config({**self.baseline, n: far})
-            if self.key(cfg) != self.key(self.baseline) and cfg not in out:
-                out.append(cfg)
+            if n in NEIGHBOURED:
+                targets = [values[j] for j in (i - 1, i + 1) if 0 <= j < len(values)]
+            else:
+                targets = [values[-1] if i < (len(values) - 1) / 2 else values[0]]
+            for v in targets:
+                cfg = self.config({**self.baseline, n: v})
+                if self.key(cfg) != self.key(self.baseline) and cfg not in out:
+                    out.append(cfg)
         return out
+
+    def batch_walk(self, line: Mapping[int, float | None], *,
+                   min_gain_rel: float) -> dict[str, int] | None:
+        """The next per-rank batch worth measuring along the baseline's line (every other knob
+        the baseline's): one step further out from the best batch measured, in the direction
+        it lies from the script's own, while that best beats the script's batch by more than
+        ``min_gain_rel``. ``line``: batch -> score (None: failed, or out of memory). None when
+        there is no such step: nothing beat the script's batch, the next one is measured
+        already, it failed, or the domain ends there."""
+        if "batch_size" not in self.domains or "batch_size" not in self.baseline:
+            return None
+        values = self.domains["batch_size"]
+        start = self.index("batch_size", self.baseline["batch_size"])
+        base = line.get(values[start])
+        scored = {b: v for b, v in line.items() if v is not None}
+        if not base or not scored:
+            return None
+        best = max(scored, key=lambda b: scored[b])
+        if best == values[start] or scored[best] <= base * (1 + min_gain_rel):
+            return None
+        i = self.index("batch_size", best)
+        step = 1 if i > start else -1
+        if not 0 <= i + step < len(values) or values[i + step] in line:
+            return None
+        return self.config({**self.baseline, "batch_size": values[i + step]})
 
     def initial_design(self, first: Sequence[str] = ()) -> list[dict[str, int]]:
         """What to measure right after the baseline: `one_at_a_time` (``first`` first), then
