@@ -137,7 +137,7 @@ def test_a_budget_on_a_script_with_slow_steps_measures_every_probe_and_is_used(t
     assert report.stop_reason.rule is Stop.BUDGET
     assert 0.8 * 300 <= clock.t <= 300 + 10  # used, and not overrun
     assert any(n.text.startswith("budget 5m: ") for n in report.notes)
-    assert not report.kept_baseline and report.best.knobs["batch_size"] > 32
+    assert not report.kept_baseline and report.best.knobs["batch_size"] > 16  # larger pays
     # the claim comes with an interval that holds it
     assert report.speedup_low < report.speedup < report.speedup_high
     assert math.isfinite(report.speedup_high)
@@ -218,3 +218,21 @@ def test_the_budget_plan_counts_what_probes_really_cost(tmp_path, machine,  # no
     assert counted > fitted, (counted, fitted)
     assert spent <= 300 + 10 and spent_fitted <= 300 + 10
     assert 0.3 <= fitting.cost_factor(learned.costs) <= 0.7  # of a fit with its margins
+
+
+def test_a_probe_the_budget_would_squeeze_below_half_its_length_is_not_taken(tmp_path,
+                                                                             machine):  # noqa: F811
+    """Every probe the search takes gets at least half what it needs; one the budget left
+    beside the confirmation would squeeze further is not taken (said), and the search stops."""
+    clock, told = Clock(), []
+    fake = SlowScript(clock)
+    report, t, run_dir = tune(tmp_path, fake, seconds=None, budget_s=300.0, clock=clock,
+                              confirm_rounds=3, notify=told.append)
+    searched = [s for s in fake.specs if s.ranks.name.startswith("trial-")]
+    assert searched and all(s.max_s >= 0.5 * t.prober.probe_s(t.state, s.ranks.knobs, 1)
+                            for s in searched), [(s.ranks.knobs, s.max_s) for s in searched]
+    skipped = [n.text for n in told if "not probed:" in n.text]
+    assert len(skipped) == 1 and "batch_size=64" in skipped[0], skipped  # the walk's next
+    assert "under half the" in skipped[0]
+    assert report.stop_reason.rule is Stop.BUDGET
+    assert report.rounds >= 2  # the confirmation kept its rounds

@@ -28,6 +28,7 @@ from probes.protocol import Mode
 
 DUPLICATE_STREAK = 8  # proposals in a row of configs already known: the sampler has converged
 WAIT_FOR_OTHERS_S = 600.0  # at most, for another tuner's probe of the same config
+SQUEEZE_LEAST = 0.5  # a search probe squeezed under this share of what it takes is not taken
 REPEAT_AFTER = 1  # search probes measured before the script's own config is probed again
 
 
@@ -302,8 +303,17 @@ class Search:
         spec = self.prober.spec(self.state, knobs, instances, label)
         if self.settings.budget_s is not None and not self.settings.seconds:
             # a config longer than the typical one ends where the budget's search part does
-            left = max(fitting.MIN_PROBE_S,
-                       self.settings.budget_s - self.elapsed() - self._reserve_s())
+            left = self.settings.budget_s - self.elapsed() - self._reserve_s(cfg)
+            need_s = self.prober.probe_s(self.state, knobs, instances)
+            if left < SQUEEZE_LEAST * need_s:
+                # it would end before it measured: the budget's search part is spent
+                why = (f"not probed: {max(left, 0):.0f} s of the budget is left beside the "
+                       f"confirmation, under half the ~{need_s:.0f} s its probe takes")
+                self.prober.tell(Note.info(f"{label} {knobs_text(cfg)}: {why}"))
+                self.stop_reason = StopReason(Stop.BUDGET, reserved=True)
+                self.handle.stop()
+                raise studies.NotComparable(why)
+            left = max(fitting.MIN_PROBE_S, left)
             if left < spec.max_s:
                 spec = self.prober.spec(self.state, knobs, instances, label, max_s=left)
         try:
@@ -405,8 +415,8 @@ class Search:
         if s.max_trials is not None and not spread.worth_repeating(s.max_trials - self.measured):
             why = f"--trials {s.max_trials} leaves too few probes to spend one on it"
         elif s.budget_s is not None:
-            left = s.budget_s - self.elapsed() - self._reserve_s() - probe_s
-            expect = int(max(0.0, left) // max(1.0, self.prober.typical_s(self.state)))
+            expect = budget_plan(self.prober, self.state,
+                                 s.budget_s - self.elapsed() - probe_s).probes
             if not spread.worth_repeating(expect):
                 why = (f"the budget left holds {expect} more search probe(s), too few to spend "
                        f"one on it")
@@ -439,11 +449,19 @@ class Search:
         if measured is not None and measured.measured:
             self.handle.pruner.margin_rel = measured.margin_rel()
 
-    def _reserve_s(self) -> float:
+    def _reserve_s(self, joining: Mapping[str, int] | None = None) -> float:
         """Time kept for the confirmation (`fitting.confirm_reserve`); none while no config but
-        the baseline measured (nothing to confirm: the search may use it)."""
-        s = self.settings
+        the baseline measured (nothing to confirm: the search may use it). With ``joining``,
+        a config about to be probed: the most it keeps should that config become a candidate
+        (its probes may be longer than the candidates' so far)."""
         entries = [c for _, c in confirm.candidates(self.space, self.known, self.scorer)]
+        if joining is not None:
+            also = [*entries[:2], dict(joining)]
+            return max(self._reserve_of(entries), self._reserve_of(also))
+        return self._reserve_of(entries)
+
+    def _reserve_of(self, entries: list[dict]) -> float:
+        s = self.settings
         if len(entries) < 2 or s.confirm_rounds == 0:
             return 0.0
         one_round = sum(self.prober.probe_s(self.state, *self.space.trial_knobs(c))
