@@ -60,10 +60,11 @@ torch.manual_seed(seed)
 rng = random.Random(seed)
 syllables = [a + b for a in "bdfgklmnprstvz" for b in "aeiou"]
 words = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 3))) for _ in range(300)]
-text = []
-while sum(map(len, text)) < corpus_chars:
+text, length = [], 0
+while length < corpus_chars:
     sentence = " ".join(rng.choice(words) for _ in range(rng.randint(3, 9)))
     text.append(sentence.capitalize() + rng.choice(".!?") + "\n")
+    length += len(text[-1])
 text = "".join(text)
 chars = sorted(set(text))
 stoi = {c: i for i, c in enumerate(chars)}
