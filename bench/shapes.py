@@ -20,14 +20,18 @@ import os
 import re
 import signal
 import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune.launching import rank_command
-from autotune.tuning import space
-
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from autotune.launching import rank_command  # noqa: E402
+from autotune.tuning import space  # noqa: E402
+
 TEST_SCRIPTS = ROOT / "tests" / "scripts"
 BENCH_SCRIPTS = ROOT / "bench" / "scripts"
 THREAD_VARS = rank_command.THREAD_VARS  # what autotune sets for a rank's thread count
