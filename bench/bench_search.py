@@ -71,7 +71,7 @@ from autotune.hardware import fingerprint  # noqa: E402
 from autotune.store.journal import Journal  # noqa: E402
 from autotune.tuning import Prober, TuneSettings, TuneState, baseline, decision, space  # noqa: E402
 from autotune.measuring.foreign_load import FOREIGN_CORES_LIMIT  # noqa: E402
-from autotune import UsageError  # noqa: E402
+from autotune import AutotuneError, UsageError  # noqa: E402
 from autotune.tuning.space.parse import parse_values  # noqa: E402
 from bench import shapes  # noqa: E402
 from bench.common import ratio_interval, say, tune_as_user  # noqa: E402
@@ -167,7 +167,11 @@ def main() -> int:
     args.example = args.example or "image_classifier"
     args.budget_share = 0.25 if args.budget_share is None else args.budget_share
     args.work = Path(tempfile.mkdtemp(prefix="bench_search-"))
-    return shape_mode(args) if args.shape else example_mode(args)
+    try:
+        return shape_mode(args) if args.shape else example_mode(args)
+    except AutotuneError as e:  # the baseline stage's: nothing was measured
+        say(f"FAILED: {e} (work dir {args.work})")
+        return 2 if isinstance(e, UsageError) else 1
 
 
 def budget(text: str) -> str:
