@@ -1,7 +1,7 @@
 """Claims against the script's own clock: does the speed-up ``autotune tune`` claims hold when the
 script measures it, outside autotune?
 
-For each case (a script and the placeholders a user would write):
+For each case (a script and the placeholders a user would write: its shape, `bench.shapes`):
 
 1. ``autotune tune --budget B --json``, as a user runs it (a subprocess, no ``--seconds``: probes
    fitted to the script). Its claim: the speed-up and its 95% interval, and the recipe.
@@ -30,9 +30,6 @@ import json
 import math
 import os
 import platform
-import re
-import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -42,64 +39,19 @@ sys.path.insert(0, str(ROOT))
 
 from autotune.hardware import fingerprint  # noqa: E402
 from bench.common import interval, say, tune_as_user  # noqa: E402
+from bench.shapes import named, own_rate, timed_run  # noqa: E402
 
-SCRIPTS = ROOT / "tests" / "scripts"
-# how each script prints its own throughput, anchored to its own lines: `autotune run --plain`
-# prints its meter's figures beside them ("... 51.2 samples/s ..."), which are not the script's
-WORD_LM_RATE = re.compile(r"^\| epoch .*\| samples/s +([0-9.]+)", re.M)  # "| epoch 1 | ... | samples/s 382.4 |"
-LIGHTNING_RATE = re.compile(r"^lightning: batch \d+ samples/s ([0-9.]+)", re.M)
-MINGPT_RATE = re.compile(r"^iter \d+: dt [0-9.]+ ms, ([0-9.]+) samples/s", re.M)  # "iter 10: dt 1012 ms, 31.62 samples/s"
-
-# name -> (script and its fixed args, placeholder args for tune/run, the same as the user's
-# own defaults for the plain run, tune's --baseline, how its own throughput lines read)
-CASES = {
-    # word_language_model's shape: real LSTM compute on the CPU, no DataLoader
-    "word_lm": ([str(SCRIPTS / "word_lm.py"), "--log-interval", "10"],
-                ["--batch_size", "{batch_size}"], ["--batch_size", "20"],
-                ["--baseline", "batch_size=20"], WORD_LM_RATE),
-    # minGPT chargpt's shape: 5 s of sampling, a slow first step, ~1 s steps
-    "slow_steps": ([str(SCRIPTS / "slow_steps.py"), "--log-every", "3"],
-                   ["--trainer.batch_size={batch_size}", "--trainer.num_workers={workers}"],
-                   ["--trainer.batch_size=32", "--trainer.num_workers=0"],
-                   ["--baseline", "batch_size=32", "workers=0"], MINGPT_RATE),
-    # Lightning's Trainer(devices=2, strategy="ddp"): it starts its second rank itself; the
-    # closure-shaped step; its own throughput callback
-    "lightning_ddp": ([str(SCRIPTS / "fw_lightning.py"), "--devices", "2", "--strategy", "ddp",
-                       "--log-every", "50"],
-                      ["--batch-size", "{batch_size}", "--workers", "{workers}"],
-                      ["--batch-size", "32", "--workers", "0"],
-                      ["--baseline", "batch_size=32", "workers=0"], LIGHTNING_RATE),
-}
-
-
-def own_rate(text: str, pattern: re.Pattern) -> float | None:
-    """The mean of the script's own samples/s lines after the first; None without two."""
-    rates = [float(m.group(1)) for m in pattern.finditer(text)]
-    return sum(rates[1:]) / len(rates[1:]) if len(rates) > 1 else None
-
-
-def timed_run(argv: list[str], cwd: Path, seconds: float, env: dict) -> str:
-    """Run ``argv`` for ``seconds``, then SIGINT (its whole process group), and its output."""
-    p = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = p.communicate(timeout=seconds)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGINT)
-        try:
-            out, _ = p.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            out, _ = p.communicate()
-    return out
+# the shapes (`bench.shapes`) under the names this bench has always given them
+CASES = ("word_lm", "slow_steps", "lightning_ddp")
 
 
 def run_case(name: str, args, work: Path) -> dict:
-    script, placeholders, plain_args, baseline, pattern = CASES[name]
+    shape = named(name)
+    script, placeholders = list(shape.script), list(shape.placeholders)
     env = dict(os.environ, AUTOTUNE_RUNS_DIR=str(work / "runs"))
     tuned = tune_as_user(
-        [*baseline, *(["--foreign-limit", str(args.foreign_limit)]
-                      if args.foreign_limit is not None else [])],
+        [*shape.tune_args(), *(["--foreign-limit", str(args.foreign_limit)]
+                               if args.foreign_limit is not None else [])],
         script=[*script, *placeholders], budget=args.budget, work=work, env=env, label=name)
     if tuned.summary is None:
         return {"case": name, "error": tuned.error}
@@ -108,13 +60,13 @@ def run_case(name: str, args, work: Path) -> dict:
     say(f"# {name}: tune {tune_s:.0f} s, {s['trials']} probes, stopped: {s['stop_reason']}")
     say(f"# {name}: best {s['best']['knobs']}; claim {s['speedup']:.3f}x "
         f"(95% interval {low:.3f}x-{high:.3f}x){' (kept the defaults)' if s['kept_baseline'] else ''}")
-    plain = [sys.executable, *script, *plain_args]
+    plain = [sys.executable, *script, *shape.plain_args]
     run = [sys.executable, "-m", "autotune", "run", "--plain", "--recipe", s["recipe"], "--",
            *script, *placeholders]
     rates: dict[str, list[float | None]] = {"default": [], "recipe": []}
     for rnd in range(1, args.rounds + 1):
         for label, argv in (("default", plain), ("recipe", run)):
-            r = own_rate(timed_run(argv, work, args.run_seconds, env), pattern)
+            r = own_rate(timed_run(argv, work, args.run_seconds, env), shape.rate)
             rates[label].append(r)
             say(f"{name} round {rnd} {label:8s} "
                 + (f"{r:8.2f} samples/s (the script's own)" if r else "no rate printed"))
@@ -139,7 +91,7 @@ def run_case(name: str, args, work: Path) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    p.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
     p.add_argument("--budget", default="4m", help="tune's --budget for each case")
     p.add_argument("--rounds", type=int, default=4, help="interleaved rounds outside autotune")
     p.add_argument("--run-seconds", type=float, default=45.0, help="one run outside autotune")

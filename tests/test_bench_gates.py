@@ -3,8 +3,10 @@ that always exits 0 proves nothing (issue 21)."""
 
 import importlib.util
 import math
+import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -19,9 +21,11 @@ def _bench(name: str):
     return module
 
 
-@pytest.mark.parametrize("bench", ["bench_claims", "bench_search", "bench_cluster"])
+@pytest.mark.parametrize("bench", ["bench_claims", "bench_search", "bench_cluster",
+                                   "bench_search --shape nanogpt"])
 def test_one_round_is_refused_rather_than_passed_on_an_infinite_interval(bench):
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / f"{bench}.py"), "--rounds", "1"],
+    name, *mode = bench.split()
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / f"{name}.py"), *mode, "--rounds", "1"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
     assert "--rounds must be at least 2" in r.stderr
@@ -66,3 +70,130 @@ def test_bench_cluster_fails_below_its_target_a_failed_tune_or_no_interval():
     text = "step 5 samples/s 10.0\nstep 10 samples/s 90.0\nstep 15 samples/s 100.0\n"
     assert cluster.own_rate(text) is None
     assert cluster.own_rate(text + "step 20 samples/s 110.0\n") == 105.0
+
+
+# Each shape's own throughput lines, as its script prints them, and the mean of their figures
+# after the first; autotune prints a line beside them under `autotune run --plain` that is not
+# the script's and must not be read.
+OWN_LINES = {
+    "word_lm": ["| epoch   1 |    10/  571 batches | ms/batch 52.31 | samples/s 382.4 | loss 7.61",
+                "| epoch   1 |    20/  571 batches | ms/batch 50.00 | samples/s 400.0 | loss 7.40",
+                "| epoch   1 |    30/  571 batches | ms/batch 55.56 | samples/s 360.0 | loss 7.32",
+                380.0],
+    "mingpt": ["iter 3: dt 3412 ms, 9.38 samples/s", "iter 6: dt 1012 ms, 31.62 samples/s",
+               "iter 9: dt 1000 ms, 32.00 samples/s", 31.81],
+    "nanogpt": ["iter 0: loss 3.8253, time 174.38ms, 68.8 samples/s",
+                "iter 10: loss 3.1330, time 48.04ms, 249.8 samples/s",
+                "step 20: train loss 2.4747, val loss 2.4704",
+                "iter 20: loss 2.7660, time 26.99ms, 444.7 samples/s", 347.25],
+    "lightning_ddp": ["lightning: batch 50 samples/s 100.0", "lightning: batch 100 samples/s 210.0",
+                      "lightning: batch 150 samples/s 190.0", 200.0],
+}
+AUTOTUNE_LINE = "full run: 9999.0 samples/s (autotune's meter)"
+
+
+def test_every_shape_reads_its_own_lines_after_the_first_and_not_autotunes():
+    shapes = _bench("shapes")
+    assert set(OWN_LINES) == set(shapes.SHAPES)  # a new shape brings its lines here
+    for name, (*lines, mean) in OWN_LINES.items():
+        text = "\n".join([lines[0], AUTOTUNE_LINE, *lines[1:], AUTOTUNE_LINE]) + "\n"
+        assert shapes.own_rate(text, shapes.SHAPES[name].rate) == pytest.approx(mean), name
+        assert shapes.own_rate(lines[0] + "\n" + AUTOTUNE_LINE, shapes.SHAPES[name].rate) is None
+    assert shapes.named("slow_steps") is shapes.SHAPES["mingpt"]  # bench_claims's name for it
+
+
+@pytest.mark.parametrize("name, quick", [
+    ("word_lm", ["--tokens", "20000", "--log-interval", "2", "--max-seconds", "2"]),
+    ("mingpt", ["--sample-s", "0", "--first-step-s", "0", "--base-ms", "20", "--per-sample-ms", "0",
+                "--log-every", "2", "--max-seconds", "2"]),
+])
+def test_the_shapes_scripts_print_the_lines_their_regex_reads(name, quick):
+    shapes = _bench("shapes")
+    shape = shapes.SHAPES[name]
+    r = subprocess.run([sys.executable, *shape.script, *shape.plain_args, *quick],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert shapes.own_rate(r.stdout, shape.rate) > 0, r.stdout
+
+
+def test_nanogpt_shape_takes_key_value_flags_and_keeps_evaluation_off_its_clock():
+    """Evaluation every iteration, 40 forward passes each, takes most of the wall time: the
+    iterations' own times must add up to a small part of it (with evaluation on the clock they
+    would be all of it), and ``samples/s x time`` is the batch asked for."""
+    shapes = _bench("shapes")
+    shape = shapes.SHAPES["nanogpt"]
+    p = subprocess.Popen([sys.executable, shape.script[0], "--batch_size=4", "--n_layer=1",
+                          "--n_head=2", "--n_embd=32", "--block_size=32", "--eval_interval=1",
+                          "--eval_iters=20", "--log_interval=5", "--max_iters=20",
+                          "--corpus_chars=20000"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []  # (arrival, line)
+    for line in p.stdout:
+        seen.append((time.monotonic(), line))
+    assert p.wait(timeout=120) == 0, "".join(line for _, line in seen)
+    text = "".join(line for _, line in seen)
+    iters = [(t, re.match(r"iter (\d+): loss [0-9.]+, time ([0-9.]+)ms, ([0-9.]+) samples/s",
+                          line)) for t, line in seen]
+    iters = [(t, m) for t, m in iters if m]
+    assert [int(m.group(1)) for _, m in iters] == list(range(0, 21, 5)), text
+    assert text.count("val loss") == 21  # an evaluation before every iteration
+    assert shapes.own_rate(text, shape.rate) > 0
+    for _, m in iters:
+        assert float(m.group(3)) * float(m.group(2)) / 1000 == pytest.approx(4, rel=0.05)
+    wall_s = iters[-1][0] - iters[0][0]  # iterations 1-20 and their evaluations
+    own_s = sum(5 * float(m.group(2)) / 1000 for _, m in iters[1:])
+    assert own_s < 0.5 * wall_s, (own_s, wall_s)
+
+
+def test_nanogpt_shape_refuses_a_flag_of_the_wrong_type():
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "scripts" / "nanogpt_shape.py"),
+                        "--batch_size=4.5"], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "--batch_size must be a int" in r.stderr
+
+
+def _space(cores: int, **kw):
+    from autotune.tuning import space
+    return space.Space(**{"domains": {"batch_size": (8, 16), "thread_pct": (25, 50, 100)},
+                          "fixed": {"instances": 1},
+                          "baseline": {"batch_size": 12, "thread_pct": 100, "instances": 1},
+                          "cores": cores, "placeholders": ("batch_size",), **kw})
+
+
+def test_a_thread_share_reaches_a_plain_run_as_the_thread_count_autotune_gives_it():
+    shapes = _bench("shapes")
+    nanogpt = shapes.SHAPES["nanogpt"]
+    for cores, pct, threads in ((4, 25, 1), (4, 50, 2), (4, 100, 4), (2, 50, 1), (2, 100, 2),
+                                (3, 50, 1)):
+        run = shapes.plain_run(nanogpt, {"batch_size": 16, "thread_pct": pct, "instances": 1},
+                               _space(cores))
+        assert run.flags == ("--batch_size=16",)
+        assert run.env["OMP_NUM_THREADS"] == run.env["MKL_NUM_THREADS"] == str(threads)
+        assert run.argv("python") == ["python", *nanogpt.script, "--batch_size=16"]
+        assert run.text() == f"OMP_NUM_THREADS={threads} --batch_size=16"
+    # the user's own run: its own flags, and no thread variable of the bench's shell
+    own = shapes.default_run(nanogpt)
+    assert own.flags == ("--batch_size=12",) and not own.env
+    assert own.environ({"OMP_NUM_THREADS": "7", "PATH": "/bin"}) == {"PATH": "/bin"}
+
+
+def test_a_knob_only_autotune_can_set_is_refused_for_a_plain_run():
+    shapes = _bench("shapes")
+    with pytest.raises(shapes.NotPlain, match="instances=2"):
+        shapes.plain_run(shapes.SHAPES["nanogpt"], {"batch_size": 16, "instances": 2},
+                         _space(2, domains={"batch_size": (8, 16), "instances": (1, 2)}))
+    mingpt = shapes.SHAPES["mingpt"]
+    sp = _space(2, domains={"workers": (0, 2), "prefetch": (2, 4)}, placeholders=(),
+                baseline={"batch_size": 32, "workers": 0, "prefetch": 2, "instances": 1})
+    with pytest.raises(shapes.NotPlain, match="prefetch=4"):
+        shapes.plain_run(mingpt, {"batch_size": 32, "workers": 2, "prefetch": 4}, sp)
+    run = shapes.plain_run(mingpt, {"batch_size": 32, "workers": 2, "prefetch": 2}, sp)
+    assert run.flags == ("--trainer.batch_size=32", "--trainer.num_workers=2") and not run.env
+
+
+def test_bench_search_prints_every_noise_entry_of_the_tunes_summary():
+    search = _bench("bench_search")
+    summary = {"speedup": 1.2, "process_noise": {"between_rel": 0.01},
+               "probes": {"best": {"noise": None, "samples_per_s": 3.0}, "baseline": None}}
+    assert search.noise_fields(summary) == [("process_noise", {"between_rel": 0.01}),
+                                            ("probes.best.noise", None)]
+    assert search.brief(None) == "(none in this summary)"
