@@ -5,7 +5,10 @@ The interceptor's hooks mark the boundaries they already sit on; this keeps the 
 - ``data``: inside the DataLoader iterator's ``__next__`` for a training batch, i.e. the
   training loop waiting for its input (the data stall; near zero when workers keep up);
 - ``forward``: from a training batch handed over to the first backward pass after it (the
-  forward pass, the loss, and whatever else the script does in between);
+  forward pass, the loss, and whatever else the script does in between). A script that never
+  takes a batch from a DataLoader (word_language_model's slices of one tensor, nanoGPT's
+  ``get_batch``) hands nothing over: its forward runs from the previous step's (or backward
+  pass's) end to the next backward pass, so cutting its batch counts as forward too;
 - ``backward``: inside ``Tensor.backward``, less the exposed communication;
 - ``comm``: communication not hidden behind compute. DDP launches a bucket's allreduce from its
   communication hook as soon as the bucket's gradients are ready; once the last bucket is
@@ -64,6 +67,8 @@ class StepClock:
         self._cuda = cuda
         self._handed = (0.0, None)  # (host time, event) the latest training batch was handed
         self._forward_open = False  # a batch was handed over and no backward has run since
+        self._loader = False  # a DataLoader handed over a training batch in this process
+        self._settled = (0.0, None)  # the latest step's or backward's end, outside any step
         self._backward = (0.0, None)
         self._optimizer = (0.0, None)
         self._in_optimizer = False
@@ -95,7 +100,7 @@ class StepClock:
         event = self._event()
         with self.lock:
             self.total["data"] += end - start
-            self._handed, self._forward_open = (end, event), True
+            self._handed, self._forward_open, self._loader = (end, event), True, True
 
     def bucket_launched(self) -> None:
         self._launch = self._mark()
@@ -114,6 +119,11 @@ class StepClock:
             elif self._in_optimizer:  # a closure's forward, run by the step itself
                 self.total["forward"] += max(0.0, start - self._inner[0])
                 self._pair("forward", self._inner[1], start_ev)
+            elif not self._loader and self._settled[0] > 0:  # no DataLoader: since the last
+                self.total["forward"] += max(0.0, start - self._settled[0])  # step's end
+                self._pair("forward", self._settled[1], start_ev)
+            if not self._in_optimizer:
+                self._settled = (end, end_ev)
             if self._in_optimizer:  # all of it since the mark is forward/backward/comm
                 self._nested += max(0.0, end - self._inner[0])
                 self._nested_events.append((self._inner[1], end_ev))
@@ -140,6 +150,7 @@ class StepClock:
         start, start_ev = self._optimizer
         with self.lock:
             self.total["optimizer"] += max(0.0, (end - start) - self._nested)
+            self._settled = (end, end_ev)
             nested = tuple(self._nested_events)
             if all(a is not None and b is not None for a, b in nested):
                 self._pair("optimizer", start_ev, end_ev, nested)

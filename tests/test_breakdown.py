@@ -400,3 +400,52 @@ def test_the_full_run_reports_where_its_time_goes_live_and_over_the_whole_run(tm
     truth = sum(own) / len(own)
     assert abs(whole.share("data") - truth) <= 0.10, (whole.shares, truth)
     assert "where the time went: data wait" in event_line(ended)
+
+
+def test_a_script_without_a_dataloader_has_its_forward_from_the_last_step_s_end(now):
+    """word_language_model's shape: batches are slices of one tensor, no DataLoader hands them
+    over. The forward runs from the previous step's end to the backward (the slicing with it);
+    before any step ended there is nothing to measure from."""
+    c = StepClock(cuda=NoCuda())
+    now.t = 1.0
+    c.backward_begin()  # the first step: no earlier end to count from
+    now.t = 1.3
+    c.backward_end()
+    c.optimizer_begin()
+    now.t = 1.4
+    c.optimizer_end()
+    for k in range(2):  # then steps of 0.2 forward, 0.3 backward, 0.1 optimizer
+        now.t += 0.2
+        c.backward_begin()
+        now.t += 0.3
+        c.backward_end()
+        c.optimizer_begin()
+        now.t += 0.1
+        c.optimizer_end()
+    snap = c.snapshot()
+    assert snap == pytest.approx(
+        {"data": 0.0, "forward": 0.4, "backward": 0.9, "comm": 0.0, "optimizer": 0.3})
+    # gradient accumulation: the second micro-batch's forward runs from the first's backward
+    now.t += 0.1
+    c.backward_begin()
+    now.t += 0.3
+    c.backward_end()
+    now.t += 0.2
+    c.backward_begin()
+    now.t += 0.3
+    c.backward_end()
+    assert c.snapshot()["forward"] == pytest.approx(0.7)
+
+
+def test_a_script_with_a_dataloader_charges_no_forward_to_a_second_backward(now):
+    c = StepClock(cuda=NoCuda())
+    c.data(0.0, 0.1)
+    now.t = 0.3
+    c.backward_begin()
+    now.t = 0.5
+    c.backward_end()
+    now.t = 0.9
+    c.backward_begin()  # no new batch: the loader's script gets no forward here
+    now.t = 1.0
+    c.backward_end()
+    assert c.snapshot()["forward"] == pytest.approx(0.2)
