@@ -101,19 +101,27 @@ def own_rate(text: str, pattern: re.Pattern) -> float | None:
 
 
 def timed_run(argv: list[str], cwd: Path, seconds: float, env: Mapping[str, str]) -> str:
-    """Run ``argv`` for ``seconds``, then SIGINT (its whole process group), and its output."""
+    """Run ``argv`` for ``seconds``, then SIGINT (its whole process group; SIGKILL when it is
+    still there 10 s later), and its output. The run gets SIGINT's default action whatever the
+    bench inherited: a bench started in the background of a shell ignores SIGINT, and so would
+    every run, which would then train on until killed (and be measured for that long)."""
     p = subprocess.Popen(argv, cwd=cwd, env=dict(env), stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                         preexec_fn=_default_sigint)
     try:
         out, _ = p.communicate(timeout=seconds)
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGINT)
         try:
-            out, _ = p.communicate(timeout=30)
+            out, _ = p.communicate(timeout=10)
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             out, _ = p.communicate()
     return out
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 class NotPlain(ValueError):
