@@ -135,11 +135,11 @@ def test_search_measures_each_config_once_and_finds_the_best(tmp_path, machine):
     keys = [tuple(sorted(k.items())) for k in probes[1:]]
     assert len(keys) == len(set(keys)), "a config was measured twice"
     assert report.trials_measured == len(probes) <= 12, report.stop_reason
-    # After the first search probe, the script's own config once more, in a new process: the
-    # spread between processes (none here: the fake gives the same figure twice)
+    # After the first two search probes, the script's own config once more, in a new process:
+    # the spread between processes (none here: the fake gives the same figure twice)
     names = [s.ranks.name for s in fake.specs
              if not s.ranks.name.startswith(("confirm", "ranks"))]
-    assert names[:3] == ["baseline", "trial-1", "baseline-again"], names
+    assert names[:4] == ["baseline", "trial-1", "trial-2", "baseline-again"], names
     again, = [s for s in fake.specs if s.ranks.name == "baseline-again"]
     assert again.ranks.knobs == {"batch_size": 16, "workers": 0, "threads": 2, "instances": 1}
     assert report.process_noise.measured and report.process_noise.between_rel == 0.01

@@ -29,7 +29,8 @@ from probes.protocol import Mode
 DUPLICATE_STREAK = 8  # proposals in a row of configs already known: the sampler has converged
 WAIT_FOR_OTHERS_S = 600.0  # at most, for another tuner's probe of the same config
 SQUEEZE_LEAST = 0.5  # a search probe squeezed under this share of what it takes is not taken
-REPEAT_AFTER = 1  # search probes measured before the script's own config is probed again
+SQUEEZE_STREAK = 3  # ...and this many such configs in a row end the search for its budget
+REPEAT_AFTER = 2  # search probes measured before the script's own config is probed again
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ class Search:
         self.learned: set[int] = set()  # study trials whose answer is in `known`
         self.scorer = scorer or objective.Scorer(self.settings.objective)
         self.noises: list[NoiseEstimate] = []
+        self.squeezed = 0  # configs in a row the budget left no room to probe
 
     def run(self) -> SearchResult:
         self._use_spread()
@@ -306,13 +308,17 @@ class Search:
             left = self.settings.budget_s - self.elapsed() - self._reserve_s(cfg)
             need_s = self.prober.probe_s(self.state, knobs, instances)
             if left < SQUEEZE_LEAST * need_s:
-                # it would end before it measured: the budget's search part is spent
+                # it would end before it measured: left out, the search goes on with configs
+                # that fit (a larger batch's probes are longer) until a few in a row did not
+                self.squeezed += 1
                 why = (f"not probed: {max(left, 0):.0f} s of the budget is left beside the "
                        f"confirmation, under half the ~{need_s:.0f} s its probe takes")
                 self.prober.tell(Note.info(f"{label} {knobs_text(cfg)}: {why}"))
-                self.stop_reason = StopReason(Stop.BUDGET, reserved=True)
-                self.handle.stop()
+                if self.squeezed >= SQUEEZE_STREAK:
+                    self.stop_reason = StopReason(Stop.BUDGET, reserved=True)
+                    self.handle.stop()
                 raise studies.NotComparable(why)
+            self.squeezed = 0
             left = max(fitting.MIN_PROBE_S, left)
             if left < spec.max_s:
                 spec = self.prober.spec(self.state, knobs, instances, label, max_s=left)
@@ -402,7 +408,8 @@ class Search:
 
     # -- the spread between processes ------------------------------------------------------------
     def _maybe_repeat(self) -> None:
-        """After the first search probe, the script's own config once more in a new process:
+        """After the first two search probes (what probes really cost is known by then, so the
+        plan is), the script's own config once more in a new process:
         the spread between processes (`autotune.tuning.spread`), which the pruning margin and
         a one-round speed-up use from then on. Not taken when the search expects too few
         configs for one probe to be worth it; that is said, and the assumed figure stands."""
