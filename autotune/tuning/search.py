@@ -460,9 +460,10 @@ class Search:
         """Time kept for the confirmation (`fitting.confirm_reserve`); none while no config but
         the baseline measured (nothing to confirm: the search may use it). With ``joining``,
         a config about to be probed: the most it keeps should that config become a candidate
-        (its probes may be longer than the candidates' so far)."""
+        (its probes may be longer than the candidates' so far); the first config to be
+        measured keeps nothing back, as there is nothing to confirm yet."""
         entries = [c for _, c in confirm.candidates(self.space, self.known, self.scorer)]
-        if joining is not None:
+        if joining is not None and len(entries) >= 2:
             also = [*entries[:2], dict(joining)]
             return max(self._reserve_of(entries), self._reserve_of(also))
         return self._reserve_of(entries)
