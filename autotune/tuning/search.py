@@ -408,11 +408,11 @@ class Search:
 
     # -- the spread between processes ------------------------------------------------------------
     def _maybe_repeat(self) -> None:
-        """After the first two search probes (what probes really cost is known by then, so the
-        plan is), the script's own config once more in a new process:
-        the spread between processes (`autotune.tuning.spread`), which the pruning margin and
-        a one-round speed-up use from then on. Not taken when the search expects too few
-        configs for one probe to be worth it; that is said, and the assumed figure stands."""
+        """After the first two search probes (by then what probes really cost, and so the
+        plan, is known), the script's own config once more in a new process: the spread
+        between processes (`autotune.tuning.spread`), which the pruning margin and a one-round
+        speed-up use from then on. Not taken when the search expects too few configs for one
+        probe to be worth it; that is said, and the assumed figure stands."""
         s, sp = self.settings, self.space
         pending = self.state.learned.spread
         if pending is None or not pending.pending or self.measured < REPEAT_AFTER:
