@@ -56,6 +56,14 @@ def tuner(tmp_path, name, url, *extra, trials=4, seed=1) -> subprocess.Popen:
                             stderr=open(tmp_path / f"{name}.err", "w"), start_new_session=True)
 
 
+def said_why(err: Path) -> str:
+    """What a tuner that failed said: its error lines and its last lines (a whole log would be
+    cut by pytest's assertion report before the reason)."""
+    lines = err.read_text(errors="replace").splitlines()
+    why = [ln for ln in lines if "ERROR" in ln or "Traceback" in ln or "Error:" in ln]
+    return "\n".join([*why[:5], "...", *lines[-6:]])
+
+
 def run_dir_of(tmp_path, name) -> Path | None:
     found = list((tmp_path / f"runs-{name}").glob("*"))
     return found[0] if found else None
@@ -77,8 +85,9 @@ def test_concurrent_tuners_share_one_study(tmp_path, postgres):
     procs = [tuner(tmp_path, n, postgres, seed=s) for n, s in (("a", 1), ("b", 2))]
     codes = [p.wait(timeout=400) for p in procs]
     took_s = time.monotonic() - t0
-    errs = {n: (tmp_path / f"{n}.err").read_text()[-2000:] for n in ("a", "b")}
-    assert codes == [0, 0], errs
+    assert codes == [0, 0], "\n".join(
+        f"tuner {n} exit {c}: " + said_why(tmp_path / f"{n}.err")
+        for n, c in zip(("a", "b"), codes) if c)
     trials = shared_trials(postgres)
     states = [t.state.name for t in trials]
     assert "RUNNING" not in states, states  # no trial lost

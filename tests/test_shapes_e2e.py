@@ -79,14 +79,15 @@ def test_explicit_flag_wins_and_a_hard_coded_worker_count_is_tuned(tmp_path):
 
 
 def test_placeholder_inside_a_dotted_override_and_an_epoch_that_ends_first(tmp_path):
+    # a precision no window reaches and a window no loaded machine fills: the epoch ends first
     r = probe(tmp_path, script("shape_flags.py", "--trainer.batch_size={batch_size}",
                                "--epochs", "1", "--samples", "2400"),
-              knobs={"batch_size": 16, "threads": 1})
+              knobs={"batch_size": 16, "threads": 1}, target_rel=1e-4, max_s=120.0)
     text = log(r)
     assert "loader batch_size=16 " in text and "done: 1 epochs" in text
     assert r.outcome == Outcome.ENDED and r.ok, r.reason  # its figure stands, and it ended
     assert r.reason.startswith("the script ended on its own (exit 0) after 150 batches")
-    assert r.exit_code == 0 and r.duration_s < 25.0
+    assert r.exit_code == 0 and r.duration_s < 120.0
     assert not [n for n in r.notes if "stays" in n.text]  # a placeholder is not an explicit value
     assert agrees(r.samples_per_s, own_rate(text, after_s=1.0))
 

@@ -94,18 +94,25 @@ def measure(prober: Prober, state: TuneState) -> TuneState:
         prober.emit(Event.TRIAL_FINISHED, trial="baseline", number=None, mode=result.mode,
                     result=result)
 
-    first_max = prober.spec(state, values, 1, "baseline").max_s
-    state, result = probe(state, values)
-    no_loader = result.source == "none" and result.steps_per_s > 0  # more time won't help
-    if result.outcome == Outcome.NO_SIGNAL and result.exit_code in (0, None) and not no_loader:
-        # Too few batches inside the window: a slow start (imports, data) or slow steps, not a
-        # broken script. One more try with twice the time before giving up.
-        state = prober.note(state, Note.hint(
-            f"baseline: no throughput within {first_max:.0f} s ({result.reason}); trying once "
-            f"more with {2 * first_max:.0f} s" + (" (raise --seconds for slow starts)"
-                                                  if settings.seconds else "")))
-        finished(result)
-        state, result = probe(state, values, max_s=2 * first_max)
+    def attempt(state, values, max_s):
+        """A probe, and on too few batches one more with twice the time; the state, the
+        result and the window the last try had (a re-measure starts from it)."""
+        state, result = probe(state, values, max_s=max_s)
+        no_loader = result.source == "none" and result.steps_per_s > 0  # more time won't help
+        if result.outcome == Outcome.NO_SIGNAL and result.exit_code in (0, None) and \
+                not no_loader:
+            # Too few batches inside the window: a slow start (imports, data, ranks of its
+            # own) or slow steps, not a broken script. One more try with twice the time.
+            state = prober.note(state, Note.hint(
+                f"baseline: no throughput within {max_s:.0f} s ({result.reason}); trying "
+                f"once more with {2 * max_s:.0f} s" + (" (raise --seconds for slow starts)"
+                                                       if settings.seconds else "")))
+            finished(result)
+            max_s *= 2
+            state, result = probe(state, values, max_s=max_s)
+        return state, result, max_s
+
+    state, result, max_s = attempt(state, values, prober.spec(state, values, 1, "baseline").max_s)
     world = own_world(result.seen, gb, devices) \
         if result.ok or result.outcome == Outcome.FOREIGN_LOAD else devices
     if world != devices:
@@ -114,7 +121,7 @@ def measure(prober: Prober, state: TuneState) -> TuneState:
             f"batch is {gb // world}; measuring the baseline again with it"))
         devices, values = world, {**values, "batch_size": gb // world}
         finished(result)
-        state, result = probe(state, values)
+        state, result, _ = attempt(state, values, max_s)
     if result.outcome == Outcome.FOREIGN_LOAD:  # re-measured by the prober, still spoiled
         finished(result)
         raise AutotuneError(
