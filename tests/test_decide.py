@@ -155,6 +155,25 @@ def test_three_rounds_use_the_spread_of_ratios():
     assert noisy.kept_baseline and not steady.kept_baseline
 
 
+def test_a_load_that_moves_both_configs_of_a_round_cancels_in_their_ratio():
+    """Rounds at different loads (100, 130, 85 for the baseline), the candidate 20% faster in
+    each: the ratios agree, so the gain is beyond doubt, though each config's own figures
+    spread wider than the gain. Unpaired, the spread would hold 1.0; paired, it does not."""
+    load = [1.0, 1.3, 0.85, 1.15, 0.95]
+    rounds = {"baseline": [m(100 * f) for f in load],
+              "t1": [m(120 * f * (1 + e)) for f, e in zip(load, (0.01, -0.01, 0.02, 0, -0.02))]}
+    d = decision.decide(rounds, "baseline")
+    assert not d.kept_baseline and d.winner == "t1", d.reason
+    assert 1.0 < d.speedup_low < 1.2 < d.speedup_high
+    own = decision.summarize(rounds["t1"])
+    assert own.ci_half > 0.2 * own.samples_per_s  # each config alone: spread wider than the gain
+    assert own.own_half == pytest.approx(math.sqrt(5) / 5)  # the probes' own intervals
+    # the ratios disagreeing as much as the loads did: the spread is the ratios', and it holds
+    crossed = {"baseline": rounds["baseline"],
+               "t1": [m(120 * f) for f in (0.85, 1.0, 1.3, 0.95, 1.15)]}
+    assert decision.decide(crossed, "baseline").kept_baseline
+
+
 def test_summarize():
     s = decision.summarize([m(10, 1), m(12, 1)])
     assert s.samples_per_s == 11 and s.rounds == 2

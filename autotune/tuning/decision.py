@@ -114,11 +114,15 @@ class Summary:
     samples_per_s: float
     ci_half: float
     rounds: int
+    # the probes' own intervals over the rounds, the spread between rounds left out: a
+    # speed-up's interval takes that spread from the paired per-round ratios instead, where
+    # a load that slowed both configs of a round cancels
+    own_half: float | None = None  # None: ci_half
 
 
 def summarize(ms: Sequence[Measured]) -> Summary:
     """Mean over rounds; the interval is the wider of the spread between rounds (separate
-    processes) and the probes' own intervals."""
+    processes) and the probes' own intervals (kept apart as ``own_half``)."""
     n = len(ms)
     if n == 0:
         return Summary(0.0, math.inf, 0)
@@ -128,7 +132,7 @@ def summarize(ms: Sequence[Measured]) -> Summary:
     if n >= 2:
         sd = math.sqrt(sum((m.samples_per_s - mean) ** 2 for m in ms) / (n - 1))
         between = t975(n - 1) * sd / math.sqrt(n) if n >= 3 else sd
-    return Summary(mean, max(within, between), n)
+    return Summary(mean, max(within, between), n, within)
 
 
 # -- the claim's interval: 95%, corrected for picking the best of several --------------------
@@ -275,7 +279,7 @@ def speedup_interval(speedup: float, pairs: Sequence[tuple[float, float]],
     `PROCESS_NOISE_REL`) for each of the two processes."""
     level = level_for(candidates)
     z = _z(level)
-    within = math.hypot(_rel(winner), _rel(base)) * z / 1.96  # the probes' 95% -> level
+    within = math.hypot(_own_rel(winner), _own_rel(base)) * z / 1.96  # the probes' 95% -> level
     half = math.log1p(within) if math.isfinite(within) else math.inf
     logs = [math.log(w / b) for w, b in pairs if w > 0 and b > 0]
     if len(logs) >= 2:
@@ -360,7 +364,7 @@ def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
                         f"{gain} against the baseline over {n} interleaved rounds, beyond "
                         f"doubt: {claim}", low, high, rounds=n, candidates=k)
     logs = [math.log(w / b) for w, b in pairs if w > 0 and b > 0]
-    needed = rounds_needed(speedup, logs, math.hypot(_rel(best), _rel(base)), k,
+    needed = rounds_needed(speedup, logs, math.hypot(_own_rel(best), _own_rel(base)), k,
                            min_gain_rel=min_gain_rel)
     if n < min_rounds:
         why = (f"{'one interleaved round' if n == 1 else f'{n} interleaved rounds'} "
@@ -380,8 +384,11 @@ def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
                     candidate_speedup=speedup)
 
 
-def _rel(s: Summary) -> float:
-    return s.ci_half / s.samples_per_s if s.samples_per_s > 0 else math.inf
+def _own_rel(s: Summary) -> float:
+    """The probes' own relative interval: a config's spread between rounds is not its part of
+    a paired ratio's (`speedup_interval` takes that from the ratios)."""
+    own = s.ci_half if s.own_half is None else s.own_half
+    return own / s.samples_per_s if s.samples_per_s > 0 else math.inf
 
 
 def decide_pair(first: Mapping[str, Sequence[Measured | None]],
