@@ -130,3 +130,29 @@ def test_probe_of_a_script_whose_data_ends_within_the_probe_gives_every_mode_its
     assert synthetic["measured_s"] > 1.5 and full["measured_s"] > 1.5, (full, synthetic)
     assert synthetic["samples_per_s"] > full["samples_per_s"]  # the compute ceiling
     assert modes["io"]["outcome"] in ("ok", "foreign-load") and modes["io"]["samples_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_a_probe_beside_a_busy_program_is_flagged_unless_the_foreign_limit_allows_it(tmp_path):
+    """A program spinning a core beside the probe: by default (0.3 cores) the full mode is
+    flagged foreign-load, its figure kept; with --foreign-limit 1000 it is an ordinary probe."""
+    import subprocess
+    import sys
+
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        modes = {}
+        for limit in (None, "1000"):
+            extra = ("--foreign-limit", limit) if limit else ()
+            r = autotune("probe", "--json", "--modes", "full", "--seconds", "12", *extra,
+                         "--runs-dir", str(tmp_path / "runs"), str(SCRIPTS / "ok.py"),
+                         timeout=120)
+            modes[limit] = json.loads(r.stdout)["modes"]["full"]
+            assert r.returncode == 0, r.stderr[-1500:]
+    finally:
+        spin.kill()
+        spin.wait()
+    default, raised = modes[None], modes["1000"]
+    assert default["foreign_cores"] > 0.3, default  # the spinner is seen as foreign load
+    assert default["outcome"] == "foreign-load" and default["samples_per_s"] > 0
+    assert raised["outcome"] in ("ok", "ended") and not raised["foreign_flagged"], raised

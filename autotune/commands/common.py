@@ -10,6 +10,7 @@ from pathlib import Path
 
 from autotune import UsageError
 from autotune.launching import script_flags
+from autotune.measuring.foreign_load import FOREIGN_CORES_LIMIT
 from autotune.launching.rank_command import is_python_script, placeholders
 from autotune.monitor import console
 
@@ -68,6 +69,10 @@ def add_probe_args(p: argparse.ArgumentParser) -> None:
                         "one named group, samples_per_s (the job's), rank_samples_per_s, "
                         "steps_per_s or ms_per_step (per rank), e.g. "
                         "'samples/s (?P<samples_per_s>[0-9.]+)'")
+    p.add_argument("--foreign-limit", type=positive_float, default=None, metavar="CORES",
+                   help=f"CPU load of other programs (in cores) above which a probe's figure "
+                        f"is spoiled: tune re-runs it, probe flags it (default "
+                        f"{FOREIGN_CORES_LIMIT:g})")
     p.add_argument("--plain", action="store_true", help="plain log lines, no live display")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
 

@@ -84,7 +84,9 @@ def run(args) -> int:
                     instances=args.instances, launcher=launcher,
                     name=f"probe-{mode}",
                     mode=mode, max_s=args.seconds, samples_per_step=args.samples_per_step,
-                    metric=args.metric if mode != "io" else None, watch_dirs=watched),
+                    metric=args.metric if mode != "io" else None, watch_dirs=watched,
+                    **({"foreign_limit_cores": args.foreign_limit}
+                       if args.foreign_limit is not None else {})),
                     on_progress=live)
                 told.finished(result)
                 results[mode] = result

@@ -94,9 +94,6 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--verdict", action="store_true",
                    help="also probe the winner in synthetic and io modes and record the "
                         "bottleneck verdict in the recipe")
-    s.add_argument("--foreign-limit", type=common.positive_float, default=None, metavar="CORES",
-                   help="foreign CPU load (in cores) above which a probe is re-run, not "
-                        "compared (default 0.3)")
     st = p.add_argument_group("study")
     st.add_argument("--storage", metavar="URL",
                     help="Optuna storage URL (default: SQLite in the run directory)")
