@@ -50,6 +50,20 @@ def trial_processes(prefix: str) -> list[psutil.Process]:
     return found
 
 
+class Child(psutil.Process):
+    """A live descendant that says what it runs when a test fails on it (an orphan's command
+    line and which trial started it are the clue; psutil's repr gives only the name)."""
+
+    def __repr__(self):
+        try:
+            cmd = " ".join(self.cmdline())[:200]
+            trial = self.environ().get("AUTOTUNE_TRIAL", "")
+            ppid = self.ppid()
+        except psutil.Error:
+            return super().__repr__()
+        return f"Child(pid={self.pid}, ppid={ppid}, trial={trial!r}, cmd={cmd!r})"
+
+
 def live_children() -> list[psutil.Process]:
     """Live descendants of this process, but the cluster bed's daemons: a worker that ran
     autotune is a subreaper (`autotune.hardware.proc`), so the daemons the bed started for the
@@ -59,7 +73,7 @@ def live_children() -> list[psutil.Process]:
         try:
             if child.status() != psutil.STATUS_ZOMBIE and \
                     "AUTOTUNE_CLUSTERBED" not in child.environ():
-                out.append(child)
+                out.append(Child(child.pid))
         except psutil.Error:
             continue
     return out

@@ -244,9 +244,8 @@ def test_sigint_mid_search_then_resume_reports_as_an_uninterrupted_run(tmp_path)
     """The issue's case, real processes: ``tune --confirm-rounds 0``, SIGINT once a search
     trial is in flight, ``tune --resume``. The summary has what an uninterrupted run's has:
     the baseline's probe facts (they were null), the memory fit over the probes of both
-    controllers,
-    the probe fitting the baseline made (not fitted again: the journal shows one baseline
-    probe)."""
+    controllers, the probe fitting the baseline made (not fitted again: the resumed controller
+    takes no baseline probe)."""
     env = dict(os.environ, AUTOTUNE_RUNS_DIR=str(tmp_path / "runs"))
     run_dir, _ = interrupt_mid_search(
         ["--foreign-limit", "1000", "--trials", "3", "--seconds", "8", "--confirm-rounds", "0",
@@ -268,7 +267,15 @@ def test_sigint_mid_search_then_resume_reports_as_an_uninterrupted_run(tmp_path)
     batches = {b for b, _ in s["memory"]["points"]}
     assert 8 in batches and len(batches) >= 2, batches
     assert any(n.startswith("baseline: first batch after") for n in s["notes"])
-    assert [e["trial"] for e in journal(run_dir, "trial_started")].count("baseline") == 1
+    # the resumed controller (after the journal's last run_started) probed no baseline; the
+    # first may have taken two tries of it (a slow start on a busy machine is tried again)
+    events = journal(run_dir)
+    resumed_at = max(i for i, e in enumerate(events) if e["event"] == "run_started")
+    assert resumed_at > 0
+    assert not [e for e in events[resumed_at:] if e["event"] == "trial_started"
+                and e["trial"] == "baseline"]
+    assert [e["trial"] for e in events[:resumed_at] if e["event"] == "trial_started"].count(
+        "baseline") >= 1
     assert json.loads((run_dir / "tune.json").read_text())["learned"]["timing"] == timing
     assert s["stop_reason"] and s["recipe"]
     assert live_children() == []

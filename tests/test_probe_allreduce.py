@@ -29,7 +29,7 @@ def test_probe_shows_allreduce_by_size(tmp_path):
     script.write_text(SCRIPT)
     out = subprocess.run(
         [sys.executable, "-m", "autotune", "probe", "--allreduce", "--modes", "full",
-         "--seconds", "8", "--json", "--runs-dir", str(tmp_path / "runs"), str(script)],
+         "--seconds", "30", "--json", "--runs-dir", str(tmp_path / "runs"), str(script)],
         capture_output=True, text=True, timeout=400, cwd=tmp_path)
     summary = last_json(out)
     ar = summary["allreduce"]

@@ -3,7 +3,9 @@
 computes for ``--compute-ms`` (a real forward and backward, repeated until then).
 
 It keeps its own clock of where the time goes and prints it every ``--log-every`` steps:
-``share data 0.48 compute 0.50 steps N t T`` (T: ``time.monotonic()``), the truth a breakdown is checked against.
+``share data 0.48 compute 0.50 steps N t T cpu C`` (T: ``time.monotonic()``; C: the cores the
+process used since the last line, its CPU time over the wall time), the truth a breakdown is
+checked against.
 """
 
 import argparse
@@ -48,6 +50,7 @@ def main():
                         shuffle=True, num_workers=args.workers)
     t_start = time.perf_counter()
     steps, waited, computed, t0 = 0, 0.0, 0.0, time.perf_counter()
+    cpu0 = time.process_time()
     while True:
         it = iter(loader)
         while True:
@@ -71,10 +74,11 @@ def main():
             computed += time.perf_counter() - t_got
             steps += 1
             if steps % args.log_every == 0:
-                now = time.perf_counter()
+                now, cpu = time.perf_counter(), time.process_time()
                 print(f"share data {waited / (now - t0):.3f} compute {computed / (now - t0):.3f} "
-                      f"steps {steps} t {time.monotonic():.3f}", flush=True)
-                waited, computed, t0 = 0.0, 0.0, now
+                      f"steps {steps} t {time.monotonic():.3f} cpu {(cpu - cpu0) / (now - t0):.3f}",
+                      flush=True)
+                waited, computed, t0, cpu0 = 0.0, 0.0, now, cpu
             if args.max_seconds is not None and time.perf_counter() - t_start > args.max_seconds:
                 return 0
 
