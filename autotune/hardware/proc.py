@@ -216,6 +216,9 @@ def stop(launched: Launched, *, grace_s: float = 5.0) -> int | None:
     return launched.popen.returncode
 
 
+SWEEP_PASSES = 4  # scans of a launch's processes at its end; each kills what the last missed
+
+
 def sweep(launched: Launched) -> list[int]:
     """Kill and reap anything of this launch still alive; returns the pids it had to kill.
 
@@ -223,19 +226,33 @@ def sweep(launched: Launched) -> list[int]:
     pid is never hit), our own children (orphans re-parented to us), and every process of ours
     whose environment carries this launch's marker (a grandchild that escaped with setsid).
     """
-    victims: dict[int, psutil.Process] = {}
-    for pid, created in list(launched.known.items()):
-        try:
-            proc = psutil.Process(pid)
-            if abs(proc.create_time() - created) < 1e-3:
-                victims[pid] = proc
-        except psutil.Error:
-            pass
-    victims.update({p.pid: p for p in marked(launched.spec.marker)})
-    victims.pop(os.getpid(), None)
-    killed = _kill_all(list(victims.values()))
+    killed: list[int] = []
+    # A victim may fork between the scan and its kill (a rank starting DataLoader workers for
+    # its next epoch): what it forked is found by the next pass, once nothing is left to fork.
+    for _ in range(SWEEP_PASSES):
+        victims: dict[int, psutil.Process] = {}
+        for pid, created in list(launched.known.items()):
+            try:
+                proc = psutil.Process(pid)
+                if abs(proc.create_time() - created) < 1e-3:
+                    victims[pid] = proc
+            except psutil.Error:
+                pass
+        victims.update({p.pid: p for p in marked(launched.spec.marker)})
+        victims.pop(os.getpid(), None)
+        alive = [p for p in victims.values() if _alive(p)]
+        if not alive:
+            break
+        killed += _kill_all(alive)
     reap_adopted()
     return killed
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def sweep_marker(marker: str) -> list[int]:
