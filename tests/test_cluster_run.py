@@ -1,6 +1,7 @@
-"""``autotune run --recipe`` inside real Slurm allocations of the cluster bed (issue 22): a recipe
-tuned on two nodes runs on two and on one, and ``scancel`` of a running job leaves nothing
-behind on any host while the run's journal stays whole.
+"""``autotune run --recipe`` and ``probe`` across the cluster bed's two hosts (issue 22), under
+real Slurm allocations and through mpirun over ssh: a recipe tuned on two nodes runs on two and
+on one; ``scancel`` (SIGTERM without Slurm), a rank killed on one node and a node lost mid-probe
+each end in one clear line, leave nothing behind on any host, and keep the journal whole.
 
 The recipe is written here (the tune that makes one is `test_cluster_tune`'s); its fingerprint
 is this machine's, so nothing but the nodes differs from the run it describes.
@@ -328,3 +329,124 @@ def test_a_rank_lost_on_one_node_ends_the_run_with_its_code(cluster_nodes, tmp_p
     errors = [ln for ln in log.splitlines() if ln.startswith("ERROR:")]
     assert len(errors) == 1 and "fullrun.log" in errors[0], errors
     assert bed_settled(cluster, (str(tmp_path),)) == []
+
+
+def _mpich_or_skip():
+    """The bed's ssh launch is set up for MPICH's Hydra; the engine otherwise skips."""
+    pytest.importorskip("mpi4py")
+    from autotune.launching import engines
+
+    mpi = engines.detect_mpi(os.environ)
+    if mpi is None or mpi.flavor == "openmpi":
+        pytest.skip("the bed's ssh launch is set up for MPICH's Hydra (pip mpich)")
+
+
+def _on_node1(cluster, argv: list[str], env: dict, err: Path):
+    """``argv`` started on node1 (not waited for): through ``ip netns exec``, ``nsenter`` and
+    ``taskset``, each of which execs the next, so the process is autotune itself and a signal
+    sent to it is the one a user's Ctrl-C or kill would send."""
+    import subprocess
+
+    return subprocess.Popen(cluster.on(cluster.facts.hosts[0], argv), env=cluster.env(env),
+                            stdout=subprocess.DEVNULL, stderr=open(err, "w"))
+
+
+def test_a_run_through_mpirun_stopped_by_sigterm_leaves_nothing_on_either_host(
+        cluster_nodes, tmp_path):
+    """`scancel`'s counterpart without Slurm: ``autotune run --hostfile`` on node1, its ranks
+    (and their DataLoader workers) on both hosts through mpirun over ssh, SIGTERM once both
+    train. The run says so at once, passes it on, ends 143 with a whole journal, and nothing of
+    it is left on either host."""
+    import signal
+
+    _mpich_or_skip()
+    cluster = cluster_nodes
+    f = cluster.facts
+    script = _script(tmp_path)
+    argv = _run_argv(tmp_path, script, workers=2)
+    at = argv.index("--plain") + 1  # autotune's flags go before the script's
+    argv[at:at] = ["--hostfile", f.hostfile]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), AUTOTUNE_RUNS_DIR=str(tmp_path / "runs"),
+               GLOO_SOCKET_IFNAME=f.ifname)
+    err = tmp_path / "term.err"
+    p = _on_node1(cluster, argv, env, err)
+    try:
+        def training() -> bool:
+            assert p.poll() is None, err.read_text()[-3000:]
+            runs = list((tmp_path / "runs").glob("*-run-*"))
+            return bool(runs) and len(_worlds(tmp_path)) >= 2 and any(
+                e["event"] == "fullrun_progress" and e["samples"] > 0
+                for e in read_events(runs[0])[0])
+
+        wait_for(training, timeout_s=JOB_TIMEOUT_S, what="both ranks to train", poll_s=1.0)
+        p.send_signal(signal.SIGTERM)
+        code = p.wait(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    log = err.read_text()
+    assert code == 143, (code, log[-3000:])
+    run_dir = next((tmp_path / "runs").glob("*-run-*"))
+    events = _whole(run_dir)
+    started = next(e for e in events if e["event"] == "run_started")
+    assert started["launcher"].startswith("mpirun") and "2 hosts" in started["launcher"], started
+    said = "SIGTERM received: passed on to the ranks, which are stopping"
+    assert f"HINT: {said}" in log, log[-3000:]
+    assert events[-1]["event"] == "run_ended" and events[-1]["exit_code"] == 143, events[-3:]
+    assert bed_settled(cluster, (str(tmp_path),)) == []
+
+
+def test_a_node_lost_mid_probe_through_mpirun_is_one_clear_line_and_leaves_nothing(
+        cluster_nodes, tmp_path):
+    """The lost node again, with mpirun over ssh instead of Slurm: ``autotune probe --hostfile``
+    on node1, one rank on each host; node2's link goes down once they train and comes back
+    after the probe gave up on the step. One line says why, the journal is whole, and nothing
+    is left on either host (the rank on node2 included, which mpirun's ssh reached)."""
+    import subprocess
+
+    _mpich_or_skip()
+    cluster = cluster_nodes
+    f = cluster.facts
+    script = _script(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), AUTOTUNE_RUNS_DIR=str(tmp_path / "runs"),
+               GLOO_SOCKET_IFNAME=f.ifname)
+    argv = [sys.executable, "-m", "autotune", "probe", "--plain", "--hostfile", f.hostfile,
+            "--modes", "full", "--seconds", "90", str(script), "--epochs", "1000"]
+    err = tmp_path / "lost.err"
+    p = _on_node1(cluster, argv, env, err)
+    down = ["ip", "-n", f.namespaces[1], "link", "set", f.ifname, "down"]
+    up = ["ip", "-n", f.namespaces[1], "link", "set", f.ifname, "up"]
+    try:
+        def training() -> bool:
+            assert p.poll() is None, err.read_text()[-3000:]
+            runs = list((tmp_path / "runs").glob("*-probe-*"))
+            return bool(runs) and any(e["event"] == "trial_progress" and e["samples_per_s"] > 0
+                                      for e in read_events(runs[0])[0])
+
+        wait_for(training, timeout_s=JOB_TIMEOUT_S, what="the probe's ranks to train",
+                 poll_s=0.5)
+        subprocess.run(down, check=True, timeout=30)
+        lost_at = time.monotonic()
+        time.sleep(LOST_S)  # longer than the probe waits on a step without progress (30 s)
+        subprocess.run(up, check=True, timeout=30)
+        code = p.wait(timeout=180)
+        ended_after = time.monotonic() - lost_at
+    finally:
+        subprocess.run(up, timeout=30)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    run_dir = next((tmp_path / "runs").glob("*-probe-*"))
+    events = _whole(run_dir)
+    result = next(e for e in events if e["event"] == "trial_finished")["result"]
+    assert result["outcome"] in ("hung", "crashed"), result
+    assert "no progress for" in result["reason"] or "Connection" in result["reason"], result
+    assert sorted(result["hosts"]) == sorted(f.hosts), result  # it did run across the hosts
+    assert events[-1]["event"] == "run_ended", events[-3:]
+    log = err.read_text()
+    assert code == 1, (code, log[-3000:])
+    assert len([ln for ln in log.splitlines() if ln.startswith("ERROR:")]) == 1, log[-3000:]
+    assert bed_settled(cluster, (str(tmp_path),)) == []
+    print(f"lost node under mpirun: the probe ended {ended_after:.0f} s after the link went "
+          f"down ({result['outcome']}: {result['reason'][:200]})")
