@@ -250,7 +250,11 @@ def test_a_global_batch_is_divided_by_the_world_the_script_starts(tmp_path):
     assert state["space"]["devices"] == 2 and "batch_size" not in state["space"]["domains"]
     baselines = [e for e in read_events(run_dir)[0]
                  if e["event"] == "trial_finished" and e["trial"] == "baseline"]
-    assert len(baselines) == 2  # the first at 32 per rank, then again at 16
+    # the first at 32 per rank, then again at 16 (each may take a second, longer try when a
+    # loaded machine starts the spawned ranks too slowly for the first window)
+    batches = [e["result"]["knobs"].get("batch_size") for e in baselines]
+    assert batches[0] == 32 and batches[-1] == 16 and 2 <= len(batches) <= 4, batches
+    assert batches == sorted(batches, reverse=True), batches  # never back to 32
     logs = sorted((run_dir / "logs").glob("baseline*.log"))
     assert "rank 1 loader batch_size=16 " in logs[-1].read_text()
     summary = json.loads(p.stdout.strip().splitlines()[-1])
