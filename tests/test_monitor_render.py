@@ -283,3 +283,21 @@ def test_energy_reads_by_source_or_says_why_not():
                         "gpu": "NVML energy counter", "cpu": "unavailable: no RAPL"}) == \
         "GPU 0.523 J (NVML energy counter); CPU package unavailable: no RAPL"
     assert energy_text(None) == "not measured"
+
+
+def test_a_run_stopped_on_a_signal_ends_as_a_shell_reports_it_and_says_so():
+    """MPICH's mpiexec returns 15 for ranks a SIGTERM ended, srun 143, a rank its
+    KeyboardInterrupt's 1: a run autotune stopped on the signal it was sent ends 128 + N, keeps
+    the engine's own code beside it, and its line says it was stopped."""
+    import signal
+
+    from autotune.measuring import fullrun
+
+    code, ended = fullrun._stopped_by(signal.SIGTERM, 15, {})
+    assert code == 143 and ended == {"signal": "SIGTERM", "launcher_exit_code": 15}
+    assert fullrun._stopped_by(signal.SIGTERM, 143, {}) == (143, {"signal": "SIGTERM"})
+    code, ended = fullrun._stopped_by(signal.SIGINT, 1, {"rank": 0})
+    assert code == 130 and ended["rank"] == 0 and ended["launcher_exit_code"] == 1
+    line = event_line({"t": 0.0, "event": "fullrun_ended", "exit_code": 143, **{
+        "signal": "SIGTERM", "launcher_exit_code": 15}})
+    assert "exit code 143 (stopped on SIGTERM; the launcher returned 15)" in line, line

@@ -15,7 +15,7 @@ from autotune.measuring.promise import Promise
 from autotune.launching import engines
 from autotune.commands import common, tune
 from autotune.launching.group import RanksSpec
-from autotune.store.journal import Journal
+from autotune.store.journal import Journal, read_events
 from autotune.store.events import Event
 
 
@@ -191,8 +191,15 @@ def promise_of(recipe: recipes.Recipe, fp: fingerprint.Fingerprint,
 
 
 def said(code: int, run_dir: Path) -> int:
-    """The full run's exit code, told when it is a failure."""
+    """The full run's exit code, told when it is a failure; a run stopped on the signal it was
+    sent (Ctrl-C, ``kill``, ``scancel``) says that, not that the script failed."""
     if code:
-        console.error(f"the script exited with code {code}; its output is in "
-                      f"{run_dir / 'logs' / 'fullrun.log'}")
+        log = run_dir / "logs" / "fullrun.log"
+        ended = [e for e in read_events(run_dir)[0] if e["event"] == Event.FULLRUN_ENDED]
+        stopped = ended[-1].get("signal") if ended else None
+        if stopped:
+            console.hint(f"the run stopped on {stopped}, as asked (exit code {code}); its "
+                         f"output is in {log}")
+        else:
+            console.error(f"the script exited with code {code}; its output is in {log}")
     return code

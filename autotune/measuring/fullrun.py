@@ -231,8 +231,9 @@ def run_full(spec: FullRunSpec, journal: Journal, *, out=None) -> int:
 def _supervise(spec: FullRunSpec, signals: _Signals, collector: Collector, journal: Journal,
                *, on_poll=lambda: None) -> tuple[int, dict]:
     """Waits for every process; returns the run's exit status and what ``fullrun_ended`` adds:
-    ``rank`` (the first to fail, when a rank said so) and ``launcher_exit_code`` (an engine's
-    own status, when it differs from the rank's)."""
+    ``rank`` (the first to fail, when a rank said so), ``launcher_exit_code`` (an engine's
+    own status, when it differs from the rank's or from 128 + the signal) and ``signal`` (the
+    run was stopped on the SIGINT or SIGTERM we were sent: `_stopped_by`)."""
     meter = _Meter(spec.samples_per_step, thin_s=spec.progress_every_s)
     launched = signals.launched
     last_report = time.monotonic()
@@ -300,6 +301,8 @@ def _supervise(spec: FullRunSpec, signals: _Signals, collector: Collector, journ
             code = exit_status(first_failure if first_failure is not None
                                else next((c for c in codes if c != 0), 0))
             code, ended = _rank_said(spec, meter.failed, code)
+            if signals.first is not None and code != 0:
+                code, ended = _stopped_by(signals.first, code, ended)
             end = time.monotonic()
             whole = meter.breakdown(None, end)
             if watch is not None and held_from is not None and code == 0 and \
@@ -326,6 +329,18 @@ def _say_signal(signum: int, journal: Journal) -> None:
     except (OSError, ValueError):
         pass  # our stderr went away; the journal says it
     journal.emit(Event.FULLRUN_NOTES, notes=[text], mps_check=None)
+
+
+def _stopped_by(signum: int, code: int, ended: dict) -> tuple[int, dict]:
+    """A run we stopped on a signal ends as a shell reports a process that signal killed
+    (SIGTERM: 143), whatever the engine made of it: srun reports 143, MPICH's mpiexec 15 (the
+    signal's number), a rank may exit 1 from its KeyboardInterrupt. The engine's or the rank's
+    own code is kept beside it."""
+    stopped = 128 + signum
+    out = {**ended, "signal": signal.Signals(signum).name}
+    if code != stopped:
+        out.setdefault("launcher_exit_code", code)
+    return stopped, out
 
 
 def _rank_said(spec: FullRunSpec, failed: tuple[int, int] | None, code: int) -> tuple[int, dict]:

@@ -256,7 +256,11 @@ def _fullrun_progress(ev):
 
 def _fullrun_ended(ev):
     line = f"full run ended: exit code {ev.get('exit_code')}"
-    if ev.get("rank") is not None:
+    if ev.get("signal"):
+        engine = ev.get("launcher_exit_code")
+        line += f" (stopped on {ev['signal']}" + (
+            f"; the launcher returned {engine})" if engine is not None else ")")
+    elif ev.get("rank") is not None:
         engine = ev.get("launcher_exit_code")
         line += (f" (rank {ev['rank']}; the launcher returned {engine})" if engine is not None
                  else f" (rank {ev['rank']})")
