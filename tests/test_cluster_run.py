@@ -99,6 +99,18 @@ def _worlds(tmp_path: Path) -> list[tuple[str, str, str]]:
     return sorted((e["RANK"], e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"]) for e in envs)
 
 
+def _probe_trains(runs: Path) -> bool:
+    """A probe's run dir under ``runs`` holds a live estimate: its ranks train."""
+    found = list(runs.glob("*-probe-*"))
+    return bool(found) and any(e["event"] == "trial_progress" and e["samples_per_s"] > 0
+                               for e in read_events(found[0])[0])
+
+
+def _link(f, state: str) -> list[str]:
+    """``ip`` setting node2's link ``up`` or ``down`` (the node lost to the others)."""
+    return ["ip", "-n", f.namespaces[1], "link", "set", f.ifname, state]
+
+
 def test_a_recipe_tuned_on_two_nodes_runs_on_two_and_on_one(cluster_nodes, tmp_path):
     """On two nodes: one rank on each (the recipe's instances per node), DDP across the link,
     exit 0, a whole journal. On one: the run says what carries over and flags the halved global
@@ -241,14 +253,11 @@ def test_a_node_lost_mid_probe_is_one_clear_line_and_leaves_nothing(cluster_node
             "90", str(script), "--epochs", "1000"]
     # never run twice: a node Slurm did declare down would requeue the job (JobRequeue)
     job_id, out = _submit(cluster, tmp_path, "lost", 2, argv, requeue=False)
-    down = ["ip", "-n", f.namespaces[1], "link", "set", f.ifname, "down"]
-    up = ["ip", "-n", f.namespaces[1], "link", "set", f.ifname, "up"]
+    down, up = _link(f, "down"), _link(f, "up")
     try:
         def training() -> bool:  # a live estimate: both ranks train, well before it is tight
             assert not (tmp_path / "lost.rc").exists(), out.read_text()[-3000:]  # ended early
-            runs = list((tmp_path / "runs-lost").glob("*-probe-*"))
-            return bool(runs) and any(e["event"] == "trial_progress" and e["samples_per_s"] > 0
-                                      for e in read_events(runs[0])[0])
+            return _probe_trains(tmp_path / "runs-lost")
 
         wait_for(training, timeout_s=JOB_TIMEOUT_S, what="the probe's ranks to train",
                  poll_s=0.5)
@@ -421,14 +430,11 @@ def test_a_node_lost_mid_probe_through_mpirun_is_one_clear_line_and_leaves_nothi
             "--modes", "full", "--seconds", "90", str(script), "--epochs", "1000"]
     err = tmp_path / "lost.err"
     p = _on_node1(cluster, argv, env, err)
-    down = ["ip", "-n", f.namespaces[1], "link", "set", f.ifname, "down"]
-    up = ["ip", "-n", f.namespaces[1], "link", "set", f.ifname, "up"]
+    down, up = _link(f, "down"), _link(f, "up")
     try:
         def training() -> bool:
             assert p.poll() is None, err.read_text()[-3000:]
-            runs = list((tmp_path / "runs").glob("*-probe-*"))
-            return bool(runs) and any(e["event"] == "trial_progress" and e["samples_per_s"] > 0
-                                      for e in read_events(runs[0])[0])
+            return _probe_trains(tmp_path / "runs")
 
         wait_for(training, timeout_s=JOB_TIMEOUT_S, what="the probe's ranks to train",
                  poll_s=0.5)
