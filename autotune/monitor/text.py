@@ -256,14 +256,11 @@ def _fullrun_progress(ev):
 
 def _fullrun_ended(ev):
     line = f"full run ended: exit code {ev.get('exit_code')}"
-    if ev.get("signal"):
+    why = f"stopped on {ev['signal']}" if ev.get("signal") else \
+        f"rank {ev['rank']}" if ev.get("rank") is not None else ""
+    if why:
         engine = ev.get("launcher_exit_code")
-        line += f" (stopped on {ev['signal']}" + (
-            f"; the launcher returned {engine})" if engine is not None else ")")
-    elif ev.get("rank") is not None:
-        engine = ev.get("launcher_exit_code")
-        line += (f" (rank {ev['rank']}; the launcher returned {engine})" if engine is not None
-                 else f" (rank {ev['rank']})")
+        line += f" ({why}" + (f"; the launcher returned {engine})" if engine is not None else ")")
     b = Breakdown.from_dict(ev.get("breakdown"))
     return line + (f"; where the time went: {b.describe()}" if b is not None else "")
 
