@@ -11,7 +11,7 @@ def trial_result(spec=None, **over) -> TrialResult:
                   source="dataloader", steps_per_s=6.0, measured_s=5.0, warmup_s=1.0,
                   paused_s=0.0, duration_s=8.0, peak_rss_bytes=2**28, cuda_peak_bytes=0,
                   foreign_cores=0.0, exit_code=0, log_path="/x/trial.log", log_tail="", seen={},
-                  knobs={}, mode=Mode.FULL)
+                  knobs={}, mode=Mode.FULL, stopped=True)
     if spec is not None:
         fields.update(log_path=str(spec.ranks.log_dir / f"{spec.ranks.name}.log"),
                       knobs=dict(spec.ranks.knobs), mode=spec.ranks.mode,

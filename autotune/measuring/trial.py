@@ -110,6 +110,10 @@ class TrialResult:
     notes: tuple[Note, ...] = ()
     knobs: Mapping[str, float] = field(default_factory=dict)
     mode: Mode = Mode.FULL
+    # autotune ended it (its window ran out, or it was pruned or hung); False when the script
+    # ended by itself or a rank failed first. A no-signal probe that was stopped may measure
+    # given more time; one whose script ended will not.
+    stopped: bool = False
 
     @property
     def ok(self) -> bool:
@@ -497,6 +501,7 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
     error = next((r.error for r in probe.ranks.values() if r.error), None)
     ranks = probe.ranks.values()
     own = probe.failed if probe.failed is not None else probe.exited_first
+    stopped = probe.stopped_by_us and own is None
     exit_code = script_exit_code(
         exit_codes, own=own, stopped_by_us=probe.stopped_by_us, error=error is not None,
         stopped_clean=bool(ranks) and (any(r.teardown for r in ranks)
@@ -510,7 +515,7 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
     foreign = load.cores()
     spec = probe.spec
     outcome, reason = classify(Observed(
-        exit_code=exit_code, stopped_by_us=probe.stopped_by_us and own is None,
+        exit_code=exit_code, stopped_by_us=stopped,
         error_kind=error.get("kind") if error else None,
         error_text=f"{error.get('exc_type')}: {error.get('message')}" if error else "",
         batches=batches, steps=steps, has_estimate=has_estimate, hung_s=probe.hung_s,
@@ -567,6 +572,7 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         foreign_cores=foreign, exit_code=exit_code, log_path=str(log_path),
         log_tail="" if outcome == Outcome.OK else tail, seen=seen,
         notes=tuple(notes), knobs=dict(probe.spec.ranks.knobs), mode=probe.spec.ranks.mode,
+        stopped=stopped,
         foreign_limit_cores=probe.spec.foreign_limit_cores, counted_samples_per_s=counted,
         window_start_t=est.start_t if est else 0.0, window_end_t=est.end_t if est else 0.0,
         breakdown=_breakdown(probe, est) if has_estimate else None, ranks_seen=len(ticks),

@@ -99,8 +99,7 @@ def measure(prober: Prober, state: TuneState) -> TuneState:
         result and the window the last try had (a re-measure starts from it)."""
         state, result = probe(state, values, max_s=max_s)
         no_loader = result.source == "none" and result.steps_per_s > 0  # more time won't help
-        if result.outcome == Outcome.NO_SIGNAL and result.exit_code in (0, None) and \
-                not no_loader:
+        if result.outcome == Outcome.NO_SIGNAL and result.stopped and not no_loader:
             # Too few batches inside the window: a slow start (imports, data, ranks of its
             # own) or slow steps, not a broken script. One more try with twice the time.
             state = prober.note(state, Note.hint(
@@ -236,7 +235,7 @@ def discover_ranks(prober: Prober, state: TuneState, machine: space.Machine,
 
     first_max = prober.spec(state, knobs, instances, "ranks").max_s
     state, result = probe(state)
-    if result.outcome == Outcome.NO_SIGNAL and result.exit_code in (0, None):
+    if result.outcome == Outcome.NO_SIGNAL and result.stopped:
         # two ranks start slower than one (a process group to form, twice the imports)
         prober.tell(Note.info(f"ranks: no throughput within {first_max:.0f} s "
                               f"({result.reason}); trying once more with "
