@@ -474,6 +474,9 @@ class ClusterBed:
     def _make_dirs(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.workdir, 0o755)
+        for stale in ("slurm/state", "slurm/spool", "slurm/run"):
+            # a torn-down bed's Slurm state: its cluster name (slurmctld refuses another) and jobs
+            shutil.rmtree(self.workdir / stale, ignore_errors=True)
         for sub in ("bin", "uts", "ssh", "slurm/etc", "slurm/state", "slurm/run", "slurm/log",
                     "slurm/spool", "log", "munge"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 salloc across two namespaced hosts, torch.distributed over gloo between them, MPICH's Hydra
 mpirun over ssh, the tbf-shaped link's rate, and a teardown that leaves nothing behind."""
 
+import dataclasses
 import functools
 import json
 import os
@@ -203,6 +204,14 @@ def test_down_leaves_nothing_behind(bed_dir):
     down_s = time.monotonic() - start
     assert _leftovers(spec.prefix, spec.workdir, pids) == NOTHING
     bed.down()  # idempotent
+    # the next bed in the same work dir is another cluster (its own name): Slurm's saved state
+    # of the last one would make slurmctld refuse it
+    again = clusterbed.ClusterBed(dataclasses.replace(spec, nodes=2,
+                                                      prefix=f"atbe{os.getpid() % 100000}"))
+    try:
+        assert tuple(again.up().hosts) == ("node1", "node2")
+    finally:
+        again.down()
     print(f"up {up_s:.1f} s, down {down_s:.1f} s")
 
 
