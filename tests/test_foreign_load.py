@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from autotune.hardware import proc
 from autotune.measuring.foreign_load import ForeignLoad
 from probes import protocol
@@ -65,3 +67,79 @@ def test_the_process_table_is_scanned_for_new_pids_at_most_every_rescan_s():
         late.kill()
         late.wait()
     assert fast.processes() == []  # gone: no longer given
+
+
+def _step(marker, since_offset_s=0.0):
+    """A stand-in ``slurmstepd``: an unmarked process that starts a marked rank and spins
+    1.5 CPU-seconds itself (an engine's I/O forwarding), as a step's processes do."""
+    rank = (f"import os, subprocess, sys\n"
+            f"env = dict(os.environ, {protocol.ENV_TRIAL}={marker!r})\n"
+            f"c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'], "
+            f"env=env)\n{SPIN}c.wait()\n")
+    env = {k: v for k, v in os.environ.items() if k != protocol.ENV_TRIAL}
+    return subprocess.Popen([sys.executable, "-c", rank], env=env)
+
+
+def _found_until_spun(scan, stepd):
+    seen = set()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and len(seen) < 2:
+        seen |= {p.pid for p in scan.processes()}
+        time.sleep(0.05)
+    return seen
+
+
+def test_the_step_s_own_processes_born_for_the_trial_are_ours_and_older_daemons_are_not():
+    before = proc.birth_clock()
+    stepd = _step("trial-step-r0")
+    try:
+        scan = proc.MarkedScan({"trial-step-r0"}, rescan_s=0.0, since=before)
+        seen = _found_until_spun(scan, stepd)
+        assert stepd.pid in seen and len(seen) == 2, (stepd.pid, seen)
+        # a step process older than the trial is a daemon serving others: left out
+        later = proc.MarkedScan({"trial-step-r0"}, rescan_s=0.0, since=proc.birth_clock() + 0.5)
+        found = {p.pid for p in later.processes()}
+        assert len(found) == 1 and stepd.pid not in found, (stepd.pid, found)
+    finally:
+        for p in psutil_children(stepd.pid) + [stepd]:
+            p.kill()
+        stepd.wait()
+
+
+def psutil_children(pid):
+    import psutil
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def test_load_is_judged_over_the_span_asked_for():
+    """(t, busy, controller, trial) samples: 1 s of start-up with 0.8 cores no process was
+    charged for, then 4 s where the machine's busy time is all the trial's."""
+    from autotune.measuring.foreign_load import span_cores
+    trail = [(0.0, 0.0, 0.0, 0.0), (1.0, 1.8, 0.1, 0.9)]
+    for i in range(1, 5):
+        t = 1.0 + i
+        trail.append((t, 1.8 + 2.0 * i, 0.1 + 0.05 * i, 0.9 + 1.95 * i))
+    assert span_cores(trail, 0.0, 5.0) == pytest.approx(0.8 / 5.0)
+    assert span_cores(trail, 1.0, 5.0) == pytest.approx(0.0)
+    assert span_cores(trail, 0.0, 1.0) == pytest.approx(0.8)
+    assert span_cores(trail, 2.5, 2.9) is None  # no two samples inside
+
+
+def test_a_rank_born_just_after_the_probe_began_is_ours_from_its_first_cpu_second():
+    """psutil's create time runs up to a second behind the wall clock: a rank forked right
+    after the probe began read as older than it, so its start-up before the first sample (a
+    torch import) was counted as other programs' load."""
+    import psutil
+    load = ForeignLoad()
+    rank = subprocess.Popen([sys.executable, "-c", SPIN + "print('spun', flush=True)\n"
+                             "import time; time.sleep(30)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert rank.stdout.readline().strip() == "spun"  # 1.5 CPU-seconds before any sample
+        load.sample([psutil.Process(rank.pid)])
+        assert load.ours_s() >= 1.4, load.ours_s()
+    finally:
+        rank.kill()
+        rank.wait()

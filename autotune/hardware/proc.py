@@ -28,6 +28,21 @@ _subreaper = False
 _ours: set[int] = set()  # pids this process started with Popen: subprocess reaps those
 
 
+def birth_clock() -> float:
+    """Now, on the clock ``psutil``'s ``create_time`` reads, less one kernel tick: a process
+    born after this call has a create time at or after it.
+
+    That clock is the boot time in whole seconds (``btime``) plus the ticks since boot, so it
+    runs up to a second behind ``time.time()`` (0.18 s measured here): a rank forked just after
+    a ``time.time()`` reads as born before it.
+    """
+    try:
+        since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+    except (AttributeError, OSError):  # no boot clock: the wall clock, a second's slack
+        return time.time() - 1.0
+    return psutil.boot_time() + since_boot - 2.0 / os.sysconf("SC_CLK_TCK")
+
+
 def become_subreaper() -> bool:
     """Ask Linux to re-parent orphaned descendants to this process. Idempotent."""
     global _subreaper
@@ -298,7 +313,10 @@ def marked(marker: str) -> list[psutil.Process]:
 class MarkedScan:
     """The processes of this host carrying one of some markers, and their descendants, found
     wherever they run: ranks an engine started (children of ``slurmstepd`` or of an ssh
-    session, not of ours), their DataLoader workers.
+    session, not of ours), their DataLoader workers; and the step's own processes, the
+    ancestors of a marked one born since ``since`` (the ``slurmstepd`` of the trial's step, the
+    ssh session and Hydra proxy mpirun started): they work for the trial alone. A daemon older
+    than the trial (``slurmd``, ``sshd`` listening) is not the trial's.
 
     Reading every process's environment is costly, so each pid is read once (by pid and create
     time; a young one again until it has surely exec'd) and the process table is scanned for
@@ -308,9 +326,10 @@ class MarkedScan:
 
     SETTLED_S = 2.0  # a process this old has the environment it will keep
 
-    def __init__(self, markers, *, rescan_s: float = 1.0):
+    def __init__(self, markers, *, rescan_s: float = 1.0, since: float | None = None):
         self.markers = frozenset(markers)
         self.rescan_s = rescan_s
+        self.since = birth_clock() if since is None else since  # as create_time reads
         self._next_scan = 0.0
         self._checked: set[tuple[int, float]] = set()  # (pid, create time) read once
         self._found: dict[tuple[int, float], psutil.Process] = {}
@@ -359,6 +378,16 @@ class MarkedScan:
                 # A younger one may be between fork and exec, still showing its parent's
                 # environment: read again at the next scan.
                 self._checked.add(key)
+        by_pid = {p.pid: p for p in table}
+        for p in list(self._found.values()):  # up: the step's processes, born for the trial
+            parent = by_pid.get(p.info["ppid"])
+            while parent is not None and parent.pid not in (me, 1) and \
+                    parent.info["create_time"] >= self.since:
+                key = (parent.pid, parent.info["create_time"])
+                if key in self._found:
+                    break
+                self._found[key] = parent
+                parent = by_pid.get(parent.info["ppid"])
         stack = [p.pid for p in self._found.values()]
         while stack:  # descendants: whatever environment they were given
             for child in children.get(stack.pop(), ()):

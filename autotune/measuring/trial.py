@@ -369,6 +369,7 @@ def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool]
                                      marker=f"{asked.name}-{uuid.uuid4().hex[:12]}")
     log_path = log_path_of(ranks_spec, 0)
     probe.log = logs.Reader(log_path)
+    begun = proc.birth_clock()  # what is born after this for the ranks is the trial's
     try:
         group = start_group(ranks_spec, channel=collector.env())
         probe.group = group
@@ -377,7 +378,8 @@ def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool]
                                         if slot.gpu is not None])
         probe.launched.extend(group.launched)
         if asked.launcher.kind != "local":  # ranks are the engine's children, not ours
-            probe.marked = proc.MarkedScan({lp.spec.marker for lp in group.launched})
+            probe.marked = proc.MarkedScan({lp.spec.marker for lp in group.launched},
+                                           since=begun)
         if on_start is not None:
             on_start(probe.launched)
         _loop(probe, collector, load)
@@ -512,7 +514,8 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
     ran_s = time.monotonic() - probe.t_begin
     has_estimate = est is not None and est.windows >= 3 and est.samples_per_s > 0
     pts = probe.series()[0] if not has_estimate else []
-    foreign = load.cores()
+    # judged over the span the figure stands on; the whole probe when there is none
+    foreign = load.cores_over(est.start_t, est.end_t) if has_estimate else load.cores()
     spec = probe.spec
     outcome, reason = classify(Observed(
         exit_code=exit_code, stopped_by_us=stopped,

@@ -174,7 +174,7 @@ class Prober:
             if last:
                 return state, result
             self.tell(Note.warning(f"{label}: {result.foreign_cores:.2f} cores of foreign CPU "
-                                   f"load during the probe; measuring it again"))
+                                   f"load while it measured; measuring it again"))
             self.clock.sleep(FOREIGN_WAIT_S)
 
     def _on_start(self, launched) -> None:
