@@ -73,6 +73,11 @@ def test_tune_in_a_two_node_allocation(cluster_nodes, tmp_path):
     assert any(n.startswith(f"tuning budget {minutes(budget)}:") for n in summary["notes"]), \
         summary["notes"]
     assert summary["reason"] and summary["stop_reason"], summary
+    # the fusion bucket searched across the nodes; ranks per node searched, or held at one
+    # with the allocation's reason (the bed's nodes hold one CPU each)
+    sp = summary["space"]
+    assert "bucket_mb" in sp["domains"], sp
+    assert "instances" in sp["domains"] or "Slurm allocation" in sp["ranks_why"], sp
     started = next(e for e in events if e["event"] == "run_started")
     assert started["launcher"] == "srun on 2 hosts", started
     finished = [e for e in events if e["event"] == "trial_finished"]

@@ -220,6 +220,19 @@ def test_configs_a_node_of_the_allocation_cannot_start_are_left_out_with_the_rea
     assert _in_allocation(None, ranges=["instances=1:4"]).domains["instances"] == (1, 2, 3, 4)
 
 
+def test_a_node_of_one_cpu_holds_instances_at_one_and_says_why():
+    """The bed's allocation (sbatch -N 2 on nodes of one CPU): a data-parallel script's ranks
+    per node cannot be searched, and the space says so rather than holding it silently."""
+    sp = _in_allocation(1, cores=1)
+    assert "instances" not in sp.domains and sp.fixed["instances"] == 1
+    assert "at most 1 rank " in sp.ranks_why and "srun refuses" in sp.ranks_why
+    assert any(n.text.startswith("instances: fixed at 1: a node of the Slurm allocation")
+               for n in sp.notes)
+    alone = _in_allocation(None, cores=1)  # one core, no allocation: may be forced
+    assert "1 core" in alone.ranks_why and "instances" not in alone.domains
+    assert "--space instances=1:N" in " ".join(n.text for n in alone.notes)
+
+
 def test_on_gpus_an_allocation_s_ranks_per_node_are_shared_by_its_gpus():
     sp = _in_allocation(4, device="gpu", gpus=2)
     assert sp.domains["instances"] == (1, 2)  # 2 ranks per GPU x 2 GPUs = 4 per node

@@ -434,6 +434,12 @@ def _applicable(name: str, values: tuple[int, ...], b: Baseline, base_cfg: Mappi
         why = ("the script starts its own data-parallel ranks (torch.multiprocessing.spawn or "
                "the like), so each rank autotune added would start a whole job of its own")
         return (1,), f"instances: fixed at 1: {why}", why
+    if name == "instances" and values == (1,) and machine.cores <= 1 and not asked:
+        if machine.ranks_per_node is not None:  # --space instances=1:2 would not fit either
+            why = _allocation_why(machine, 1)
+            return (1,), f"instances: fixed at 1: {why}", why
+        why = "this host has 1 core, which a second rank would only share"
+        return (1,), f"instances: fixed at 1: {why}; --space instances=1:N tries anyway", why
     if name == "instances":
         return _fitting_allocation(values, machine, asked)
     return values, "", ""
