@@ -32,7 +32,7 @@ def test_one_round_is_refused_rather_than_passed_on_an_infinite_interval(bench):
 
 
 def test_bench_search_fails_below_its_target_and_without_an_interval():
-    search = _bench("bench_search")
+    search = _bench("search_common")
     assert search.verdict(search.TARGET + 0.01, 0.05) == 0
     assert search.verdict(search.TARGET - 0.01, 0.05) == 1
     assert search.verdict(1.2, math.inf) == 1  # one round: no interval, nothing shown
@@ -191,7 +191,7 @@ def test_a_knob_only_autotune_can_set_is_refused_for_a_plain_run():
 
 
 def test_bench_search_prints_every_noise_entry_of_the_tunes_summary():
-    search = _bench("bench_search")
+    search = _bench("search_shape")
     summary = {"speedup": 1.2, "process_noise": {"between_rel": 0.01},
                "probes": {"best": {"noise": None, "samples_per_s": 3.0}, "baseline": None}}
     assert search.noise_fields(summary) == [("process_noise", {"between_rel": 0.01}),

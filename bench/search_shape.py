@@ -1,0 +1,307 @@
+"""``bench/bench_search.py --shape``: a third-party script's shape, its grid run as plain
+processes and read from the script's own clock, against ``autotune tune --budget`` as a user
+runs it (the second list of bench_search's docstring)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from autotune.tuning import decision, space  # noqa: E402
+from autotune.tuning.space.parse import parse_values  # noqa: E402
+from bench import shapes  # noqa: E402
+from bench.common import ratio_interval, say, tune_as_user  # noqa: E402
+from bench.search_common import TARGET, baseline_stage, fmt, header, mean, verdict  # noqa: E402
+
+
+@dataclass(frozen=True)
+class ClockGrid:
+    """Every config of the space as a plain run, by the script's own clock."""
+
+    configs: list[dict]
+    runs: list[shapes.PlainRun]
+    rates: list[list[float | None]]  # per config, per round; None: no figure printed
+    cost_s: float  # the wall time of one round: each config tried once
+
+    @property
+    def best(self) -> int | None:
+        """The config with the best mean over its rounds; None when none printed a figure."""
+        means = [mean(r) for r in self.rates]
+        measured = [i for i, m in enumerate(means) if m is not None]
+        return max(measured, key=lambda i: means[i]) if measured else None
+
+
+@dataclass(frozen=True)
+class BudgetTune:
+    """One ``autotune tune --budget`` as a user runs it, and its winner as a plain run."""
+
+    budget: str
+    wall_s: float
+    summary: dict | None
+    error: str = ""
+    knobs: dict | None = None
+    run: shapes.PlainRun | None = None  # None: nothing to measure (the tune failed)
+
+    @property
+    def name(self) -> str:
+        return f"tuned {self.budget}"
+
+
+@dataclass(frozen=True)
+class SideBySide:
+    """Named plain runs re-measured in interleaved rounds; names sharing a run share its
+    figures (one run per round)."""
+
+    entries: dict[str, shapes.PlainRun]
+    rates: dict[str, list[float | None]]
+
+    def shared(self, name: str) -> list[str]:
+        """The other names measured by the same runs as ``name``."""
+        return [n for n, r in self.entries.items()
+                if n != name and r.key == self.entries[name].key]
+
+
+def shape_mode(args) -> int:
+    """The grid by the script's own clock (module docstring, second list)."""
+    shape = shapes.SHAPES[args.shape]
+    args.command = [*shape.script, *shape.placeholders]
+    head = header(args.command)
+    say(head)
+    say(f"# shape {args.shape}: {shape.what}; {Path(shape.script[0]).relative_to(ROOT)}; grid "
+        f"of plain runs of {args.grid_seconds:g} s x {args.grid_rounds} rounds; tune --budget "
+        f"{' and '.join(args.budgets)}; side by side {args.rounds} rounds of "
+        f"{args.final_seconds:g} s; work dir {args.work}")
+
+    # 1. tune's own baseline stage -> the space it searches, each config as a plain run
+    _, state = baseline_stage(args, parse_values(list(shape.baseline)))
+    sp = state.space
+    configs = sp.configs()
+    runs, refused = [], []
+    for cfg in configs:
+        try:
+            runs.append(shapes.plain_run(shape, cfg, sp))
+        except shapes.NotPlain as e:
+            refused.append(f"{fmt(cfg)}: {e}")
+    if refused:
+        for line in refused:
+            say(f"ERROR: a plain run cannot set {line}")
+        say(f"HINT: hold such knobs at the script's own value with --space NAME=VALUE (its own: "
+            f"{fmt(sp.baseline)}), the same for the grid and the tune")
+        return 2
+    say(f"# the grid covers: {coverage(sp, shape)}")
+
+    grid = clock_grid(args, shape, configs, runs)  # 2.
+    if grid.best is None:
+        say("FAILED: no config of the grid printed its own rate; nothing was measured")
+        return 1
+    tunes = [tune_budget(args, shape, i, b, sp) for i, b in enumerate(args.budgets)]  # 3.
+    entries = {"default": shapes.default_run(shape), "grid-best": grid.runs[grid.best],
+               **{t.name: t.run for t in tunes if t.run is not None}}
+    final = side_by_side(args, shape, entries)  # 4.
+    return report(args, head, sp, grid, tunes, final)
+
+
+def clock_grid(args, shape: shapes.Shape, configs: list[dict],
+               runs: list[shapes.PlainRun]) -> ClockGrid:
+    """Every config a plain run of ``--grid-seconds``, in ``--grid-rounds`` interleaved
+    rounds."""
+    rates: list[list[float | None]] = [[] for _ in configs]
+    round_s: dict[int, float] = {}
+    for rnd, i in decision.interleave(list(range(len(configs))), args.grid_rounds):
+        rate, wall_s, tail = clocked(runs[i], shape, args.work, args.grid_seconds)
+        rates[i].append(rate)
+        round_s[rnd] = round_s.get(rnd, 0.0) + wall_s
+        say(f"grid round {rnd} {i + 1:3d}/{len(configs)} {fmt(configs[i]):40s} "
+            f"{runs[i].text():35s} " + (f"{rate:8.1f} samples/s" if rate else
+                                        f"no rate printed: {tail}"))
+    grid = ClockGrid(configs, runs, rates, sum(round_s.values()) / len(round_s))
+    b = grid.best
+    if b is not None:
+        say(f"# grid: {len(configs)} configs, {sum(1 for r in rates if mean(r) is None)} "
+            f"without a figure; one round {grid.cost_s:.0f} s wall (its cost); best "
+            f"{fmt(configs[b])} ({runs[b].text()}) {mean(rates[b]):.1f} samples/s, the mean "
+            f"of the {sum(1 for r in rates[b] if r)} of {args.grid_rounds} round(s) with a "
+            f"figure")
+    return grid
+
+
+def side_by_side(args, shape: shapes.Shape, entries: dict[str, shapes.PlainRun]) -> SideBySide:
+    """Each distinct run of ``entries`` once per round, ``--rounds`` interleaved rounds of
+    ``--final-seconds``."""
+    distinct = {r.key: r for r in entries.values()}
+    by_key: dict[tuple, list[float | None]] = {k: [] for k in distinct}
+    for rnd, k in decision.interleave(list(distinct), args.rounds):
+        rate, _, tail = clocked(distinct[k], shape, args.work, args.final_seconds)
+        by_key[k].append(rate)
+        names = ", ".join(n for n, r in entries.items() if r.key == k)
+        say(f"final round {rnd} {names:30s} " + (f"{rate:8.1f} samples/s" if rate else
+                                                 f"no rate printed: {tail}"))
+    return SideBySide(entries, {n: by_key[r.key] for n, r in entries.items()})
+
+
+def report(args, head: str, sp: space.Space, grid: ClockGrid, tunes: list[BudgetTune],
+           final: SideBySide) -> int:
+    """The table, the JSON, and the exit code (`verdict` for every budget)."""
+    rates = final.rates
+    say("")
+    say(f"{'config':14s} {'samples/s':>10s} {'rounds':>7s}  run (knobs)")
+    for n, run in final.entries.items():
+        m = mean(rates[n])
+        got = sum(1 for r in rates[n] if r)
+        shared = final.shared(n)
+        say(f"{n:14s} {m if m is not None else math.nan:10.1f} {got:3d}/{len(rates[n]):<3d}  "
+            f"{run.text()}{'' if run.env else ' (its own threads)'}"
+            + (f"  (the same runs as {', '.join(shared)})" if shared else ""))
+    say("")
+    say(f"{'budget':7s} {'tuned/grid-best':>17s} {'tuned/default':>17s} {'tune / grid cost':>24s}"
+        f"  stopped")
+    ratios = {}
+    for t in tunes:
+        if t.run is None:
+            say(f"{t.budget:7s} {'not measured':>17s}  {t.error}")
+            continue
+        tg = ratio_interval(rates[t.name], rates["grid-best"])
+        td = ratio_interval(rates[t.name], rates["default"])
+        ratios[t.budget] = {"tuned/grid-best": tg, "tuned/default": td}
+        cost = f"{t.wall_s:.0f} s / {grid.cost_s:.0f} s = {t.wall_s / grid.cost_s:.0%}"
+        say(f"{t.budget:7s} {tg[0]:8.3f} ± {tg[1]:6.3f} {td[0]:8.3f} ± {td[1]:6.3f} "
+            f"{cost:>24s}  {t.summary['stop_reason']}")
+    gd = ratio_interval(rates["grid-best"], rates["default"])
+    say(f"grid-best / default {gd[0]:.3f} ± {gd[1]:.3f}; target tuned / grid-best >= "
+        f"{TARGET:.2f}")
+    for t in tunes:
+        if t.summary is None:
+            continue
+        s = t.summary
+        say(f"# {t.budget}: {s['trials']} probes; "
+            f"{'kept the defaults' if s['kept_baseline'] else 'replaced the defaults'}; "
+            f"{s['reason']}")
+        say(f"# {t.budget}: process_noise: {brief(s.get('process_noise'))}")
+        others = [(path, v) for path, v in noise_fields(s) if path != "process_noise"]
+        for path, value in others:
+            say(f"# {t.budget}: {path}: {brief(value)}")
+        if not others:
+            say(f"# {t.budget}: no other entry of the summary names noise")
+    if args.out:
+        args.out.write_text(json.dumps({
+            "header": head, "shape": args.shape, "space": sp.to_dict(),
+            "grid": [{"knobs": c, "run": r.text(), "env": dict(r.env), "rates": g}
+                     for c, r, g in zip(grid.configs, grid.runs, grid.rates)],
+            "grid_best": grid.configs[grid.best], "grid_s": grid.cost_s,
+            "grid_seconds": args.grid_seconds, "grid_rounds": args.grid_rounds,
+            "tunes": [{"budget": t.budget, "wall_s": t.wall_s, "summary": t.summary,
+                       "error": t.error, "knobs": t.knobs,
+                       "run": t.run.text() if t.run else None} for t in tunes],
+            "final": {"runs": {n: r.text() for n, r in final.entries.items()},
+                      "rates": rates},
+            "ratios": {**ratios, "grid-best/default": gd}}, indent=2, default=str))
+    codes = []
+    for t in tunes:
+        if t.budget not in ratios:
+            say(f"FAILED: tune --budget {t.budget} gave no config to measure: {t.error}")
+            codes.append(1)
+        else:
+            tg = ratios[t.budget]["tuned/grid-best"]
+            say(f"tune --budget {t.budget}: tuned / grid-best {tg[0]:.3f} ± {tg[1]:.3f}")
+            codes.append(verdict(*tg))
+    return max(codes)
+
+
+def coverage(sp: space.Space, shape: shapes.Shape) -> str:
+    """How the grid's plain runs set each knob of the space (every config passed
+    `shapes.plain_run`, so this is all of it)."""
+    args = shape.placeholders
+
+    def how(name: str, values: list[int]) -> str:
+        if name == "thread_pct":
+            return (f"(OMP_NUM_THREADS and MKL_NUM_THREADS "
+                    f"{[space.threads_per_rank(v, sp.cores) for v in values]} of {sp.cores} "
+                    f"cores)")
+        at = [i for i, a in enumerate(args) if "{" + name + "}" in a]
+        if at:  # the flag with its placeholder, or the flag before a bare placeholder
+            i = at[0]
+            return f"({args[i] if args[i].startswith('-') else ' '.join(args[i - 1:i + 1])})"
+        return "(one process)" if name == "instances" else "(the script's own)"
+
+    searched = [f"{n} {list(v)} {how(n, list(v))}" for n, v in sp.domains.items()]
+    fixed = [f"{n}={v} {how(n, [v])}" for n, v in sp.fixed.items()]
+    return "; ".join(searched) + (f"; fixed: {', '.join(fixed)}" if fixed else "")
+
+
+def clocked(run: shapes.PlainRun, shape: shapes.Shape, work: Path,
+            seconds: float) -> tuple[float | None, float, str]:
+    """One plain run for ``seconds``: the script's own rate (None: fewer than two lines), the
+    wall time it took, and its last line of output (what a failed run said)."""
+    t0 = time.monotonic()
+    out = shapes.timed_run(run.argv(sys.executable), work, seconds, run.environ(os.environ))
+    lines = out.strip().splitlines()
+    return shapes.own_rate(out, shape.rate), time.monotonic() - t0, lines[-1] if lines else ""
+
+
+def tune_budget(args, shape: shapes.Shape, index: int, budget: str,
+                sp: space.Space) -> BudgetTune:
+    """``autotune tune --budget`` as a user runs it, in its own recipe and runs directories (no
+    warm start from another budget's recipe), and its winner as a plain run: the script's own
+    run when it kept the defaults."""
+    work = args.work / f"tune-{index}-{budget}"
+    work.mkdir()
+    env = dict(os.environ, AUTOTUNE_RUNS_DIR=str(work / "runs"))
+    extra = [*shape.tune_args(), "--foreign-limit", str(args.foreign_limit)]
+    if args.confirm_rounds is not None:
+        extra += ["--confirm-rounds", str(args.confirm_rounds)]
+    if args.space:
+        extra += ["--space", *args.space]
+    tuned = tune_as_user(extra, script=[*shape.script, *shape.placeholders], budget=budget,
+                         work=work, env=env, label=f"tune {budget}")
+    out = BudgetTune(budget, tuned.wall_s, tuned.summary, tuned.error)
+    s = tuned.summary
+    if s is None:
+        return out
+    low, high = s.get("speedup_interval", [math.nan, math.nan])
+    say(f"# tune {budget}: {tuned.wall_s:.0f} s wall, {s['trials']} probes, stopped: "
+        f"{s['stop_reason']}; claim {s['speedup']:.3f}x ({low:.3f}x-{high:.3f}x); best "
+        f"{fmt(s['best']['knobs'])}{' (kept the defaults)' if s['kept_baseline'] else ''}")
+    tuned_sp = space.Space.from_dict(s["space"])
+    if dict(tuned_sp.domains) != dict(sp.domains):
+        say(f"WARNING: tune {budget} searched "
+            f"{json.dumps({k: list(v) for k, v in tuned_sp.domains.items()})}, not the grid's "
+            f"space: its own baseline saw the script otherwise")
+    if s["kept_baseline"]:
+        return replace(out, knobs=dict(tuned_sp.baseline), run=shapes.default_run(shape))
+    try:
+        run = shapes.plain_run(shape, s["best"]["knobs"], tuned_sp)
+    except shapes.NotPlain as e:
+        say(f"ERROR: tune {budget}'s winner cannot be run plainly: {e}")
+        return replace(out, error=f"its winner cannot be run plainly: {e}")
+    return replace(out, knobs=dict(s["best"]["knobs"]), run=run)
+
+
+def noise_fields(d, path: str = "") -> list[tuple[str, object]]:
+    """Every entry of the tune's summary whose key speaks of noise, at any depth, as
+    ``(dotted.path, value)``; another developer adds ``process_noise`` beside those there are."""
+    out = []
+    if isinstance(d, dict):
+        for k, v in d.items():
+            here = f"{path}.{k}" if path else str(k)
+            if "noise" in str(k).lower():
+                out.append((here, v))
+            else:
+                out.extend(noise_fields(v, here))
+    return out
+
+
+def brief(value, limit: int = 300) -> str:
+    """``value`` as compact JSON, cut at ``limit`` characters; "(none)" for None."""
+    if value is None:
+        return "(none in this summary)"
+    text = json.dumps(value, default=str, separators=(",", ":"))
+    return text if len(text) <= limit else text[:limit] + "..."
