@@ -79,7 +79,7 @@ def test_probe_in_a_real_terminal_shows_the_live_monitor(tmp_path):
         script.write_text(TINY)
     runs = tmp_path / "runs"
     command = (f"cd {tmp_path} && env -u NO_COLOR -u COLUMNS -u LINES AUTOTUNE_RUNS_DIR={runs} TERM=xterm-256color "
-               f"{sys.executable} -m autotune probe --seconds 8 {script}; "
+               f"{sys.executable} -m autotune probe --seconds 12 {script}; "
                f"echo AUTOTUNE-EXIT=$?; sleep 600")
     pane = Pane(f"autotune-test-{tmp_path.name}", command)
     try:
@@ -87,7 +87,7 @@ def test_probe_in_a_real_terminal_shows_the_live_monitor(tmp_path):
                             timeout_s=90, what="a probe running in the live view")
         assert f"autotune probe · {script.name}" in mid
         assert "phase" in mid and "probing mode '" in row(mid, "phase")
-        assert "/ 0:24 budget" in row(mid, "elapsed") and "ETA" in row(mid, "elapsed")
+        assert "/ 0:36 budget" in row(mid, "elapsed") and "ETA" in row(mid, "elapsed")
         running = [ln for ln in mid.splitlines() if "▶" in ln][0]
         assert "running" in running and "probe-" in running
         assert "% avg" in row(mid, "cpu")  # the device panel: per-core CPU
@@ -96,11 +96,11 @@ def test_probe_in_a_real_terminal_shows_the_live_monitor(tmp_path):
         pane.wait_for(lambda t: "AUTOTUNE-EXIT=" in t, timeout_s=120,
                       what="autotune probe to finish")
         end = pane.text(history=True)
-        assert "AUTOTUNE-EXIT=0" in end
         # the live view's last frame stays on screen: finished, every mode with its outcome
         # (which outcome depends on how busy this machine is; the command's own table after
-        # the frame must say the same)
+        # the frame must say the same, and its exit code: 0 when every mode gave a figure)
         assert "finished" in row(end, "phase")
+        outcomes = []
         for mode in ("full", "synthetic", "io"):
             live = row(end, f"probe-{mode}").split("│")
             table = [ln for ln in end.splitlines()
@@ -108,6 +108,9 @@ def test_probe_in_a_real_terminal_shows_the_live_monitor(tmp_path):
             assert table, f"the probe table has no {mode} row:\n{end}"
             outcome = table[0].split("│")[5].strip()
             assert outcome in OUTCOMES and outcome in live[-3], (live, table[0])
+            outcomes.append(outcome)
+        measured = all(o in ("ok", "ended", "foreign-load") for o in outcomes)
+        assert f"AUTOTUNE-EXIT={0 if measured else 1}" in end, (outcomes, end[-2000:])
         assert "verdict" in end and "run directory:" in end
         assert "▶" not in end  # nothing is left looking like it still runs
         assert "\x1b" not in end and "Traceback" not in end

@@ -14,6 +14,7 @@ import pytest
 from autotune.launching import rank_command
 from autotune.launching.collector import Collector
 from autotune.store.journal import read_events
+from autotune.tuning.baseline import BASELINE_TRIES
 from autotune.measuring.outcome import Outcome
 from probes import autostart, protocol
 from conftest import autotune
@@ -250,10 +251,11 @@ def test_a_global_batch_is_divided_by_the_world_the_script_starts(tmp_path):
     assert state["space"]["devices"] == 2 and "batch_size" not in state["space"]["domains"]
     baselines = [e for e in read_events(run_dir)[0]
                  if e["event"] == "trial_finished" and e["trial"] == "baseline"]
-    # the first at 32 per rank, then again at 16 (each may take a second, longer try when a
-    # loaded machine starts the spawned ranks too slowly for the first window)
+    # the first at 32 per rank, then again at 16 (each may take up to BASELINE_TRIES longer
+    # tries when a loaded machine starts the spawned ranks too slowly for the first window)
     batches = [e["result"]["knobs"].get("batch_size") for e in baselines]
-    assert batches[0] == 32 and batches[-1] == 16 and 2 <= len(batches) <= 4, batches
+    assert batches[0] == 32 and batches[-1] == 16 and 2 <= len(batches) <= 2 * BASELINE_TRIES, \
+        batches
     assert batches == sorted(batches, reverse=True), batches  # never back to 32
     logs = sorted((run_dir / "logs").glob("baseline*.log"))
     assert "rank 1 loader batch_size=16 " in logs[-1].read_text()

@@ -522,7 +522,35 @@ def test_slow_starting_baseline_gets_one_longer_try(tmp_path, machine, exit_code
     report, t, _ = tune(tmp_path, fake, trials=1)
     assert [s.max_s for s in fake.specs[:2]] == [10.0, 20.0]
     assert report.baseline.samples_per_s > 0
-    assert any("trying once more with 20 s" in n.text for n in report.notes)
+    assert any("trying again with 20 s" in n.text for n in report.notes)
+
+
+def test_a_baseline_whose_start_took_its_window_gets_a_window_beyond_that_start(tmp_path,
+                                                                              machine):
+    """CI, two tuners beside another worker on 2 cores: nothing in 5 s, then the first batch at
+    8.4 s of a 10 s window and 1.9 s counted. The third try allows that start plus a window."""
+    class LoadedStart(FakeProbe):
+        def __call__(self, spec, **kw):
+            tries = sum(1 for s in self.specs if s.ranks.name == "baseline")
+            if tries < 2:
+                self.specs.append(spec)
+                return dataclasses.replace(
+                    result(spec, Outcome.NO_SIGNAL, reason="too little"), stopped=True,
+                    first_s=0.0 if tries == 0 else 8.4)
+            return super().__call__(spec, **kw)
+
+    fake = LoadedStart(surface)
+    report, _, _ = tune(tmp_path, fake, trials=1)
+    windows = [s.max_s for s in fake.specs if s.ranks.name == "baseline"]
+    assert windows[:3] == [10.0, 20.0, 40.0], windows  # twice 20 s beats 8.4 s + 20 s
+    assert report.baseline.samples_per_s > 0
+
+
+def test_the_next_window_holds_the_start_the_last_try_saw():
+    from autotune.tuning.baseline import longer_window
+    assert longer_window(10.0, 0.0) == 20.0
+    assert longer_window(10.0, 8.4) == 20.0
+    assert longer_window(10.0, 14.0) == 24.0  # a start longer than the window: it plus one
 
 
 def test_a_baseline_that_ended_by_itself_without_a_figure_is_not_tried_again(tmp_path, machine):

@@ -29,6 +29,17 @@ ALLREDUCE_SECONDS_PER_SIZE = 0.2
 ALLREDUCE_TIMEOUT_S = 120.0
 # Two ranks that trained this long without a process group train alone: the probe ends there.
 ALONE_AFTER_S = 2.0
+# A probe that saw too few batches is tried again with a longer window, up to this many tries
+# in all: the baseline is the reference every config is compared with, and the two-rank probe
+# decides whether ranks are searched; a busy machine can take a whole window's start-up.
+BASELINE_TRIES = 3
+
+
+def longer_window(max_s: float, first_s: float) -> float:
+    """The next try's window after one that measured too little: twice the last, and at least
+    the start-up the last saw (``first_s``, launch to first batch; 0 when none came) plus the
+    last window again, so that a start as slow as the last still leaves a window to measure."""
+    return max(2 * max_s, first_s + max_s)
 
 
 def placeholder_values(args: Sequence[str], *, given: Mapping[str, int] | None = None,
@@ -95,19 +106,23 @@ def measure(prober: Prober, state: TuneState) -> TuneState:
                     result=result)
 
     def attempt(state, values, max_s):
-        """A probe, and on too few batches one more with twice the time; the state, the
-        result and the window the last try had (a re-measure starts from it)."""
+        """A probe, and on too few batches more with a longer window (`longer_window`), up to
+        `BASELINE_TRIES` in all; the state, the result and the window the last try had (a
+        re-measure starts from it)."""
         state, result = probe(state, values, max_s=max_s)
-        no_loader = result.source == "none" and result.steps_per_s > 0  # more time won't help
-        if result.outcome == Outcome.NO_SIGNAL and result.stopped and not no_loader:
+        for _ in range(BASELINE_TRIES - 1):
+            no_loader = result.source == "none" and result.steps_per_s > 0  # time won't help
+            if result.outcome != Outcome.NO_SIGNAL or not result.stopped or no_loader:
+                break
             # Too few batches inside the window: a slow start (imports, data, ranks of its
-            # own) or slow steps, not a broken script. One more try with twice the time.
+            # own, a busy machine) or slow steps, not a broken script.
+            longer = longer_window(max_s, result.first_s)
             state = prober.note(state, Note.hint(
                 f"baseline: no throughput within {max_s:.0f} s ({result.reason}); trying "
-                f"once more with {2 * max_s:.0f} s" + (" (raise --seconds for slow starts)"
-                                                       if settings.seconds else "")))
+                f"again with {longer:.0f} s" + (" (raise --seconds for slow starts)"
+                                                if settings.seconds else "")))
             finished(result)
-            max_s *= 2
+            max_s = longer
             state, result = probe(state, values, max_s=max_s)
         return state, result, max_s
 
@@ -233,14 +248,17 @@ def discover_ranks(prober: Prober, state: TuneState, machine: space.Machine,
                                                alone_after_s=ALONE_AFTER_S, **over),
                             label="ranks", number=None, cfg=cfg)
 
-    first_max = prober.spec(state, knobs, instances, "ranks").max_s
+    max_s = prober.spec(state, knobs, instances, "ranks").max_s
     state, result = probe(state)
-    if result.outcome == Outcome.NO_SIGNAL and result.stopped:
+    for _ in range(BASELINE_TRIES - 1):
+        if result.outcome != Outcome.NO_SIGNAL or not result.stopped:
+            break
         # two ranks start slower than one (a process group to form, twice the imports)
-        prober.tell(Note.info(f"ranks: no throughput within {first_max:.0f} s "
-                              f"({result.reason}); trying once more with "
-                              f"{2 * first_max:.0f} s"))
-        state, result = probe(state, max_s=2 * first_max)
+        longer = longer_window(max_s, result.first_s)
+        prober.tell(Note.info(f"ranks: no throughput within {max_s:.0f} s ({result.reason}); "
+                              f"trying again with {longer:.0f} s"))
+        max_s = longer
+        state, result = probe(state, max_s=max_s)
     seen = result.seen
     joined = bool(seen.get("backend")) and int(seen.get("world_size") or 0) >= 2 and \
         not seen.get("started_by_script")
