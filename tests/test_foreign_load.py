@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from autotune.hardware import proc
@@ -80,7 +81,7 @@ def _step(marker, since_offset_s=0.0):
     return subprocess.Popen([sys.executable, "-c", rank], env=env)
 
 
-def _found_until_spun(scan, stepd):
+def _found_until_spun(scan):
     seen = set()
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and len(seen) < 2:
@@ -94,24 +95,17 @@ def test_the_step_s_own_processes_born_for_the_trial_are_ours_and_older_daemons_
     stepd = _step("trial-step-r0")
     try:
         scan = proc.MarkedScan({"trial-step-r0"}, rescan_s=0.0, since=before)
-        seen = _found_until_spun(scan, stepd)
+        seen = _found_until_spun(scan)
         assert stepd.pid in seen and len(seen) == 2, (stepd.pid, seen)
         # a step process older than the trial is a daemon serving others: left out
         later = proc.MarkedScan({"trial-step-r0"}, rescan_s=0.0, since=proc.birth_clock() + 0.5)
         found = {p.pid for p in later.processes()}
         assert len(found) == 1 and stepd.pid not in found, (stepd.pid, found)
     finally:
-        for p in psutil_children(stepd.pid) + [stepd]:
-            p.kill()
+        for child in psutil.Process(stepd.pid).children(recursive=True):
+            child.kill()
+        stepd.kill()
         stepd.wait()
-
-
-def psutil_children(pid):
-    import psutil
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
 
 
 def test_load_is_judged_over_the_span_asked_for():
@@ -132,7 +126,6 @@ def test_a_rank_born_just_after_the_probe_began_is_ours_from_its_first_cpu_secon
     """psutil's create time runs up to a second behind the wall clock: a rank forked right
     after the probe began read as older than it, so its start-up before the first sample (a
     torch import) was counted as other programs' load."""
-    import psutil
     load = ForeignLoad()
     rank = subprocess.Popen([sys.executable, "-c", SPIN + "print('spun', flush=True)\n"
                              "import time; time.sleep(30)"], stdout=subprocess.PIPE, text=True)
