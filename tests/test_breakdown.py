@@ -239,6 +239,28 @@ def test_a_trail_takes_ticks_and_starts_over_when_the_clock_changes():
     assert b.ranks == 2 and b.clock == "cuda-events" and b.share("data") == pytest.approx(0.30)
 
 
+PROBE_TRIES = 3  # a probe that got no figure because other programs loaded the CPU
+
+
+def probe_full(tmp_path, *args, seconds=15) -> dict:
+    """`autotune probe --modes full` on ``args``: the mode's result, with its figure.
+
+    A probe that got no figure while other programs loaded the CPU (its reason names the load:
+    in CI the other test worker once slowed a tiny step 25x for 14 of 16 s) is run again, up to
+    `PROBE_TRIES`; a probe that got none on a quiet machine fails the test."""
+    for attempt in range(1, PROBE_TRIES + 1):
+        r = subprocess.run([sys.executable, "-m", "autotune", "probe", "--json", "--modes",
+                            "full", "--seconds", str(seconds), "--runs-dir",
+                            str(tmp_path / f"try{attempt}"), *map(str, args)],
+                           capture_output=True, text=True, timeout=180)
+        full = json.loads(r.stdout)["modes"]["full"]
+        if full["samples_per_s"] > 0:
+            return full
+        assert full["foreign_flagged"], r.stderr[-2000:]
+    pytest.skip(f"{PROBE_TRIES} probes gave no figure under other programs' CPU load "
+                f"(last: {full['reason']}); run on a quieter machine")
+
+
 def own_data_share(log: str, start: float, end: float) -> float:
     """The script's own data-wait share over the lines it printed inside the probe's window."""
     lines = [(float(t), float(d)) for d, t in
@@ -251,13 +273,8 @@ def own_data_share(log: str, start: float, end: float) -> float:
 @pytest.mark.slow
 @pytest.mark.parametrize("item_ms", [2.0, 0.0])  # ~half the step waits for data; none does
 def test_the_data_stall_share_is_the_scripts_own_within_ten_points(tmp_path, item_ms):
-    r = subprocess.run([sys.executable, "-m", "autotune", "probe", "--json", "--modes", "full",
-                        "--seconds", "20", "--runs-dir", str(tmp_path),
-                        str(SCRIPTS / "data_wait.py"), "--item-ms", str(item_ms),
-                        "--log-every", "10"],
-                       capture_output=True, text=True, timeout=180)
-    full = json.loads(r.stdout)["modes"]["full"]
-    assert full["samples_per_s"] > 0, r.stderr[-2000:]
+    full = probe_full(tmp_path, SCRIPTS / "data_wait.py", "--item-ms", item_ms,
+                      "--log-every", 10, seconds=20)
     b = breakdown.Breakdown.from_dict(full["breakdown"])
     with open(full["log_path"]) as f:
         truth = own_data_share(f.read(), full["window_start_t"], full["window_end_t"])
@@ -276,11 +293,7 @@ def test_the_data_stall_share_is_the_scripts_own_within_ten_points(tmp_path, ite
 ])
 def test_the_parts_of_a_step_add_up_to_its_time_whatever_runs_inside_the_optimizer(
         tmp_path, script, args):
-    r = subprocess.run([sys.executable, "-m", "autotune", "probe", "--json", "--modes", "full",
-                        "--seconds", "15", "--runs-dir", str(tmp_path), str(SCRIPTS / script),
-                        *args], capture_output=True, text=True, timeout=180)
-    full = json.loads(r.stdout)["modes"]["full"]
-    assert full["samples_per_s"] > 0, r.stderr[-2000:]
+    full = probe_full(tmp_path, SCRIPTS / script, *args)
     b = breakdown.Breakdown.from_dict(full["breakdown"])
     timed = [p for p in b.shares if p != "other"]
     total = sum(b.share(p) for p in timed)
@@ -298,11 +311,7 @@ def test_ddp_communication_is_timed_through_the_scripts_own_hook_or_ours(tmp_pat
     measures exposed communication; a hook the script registers is wrapped and still runs, also
     one registered after the first forward pass (DDP takes one registration: it goes through
     ours); a built-in hook trains untimed. No case breaks the script."""
-    r = subprocess.run([sys.executable, "-m", "autotune", "probe", "--json", "--modes", "full",
-                        "--instances", "2", "--seconds", "15", "--runs-dir", str(tmp_path),
-                        str(SCRIPTS / "ddp_toy.py"), "--comm-hook", hook],
-                       capture_output=True, text=True, timeout=180)
-    full = json.loads(r.stdout)["modes"]["full"]
+    full = probe_full(tmp_path, "--instances", 2, SCRIPTS / "ddp_toy.py", "--comm-hook", hook)
     assert full["outcome"] in ("ok", "foreign-load"), full["reason"]
     b = breakdown.Breakdown.from_dict(full["breakdown"])
     assert b.ranks == 2
@@ -317,13 +326,8 @@ def test_what_a_sample_costs_is_the_cpu_the_script_used(tmp_path):
     """A script that sleeps for its data and spins one core for its compute: the core-seconds
     a sample costs, times samples/s, is the cores it kept busy by its own CPU clock (its compute
     share on a quiet machine; less on a busy one, where the spinning loses the core at times)."""
-    r = subprocess.run([sys.executable, "-m", "autotune", "probe", "--json", "--modes", "full",
-                        "--seconds", "20", "--runs-dir", str(tmp_path),
-                        str(SCRIPTS / "data_wait.py"), "--item-ms", "2", "--spin",
-                        "--log-every", "10"],
-                       capture_output=True, text=True, timeout=180)
-    full = json.loads(r.stdout)["modes"]["full"]
-    assert full["samples_per_s"] > 0, r.stderr[-2000:]
+    full = probe_full(tmp_path, SCRIPTS / "data_wait.py", "--item-ms", 2, "--spin",
+                      "--log-every", 10, seconds=20)
     cores = full["core_s_per_sample"] * full["samples_per_s"]
     with open(full["log_path"]) as f:
         lines = re.findall(r"share data [0-9.]+ compute [0-9.]+ steps \d+ t ([0-9.]+) "

@@ -194,6 +194,19 @@ def test_pruned_when_the_search_stopped_a_measured_probe():
                              pruned=True))[0] == Outcome.CRASHED
 
 
+def test_a_probe_without_a_figure_under_foreign_load_names_the_load():
+    """No figure to set aside: it stays no-signal, and the reason says the load slowed it
+    (a 25x slowdown under two busy programs left too few steady batches in CI)."""
+    busy = dict(exit_code=None, stopped_by_us=True, batches=283, ran_s=16, counted_s=15.0)
+    outcome, reason = classify(Observed(**busy, foreign_cores=1.2, foreign_limit_cores=0.3))
+    assert outcome == Outcome.NO_SIGNAL
+    assert reason.startswith("only 283 batches in 16 s: too few to measure"), reason
+    assert reason.endswith("1.20 cores of CPU load from other programs slowed it meanwhile: "
+                           "re-run when the machine is quiet"), reason
+    quiet = classify(Observed(**busy, foreign_cores=0.2, foreign_limit_cores=0.3))
+    assert quiet[0] == Outcome.NO_SIGNAL and "other programs" not in quiet[1]
+
+
 def test_foreign_load_over_the_limit_is_not_comparable():
     outcome, reason = classify(Observed(**MEASURED, foreign_cores=1.5, foreign_limit_cores=0.5))
     assert outcome == Outcome.FOREIGN_LOAD

@@ -117,7 +117,9 @@ def classify(obs: Observed) -> tuple[Outcome, str]:
 
     How the ranks ended decides first; then, over a result that could be
     compared: io mode with no DataLoader measured nothing, a pruned probe is PRUNED, and foreign
-    load over the limit makes either FOREIGN_LOAD, never compared.
+    load over the limit makes either FOREIGN_LOAD, never compared. A probe that gave no figure
+    under such load stays NO_SIGNAL (there is nothing to set aside), and its reason names the
+    load.
     """
     outcome, reason = _how_it_ended(obs)
     if obs.metric_reason and outcome in (Outcome.NO_SIGNAL, Outcome.EXITED_EARLY):
@@ -127,6 +129,10 @@ def classify(obs: Observed) -> tuple[Outcome, str]:
                                    "through one")
     if obs.pruned and outcome.usable:
         outcome, reason = Outcome.PRUNED, "its interval could not reach the best so far"
+    if obs.foreign_flagged and outcome == Outcome.NO_SIGNAL:
+        # no figure to set aside, but the load is the likelier cause than the script
+        return outcome, (f"{reason}; {obs.foreign_cores:.2f} cores of CPU load from other "
+                         f"programs slowed it meanwhile: re-run when the machine is quiet")
     if obs.foreign_flagged and (outcome.usable or outcome == Outcome.PRUNED):
         ended = f"; {reason}" if outcome == Outcome.ENDED else ""
         if obs.attempt is not None and obs.last_attempt:
