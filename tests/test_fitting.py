@@ -34,11 +34,24 @@ def test_a_larger_batch_or_fewer_threads_stretch_the_probe():
     big = fitting.limits(SLOW, {"batch_size": 128, "threads": 2})
     thin = fitting.limits(SLOW, {"batch_size": 32, "threads": 1})
     small = fitting.limits(SLOW, {"batch_size": 8, "threads": 2})
-    assert big.expected_s == pytest.approx(8 + 4 * (2 + 16))
+    # 1 s steps have 2 s windows; 4 s steps 5 s windows (the most), 2 s steps 4 s windows:
+    # warm-up and measuring stretch with the windows, the limit with the steps
+    assert big.expected_s == pytest.approx(8 + 2.5 * (2 + 16))
+    assert big.max_s >= fitting.MARGIN * (8 + 4 * (2 + 16))
     assert thin.expected_s == pytest.approx(8 + 2 * (2 + 16))
     assert small.expected_s == base.expected_s  # never shortened on a guess
     # two ranks start slower than one
     assert fitting.limits(SLOW, {"batch_size": 32}, 2).expected_s > base.expected_s
+
+
+def test_a_larger_batch_of_short_steps_is_expected_to_take_the_baseline_s_time():
+    """Steps of 10 ms and 40 ms both fill the same 0.5 s windows, and a probe ends once its
+    windows agree: the larger batch costs what the baseline did (nanoGPT's batch 64, 5x the
+    step, measured 7 s where its baseline measured 10), while its limit makes room for 4x."""
+    base = fitting.limits(FAST, {"batch_size": 32, "threads": 2})
+    big = fitting.limits(FAST, {"batch_size": 128, "threads": 2})
+    assert big.expected_s == pytest.approx(base.expected_s)
+    assert big.max_s > base.max_s
 
 
 def test_a_pace_seen_nearer_the_batch_replaces_the_proportional_guess():
