@@ -113,18 +113,24 @@ class SlowScript(FakeProbe):
         super().__init__(lambda k: k["batch_size"] / (0.5 + 0.0156 * k["batch_size"]), **kw)
         self.clock = clock
 
+    def first_s(self, knobs) -> float:
+        return 8.0
+
     def __call__(self, spec, **kw):
         knobs = {"batch_size": 32, **spec.ranks.knobs}
         step = 0.5 + 0.0156 * knobs["batch_size"]
-        need = 8.0 + 2 * step + max(5.0, 6 * 2 * step)
+        first = self.first_s(knobs)
+        need = first + 2 * step + max(5.0, 6 * 2 * step)
         if spec.max_s < need:
             self.specs.append(spec)
             self.clock.t += spec.max_s
-            return result(spec, Outcome.NO_SIGNAL, reason="only 3 batches in 20 s")
+            return dataclasses.replace(result(spec, Outcome.NO_SIGNAL,
+                                              reason="only 3 batches in 20 s"),
+                                       duration_s=spec.max_s)
         self.clock.t += need
         r = super().__call__(spec, **kw)
-        return dataclasses.replace(r, first_s=8.0, step_s=step, warmup_s=2 * step,
-                                   measured_s=need - 8.0 - 2 * step)
+        return dataclasses.replace(r, first_s=first, step_s=step, warmup_s=2 * step,
+                                   measured_s=need - first - 2 * step, duration_s=need)
 
 
 class Clock:
@@ -154,6 +160,38 @@ def test_a_budget_on_a_script_with_slow_steps_measures_every_probe_and_is_used(t
     # the claim comes with an interval that holds it
     assert report.speedup_low < report.speedup < report.speedup_high
     assert math.isfinite(report.speedup_high)
+
+
+class LateFirstBatch(SlowScript):
+    """A larger batch's first batch comes far later than the baseline's (nanoGPT's shape
+    evaluates before step 0 at the batch it trains with): 30 s from batch 48 up, where the
+    baseline's came after 8; no fit from the baseline foresees it."""
+
+    def first_s(self, knobs) -> float:
+        return 30.0 if knobs["batch_size"] >= 48 else 8.0
+
+
+def test_a_confirmation_probe_holds_what_the_config_s_own_search_probe_took(tmp_path,
+                                                                          machine):  # noqa: F811
+    clock = Clock()
+    fake = LateFirstBatch(clock)
+    report, t, run_dir = tune(tmp_path, fake, seconds=None, budget_s=600.0, clock=clock,
+                              confirm_rounds=2, space_tokens=("batch_size=32:64",))
+    took = {e["trial"]: e["result"]["duration_s"] for e in journal(run_dir, "trial_finished")}
+    late = [s for s in fake.specs if s.ranks.name.startswith("trial-")
+            and s.ranks.knobs.get("batch_size", 32) >= 48 and took.get(s.ranks.name, 0) > 30]
+    assert late, [(s.ranks.name, s.ranks.knobs) for s in fake.specs]  # searched, and measured
+    confirmed = [e for e in journal(run_dir, "confirmation")
+                 if e["knobs"].get("batch_size", 32) >= 48]
+    assert confirmed, report.reason  # a late-starting config is a candidate
+    # each of its confirmation probes measured (a cut one is no-signal), none shorter than its
+    # search probe
+    assert all(e["outcome"] == "ok" for e in confirmed), confirmed
+    confirm_specs = [s for s in fake.specs if s.ranks.name.startswith("confirm")
+                     and s.ranks.knobs.get("batch_size", 32) >= 48]
+    own = min(took[s.ranks.name] for s in late)
+    assert confirm_specs and all(s.max_s >= 0.99 * own for s in confirm_specs), \
+        ([s.max_s for s in confirm_specs], own)
 
 
 def test_a_budget_too_short_is_told_with_the_budget_that_would_do(tmp_path, machine):  # noqa: F811

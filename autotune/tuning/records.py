@@ -405,6 +405,9 @@ class Known:
     ci_half: float
     cfg: Mapping[str, int]
     energy: EnergyPerSample | None = None  # its probe's joules per sample
+    # what its search probe took, start-up included (s); 0: not known (the baseline's record,
+    # a study written before it was kept)
+    probe_s: float = 0.0
 
     @property
     def infeasible(self) -> bool:
@@ -425,4 +428,5 @@ class Known:
             sps = (t.values or [0.0])[0]
         return cls(t.number, outcome, float(sps),
                    float(attrs.get("ci_half", 0.0)), dict(cfg),
-                   EnergyPerSample.from_dict(attrs.get("energy")))
+                   EnergyPerSample.from_dict(attrs.get("energy")),
+                   float(attrs.get("probe_s") or 0.0))

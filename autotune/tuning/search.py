@@ -336,6 +336,7 @@ class Search:
         trial.set_user_attr("samples_per_s", result.samples_per_s)
         trial.set_user_attr("ci_half", result.ci_half)
         trial.set_user_attr("reason", result.reason)
+        trial.set_user_attr("probe_s", result.duration_s)
         studies.record_outcome(trial, result.outcome)
         trial.set_user_attr("energy", result.energy and result.energy.to_dict())
         if result.noise is not None:
@@ -348,7 +349,7 @@ class Search:
         if result.outcome == Outcome.PRUNED:
             value = result.samples_per_s or (reported[-1] if reported else 0.0)
         known = Known(trial.number, result.outcome, value, result.ci_half, dict(cfg),
-                      result.energy)
+                      result.energy, result.duration_s)
         self.known[key] = known
         score = self._score(known)
         trial.set_user_attr("score_ci_half", score.ci_half)
@@ -472,9 +473,10 @@ class Search:
         s = self.settings
         if len(entries) < 2 or s.confirm_rounds == 0:
             return 0.0
-        one_round = sum(self.prober.probe_s(self.state, *self.space.trial_knobs(c))
+        windows = confirm.probe_windows(self.prober, self.state, self.known, entries)
+        one_round = sum(confirm.entry_probe_s(self.prober, self.state, self.known, c)
                         for c in entries)
-        full = s.confirm_rounds * len(entries) * self.prober.confirm_probe_s(self.state)
+        full = s.confirm_rounds * sum(windows)
         return fitting.confirm_reserve(s.budget_s, full, one_round, rounds=s.confirm_rounds)
 
     def _stop_reason(self) -> StopReason | None:
