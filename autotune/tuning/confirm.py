@@ -133,7 +133,7 @@ def entry_probe_s(prober: Prober, state: TuneState, known: Mapping[tuple, Known]
 
 
 def probe_windows(prober: Prober, state: TuneState, known: Mapping[tuple, Known],
-            cfgs) -> list[float]:
+                  cfgs) -> list[float]:
     """Each config's confirmation probe (`Prober.confirm_probe_s` of its own search probe,
     `entry_probe_s`: a config with longer steps or a later first batch measures longer)."""
     return [prober.confirm_probe_s(state, entry_probe_s(prober, state, known, c)) for c in cfgs]
