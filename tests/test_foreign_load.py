@@ -2,6 +2,7 @@
 (children of slurmstepd or of an ssh session, not of the controller) are found by their
 AUTOTUNE_TRIAL marker (autotune/hardware/proc.py MarkedScan), with their children."""
 
+import collections
 import os
 import subprocess
 import sys
@@ -109,30 +110,40 @@ def test_the_step_s_own_processes_born_for_the_trial_are_ours_and_older_daemons_
 
 
 def test_load_is_judged_over_the_span_asked_for():
-    """(t, busy, controller, trial) samples: 1 s of start-up with 0.8 cores no process was
-    charged for, then 4 s where the machine's busy time is all the trial's."""
-    from autotune.measuring.foreign_load import span_cores
-    trail = [(0.0, 0.0, 0.0, 0.0), (1.0, 1.8, 0.1, 0.9)]
+    """Samples: 1 s of start-up with 0.8 cores no process was charged for, then 4 s where the
+    machine's busy time is all the trial's."""
+    from autotune.measuring.foreign_load import Sample, span_cores
+    trail = [Sample(0.0, 0.0, 0.0, 0.0, 0.0, 0.0), Sample(1.0, 1.8, 0.1, 0.9, 0.0, 0.0)]
     for i in range(1, 5):
         t = 1.0 + i
-        trail.append((t, 1.8 + 2.0 * i, 0.1 + 0.05 * i, 0.9 + 1.95 * i))
+        trail.append(Sample(t, 1.8 + 2.0 * i, 0.1 + 0.05 * i, 0.9 + 1.95 * i, 0.0, 0.0))
     assert span_cores(trail, 0.0, 5.0) == pytest.approx(0.8 / 5.0)
     assert span_cores(trail, 1.0, 5.0) == pytest.approx(0.0)
-    assert span_cores(trail, 0.0, 1.0) == pytest.approx(0.8)
-    assert span_cores(trail, 2.5, 2.9) is None  # no two samples inside
 
 
-def test_a_rank_born_just_after_the_probe_began_is_ours_from_its_first_cpu_second():
-    """psutil's create time runs up to a second behind the wall clock: a rank forked right
-    after the probe began read as older than it, so its start-up before the first sample (a
-    torch import) was counted as other programs' load."""
+def test_interrupt_work_and_steal_are_reported_apart_not_judged_as_other_programs(monkeypatch):
+    """The cluster bed's two ranks exchanging gradients: 0.4 cores of softirq and 0.5 of steal
+    that no process carries, beside 0.1 cores of another program's user time."""
+    from autotune.measuring import foreign_load
+    Times = collections.namedtuple("Times", "user nice system idle iowait irq softirq steal")
+    clock = {"t": 100.0}
+
+    def cpu_times():
+        dt = clock["t"] - 100.0
+        return Times(user=50.0 + 0.1 * dt, nice=0.0, system=20.0, idle=0.0, iowait=0.0,
+                     irq=1.0, softirq=3.0 + 0.4 * dt, steal=7.0 + 0.5 * dt)
+
+    monkeypatch.setattr(foreign_load.psutil, "cpu_times", cpu_times)
+    monkeypatch.setattr(foreign_load.time, "monotonic", lambda: clock["t"])
+    monkeypatch.setattr(foreign_load, "_proc_cpu_s", lambda proc: 0.0)
     load = ForeignLoad()
-    rank = subprocess.Popen([sys.executable, "-c", SPIN + "print('spun', flush=True)\n"
-                             "import time; time.sleep(30)"], stdout=subprocess.PIPE, text=True)
-    try:
-        assert rank.stdout.readline().strip() == "spun"  # 1.5 CPU-seconds before any sample
-        load.sample([psutil.Process(rank.pid)])
-        assert load.ours_s() >= 1.4, load.ours_s()
-    finally:
-        rank.kill()
-        rank.wait()
+    for _ in range(10):
+        clock["t"] += 1.0
+        load.sample([])
+    assert load.cores() == pytest.approx(0.1)
+    assert load.cores_over(102.0, 108.0) == pytest.approx(0.1)
+    unowned = load.unowned_over(102.0, 108.0)
+    assert (unowned.kernel_cores, unowned.steal_cores) == (pytest.approx(0.4), pytest.approx(0.5))
+    assert "0.40 cores of the kernel's interrupt work" in unowned.note()
+    assert "0.50 of hypervisor steal" in unowned.note()
+    assert foreign_load.span_unowned([], 0.0, 1.0) is None

@@ -37,10 +37,11 @@ def test_processes_that_differ_beyond_their_intervals_give_the_spread_between_th
 
 @pytest.mark.parametrize("first, second, said", [
     (dict(foreign_cores=0.0), dict(foreign_cores=1.2), "other programs' load differed"),
+    (dict(steal_cores=0.1), dict(steal_cores=0.9), "the hypervisor's steal differed (0.1 and 0.9"),
     (dict(first_s=2.0), dict(first_s=9.0), "start-up differed (2.0 s and 9.0 s"),
     (dict(warmup_s=3.0, measured_s=4.0), dict(warmup_s=3.0, measured_s=20.0),
      "warm-up may be left in"),
-    ({}, {}, "not foreign load nor start-up"),
+    ({}, {}, "not foreign load, steal nor start-up"),
 ])
 def test_a_large_spread_is_put_down_to_what_differed(first, second, said):
     s = spread.measure(side(100.0, **first), side(75.0, **second))
@@ -57,7 +58,7 @@ def test_unmeasured_the_assumed_figure_stands_and_says_why():
 
 
 def test_the_spread_survives_tune_json():
-    s = spread.measure(side(100.0, foreign_cores=0.5, first_s=3.0), side(90.0))
+    s = spread.measure(side(100.0, foreign_cores=0.5, first_s=3.0, steal_cores=0.2), side(90.0))
     back = Learned.from_dict(Learned(spread=s).to_dict()).spread
     assert back == s and back.between_rel == s.between_rel
     assert Learned.from_dict(Learned().to_dict()).spread is None

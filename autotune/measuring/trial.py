@@ -102,7 +102,7 @@ class TrialResult:
     duration_s: float
     peak_rss_bytes: int
     cuda_peak_bytes: int
-    foreign_cores: float
+    foreign_cores: float  # other programs' CPU load while it measured (`foreign_load`)
     exit_code: int | None
     log_path: str
     log_tail: str
@@ -146,6 +146,10 @@ class TrialResult:
     # the gradient noise scale (`autotune.measuring.noise`), or why it could not be told; None
     # when no span was measured
     noise: NoiseEstimate | None = None
+    # CPU time no program carries over the same span, in cores (`foreign_load.Unowned`): the
+    # kernel's interrupt work and the hypervisor's steal; reported, not judged
+    kernel_cores: float = 0.0
+    steal_cores: float = 0.0
 
     @property
     def foreign_flagged(self) -> bool:
@@ -516,6 +520,8 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
     pts = probe.series()[0] if not has_estimate else []
     # judged over the span the figure stands on; the whole probe when there is none
     foreign = load.cores_over(est.start_t, est.end_t) if has_estimate else load.cores()
+    unowned = load.unowned_over(est.start_t, est.end_t) if has_estimate else \
+        load.unowned_over(probe.t_begin, time.monotonic())
     spec = probe.spec
     outcome, reason = classify(Observed(
         exit_code=exit_code, stopped_by_us=stopped,
@@ -550,6 +556,8 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
             f"{est.shift_note()}; measured on to the probe's limit ({ran_s:.0f} s), and the "
             f"figure is the whole window's: a longer --seconds settles it"))
     group_notes = probe.group.notes() if probe.group is not None else []
+    if unowned.cores > spec.foreign_limit_cores:
+        group_notes.append(Note.info(unowned.note()))
     launcher = spec.ranks.launcher
     if launcher.multi_host:
         here = socket.gethostname()
@@ -585,6 +593,7 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
                                        (est.end_t - est.start_t))
         if has_estimate and probe.energy is not None else None,
         noise=_noise(probe, est) if has_estimate else None,
+        kernel_cores=unowned.kernel_cores, steal_cores=unowned.steal_cores,
         **(_cost(probe, est) if has_estimate else {}), **_pace(probe))
 
 

@@ -40,6 +40,7 @@ class Side:
     first_s: float = 0.0  # launch to its first step
     warmup_s: float = 0.0  # warm-up left out of its window
     measured_s: float = 0.0
+    steal_cores: float = 0.0  # the hypervisor's steal while it measured
 
     @property
     def rel_sd(self) -> float:
@@ -53,18 +54,20 @@ class Side:
         """From a measured probe's `autotune.measuring.trial.TrialResult`."""
         return cls(float(result.samples_per_s), float(result.ci_half),
                    float(result.foreign_cores), float(result.first_s), float(result.warmup_s),
-                   float(result.measured_s))
+                   float(result.measured_s), float(result.steal_cores))
 
     def to_dict(self) -> dict:
         return {"samples_per_s": self.samples_per_s, "ci_half": self.ci_half,
                 "foreign_cores": self.foreign_cores, "first_s": self.first_s,
-                "warmup_s": self.warmup_s, "measured_s": self.measured_s}
+                "warmup_s": self.warmup_s, "measured_s": self.measured_s,
+                "steal_cores": self.steal_cores}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> Side:
         return cls(float(d["samples_per_s"]), float(d["ci_half"]),
                    float(d.get("foreign_cores", 0.0)), float(d.get("first_s", 0.0)),
-                   float(d.get("warmup_s", 0.0)), float(d.get("measured_s", 0.0)))
+                   float(d.get("warmup_s", 0.0)), float(d.get("measured_s", 0.0)),
+                   float(d.get("steal_cores", 0.0)))
 
 
 @dataclass(frozen=True)
@@ -170,6 +173,9 @@ def explain(first: Side, second: Side) -> str:
     if abs(first.foreign_cores - second.foreign_cores) >= FOREIGN_DIFFERS_CORES:
         causes.append(f"other programs' load differed ({first.foreign_cores:.1f} and "
                       f"{second.foreign_cores:.1f} cores)")
+    if abs(first.steal_cores - second.steal_cores) >= FOREIGN_DIFFERS_CORES:
+        causes.append(f"the hypervisor's steal differed ({first.steal_cores:.1f} and "
+                      f"{second.steal_cores:.1f} cores: other virtual machines)")
     starts = sorted(x for x in (first.first_s, second.first_s) if x > 0)
     if len(starts) == 2 and starts[1] > STARTUP_DIFFERS * starts[0]:
         causes.append(f"start-up differed ({first.first_s:.1f} s and {second.first_s:.1f} s "
@@ -179,7 +185,7 @@ def explain(first: Side, second: Side) -> str:
         causes.append("a window barely longer than its warm-up (warm-up may be left in)")
     if causes:
         return "; ".join(causes)
-    return "not foreign load nor start-up: the processes themselves settle differently"
+    return "not foreign load, steal nor start-up: the processes themselves settle differently"
 
 
 def worth_repeating(expected_configs: int | None) -> bool:
