@@ -7,6 +7,7 @@ import math
 import pytest
 
 from autotune.measuring.outcome import Outcome
+from autotune.measuring.trial import TrialResult
 from autotune.tuning import decision, fitting, search
 from autotune.tuning.fitting import Pace, ScriptTiming
 from autotune.tuning.records import Stop
@@ -62,6 +63,29 @@ def test_a_pace_seen_nearer_the_batch_replaces_the_proportional_guess():
     assert fitting.step_factor(SLOW, {"batch_size": 32, "threads": 2}, 1, seen) == 1.0
 
 
+def test_a_larger_batch_s_first_batch_comes_as_late_as_the_nearest_probe_s_did():
+    """nanoGPT's shape evaluates before step 0 at the batch it trains with: its first batch came
+    after 5.7 s at batch 12, 7.3 at 32, 10.6 at 64; batch 96 then took 16.5."""
+    t = dataclasses.replace(FAST, first_s=5.7, batch_size=12)
+    seen = [Pace(32, 2, 0.02, first_s=7.3), Pace(64, 2, 0.04, first_s=10.6),
+            Pace(128, 2, 0.08)]  # a pace without its first batch (two ranks) says nothing
+    assert fitting.first_batch_s(t, {"batch_size": 96}, seen) == 10.6
+    assert fitting.first_batch_s(t, {"batch_size": 40}, seen) == 7.3
+    assert fitting.first_batch_s(t, {"batch_size": 8}, seen) == 5.7
+    # never sooner than the baseline's
+    quick = [Pace(64, 2, 0.04, first_s=2.0)]
+    assert fitting.first_batch_s(t, {"batch_size": 64}, quick) == 5.7
+    late = fitting.limits(t, {"batch_size": 96}, seen=seen)
+    early = fitting.limits(t, {"batch_size": 96})
+    assert late.expect_first_s == 10.6 and early.expect_first_s == 5.7
+    assert late.expected_s == pytest.approx(early.expected_s + 10.6 - 5.7)
+    assert late.max_s > early.max_s
+    # kept in tune.json with the paces
+    from autotune.tuning.learned import Learned
+    back = Learned.from_dict(Learned(timing=t, paces=tuple(seen)).to_dict())
+    assert back.paces == tuple(seen)
+
+
 def test_a_noisy_baseline_asks_for_more_measuring_time_within_a_bound():
     noisy = dataclasses.replace(SLOW, rel_half=0.10)
     assert fitting.measure_s(noisy, 0.05) == pytest.approx(4 * 16)  # (0.10/0.05)^2 = 4
@@ -79,14 +103,17 @@ def test_hang_thresholds_follow_the_steps():
 
 
 def test_the_plan_tells_a_budget_too_short_for_a_few_probes():
+    # three rounds of three search-length probes at the least (225 s), over the 35% share (210)
     roomy = fitting.plan(580.0, 600.0, 25.0, confirm_rounds=3, confirm_probe_s=37.5)
-    assert roomy.confirm_s == pytest.approx(0.35 * 600)  # at most its share of the budget
-    assert roomy.probes == int((580 - 210) // 25) and not roomy.short
+    assert roomy.confirm_s == pytest.approx(decision.PLANNED_ROUNDS * 3 * 25.0)
+    assert roomy.probes == int((580 - 225) // 25) and not roomy.short
+    larger = fitting.plan(1180.0, 1200.0, 25.0, confirm_rounds=3, confirm_probe_s=37.5)
+    assert larger.confirm_s == pytest.approx(3 * 3 * 37.5)  # all of it, within the share
     tight = fitting.plan(200.0, 220.0, 25.0, confirm_rounds=3, confirm_probe_s=37.5)
-    # the two rounds a switch needs, of search-length probes, at the least
-    assert tight.confirm_s == 150.0 and tight.confirm_rounds == 2
-    assert tight.probes == 2 and tight.short
-    assert tight.needed_s(20.0) == 20 + 3 * 25 + 150
+    # the rounds a switch can clear its interval with, of search-length probes, at the least
+    assert tight.confirm_s == 225.0 and tight.confirm_rounds == decision.PLANNED_ROUNDS
+    assert tight.probes == 0 and tight.short
+    assert tight.needed_s(20.0) == 20 + 3 * 25 + 225
     one = fitting.plan(200.0, 220.0, 25.0, confirm_rounds=1, confirm_probe_s=37.5)
     assert one.confirm_s == 77.0 and one.confirm_rounds == 1  # one round, as asked
 
@@ -194,6 +221,46 @@ def test_a_confirmation_probe_holds_what_the_config_s_own_search_probe_took(tmp_
         ([s.max_s for s in confirm_specs], own)
 
 
+class SlowToTighten(SlowScript):
+    """The script's first probe needs 40 s more measuring to tighten than any later probe
+    (nanoGPT's shape: its baseline measured 34 s, its repeat and the search's probes were tight
+    after 3-10 s)."""
+
+    def __call__(self, spec, **kw):
+        r = super().__call__(spec, **kw)
+        if spec.ranks.name != "baseline" or r.outcome is not Outcome.OK:
+            return r
+        self.clock.t += 40.0  # tight at the search's target only then
+        return dataclasses.replace(r, measured_s=r.measured_s + 40.0,
+                                   duration_s=r.duration_s + 40.0,
+                                   ci_half=fitting.TARGET_REL * r.samples_per_s)
+
+
+def test_confirmation_probes_last_what_each_config_s_own_probes_took_not_a_slow_baseline_s_fit(
+        tmp_path, machine):  # noqa: F811
+    clock = Clock()
+    fake = SlowToTighten(clock)
+    report, t, run_dir = tune(tmp_path, fake, seconds=None, budget_s=600.0, clock=clock,
+                              confirm_rounds=3)
+    took: dict[str, list[float]] = {}
+    for e in journal(run_dir, "trial_finished"):
+        if e["result"]["outcome"] == "ok":
+            took.setdefault(e["trial"], []).append(e["result"]["duration_s"])
+    confirms = [s for s in fake.specs if s.ranks.name.startswith("confirm")]
+    assert confirms, report.reason
+    baseline_s = min(took["baseline"] + took.get("baseline-again", []))
+    first = next(e for e in journal(run_dir, "trial_finished") if e["trial"] == "baseline")
+    timing = ScriptTiming.of(TrialResult.from_dict(first["result"]), first["result"]["knobs"])
+    for spec in confirms:
+        fitted = fitting.limits(timing, spec.ranks.knobs).expected_s
+        entry = spec.ranks.name.split("-", 1)[1]  # confirmN-NAME
+        own = baseline_s if entry == "baseline" else min(took[entry])
+        assert spec.max_s == pytest.approx(own), (spec.ranks.name, spec.max_s, own)
+        assert spec.max_s < 0.6 * fitted, (spec.ranks.name, spec.max_s, fitted)
+    # the time the fit would have spent buys rounds
+    assert report.rounds >= 3, report.rounds
+
+
 def test_a_budget_too_short_is_told_with_the_budget_that_would_do(tmp_path, machine):  # noqa: F811
     clock = Clock()
     report, t, run_dir = tune(tmp_path, SlowScript(clock), seconds=None, budget_s=90.0,
@@ -278,7 +345,7 @@ def test_a_probe_the_budget_would_squeeze_below_half_its_length_is_not_taken(tmp
     the search for its budget."""
     clock, told = Clock(), []
     fake = SlowScript(clock)
-    report, t, run_dir = tune(tmp_path, fake, seconds=None, budget_s=300.0, clock=clock,
+    report, t, run_dir = tune(tmp_path, fake, seconds=None, budget_s=360.0, clock=clock,
                               confirm_rounds=3, notify=told.append)
     searched = [s for s in fake.specs if s.ranks.name.startswith("trial-")]
     assert searched and all(s.max_s >= 0.5 * t.prober.probe_s(t.state, s.ranks.knobs, 1)
@@ -288,4 +355,4 @@ def test_a_probe_the_budget_would_squeeze_below_half_its_length_is_not_taken(tmp
     # left out, the search goes on with what fits; a streak of such configs ends it
     assert len(skipped) == search.SQUEEZE_STREAK, skipped
     assert report.stop_reason.rule is Stop.BUDGET
-    assert report.rounds >= 2  # the confirmation kept its rounds
+    assert report.rounds >= decision.PLANNED_ROUNDS  # the confirmation kept its rounds

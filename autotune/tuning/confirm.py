@@ -123,13 +123,29 @@ def _remeasure(prober: Prober, state: TuneState, entries, rounds: int,
 
 def entry_probe_s(prober: Prober, state: TuneState, known: Mapping[tuple, Known],
                   cfg: Mapping) -> float:
-    """What a probe of ``cfg`` takes: as fitted (`Prober.probe_s`), or what its own search
-    probe took when that was longer. A larger batch's first batch can come far later than the
-    baseline's (nanoGPT's shape evaluates before step 0: 10 s at batch 64, 5 s at 12), which
-    no fit from the baseline sees; a confirmation probe cut short of it measures its warm-up."""
+    """What a probe of ``cfg`` takes: what its own probes took where the run measured it (the
+    search's probe of it; for the script's own config, the shorter of the baseline's and its
+    repeat's), else as fitted (`Prober.probe_s`). With ``--seconds``, that length, or the
+    config's own when longer.
+
+    A config's own probe sees what no fit from the baseline does: a larger batch's first batch
+    can come far later (nanoGPT's shape evaluates before step 0: 10 s at batch 64, 5 s at 12),
+    and a confirmation probe cut short of it measures its warm-up. A fit can also see what the
+    config does not need: a baseline slow to tighten (34 s of measuring on nanoGPT's shape,
+    where its repeat and the search's probes were tight after 3-10 s) stretches every fitted
+    probe, and confirmation probes of that length left one round in a 5-minute budget."""
     space = state.space
     own = known.get(space.key(cfg))
-    return max(prober.probe_s(state, *space.trial_knobs(cfg)), own.probe_s if own else 0.0)
+    took = [own.probe_s] if own is not None and own.probe_s > 0 else []
+    if space.key(cfg) == space.key(space.baseline):
+        measured = state.learned.spread
+        took += [side.duration_s for side in (measured.first, measured.second)
+                 if side is not None and side.samples_per_s > 0 and side.duration_s > 0] \
+            if measured is not None else []
+    fitted = prober.probe_s(state, *space.trial_knobs(cfg))
+    if state.settings.seconds:  # the user's length, or the config's own when it took longer
+        return max([fitted, *took])
+    return min(took) if took else fitted
 
 
 def probe_windows(prober: Prober, state: TuneState, known: Mapping[tuple, Known],

@@ -139,6 +139,11 @@ def summarize(ms: Sequence[Measured]) -> Summary:
 LEVEL = 0.95  # the claim's confidence, over every candidate the confirmation measured together
 KEPT = "kept the script's defaults: "  # how a reason that keeps them begins
 MIN_ROUNDS = 2  # interleaved rounds a switch needs: one round shows no spread between processes
+# Rounds a budget keeps for the confirmation at the least. Two rounds leave the per-round
+# spread one degree of freedom: with two candidates the t quantile is 25.5, and at 5% between
+# rounds only a gain past ~2.4x clears 1.0 (nanoGPT's batch 64 won both rounds by 1.31x and
+# 1.26x and read 0.83x-1.98x). Three rounds bring it to 6.2 (~20% at that spread).
+PLANNED_ROUNDS = 3
 MAX_ROUNDS_NEEDED = 30  # beyond this many rounds, "more rounds" is no advice
 
 

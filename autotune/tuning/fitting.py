@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 
 from autotune.measuring import steady
 from autotune.measuring.outcome import STALL_STEPS
-from autotune.tuning.decision import MIN_ROUNDS
+from autotune.tuning.decision import PLANNED_ROUNDS
 
 TARGET_REL = 0.05  # a search probe ends once its 95% half-width is this share of its mean
 MIN_WINDOWS = 6  # estimate windows a probe measures at least (steady.batch_means_ci needs 4)
@@ -129,11 +129,13 @@ class Limits:
 
 @dataclass(frozen=True)
 class Pace:
-    """One rank's time per step seen in a probe, with the knobs that gave it."""
+    """One rank's time per step seen in a probe, and its launch to first batch (0: not
+    known), with the knobs that gave them."""
 
     batch_size: int
     threads: int
     step_s: float
+    first_s: float = 0.0
 
 
 def step_factor(t: ScriptTiming, knobs: Mapping[str, float], instances: int = 1,
@@ -144,19 +146,35 @@ def step_factor(t: ScriptTiming, knobs: Mapping[str, float], instances: int = 1,
     that is part overhead grows less, so the nearer the anchor, the closer the guess. Never
     below 1 (a probe is not shortened on a guess) nor above `MAX_STEP_FACTOR`."""
     b, th = float(knobs.get("batch_size") or 0), float(knobs.get("threads") or 0)
-    anchors = [Pace(t.batch_size, t.threads, t.step_s), *seen]
-
-    def distance(p: Pace) -> float:
-        return (abs(math.log(b / p.batch_size)) if b and p.batch_size else 0.0) + \
-            (abs(math.log(th / p.threads)) if th and p.threads else 0.0)
-
-    best = min(anchors, key=distance)
+    best = _nearest(t, knobs, seen)
     step = best.step_s
     if b and best.batch_size:
         step *= max(1.0, b / best.batch_size)
     if th and best.threads:
         step *= max(1.0, best.threads / th)
     return min(MAX_STEP_FACTOR, max(1.0, step / t.step_s))
+
+
+def _nearest(t: ScriptTiming, knobs: Mapping[str, float], seen: Sequence[Pace]) -> Pace:
+    """The pace seen nearest ``knobs`` (the baseline's among them), by batch and threads on a
+    log scale; the first seen of equals."""
+    b, th = float(knobs.get("batch_size") or 0), float(knobs.get("threads") or 0)
+
+    def distance(p: Pace) -> float:
+        return (abs(math.log(b / p.batch_size)) if b and p.batch_size else 0.0) + \
+            (abs(math.log(th / p.threads)) if th and p.threads else 0.0)
+
+    return min([Pace(t.batch_size, t.threads, t.step_s, t.first_s), *seen], key=distance)
+
+
+def first_batch_s(t: ScriptTiming, knobs: Mapping[str, float],
+                  seen: Sequence[Pace] = ()) -> float:
+    """When the first batch of a probe of ``knobs`` should come: as in the nearest probe seen
+    whose first batch is known, never sooner than the baseline's. A script that evaluates, or
+    samples, before its first step does so at the batch it trains with (nanoGPT's shape: 5.7 s
+    at batch 12, 7.3 at 32, 10.6 at 64, 16.5 at 96), which the baseline's alone does not show."""
+    known = [p for p in seen if p.first_s > 0]
+    return max(t.first_s, _nearest(t, knobs, known).first_s)
 
 
 def measure_s(t: ScriptTiming, target_rel: float) -> float:
@@ -171,9 +189,9 @@ def measure_s(t: ScriptTiming, target_rel: float) -> float:
 def limits(t: ScriptTiming, knobs: Mapping[str, float], instances: int = 1, *,
            seen: Sequence[Pace] = (), target_rel: float = TARGET_REL) -> Limits:
     """A probe of ``knobs`` on ``instances`` ranks, fitted to the script's timing and the paces
-    ``seen`` since (`step_factor`)."""
+    ``seen`` since (`step_factor`, `first_batch_s`)."""
     f = step_factor(t, knobs, instances, seen)
-    start = t.first_s * (RANKS_START_FACTOR if instances > 1 else 1.0)
+    start = first_batch_s(t, knobs, seen) * (RANKS_START_FACTOR if instances > 1 else 1.0)
     step = t.step_s * f
     # The limit makes room for every step taking f times the baseline's, warm-up and
     # measuring alike: a probe cut before it is tight measured nothing.
@@ -225,15 +243,16 @@ class Plan:
 
 
 def confirm_reserve(budget_s: float | None, full_s: float, one_round_s: float, *,
-                    rounds: int = MIN_ROUNDS) -> float:
+                    rounds: int = PLANNED_ROUNDS) -> float:
     """Time a search keeps for the confirmation: all of it (``full_s``) but at most
-    `CONFIRM_SHARE` of a budget, and never less than the `MIN_ROUNDS` rounds a switch from the
-    script's defaults needs (or the ``rounds`` asked for, when fewer) of probes as long as the
-    search's (``one_round_s`` each: what a confirmation takes at the least)."""
+    `CONFIRM_SHARE` of a budget, and never less than the `PLANNED_ROUNDS` rounds a switch from
+    the script's defaults can clear its interval with (or the ``rounds`` asked for, when fewer)
+    of probes as long as the search's (``one_round_s`` each: what a confirmation takes at the
+    least)."""
     if budget_s is None:
         return full_s
     return max(min(full_s, CONFIRM_SHARE * budget_s),
-               max(1, min(rounds, MIN_ROUNDS)) * one_round_s)
+               max(1, min(rounds, PLANNED_ROUNDS)) * one_round_s)
 
 
 def plan(left_s: float, budget_s: float, probe_s: float, *, confirm_rounds: int,
@@ -255,7 +274,7 @@ def confirm_fit(rounds: int, window_s: float, entries: int, left_s: float | None
     Variance lives between processes more than within one, so rounds are kept before length:
     a short budget first shortens the probes (down to ``least_s``, a search probe's), then drops
     rounds (down to one, which cannot switch from the script's defaults: `confirm_reserve`
-    keeps `MIN_ROUNDS` for it, so only a budget spent elsewhere comes to that). With
+    keeps `PLANNED_ROUNDS` for it, so only a budget spent elsewhere comes to that). With
     ``stretch``, time left over buys more rounds (up to `MAX_CONFIRM_ROUNDS`), so a run stopped
     for its budget has used it.
     """

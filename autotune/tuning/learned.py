@@ -91,7 +91,11 @@ class Learned:
         paces, said = self.paces, dict(self.config_notes)
         if result.ok and result.step_s > 0 and knobs.get("batch_size"):
             paces = (*paces, fitting.Pace(int(knobs["batch_size"]), int(knobs.get("threads") or 0),
-                                          result.step_s))
+                                          result.step_s,
+                                          # one rank's start; several start slower
+                                          # (`fitting.RANKS_START_FACTOR` adds that)
+                                          result.first_s if int(knobs.get("instances") or 1) == 1
+                                          else 0.0))
         told = tuple(str(n) for n in result.notes if n.kind is not NoteKind.WARNING)
         if told:  # what autotune did to this config (a backend replaced, a flag kept)
             said[config_key(cfg)] = told
@@ -140,7 +144,8 @@ class Learned:
         return cls(timing=fitting.ScriptTiming.from_dict(d["timing"]) if d.get("timing")
                    else None,
                    paces=tuple(fitting.Pace(int(p["batch_size"]), int(p["threads"]),
-                                            float(p["step_s"])) for p in d.get("paces", ())),
+                                            float(p["step_s"]), float(p.get("first_s", 0.0)))
+                               for p in d.get("paces", ())),
                    last={config_key(r.cfg): r for r in last},
                    config_notes={config_key(c["cfg"]): tuple(c["notes"])
                                  for c in d.get("config_notes", ())},

@@ -41,6 +41,7 @@ class Side:
     warmup_s: float = 0.0  # warm-up left out of its window
     measured_s: float = 0.0
     steal_cores: float = 0.0  # the hypervisor's steal while it measured
+    duration_s: float = 0.0  # what the probe took, start-up included
 
     @property
     def rel_sd(self) -> float:
@@ -54,20 +55,21 @@ class Side:
         """From a measured probe's `autotune.measuring.trial.TrialResult`."""
         return cls(float(result.samples_per_s), float(result.ci_half),
                    float(result.foreign_cores), float(result.first_s), float(result.warmup_s),
-                   float(result.measured_s), float(result.steal_cores))
+                   float(result.measured_s), float(result.steal_cores),
+                   float(result.duration_s))
 
     def to_dict(self) -> dict:
         return {"samples_per_s": self.samples_per_s, "ci_half": self.ci_half,
                 "foreign_cores": self.foreign_cores, "first_s": self.first_s,
                 "warmup_s": self.warmup_s, "measured_s": self.measured_s,
-                "steal_cores": self.steal_cores}
+                "steal_cores": self.steal_cores, "duration_s": self.duration_s}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> Side:
         return cls(float(d["samples_per_s"]), float(d["ci_half"]),
                    float(d.get("foreign_cores", 0.0)), float(d.get("first_s", 0.0)),
                    float(d.get("warmup_s", 0.0)), float(d.get("measured_s", 0.0)),
-                   float(d.get("steal_cores", 0.0)))
+                   float(d.get("steal_cores", 0.0)), float(d.get("duration_s", 0.0)))
 
 
 @dataclass(frozen=True)
