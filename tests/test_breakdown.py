@@ -4,13 +4,11 @@ against a script that keeps its own clock of its data wait."""
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 from autotune.measuring import breakdown
-from conftest import SCRIPTS, last_json
+from conftest import HEAVY, SCRIPTS, last_json, probe_full
 from probes.parts import StepClock
 
 
@@ -239,28 +237,6 @@ def test_a_trail_takes_ticks_and_starts_over_when_the_clock_changes():
     assert b.ranks == 2 and b.clock == "cuda-events" and b.share("data") == pytest.approx(0.30)
 
 
-PROBE_TRIES = 3  # a probe that got no figure because other programs loaded the CPU
-
-
-def probe_full(tmp_path, *args, seconds=15) -> dict:
-    """`autotune probe --modes full` on ``args``: the mode's result, with its figure.
-
-    A probe that got no figure while other programs loaded the CPU (its reason names the load:
-    in CI the other test worker once slowed a tiny step 25x for 14 of 16 s) is run again, up to
-    `PROBE_TRIES`; a probe that got none on a quiet machine fails the test."""
-    for attempt in range(1, PROBE_TRIES + 1):
-        r = subprocess.run([sys.executable, "-m", "autotune", "probe", "--json", "--modes",
-                            "full", "--seconds", str(seconds), "--runs-dir",
-                            str(tmp_path / f"try{attempt}"), *map(str, args)],
-                           capture_output=True, text=True, timeout=180)
-        full = json.loads(r.stdout)["modes"]["full"]
-        if full["samples_per_s"] > 0:
-            return full
-        assert full["foreign_flagged"], r.stderr[-2000:]
-    pytest.skip(f"{PROBE_TRIES} probes gave no figure under other programs' CPU load "
-                f"(last: {full['reason']}); run on a quieter machine")
-
-
 def own_data_share(log: str, start: float, end: float) -> float:
     """The script's own data-wait share over the lines it printed inside the probe's window."""
     lines = [(float(t), float(d)) for d, t in
@@ -340,6 +316,7 @@ def test_what_a_sample_costs_is_the_cpu_the_script_used(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group(HEAVY)
 def test_a_loader_in_the_main_process_is_tuned_to_its_bound_or_the_recipe_names_the_stall(
         tmp_path):
     """The shape the verdict used to misread: the loader in the training process, a third of

@@ -9,7 +9,7 @@ import pytest
 from autotune.hardware import fingerprint
 
 from autotune.tuning import recipes
-from conftest import SCRIPTS, assert_one_error_line, autotune
+from conftest import HEAVY, SCRIPTS, assert_one_error_line, autotune
 
 FP = fingerprint.Fingerprint(cpu_model="AMD EPYC", cores=2, torch_version="2.13.0",
                              script_sha256="ab" * 32, args=())
@@ -85,6 +85,7 @@ def test_warm_start_skips_a_bad_recipe(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group(HEAVY)
 @pytest.mark.parametrize("spoiled", [False, True])
 def test_a_second_tune_warm_starts_from_the_first_or_says_why_not(tmp_path, spoiled):
     """The recipe a tune saved in ./recipes is found by the next tune of the same script: news

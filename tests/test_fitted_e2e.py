@@ -13,9 +13,10 @@ import time
 import pytest
 
 from autotune.store.journal import read_events
-from conftest import SCRIPTS, autotune, last_json, live_children
+from conftest import HEAVY, SCRIPTS, autotune, last_json, live_children
 
-pytestmark = pytest.mark.slow
+# each test tunes for minutes and judges timings: never two of the heaviest at once (`HEAVY`)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(HEAVY)]
 
 QUIET = ["--plain", "--foreign-limit", "1000"]
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from autotune.measuring.trial import TrialSpec, run_trial
-from conftest import SCRIPTS, autotune
+from conftest import SCRIPTS, autotune, probe_full
 
 
 @pytest.mark.slow
@@ -144,11 +144,8 @@ def test_a_probe_beside_a_busy_program_is_flagged_unless_the_foreign_limit_allow
         modes = {}
         for limit in (None, "1000"):
             extra = ("--foreign-limit", limit) if limit else ()
-            r = autotune("probe", "--json", "--modes", "full", "--seconds", "12", *extra,
-                         "--runs-dir", str(tmp_path / "runs"), str(SCRIPTS / "ok.py"),
-                         timeout=120)
-            modes[limit] = json.loads(r.stdout)["modes"]["full"]
-            assert r.returncode == 0, r.stderr[-1500:]
+            modes[limit] = probe_full(tmp_path / (limit or "default"), SCRIPTS / "ok.py",
+                                      seconds=12, options=extra)
     finally:
         spin.kill()
         spin.wait()

@@ -242,8 +242,10 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
 
     windows = dict(zip(names, probe_windows(prober, state, known, [c for _, c in entries])))
     mean_window = sum(windows.values()) / len(windows)
-    # no entry's probe shorter than its search probe: the windows shrink together
-    least = sum(entry_probe_s(prober, state, known, c) for _, c in entries) / len(entries)
+    # no entry's probe shorter than its search probe (nor longer than its own window: a
+    # --confirm-seconds shorter than that is the user's limit): the windows shrink together
+    least = sum(min(entry_probe_s(prober, state, known, c), windows[n])
+                for n, c in entries) / len(entries)
     if len(entries) > 1 and rounds > 0 and left_s is not None and \
             left_s < TOO_SHORT_SHARE * len(entries) * least:
         state = prober.note(state, Note.warning(

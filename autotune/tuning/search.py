@@ -474,8 +474,8 @@ class Search:
         if len(entries) < 2 or s.confirm_rounds == 0:
             return 0.0
         windows = confirm.probe_windows(self.prober, self.state, self.known, entries)
-        one_round = sum(confirm.entry_probe_s(self.prober, self.state, self.known, c)
-                        for c in entries)
+        one_round = sum(min(confirm.entry_probe_s(self.prober, self.state, self.known, c), w)
+                        for c, w in zip(entries, windows))
         full = s.confirm_rounds * sum(windows)
         return fitting.confirm_reserve(s.budget_s, full, one_round, rounds=s.confirm_rounds)
 
