@@ -12,7 +12,7 @@ import pytest
 
 from autotune import AutotuneError, Note
 from autotune.hardware import fingerprint
-from autotune.tuning import space
+from autotune.tuning import decision, space
 from autotune.tuning import study as studies
 from autotune.store.journal import Journal
 from conftest import journal
@@ -353,6 +353,39 @@ def test_budget_leaves_room_for_the_confirmation(tmp_path, machine):
     assert len(confirm) == 6 and all(10.0 <= s.max_s <= 15.0 for s in confirm)
     assert {s.ranks.name[:8] for s in confirm} == {"confirm1", "confirm2"}
     assert clock.t <= 100.0 + 0.8 * 10
+
+
+def test_a_budget_short_of_three_rounds_of_three_leaves_the_runner_up_out(tmp_path, machine):
+    """Three rounds of the best and the baseline cost what two of three configs do, and decide
+    far more (one candidate at 95% over two degrees of freedom, not two at 97.5% over one)."""
+    class Clock:  # each fake probe takes 80% of its time limit
+        t = 0.0
+
+        def monotonic(self):
+            return self.t
+
+        def sleep(self, s):
+            self.t += s
+
+    clock, told = Clock(), []
+
+    class Timed(FakeProbe):
+        def __call__(self, spec, **kw):
+            clock.t += 0.8 * spec.max_s
+            return super().__call__(spec, **kw)
+
+    fake = Timed(surface)
+    # the batch held, so the runner-up is no batch-keeping alternative
+    report, t, run_dir = tune(tmp_path, fake, budget_s=120.0, clock=clock, confirm_rounds=3,
+                              notify=told.append, fix_tokens=("batch_size=16",))
+    left_out = [n.text for n in told if "it is left out" in n.text]
+    assert left_out and "runner-up (trial-" in left_out[0], "\n".join(n.text for n in told)
+    confirm = [s.ranks.name for s in fake.specs if s.ranks.name.startswith("confirm")]
+    entries = {name.split("-", 1)[1] for name in confirm}
+    assert len(entries) == 2 and "baseline" in entries, confirm
+    assert len(confirm) == 2 * decision.PLANNED_ROUNDS, confirm
+    assert report.rounds == decision.PLANNED_ROUNDS and report.candidates == 1
+    assert clock.t <= 120.0 + 0.8 * 10
 
 
 def test_crashing_configs_are_infeasible(tmp_path, machine):

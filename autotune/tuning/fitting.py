@@ -42,6 +42,7 @@ CONFIRM_SHARE = 0.35  # of a time budget, at most, kept for the confirmation
 # noise target inside one process, and the spread between processes is what more rounds measure.
 CONFIRM_PROBE_FACTOR = 1.0
 MAX_CONFIRM_ROUNDS = 6  # leftover budget buys rounds up to this many
+ESSENTIAL_ENTRIES = 2  # the baseline and the best: what a short budget confirms at the least
 # What fitted search probes really took over what they were expected to take (they end once
 # tight, or pruned, often sooner): the budget plan counts that, from this many probes on, as
 # the most any of the last `COST_WINDOW` took (a probe started on less would be cut before it
@@ -259,9 +260,13 @@ def plan(left_s: float, budget_s: float, probe_s: float, *, confirm_rounds: int,
          confirm_probe_s: float, entries: int = 3) -> Plan:
     """Split ``left_s`` between search probes of ``probe_s`` and the confirmation of
     ``entries`` configs, as the search and the confirmation will (`confirm_reserve`,
-    `confirm_fit`)."""
+    `confirm_fit`; the runner-up, the third, left out when the reserve holds too few rounds of
+    it: `autotune.tuning.confirm.essential`)."""
+    least = min(entries, ESSENTIAL_ENTRIES)
     reserve = confirm_reserve(budget_s, confirm_rounds * entries * confirm_probe_s,
-                              entries * probe_s, rounds=confirm_rounds)
+                              least * probe_s, rounds=confirm_rounds)
+    if confirm_rounds >= PLANNED_ROUNDS and PLANNED_ROUNDS * entries * probe_s > reserve:
+        entries = least
     rounds, window = confirm_fit(confirm_rounds, confirm_probe_s, entries, reserve, probe_s)
     probes = max(0, int((left_s - reserve) // max(probe_s, 1e-9)))
     return Plan(left_s, probe_s, probes, reserve, rounds, window, entries)

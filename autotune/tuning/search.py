@@ -463,19 +463,24 @@ class Search:
         a config about to be probed: the most it keeps should that config become a candidate
         (its probes may be longer than the candidates' so far); the first config to be
         measured keeps nothing back, as there is nothing to confirm yet."""
-        entries = [c for _, c in confirm.candidates(self.space, self.known, self.scorer)]
+        entries = confirm.candidates(self.space, self.known, self.scorer)
         if joining is not None and len(entries) >= 2:
-            also = [*entries[:2], dict(joining)]
+            also = [entries[0], ("joining", dict(joining)), *entries[1:2]]  # as the best
             return max(self._reserve_of(entries), self._reserve_of(also))
         return self._reserve_of(entries)
 
-    def _reserve_of(self, entries: list[dict]) -> float:
+    def _reserve_of(self, entries: list[tuple[str, dict]]) -> float:
+        """All the confirmation's rounds of ``entries`` within its share of the budget, and at
+        the least `decision.PLANNED_ROUNDS` rounds of the `confirm.essential` ones (the runner-up
+        goes first when the budget is short: `confirm.finish`)."""
         s = self.settings
         if len(entries) < 2 or s.confirm_rounds == 0:
             return 0.0
-        windows = confirm.probe_windows(self.prober, self.state, self.known, entries)
-        one_round = sum(min(confirm.entry_probe_s(self.prober, self.state, self.known, c), w)
-                        for c, w in zip(entries, windows))
+        cfgs = [c for _, c in entries]
+        windows = confirm.probe_windows(self.prober, self.state, self.known, cfgs)
+        floor = dict(zip((n for n, _ in entries), windows))
+        one_round = sum(min(confirm.entry_probe_s(self.prober, self.state, self.known, c),
+                            floor[n]) for n, c in confirm.essential(self.space, entries))
         full = s.confirm_rounds * sum(windows)
         return fitting.confirm_reserve(s.budget_s, full, one_round, rounds=s.confirm_rounds)
 
