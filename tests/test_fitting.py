@@ -103,17 +103,21 @@ def test_hang_thresholds_follow_the_steps():
 
 
 def test_the_plan_tells_a_budget_too_short_for_a_few_probes():
-    # three rounds of three search-length probes at the least (225 s), over the 35% share (210)
+    # the confirmation's share (35%, 210 s) holds three rounds of the best and the baseline
+    # (the floor, 150 s), not of the runner-up as well (225 s): it is left out
     roomy = fitting.plan(580.0, 600.0, 25.0, confirm_rounds=3, confirm_probe_s=37.5)
-    assert roomy.confirm_s == pytest.approx(decision.PLANNED_ROUNDS * 3 * 25.0)
-    assert roomy.probes == int((580 - 225) // 25) and not roomy.short
+    assert roomy.confirm_s == pytest.approx(0.35 * 600)
+    assert (roomy.confirm_entries, roomy.confirm_rounds) == (2, decision.PLANNED_ROUNDS)
+    assert roomy.probes == int((580 - 210) // 25) and not roomy.short
     larger = fitting.plan(1180.0, 1200.0, 25.0, confirm_rounds=3, confirm_probe_s=37.5)
     assert larger.confirm_s == pytest.approx(3 * 3 * 37.5)  # all of it, within the share
+    assert (larger.confirm_entries, larger.confirm_rounds) == (3, 3)
     tight = fitting.plan(200.0, 220.0, 25.0, confirm_rounds=3, confirm_probe_s=37.5)
-    # the rounds a switch can clear its interval with, of search-length probes, at the least
-    assert tight.confirm_s == 225.0 and tight.confirm_rounds == decision.PLANNED_ROUNDS
-    assert tight.probes == 0 and tight.short
-    assert tight.needed_s(20.0) == 20 + 3 * 25 + 225
+    # three rounds of the best and the baseline, of search-length probes, at the least
+    floor = decision.PLANNED_ROUNDS * fitting.ESSENTIAL_ENTRIES * 25.0
+    assert tight.confirm_s == floor and tight.confirm_rounds == decision.PLANNED_ROUNDS
+    assert tight.probes == 2 and tight.short
+    assert tight.needed_s(20.0) == 20 + 3 * 25 + floor
     one = fitting.plan(200.0, 220.0, 25.0, confirm_rounds=1, confirm_probe_s=37.5)
     assert one.confirm_s == 77.0 and one.confirm_rounds == 1  # one round, as asked
 
