@@ -66,8 +66,10 @@ class Pane:
 
 
 def row(text: str, label: str) -> str:
-    """The last line of a panel or table with ``label`` (scrollback may hold older frames)."""
-    found = [ln for ln in text.splitlines() if f" {label} " in ln and "│" in ln]
+    """The last line of a panel or table whose first cell is ``label`` (scrollback may hold
+    older frames; another row's text may hold the label's words: "the full run gave ...")."""
+    found = [ln for ln in text.splitlines()
+             if "│" in ln and ln.lstrip("│ ").startswith(f"{label} ")]
     assert found, f"{label!r} not in the pane:\n{text}"
     return found[-1]
 
