@@ -324,24 +324,31 @@ def test_foreign_load_is_measured_again_never_compared(tmp_path, machine):
     assert sum("--foreign-limit" in n.text for n in report.notes) == 1  # told once, not every time
 
 
+class FakeClock:
+    t = 0.0
+
+    def monotonic(self):
+        return self.t
+
+    def sleep(self, s):
+        self.t += s
+
+
+class Timed(FakeProbe):
+    """Each probe takes 80% of its time limit on ``clock``."""
+
+    def __init__(self, clock, *args, **kw):
+        super().__init__(*args, **kw)
+        self.clock = clock
+
+    def __call__(self, spec, **kw):
+        self.clock.t += 0.8 * spec.max_s
+        return super().__call__(spec, **kw)
+
+
 def test_budget_leaves_room_for_the_confirmation(tmp_path, machine):
-    class Clock:  # each fake probe takes 80% of its time limit
-        t = 0.0
-
-        def monotonic(self):
-            return self.t
-
-        def sleep(self, s):
-            self.t += s
-
-    clock = Clock()
-
-    class Timed(FakeProbe):
-        def __call__(self, spec, **kw):
-            clock.t += 0.8 * spec.max_s
-            return super().__call__(spec, **kw)
-
-    fake = Timed(surface)
+    clock = FakeClock()
+    fake = Timed(clock, surface)
     report, t, _ = tune(tmp_path, fake, budget_s=100.0, clock=clock)
     assert report.stop_reason.rule is Stop.BUDGET
     # Search while a probe and the confirmation's reserve still fit: its share (35% of 100 s),
@@ -358,23 +365,8 @@ def test_budget_leaves_room_for_the_confirmation(tmp_path, machine):
 def test_a_budget_short_of_three_rounds_of_three_leaves_the_runner_up_out(tmp_path, machine):
     """Three rounds of the best and the baseline cost what two of three configs do, and decide
     far more (one candidate at 95% over two degrees of freedom, not two at 97.5% over one)."""
-    class Clock:  # each fake probe takes 80% of its time limit
-        t = 0.0
-
-        def monotonic(self):
-            return self.t
-
-        def sleep(self, s):
-            self.t += s
-
-    clock, told = Clock(), []
-
-    class Timed(FakeProbe):
-        def __call__(self, spec, **kw):
-            clock.t += 0.8 * spec.max_s
-            return super().__call__(spec, **kw)
-
-    fake = Timed(surface)
+    clock, told = FakeClock(), []
+    fake = Timed(clock, surface)
     # the batch held, so the runner-up is no batch-keeping alternative
     report, t, run_dir = tune(tmp_path, fake, budget_s=120.0, clock=clock, confirm_rounds=3,
                               notify=told.append, fix_tokens=("batch_size=16",))
