@@ -12,7 +12,7 @@ from autotune.tuning import decision, fitting, search
 from autotune.tuning.fitting import Pace, ScriptTiming
 from autotune.tuning.records import Stop
 from conftest import journal
-from test_study import FakeProbe, machine, result, tune  # noqa: F401 - fixture
+from test_study import FakeClock, FakeProbe, machine, result, tune  # noqa: F401 - fixture
 
 SLOW = ScriptTiming(first_s=8.0, warmup_s=2.0, step_s=1.0, measured_s=16.0, rel_half=0.05,
                     batch_size=32, threads=2)
@@ -164,19 +164,9 @@ class SlowScript(FakeProbe):
                                    measured_s=need - first - 2 * step, duration_s=need)
 
 
-class Clock:
-    t = 0.0
-
-    def monotonic(self):
-        return self.t
-
-    def sleep(self, s):
-        self.t += s
-
-
 def test_a_budget_on_a_script_with_slow_steps_measures_every_probe_and_is_used(tmp_path,
                                                                             machine):  # noqa: F811
-    clock = Clock()
+    clock = FakeClock()
     fake = SlowScript(clock)
     report, t, run_dir = tune(tmp_path, fake, seconds=None, budget_s=300.0, clock=clock,
                               confirm_rounds=3)
@@ -204,7 +194,7 @@ class LateFirstBatch(SlowScript):
 
 def test_a_confirmation_probe_holds_what_the_config_s_own_search_probe_took(tmp_path,
                                                                           machine):  # noqa: F811
-    clock = Clock()
+    clock = FakeClock()
     fake = LateFirstBatch(clock)
     report, t, run_dir = tune(tmp_path, fake, seconds=None, budget_s=600.0, clock=clock,
                               confirm_rounds=2, space_tokens=("batch_size=32:64",))
@@ -242,7 +232,7 @@ class SlowToTighten(SlowScript):
 
 def test_confirmation_probes_last_what_each_config_s_own_probes_took_not_a_slow_baseline_s_fit(
         tmp_path, machine):  # noqa: F811
-    clock = Clock()
+    clock = FakeClock()
     fake = SlowToTighten(clock)
     report, t, run_dir = tune(tmp_path, fake, seconds=None, budget_s=600.0, clock=clock,
                               confirm_rounds=3)
@@ -266,7 +256,7 @@ def test_confirmation_probes_last_what_each_config_s_own_probes_took_not_a_slow_
 
 
 def test_a_budget_too_short_is_told_with_the_budget_that_would_do(tmp_path, machine):  # noqa: F811
-    clock = Clock()
+    clock = FakeClock()
     report, t, run_dir = tune(tmp_path, SlowScript(clock), seconds=None, budget_s=90.0,
                               clock=clock)
     warned = [n.text for n in report.notes if n.text.startswith("--budget 1m30s holds")]
@@ -327,7 +317,7 @@ def test_the_budget_plan_counts_what_probes_really_cost(tmp_path, machine,  # no
     def search(where, count_costs):
         if not count_costs:
             monkeypatch.setattr(fitting, "COST_MIN_PROBES", 10**6)
-        clock = Clock()
+        clock = FakeClock()
         report, t, run_dir = tune(where, QuickScript(clock), seconds=None, budget_s=300.0,
                                   clock=clock, confirm_rounds=2)
         monkeypatch.undo()
@@ -347,7 +337,7 @@ def test_a_probe_the_budget_would_squeeze_below_half_its_length_is_not_taken(tmp
     """Every probe the search takes gets at least half what it needs; one the budget left
     beside the confirmation would squeeze further is not taken (said); a few such in a row end
     the search for its budget."""
-    clock, told = Clock(), []
+    clock, told = FakeClock(), []
     fake = SlowScript(clock)
     report, t, run_dir = tune(tmp_path, fake, seconds=None, budget_s=360.0, clock=clock,
                               confirm_rounds=3, notify=told.append)
