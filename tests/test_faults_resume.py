@@ -249,7 +249,7 @@ def test_sigint_mid_search_then_resume_reports_as_an_uninterrupted_run(tmp_path)
     env = dict(os.environ, AUTOTUNE_RUNS_DIR=str(tmp_path / "runs"))
     run_dir, _ = interrupt_mid_search(
         ["--foreign-limit", "1000", "--trials", "3", "--seconds", "8", "--confirm-rounds", "0",
-         "--seed", "3", "--baseline", "batch_size=8", "--space", "batch_size=8:32", "--fix",
+         "--seed", "3", "--baseline", "batch_size=8", "--space", "batch_size=16:32", "--fix",
          "threads=1", "workers=0", "instances=1", "--", TOY, "--work", "1", "--batch-size",
          "{batch_size}"], cwd=tmp_path, env=env, runs=tmp_path / "runs", in_flight=False,
         timeout_s=120)
@@ -262,8 +262,8 @@ def test_sigint_mid_search_then_resume_reports_as_an_uninterrupted_run(tmp_path)
     assert s["probes"]["baseline"] is not None and s["probes"]["best"] is not None
     assert s["probes"]["baseline"]["core_s_per_sample"] > 0
     assert s["memory"] is not None
-    # the baseline's batch (8; larger ones are faster, so not pruned) was probed by the
-    # first controller only
+    # the baseline's batch (8) was probed by the first controller only; every search trial's
+    # is another (16 to 32: the memory fit has two batches whichever configs the search drew)
     batches = {b for b, _ in s["memory"]["points"]}
     assert 8 in batches and len(batches) >= 2, batches
     assert any(n.startswith("baseline: first batch after") for n in s["notes"])

@@ -27,6 +27,10 @@ SPAWN_ARGV = ["python", "-c", "from multiprocessing.spawn import spawn_main; "
 FORKSERVER_ARGV = ["python", "-c", "from multiprocessing.forkserver import main; "
                    "main(4, 5, ['__main__'], **{'sys_path': []})"]
 STARTED_NOTE = "the script starts its own training processes (multiprocessing 'spawn')"
+# shape_spawn.py's rendezvous port is fixed (29533, as scripts in the wild write it): the tests
+# that run it share one xdist group, so that two never listen on it at once (CI once failed one
+# with EADDRINUSE).
+FIXED_PORT = pytest.mark.xdist_group("shape-spawn-port")
 
 
 # -- pure decisions ----------------------------------------------------------------------------
@@ -205,6 +209,7 @@ def test_spawned_loader_workers_are_not_metered_and_keep_one_thread(tmp_path):
 
 # -- end to end ------------------------------------------------------------------------------------
 @pytest.mark.slow
+@FIXED_PORT
 def test_ranks_started_with_torch_multiprocessing_spawn_are_measured(tmp_path):
     r = probe(tmp_path, script("shape_spawn.py", "--procs", "2"), max_s=20.0,
               knobs={"threads": 1, "batch_size": 8, "bucket_mb": 4})
@@ -222,6 +227,7 @@ def test_ranks_started_with_torch_multiprocessing_spawn_are_measured(tmp_path):
 
 
 @pytest.mark.slow
+@FIXED_PORT
 def test_a_spawned_ranks_own_figure_scales_by_torchs_world_size(tmp_path):
     """``--metric`` with a per-rank figure: the job's rate is it times the world torch reports,
     not the one process autotune started."""
@@ -234,6 +240,7 @@ def test_a_spawned_ranks_own_figure_scales_by_torchs_world_size(tmp_path):
 
 
 @pytest.mark.slow
+@FIXED_PORT
 def test_a_global_batch_is_divided_by_the_world_the_script_starts(tmp_path):
     """--global-batch 32 for a script that spawns 2 ranks itself: each rank's loader gets 16,
     and the baseline is measured again with it (the first probe could not know the world)."""

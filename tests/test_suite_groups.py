@@ -1,0 +1,52 @@
+"""The suite's own scheduling: tests of one xdist group run on one worker, one after another.
+
+The heaviest tunes (`conftest.HEAVY`) and the scripts with a fixed rendezvous port rely on it.
+pytest 9.2 with pytest-xdist 3.8 ignored every group without a word (xdist rewrote a node id
+pytest no longer reads), and CI failed on the collisions the groups were there to prevent."""
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_an_xdist_group_runs_on_one_worker_under_the_suites_own_options(tmp_path):
+    pytest.importorskip("xdist")
+    record = tmp_path / "ran"
+    record.mkdir()
+    (tmp_path / "test_grouped.py").write_text(textwrap.dedent(f"""
+        import json, os, time
+        import pytest
+
+        def ran(name):
+            path = os.path.join({str(record)!r}, name)
+            with open(path, "w") as f:
+                json.dump([os.environ["PYTEST_XDIST_WORKER"]], f)
+            time.sleep(0.3)
+
+        @pytest.mark.parametrize("i", range(6))
+        @pytest.mark.xdist_group("together")
+        def test_grouped(i):
+            ran(f"grouped{{i}}")
+
+        @pytest.mark.parametrize("i", range(6))
+        def test_free(i):
+            ran(f"free{{i}}")
+        """))
+    # the suite's configuration (its addopts), on this file only
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n",
+                        "2", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path),
+                        str(tmp_path / "test_grouped.py")],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    runs = {f.name: json.loads(f.read_text()) for f in record.iterdir()}
+    assert len(runs) == 12
+    grouped = {v[0] for k, v in runs.items() if k.startswith("grouped")}
+    assert len(grouped) == 1, runs  # one worker (which runs one test at a time)
+    # two workers did run the file: the check above means something
+    assert len(grouped | {v[0] for k, v in runs.items() if k.startswith("free")}) == 2, runs
