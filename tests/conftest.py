@@ -98,28 +98,43 @@ HEAVY = "heavy-tunes"
 PROBE_TRIES = 3  # a probe that got no figure because other programs loaded the CPU
 
 
+def quiet_try(attempt, *, spoiled):
+    """``attempt(n)`` for n = 1 .. `PROBE_TRIES`, until ``spoiled(result)`` finds nothing: that
+    result. ``spoiled`` names the load that spoiled a result (other programs' CPU: in CI the
+    other test worker once slowed a tiny step 25x for 14 of 16 s), or returns None; it fails the
+    test where nothing excuses what it sees. After the last spoiled try the test is skipped with
+    the load named."""
+    for n in range(1, PROBE_TRIES + 1):
+        result = attempt(n)
+        why = spoiled(result)
+        if not why:
+            return result
+    pytest.skip(f"{PROBE_TRIES} tries spoiled by other programs' CPU load (last: {why}); run "
+                f"on a quieter machine")
+
+
 def probe_full(tmp_path, *args, seconds=15, options=()) -> dict:
     """`autotune probe --modes full` (with ``options``) on ``args``: the mode's result, with
-    its figure.
-
-    A probe that got no figure while other programs loaded the CPU past the default limit
-    (its reason names the load: in CI the other test worker once slowed a tiny step 25x for
-    14 of 16 s) is run again, up to `PROBE_TRIES`; after that the test is skipped with the
-    load named. A probe that got none on a quiet machine fails the test."""
+    its figure. A probe that got no figure while other programs loaded the CPU past the default
+    limit is tried again (`quiet_try`); one that got none on a quiet machine fails the test."""
     from autotune.measuring.foreign_load import FOREIGN_CORES_LIMIT
 
-    for attempt in range(1, PROBE_TRIES + 1):
+    def attempt(n):
         r = subprocess.run([sys.executable, "-m", "autotune", "probe", "--json", "--modes",
                             "full", "--seconds", str(seconds), *options, "--runs-dir",
-                            str(tmp_path / f"try{attempt}"), *map(str, args)],
+                            str(tmp_path / f"try{n}"), *map(str, args)],
                            capture_output=True, text=True, timeout=180)
-        full = json.loads(r.stdout)["modes"]["full"]
+        return r, json.loads(r.stdout)["modes"]["full"]
+
+    def spoiled(got):
+        r, full = got
         if full["samples_per_s"] > 0:
             assert r.returncode == 0, r.stderr[-2000:]
-            return full
+            return None
         assert full["foreign_cores"] > FOREIGN_CORES_LIMIT, r.stderr[-2000:]
-    pytest.skip(f"{PROBE_TRIES} probes gave no figure under other programs' CPU load "
-                f"(last: {full['reason']}); run on a quieter machine")
+        return full["reason"]
+
+    return quiet_try(attempt, spoiled=spoiled)[1]
 
 
 def last_json(p: subprocess.CompletedProcess) -> dict:

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from autotune.measuring.trial import TrialSpec, run_trial
-from conftest import PROBE_TRIES, SCRIPTS, autotune, probe_full
+from conftest import SCRIPTS, autotune, probe_full, quiet_try
 
 
 @pytest.mark.slow
@@ -102,22 +102,22 @@ def test_probe_of_a_script_pulling_next_it_from_a_finite_loader_measures_every_m
     Synthetic mode's figure is compute-bound, full mode's is sleep-bound: other programs'
     load slows only the first (in CI the other test worker once brought it from ~30,000 to 321
     samples/s, under full mode's 387). The two are compared when synthetic mode ran without
-    such load; a probe whose synthetic mode had it is run again, up to `PROBE_TRIES`."""
-    for attempt in range(1, PROBE_TRIES + 1):
-        modes = _modes(autotune("probe", "--json", "--seconds", "20", "--runs-dir",
-                                str(tmp_path / f"try{attempt}"),
-                                str(SCRIPTS / "shape_next_it.py")))
+    such load; a probe whose synthetic mode had it is run again (`quiet_try`)."""
+    def attempt(n):
+        return _modes(autotune("probe", "--json", "--seconds", "20", "--runs-dir",
+                               str(tmp_path / f"try{n}"), str(SCRIPTS / "shape_next_it.py")))
+
+    def spoiled(modes):
         assert set(modes) == {"full", "synthetic", "io"}
         for name, m in modes.items():
             assert m["outcome"] in ("ok", "ended", "foreign-load"), (name, m["reason"])
             assert m["samples_per_s"] > 0, (name, m)
             if m["exit_code"]:  # it ended by itself: the outcome says so
                 assert "ended on its own" in m["reason"], (name, m["reason"])
-        if modes["synthetic"]["outcome"] != "foreign-load":
-            break
-    else:
-        pytest.skip(f"{PROBE_TRIES} probes had other programs' CPU load under synthetic mode "
-                    f"(last: {modes['synthetic']['reason']}); run on a quieter machine")
+        synthetic = modes["synthetic"]
+        return synthetic["reason"] if synthetic["outcome"] == "foreign-load" else None
+
+    modes = quiet_try(attempt, spoiled=spoiled)
     assert modes["synthetic"]["samples_per_s"] > modes["full"]["samples_per_s"]
 
 
