@@ -5,10 +5,16 @@ Every launch gets its own session (so its process group can be signalled whole) 
 makes itself a child subreaper (Linux ``prctl``), so a descendant orphaned by a crash is
 re-parented to us, not to init, and can still be found and reaped. Shutdown is TERM, grace,
 KILL, then a sweep for anything still carrying the marker.
+
+Every launch is registered the moment its process exists, and leaves the register only when
+`stop` has ended it. What is still registered when the controller exits (an interrupt that
+landed between a launch and the code that would have stopped it) is stopped by `stop_all`,
+registered with ``atexit``: Ctrl-C at any instant leaves no process behind.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
 import signal
@@ -26,6 +32,7 @@ from probes import protocol
 _PR_SET_CHILD_SUBREAPER = 36
 _subreaper = False
 _ours: set[int] = set()  # pids this process started with Popen: subprocess reaps those
+_live: dict[int, Launched] = {}  # launches not yet ended by `stop`, by root pid
 
 
 def birth_clock() -> float:
@@ -126,15 +133,44 @@ def start(spec: LaunchSpec, *, on_output=None) -> Launched:
             out.close()
             if err is not out:
                 err.close()
-    _ours.add(popen.pid)
     launched = Launched(spec=spec, popen=popen, pgid=popen.pid)
-    if spec.pipe_output:
-        t = threading.Thread(target=_pump, args=(popen, out, err, on_output), daemon=True,
-                             name=f"autotune-pump-{popen.pid}")
-        t.start()
-        launched._threads.append(t)
-    launched.tree()
+    _register(launched)
+    try:
+        if spec.pipe_output:
+            t = threading.Thread(target=_pump, args=(popen, out, err, on_output), daemon=True,
+                                 name=f"autotune-pump-{popen.pid}")
+            t.start()
+            launched._threads.append(t)
+        launched.tree()
+    except BaseException:  # Ctrl-C before the caller holds it: nobody else could stop it
+        stop(launched, grace_s=1.0)
+        raise
     return launched
+
+
+def _register(launched: Launched) -> None:
+    _ours.add(launched.pid)
+    if not _live:
+        atexit.unregister(stop_all)
+        atexit.register(stop_all)
+    _live[launched.pid] = launched
+
+
+def live() -> list[Launched]:
+    """The launches of this process that `stop` has not ended yet."""
+    return list(_live.values())
+
+
+def stop_all(grace_s: float = 2.0) -> list[int]:
+    """Stop every launch `stop` has not ended (registered with ``atexit``); their root pids.
+
+    A controller stopped between starting processes and handing them to the code that stops
+    them (Ctrl-C in that instant) would otherwise leave them running."""
+    stopped = []
+    for launched in list(_live.values()):
+        stopped.append(launched.pid)
+        stop(launched, grace_s=grace_s)
+    return stopped
 
 
 def _pump(popen, out, err, on_output) -> None:
@@ -226,6 +262,8 @@ def stop(launched: Launched, *, grace_s: float = 5.0) -> int | None:
     else:
         _ours.discard(launched.pid)  # its status is collected: the pid may be reused
     sweep(launched)
+    if _live.get(launched.pid) is launched:
+        del _live[launched.pid]
     for t in launched._threads:
         t.join(timeout=5)
     return launched.popen.returncode

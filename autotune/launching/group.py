@@ -209,9 +209,14 @@ def start_group(spec: RanksSpec, *, channel: Mapping[str, str], extra_env: Mappi
     else:
         started = _start_engine(spec, plan, base, knobs, skip, argv, slot_envs, channel,
                                 pipe_output, on_output)
-    group = RankGroup(launched=started, plan=plan, launcher=spec.launcher, mps=daemon)
-    if daemon is not None:
-        _check_mps_in_background(group, spec.mps_verify_s)
+    try:
+        group = RankGroup(launched=started, plan=plan, launcher=spec.launcher, mps=daemon)
+        if daemon is not None:
+            _check_mps_in_background(group, spec.mps_verify_s)
+    except BaseException:  # Ctrl-C before the caller holds the ranks: stop them here
+        for lp in started:
+            proc.stop(lp, grace_s=1.0)
+        raise
     return group
 
 
@@ -247,9 +252,10 @@ def _start_local(spec, plan, base, knobs, skip, argv, slot_envs, channel, pipe_o
                 argv=tuple(argv), env=env, cwd=spec.cwd, marker=f"{spec.marker}-r{rank}",
                 stdout_path=path, stderr_path=path, pipe_output=pipe_output,
                 label=f"rank {rank}"), on_output=callback))
-    except BaseException:
-        for lp in started:
-            proc.stop(lp, grace_s=1.0)
+    except BaseException:  # by marker: one `proc.start` returned but not yet appended too
+        for lp in proc.live():
+            if lp.spec.marker.startswith(f"{spec.marker}-r"):
+                proc.stop(lp, grace_s=1.0)
         raise
     return started
 

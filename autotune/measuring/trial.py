@@ -376,11 +376,11 @@ def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool]
     begun = proc.birth_clock()  # what is born after this for the ranks is the trial's
     try:
         group = start_group(ranks_spec, channel=collector.env())
+        probe.launched.extend(group.launched)  # first: from here `finally` stops them
         probe.group = group
         if asked.launcher.kind == "local":  # counters of this host only
             probe.energy = EnergyMeter([slot.gpu.index for slot in group.plan.slots
                                         if slot.gpu is not None])
-        probe.launched.extend(group.launched)
         if asked.launcher.kind != "local":  # ranks are the engine's children, not ours
             probe.marked = proc.MarkedScan({lp.spec.marker for lp in group.launched},
                                            since=begun)
@@ -388,6 +388,11 @@ def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool]
             on_start(probe.launched)
         _loop(probe, collector, load)
     finally:
+        # Ctrl-C between the group's start and the line above leaves its ranks unheld: they
+        # are found among the live launches by the trial's marker
+        held = {lp.pid for lp in probe.launched}
+        probe.launched.extend(lp for lp in proc.live() if lp.pid not in held
+                              and lp.spec.marker.startswith(f"{ranks_spec.marker}-r"))
         if any(lp.poll() is None for lp in probe.launched):
             probe.stopped_by_us = True
             probe.stop_t = time.monotonic()
