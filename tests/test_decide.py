@@ -118,6 +118,21 @@ def test_rounds_needed_follows_the_spread():
     assert decision.rounds_needed(1.12, logs[:1], 0.01, 4) is None  # one round: no spread
 
 
+def test_rounds_planned_before_any_round_follow_the_gain_and_the_spread_between_processes():
+    # +30% beside an assumed ±10% between processes (a round's ratio: sqrt(2) of it): 3 rounds
+    # give t(0.975, 2) 4.30 x 0.135 / sqrt(3) = 0.34 over log(1.3) = 0.26; 4 give 0.21
+    assert decision.rounds_planned(1.30, 0.10, 0.0, 1) == 4
+    n = decision.rounds_planned(1.15, 0.05, 0.02, 2)
+    assert n is not None and n >= decision.MIN_ROUNDS
+    assert decision.rounds_planned(1.30, 0.05, 0.02, 2) < n  # a larger gain: fewer
+    assert decision.rounds_planned(1.15, 0.08, 0.02, 2) > n  # a wider spread: more
+    assert decision.rounds_planned(1.15, 0.05, 0.02, 4) >= n  # more picked from: no fewer
+    assert decision.rounds_planned(1.15, 0.05, 0.30, 2) > n  # wide probes: more
+    assert decision.rounds_planned(1.02, 0.01, 0.0, 1) is None  # no gain worth a switch
+    assert decision.rounds_planned(1.04, 0.25, 0.0, 1) is None  # beyond any advice
+    assert decision.rounds_planned(2.0, 0.01, 0.0, 1) == decision.MIN_ROUNDS
+
+
 def test_t_quantile_and_levels():
     assert decision.t_quantile(0.975, 1) == pytest.approx(12.706, abs=1e-3)
     assert decision.t_quantile(0.975, 10) == pytest.approx(2.228, abs=1e-3)
@@ -201,9 +216,14 @@ def test_confirmation_fits_what_is_left_of_the_budget():
     assert confirm_fit(3, 30.0, 3, 150.0, 20.0) == (2, 20.0)
     assert confirm_fit(3, 30.0, 3, 10.0, 20.0) == (1, 20.0)  # never shorter than a search probe
     # a search stopped by its budget: what is left buys rounds, up to the most
-    assert confirm_fit(3, 30.0, 3, 450.0, 20.0, stretch=True) == (5, 30.0)
-    assert confirm_fit(3, 30.0, 3, 9000.0, 20.0, stretch=True) == (MAX_CONFIRM_ROUNDS, 30.0)
+    most = MAX_CONFIRM_ROUNDS
+    assert confirm_fit(3, 30.0, 3, 450.0, 20.0, stretch_to=most) == (5, 30.0)
+    assert confirm_fit(3, 30.0, 3, 9000.0, 20.0, stretch_to=most) == (most, 30.0)
     assert confirm_fit(3, 30.0, 3, 450.0, 20.0) == (3, 30.0)  # not stretched otherwise
+    # one that ended early: up to the rounds its gain needs, as the budget holds them
+    assert confirm_fit(3, 30.0, 3, 9000.0, 20.0, stretch_to=4) == (4, 30.0)
+    assert confirm_fit(3, 30.0, 3, 9000.0, 20.0, stretch_to=40) == (most, 30.0)
+    assert confirm_fit(3, 30.0, 3, 300.0, 20.0, stretch_to=5) == (3, 30.0)
 
 
 def test_scaling_efficiency_weighs_n_ranks_against_the_best_one_rank_config():

@@ -380,6 +380,41 @@ def test_a_budget_short_of_three_rounds_of_three_leaves_the_runner_up_out(tmp_pa
     assert clock.t <= 120.0 + 0.8 * 10
 
 
+def level_threads(knobs):
+    """One thread gains 1%: under the 3% a switch needs whatever the rounds."""
+    return 100.0 * (1.01 if knobs["threads"] == 1 else 1.0)
+
+
+@pytest.mark.parametrize("trials, rate, rounds", [
+    (None, surface, 4),  # +30% against an assumed ±10% between processes: 4 rounds show it
+    (None, level_threads, 3),  # no gain worth showing: no round more than asked
+    (2, surface, 3),  # --trials bounds the run by count: --confirm-rounds
+])
+def test_a_search_ending_early_buys_the_rounds_its_gain_needs(tmp_path, machine, trials, rate,
+                                                              rounds):
+    """A space answered in two probes leaves most of a 10-minute budget. What is left buys
+    the rounds the search's best gain needs beside the spread between processes (fixed before
+    any round: `decision.rounds_planned`), said in the ``confirming:`` line; never the whole
+    budget, and nothing more for a gain there is none of, nor under ``--trials N``."""
+    clock, told = FakeClock(), []
+    fake = Timed(clock, rate)
+    report, _, _ = tune(tmp_path, fake, budget_s=600.0, clock=clock, confirm_rounds=3,
+                        notify=told.append, trials=trials,
+                        fix_tokens=("batch_size=16", "workers=0", "instances=1"))
+    assert report.stop_reason.rule is (Stop.EXHAUSTED if trials is None else Stop.TRIALS), \
+        report.stop_reason
+    confirms = {s.ranks.name.split("-", 1)[0] for s in fake.specs
+                if s.ranks.name.startswith("confirm")}
+    confirming = next(n.text for n in told if n.text.startswith("confirming:"))
+    assert len(confirms) == report.rounds == rounds, confirming
+    if rounds > 3:
+        assert "(1 more than --confirm-rounds 3: the search's best measured +30.0%" in \
+            confirming and "about 4 rounds" in confirming, confirming
+    else:
+        assert "more than" not in confirming, confirming
+    assert clock.t < 600.0 / 2  # the rest of the budget is not spent for nothing
+
+
 def test_crashing_configs_are_infeasible(tmp_path, machine):
     fake = FakeProbe(surface, crash=lambda k: k["workers"] == 2)
     report, _, run_dir = tune(tmp_path, fake, trials=8, confirm_rounds=1,

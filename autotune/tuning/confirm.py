@@ -10,7 +10,7 @@ together, the one candidate is the Pareto front's pick, and `decision.decide_pai
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -235,13 +235,34 @@ def _mean_score(scorer: objective.Scorer, cfg: Mapping, rs: list,
                            sum(js) / len(js) if js else None)
 
 
+def planned_rounds(searched: Callable[[str], Round], names: Sequence[str], process_rel: float,
+                   candidates: int) -> tuple[int | None, str]:
+    """The rounds the best entry's gain in the search needs (`decision.rounds_planned`) and why,
+    for a search that ended with budget left: a gain found early gets the rounds that can show
+    it beyond doubt, a gain too small to show (or none) gets no more than asked. Decided from
+    the search's figures alone, before any round, so the decision still looks once."""
+    base = searched("baseline")
+    best = max((searched(n) for n in names if n != "baseline"),
+               key=lambda r: r.samples_per_s, default=None)
+    if best is None or base.samples_per_s <= 0 or best.samples_per_s <= 0:
+        return None, ""
+    speedup = best.samples_per_s / base.samples_per_s
+    within = math.hypot(best.ci_half / best.samples_per_s, base.ci_half / base.samples_per_s)
+    n = decision.rounds_planned(speedup, process_rel, within, candidates)
+    if n is None:
+        return None, ""
+    return n, (f"the search's best measured {speedup - 1:+.1%} with a spread between processes "
+               f"of ±{process_rel:.1%}, which about {n} rounds can show beyond doubt")
+
+
 def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
-           left_s: float | None, stretch: bool = False,
+           left_s: float | None, stretch: fitting.Stretch = fitting.Stretch.NONE,
            scorer: objective.Scorer | None = None) -> Confirmed:
     """Confirm the best two of ``known`` by ``scorer``'s score (throughput unless given)
     against the state's baseline within ``left_s`` of the budget (None: no budget), decide,
-    and journal the ``best``. With ``stretch`` (the search stopped for its budget), what is
-    left buys more rounds. The result holds the state with what its probes taught."""
+    and journal the ``best``. What is left of the budget buys more rounds as ``stretch`` says:
+    all it holds, or those the search's best gain needs (`planned_rounds`). The result holds
+    the state with what its probes taught."""
     settings, space, baseline = state.settings, state.space, state.baseline
     scorer = scorer or objective.Scorer(settings.objective)
     entries = candidates(space, known, scorer)
@@ -278,13 +299,27 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
             f"round of {len(entries)} probes of ~{least:.0f} s; the search's own probes "
             f"decide, and the speed-up's interval allows for new processes"))
         rounds = 0
+    spread = state.learned.spread
+    process_rel = spread.process_rel() if spread is not None else decision.PROCESS_NOISE_REL
     if len(entries) > 1 and rounds > 0:
+        asked, why_more = rounds, ""
+        stretch_to = None
+        if stretch is fitting.Stretch.ALL:
+            stretch_to = fitting.MAX_CONFIRM_ROUNDS
+            why_more = "the search stopped for its budget, and what it kept buys them"
+        elif stretch is fitting.Stretch.NEEDED and not scorer.objective.multi:
+            stretch_to, why_more = planned_rounds(searched, names, process_rel,
+                                                  len(entries) - 1)
         rounds, window_s = fitting.confirm_fit(rounds, mean_window, len(entries), left_s,
-                                               least, stretch=stretch)
+                                               least, stretch_to=stretch_to)
         scale = window_s / mean_window
         windows = {n: w * scale for n, w in windows.items()}
+        more = (f" ({rounds - asked} more than --confirm-rounds {asked}: {why_more}; "
+                f"{max(left_s or 0.0, 0.0):.0f} s of the budget were left)"
+                if rounds > asked else "")
         prober.tell(Note.info(f"confirming: {', '.join(names)}, {rounds} interleaved round(s) "
-                              f"of {', '.join(f'{w:.0f}' for w in windows.values())} s probes"))
+                              f"of {', '.join(f'{w:.0f}' for w in windows.values())} s probes"
+                              f"{more}"))
         state, results = _remeasure(prober, state, entries, rounds, windows)
         unmeasured = {name for name, ms in results.items() if all(m is None for m in ms)}
         for name, ms in results.items():
@@ -300,9 +335,6 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
         rounds, unmeasured = 0, set()
     by = _by_objective(scorer, cfgs, results)
     k = len(entries) - 1  # the interval allows for picking the best of these
-
-    spread = state.learned.spread
-    process_rel = spread.process_rel() if spread is not None else decision.PROCESS_NOISE_REL
 
     def judge(by_objective: list[dict[str, list]]) -> decision.Decision:
         if scorer.objective.multi:

@@ -324,6 +324,26 @@ def rounds_needed(speedup: float, logs: Sequence[float], within: float, candidat
     return None
 
 
+def rounds_planned(speedup: float, process_rel: float, within: float, candidates: int, *,
+                   min_gain_rel: float = MIN_GAIN_REL) -> int | None:
+    """The rounds a confirmation plans for a gain the search measured, before any round runs:
+    the fewest whose interval would lie above 1.0 if the gain held, each round's log ratio
+    spread as two new processes do (``process_rel`` each: sqrt(2) of it, more than a round's
+    ratio shows, since a round's load moves both of its configs) and the probes' own relative
+    interval were ``within``. Fixed before the rounds, so the decision still looks once. None
+    for a gain under ``min_gain_rel`` (nothing to show) or beyond `MAX_ROUNDS_NEEDED`."""
+    if speedup - 1 <= min_gain_rel:
+        return None
+    level = level_for(candidates)
+    sd = math.sqrt(2) * math.log1p(process_rel)
+    gain = math.log(speedup)
+    for n in range(MIN_ROUNDS, MAX_ROUNDS_NEEDED + 1):
+        w = math.log1p(within * _z(level) / 1.96 / math.sqrt(n))
+        if gain > max(w, t_quantile((1 + level) / 2, n - 1) * sd / math.sqrt(n)):
+            return n
+    return None
+
+
 def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
            min_gain_rel: float = MIN_GAIN_REL, candidates: int | None = None,
            min_rounds: int = MIN_ROUNDS, process_rel: float = PROCESS_NOISE_REL) -> Decision:

@@ -17,6 +17,7 @@ those, with a noise target, every later probe gets its limits (`limits`):
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -42,6 +43,14 @@ CONFIRM_SHARE = 0.35  # of a time budget, at most, kept for the confirmation
 # noise target inside one process, and the spread between processes is what more rounds measure.
 CONFIRM_PROBE_FACTOR = 1.0
 MAX_CONFIRM_ROUNDS = 6  # leftover budget buys rounds up to this many
+
+
+class Stretch(enum.Enum):
+    """What budget the search left buys for the confirmation."""
+
+    NONE = "none"  # `--trials N` bounds the run by count: `--confirm-rounds` rounds
+    NEEDED = "needed"  # the search ended early: the rounds its gain and spread need
+    ALL = "all"  # the search stopped for its budget: what is left is the confirmation's
 ESSENTIAL_ENTRIES = 2  # the baseline and the best: what a short budget confirms at the least
 # What fitted search probes really took over what they were expected to take (they end once
 # tight, or pruned, often sooner): the budget plan counts that, from this many probes on, as
@@ -273,15 +282,14 @@ def plan(left_s: float, budget_s: float, probe_s: float, *, confirm_rounds: int,
 
 
 def confirm_fit(rounds: int, window_s: float, entries: int, left_s: float | None,
-                least_s: float, *, stretch: bool = False) -> tuple[int, float]:
+                least_s: float, *, stretch_to: int | None = None) -> tuple[int, float]:
     """Rounds and probe length of the confirmation within ``left_s`` (None: no budget).
 
     Variance lives between processes more than within one, so rounds are kept before length:
     a short budget first shortens the probes (down to ``least_s``, a search probe's), then drops
     rounds (down to one, which cannot switch from the script's defaults: `confirm_reserve`
     keeps `PLANNED_ROUNDS` for it, so only a budget spent elsewhere comes to that). With
-    ``stretch``, time left over buys more rounds (up to `MAX_CONFIRM_ROUNDS`), so a run stopped
-    for its budget has used it.
+    ``stretch_to``, time left over buys more rounds, up to that many (`Stretch`).
     """
     if left_s is None:
         return rounds, window_s
@@ -289,6 +297,7 @@ def confirm_fit(rounds: int, window_s: float, entries: int, left_s: float | None
         window_s = max(least_s, left_s / (rounds * entries))
         if rounds * entries * window_s > left_s:
             rounds = max(1, int(left_s // (entries * window_s)))
-    elif stretch:
-        rounds = max(rounds, min(MAX_CONFIRM_ROUNDS, int(left_s // (entries * window_s))))
+    elif stretch_to is not None:
+        rounds = max(rounds, min(stretch_to, MAX_CONFIRM_ROUNDS,
+                                 int(left_s // (entries * window_s))))
     return rounds, window_s

@@ -167,8 +167,7 @@ class Tuner:
             self._note(Note.warning(note) if scorer.noise_scale is None else Note.info(note))
         left_s = settings.budget_s - self.elapsed() if settings.budget_s is not None else None
         c = confirm.finish(prober, self.state, self.found.known, left_s=left_s,
-                           stretch=stop is not None and stop.rule is Stop.BUDGET,
-                           scorer=scorer)
+                           stretch=stretch_for(stop), scorer=scorer)
         self.state = c.state
         self._save(self.state)  # what the confirmation's probes taught survives a crash too
         if c.front:
@@ -256,6 +255,19 @@ class Tuner:
         return scorer, (f"goodput: B_noise {value:.4g} (over {found} steps), {tail}; each "
                         f"config scores samples/s x its statistical efficiency against the "
                         f"script's global batch of {batch0}")
+
+
+def stretch_for(stop) -> fitting.Stretch:
+    """What the budget the search left buys (`fitting.Stretch`): all of it after a search that
+    stopped for the budget; after one that ended early (converged, the space answered, a
+    streak of duplicates), the rounds its best gain needs to be shown beyond doubt, so a gain
+    found early is not kept back for want of rounds while the budget sits unused; `--trials N`
+    bounds the run by count, and its confirmation keeps `--confirm-rounds`."""
+    if stop is not None and stop.rule is Stop.BUDGET:
+        return fitting.Stretch.ALL
+    if stop is not None and stop.rule is Stop.TRIALS:
+        return fitting.Stretch.NONE
+    return fitting.Stretch.NEEDED
 
 
 def _one_rank_best(known, c) -> float:
