@@ -43,14 +43,6 @@ CONFIRM_SHARE = 0.35  # of a time budget, at most, kept for the confirmation
 # noise target inside one process, and the spread between processes is what more rounds measure.
 CONFIRM_PROBE_FACTOR = 1.0
 MAX_CONFIRM_ROUNDS = 6  # leftover budget buys rounds up to this many
-
-
-class Stretch(enum.Enum):
-    """What budget the search left buys for the confirmation."""
-
-    NONE = "none"  # `--trials N` bounds the run by count: `--confirm-rounds` rounds
-    NEEDED = "needed"  # the search ended early: the rounds its gain and spread need
-    ALL = "all"  # the search stopped for its budget: what is left is the confirmation's
 ESSENTIAL_ENTRIES = 2  # the baseline and the best: what a short budget confirms at the least
 # What fitted search probes really took over what they were expected to take (they end once
 # tight, or pruned, often sooner): the budget plan counts that, from this many probes on, as
@@ -60,6 +52,14 @@ COST_MIN_PROBES = 2
 COST_HEADROOM = 1.2
 COST_WINDOW = 8
 COST_FACTOR_RANGE = (0.25, 1.5)
+
+
+class Stretch(enum.Enum):
+    """What budget the search left buys for the confirmation."""
+
+    NONE = "none"  # `--trials N` bounds the run by count: `--confirm-rounds` rounds
+    NEEDED = "needed"  # the search ended early: the rounds its gain and spread need
+    ALL = "all"  # the search stopped for its budget: what is left is the confirmation's
 
 
 @dataclass(frozen=True)
