@@ -77,8 +77,10 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=None,
                    help="one probe, grid and tune (default: fitted to the script, as tune does; "
                         "--example only)")
-    p.add_argument("--final-seconds", type=float, default=25.0,
-                   help="one side-by-side probe, or plain run with --shape")
+    p.add_argument("--final-seconds", type=float, default=None,
+                   help="one side-by-side probe, or plain run with --shape (default 25; with "
+                        "--shape, --grid-seconds: as long as every config of the grid needed "
+                        "to print its rate, a slow first step included)")
     p.add_argument("--rounds", type=int, default=3, help="side-by-side rounds")
     p.add_argument("--budget-share", type=float, default=None,
                    help="tune budget as a share of the grid's wall time (default 0.25; "
@@ -119,6 +121,8 @@ def main() -> int:
         if args.grid_rounds < 1 or args.grid_seconds <= 0:
             p.error(f"--grid-rounds >= 1 and --grid-seconds > 0 must hold, but got "
                     f"{args.grid_rounds} and {args.grid_seconds:g}")
+    if args.final_seconds is None:
+        args.final_seconds = args.grid_seconds if args.shape else 25.0
     try:
         space.parse_space(args.space)
     except UsageError as e:
