@@ -77,8 +77,9 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--confirm-rounds", type=_count, default=3, metavar="N",
                    help="interleaved re-measurements of the best two and the baseline "
                         "(default 3; a budget may hold fewer, or more when the search stops "
-                        "for it or ends early with a gain that needs them). The script's defaults are replaced only after 2 rounds at "
-                        "least, when the speed-up's 95%% interval, corrected for the "
+                        "for it or ends early with a gain that needs them). The script's "
+                        "defaults are replaced only after 2 rounds at least, when the "
+                        "speed-up's 95%% interval, corrected for the "
                         "candidates compared, lies above 1.0: with 1, or 0 (no "
                         "confirmation), they are kept")
     s.add_argument("--confirm-seconds", type=common.positive_float, metavar="S",

@@ -313,12 +313,21 @@ def rounds_needed(speedup: float, logs: Sequence[float], within: float, candidat
     rounds, for a gain under ``min_gain_rel``, or beyond `MAX_ROUNDS_NEEDED`."""
     if len(logs) < 2 or speedup - 1 <= min_gain_rel:
         return None
-    now, level = len(logs), level_for(candidates)
+    now = len(logs)
     m = sum(logs) / now
     sd = math.sqrt(sum((x - m) ** 2 for x in logs) / (now - 1))
-    gain = math.log(speedup)
-    for n in range(max(now + 1, MIN_ROUNDS), MAX_ROUNDS_NEEDED + 1):
-        w = math.log1p(within * _z(level) / 1.96 * math.sqrt(now / n))
+    return _fewest_rounds(math.log(speedup), sd, within * math.sqrt(now), level_for(candidates),
+                          start=max(now + 1, MIN_ROUNDS))
+
+
+def _fewest_rounds(gain: float, sd: float, within_one: float, level: float, *,
+                   start: int) -> int | None:
+    """The fewest rounds from ``start`` whose interval of the log speed-up ``gain`` lies above
+    0: the t-interval of rounds spread ``sd`` apart, and the probes' own relative interval
+    ``within_one`` of one round; both narrow as 1/sqrt(rounds). None beyond
+    `MAX_ROUNDS_NEEDED`."""
+    for n in range(start, MAX_ROUNDS_NEEDED + 1):
+        w = math.log1p(within_one * _z(level) / 1.96 / math.sqrt(n))
         if gain > max(w, t_quantile((1 + level) / 2, n - 1) * sd / math.sqrt(n)):
             return n
     return None
@@ -334,14 +343,8 @@ def rounds_planned(speedup: float, process_rel: float, within: float, candidates
     for a gain under ``min_gain_rel`` (nothing to show) or beyond `MAX_ROUNDS_NEEDED`."""
     if speedup - 1 <= min_gain_rel:
         return None
-    level = level_for(candidates)
-    sd = math.sqrt(2) * math.log1p(process_rel)
-    gain = math.log(speedup)
-    for n in range(MIN_ROUNDS, MAX_ROUNDS_NEEDED + 1):
-        w = math.log1p(within * _z(level) / 1.96 / math.sqrt(n))
-        if gain > max(w, t_quantile((1 + level) / 2, n - 1) * sd / math.sqrt(n)):
-            return n
-    return None
+    return _fewest_rounds(math.log(speedup), math.sqrt(2) * math.log1p(process_rel), within,
+                          level_for(candidates), start=MIN_ROUNDS)
 
 
 def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
