@@ -1,9 +1,13 @@
 """Allreduce by message size: the pure parts, and a real 2-rank gloo run on this host."""
 
+import os
+
 import pytest
 
+from autotune.launching.rank_command import PROJECT_ROOT
 from autotune.measuring import allreduce
 from autotune import LaunchError
+from fakes.gpu_host import fake_pynvml, write_nvml_config
 from probes import allreduce as rank_side
 
 MB = 1024 * 1024
@@ -66,3 +70,21 @@ def test_a_failing_probe_says_where_to_look(tmp_path):
     with pytest.raises(LaunchError, match="allreduce.log"):
         allreduce.measure(ranks=2, log_dir=tmp_path, min_bytes=8192, max_bytes=4096,
                           timeout_s=120)
+
+
+@pytest.mark.slow
+def test_cpu_ranks_on_a_host_with_cuda_take_gloo(tmp_path, monkeypatch):
+    # Two ranks and one GPU: the probe's ranks run on the CPU. A rank that chose NCCL because
+    # CUDA was there took cuda:LOCAL_RANK, and rank 1 failed with "invalid device ordinal"
+    # (seen on an H200). Here CUDA only looks present, as it would to such a rank.
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(
+        "import torch\ntorch.cuda.is_available = lambda: True\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shim), str(PROJECT_ROOT)]))
+    with fake_pynvml(monkeypatch, write_nvml_config(tmp_path, gpus=1)):
+        result = allreduce.measure(ranks=2, log_dir=tmp_path / "logs", cwd=str(tmp_path),
+                                   max_bytes=16384, seconds_per_size=0.05, timeout_s=180,
+                                   env=env)
+    assert result.backend == "gloo" and result.device == "cpu" and result.world_size == 2
+    assert [p.bytes for p in result.points] == [4096, 16384]

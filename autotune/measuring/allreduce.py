@@ -136,6 +136,10 @@ def measure(*, ranks: int = 2, log_dir: Path, cwd: str = ".",
     if device == "auto":  # the GPUs we may use: CUDA_VISIBLE_DEVICES honoured
         visible = host_gpus(base)
         device, instances, gpus = placement_for(instances, len(visible))
+    if device == "cpu":
+        # CPU ranks on a GPU host must not pick NCCL because CUDA is there: each would take
+        # cuda:LOCAL_RANK, and a host with fewer GPUs than ranks has no such device.
+        command += ("--backend", "gloo")
     spec = RanksSpec(command=command, instances=instances, gpus=gpus, cwd=cwd, log_dir=log_dir,
                      name="allreduce", marker=f"allreduce-{time.monotonic_ns()}", env=env,
                      launcher=launcher, device=device)
