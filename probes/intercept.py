@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 import time
+import weakref
 
 from probes import protocol
 from probes.meter import Meter
@@ -207,6 +208,12 @@ def _in_world() -> bool:
         return True
 
 
+def _loader_of(it):
+    """The DataLoader that made iterator ``it`` (None when unknown or gone)."""
+    ref = getattr(it, "_autotune_loader", None)
+    return ref() if ref is not None else None
+
+
 def _try_set(obj, name: str, value) -> None:
     try:
         setattr(obj, name, value)
@@ -314,7 +321,11 @@ class Interceptor:
         def __iter__(loader):
             it = base_iter(loader)
             try:
-                it._autotune_loader = loader
+                # Weakly: a persistent-worker loader holds its iterator, and a strong ref back
+                # would make a cycle that outlives the script's last use of the loader, so its
+                # workers would not be shut down in order (torch's exit hook then waits 5 s for
+                # each, on CUDA).
+                it._autotune_loader = weakref.ref(loader)
                 it._autotune_yielded = 0
             except AttributeError:
                 pass
@@ -361,7 +372,7 @@ class Interceptor:
         each rank's pace is its own, and ranks whose epochs ended at different steps would meet
         in different collectives.
         """
-        loader = getattr(it, "_autotune_loader", None)
+        loader = _loader_of(it)
         key = id(loader)
         cache = self._synthetic_cache.setdefault(key, [])
         filled = self._synthetic_fill.setdefault(key, [])  # (asked, got) of each cached batch
@@ -390,7 +401,7 @@ class Interceptor:
     def _drain(self, it, next_):
         """I/O mode: take over at the first training batch and only pull from the loader."""
         meter = self.meter
-        loader = getattr(it, "_autotune_loader", None)
+        loader = _loader_of(it)
         while True:
             got = 0
             while True:

@@ -96,3 +96,29 @@ def test_no_knobs_leaves_script_alone(write):
     assert result.returncode == 0, result.stderr
     assert "loader 32 2 4 True" in result.stdout
     assert "after 1" in result.stdout
+
+
+def test_a_loader_the_script_lets_go_of_is_freed_as_under_python(write):
+    # A persistent-worker loader keeps its iterator; an iterator that kept its loader made a
+    # cycle only the collector frees, so the loader's orderly shutdown did not run when the
+    # script dropped it. On CUDA (pin_memory) torch's exit hook then waited 5 s per worker.
+    script = write("drop.py", """
+        import gc, weakref
+        gc.disable()
+        from torch.utils.data import DataLoader
+
+        def train():
+            dl = DataLoader(list(range(64)), batch_size=8, num_workers=1,
+                            persistent_workers=True)
+            it = iter(dl)
+            next(it)
+            return weakref.ref(dl), weakref.ref(it)
+
+        refs = train()
+        print("alive", [r() is not None for r in refs])
+    """)
+    plain = run(script, boot=False)
+    booted = run(script)
+    assert plain.returncode == booted.returncode == 0, booted.stderr
+    assert "alive [False, False]" in plain.stdout
+    assert booted.stdout == plain.stdout
