@@ -347,3 +347,25 @@ def test_the_full_runs_devices_divide_a_global_batch():
     cpu = space.Machine(cores=8)
     assert baseline_probe.job_devices(two_hosts, cpu) == 2
     assert baseline_probe.job_devices(engines.Launcher(), cpu) == 1
+
+
+def test_first_moves_on_a_gpu_add_ranks_before_they_cut_a_lone_ranks_share():
+    # Compute binds (thread_pct, batch_size, instances): on a GPU one rank's share below 100%
+    # only slows it, and more ranks under MPS is the move (an H200 spent one of three probes
+    # on a lone rank at 25%, which ran 21% slower).
+    sp = build()
+    moves = sp.one_at_a_time(("thread_pct", "batch_size", "instances"))
+    assert moves[0] == {**sp.baseline, "instances": 4, "bucket_mb": 25}
+    assert not any(m["thread_pct"] != 100 and m["instances"] == 1 for m in moves)
+    assert [m["batch_size"] for m in moves[1:3]] == [16, 64]
+    # The share still comes with more ranks (two clients at half the GPU).
+    assert {**sp.baseline, "instances": 2, "thread_pct": 50, "bucket_mb": 25} in \
+        sp.initial_design(("thread_pct", "batch_size", "instances"))
+    # A data wait is still named first; the rank count keeps its place after it otherwise.
+    assert sp.one_at_a_time(("workers", "batch_size"))[0]["workers"] == 8
+    # Where the rank count is not searched, a lone rank's share is the only MPS move left.
+    fixed = build(fix=["instances=1"], ranges=["thread_pct=25:100"])
+    assert fixed.one_at_a_time(("thread_pct",))[0] == {**fixed.baseline, "thread_pct": 25}
+    # On the CPU nothing changes: threads first when compute binds.
+    cpu = build(space.Machine(cores=8, mem_available_bytes=64 * GIB, device="cpu"))
+    assert cpu.one_at_a_time(("thread_pct",))[0] == {**cpu.baseline, "thread_pct": 13}

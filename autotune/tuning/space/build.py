@@ -100,10 +100,19 @@ class Space:
 
         With a handful of noisy probes, learning each knob's direction first beats random
         starting points; `autotune.tuning.decision.combine` then joins the moves that paid off.
+
+        On a GPU whose one rank may be joined by others (``instances`` searched), the rank count
+        moves before the share, and the lone rank's share does not move at all: a share below
+        100% only takes streaming multiprocessors from a rank that has the GPU to itself, and
+        the share matters once ranks share it (`initial_design`'s two clients at half, then the
+        search). On an H200 a 2-minute budget spent one of its three probes on that move.
         """
         out = []
-        order = [n for n in first if n in self.names] + \
-            [n for n in self.names if n not in first]
+        names = list(self.names)
+        if self._ranks_may_share_the_gpu():  # the rank count takes the share's place
+            first = list(dict.fromkeys("instances" if n == "thread_pct" else n for n in first))
+            names = [n for n in names if n != "thread_pct"]
+        order = [n for n in first if n in names] + [n for n in names if n not in first]
         for n in order:
             values = self.domains[n]
             i = self.index(n, self.baseline.get(n, values[0]))
@@ -116,6 +125,11 @@ class Space:
                 if self.key(cfg) != self.key(self.baseline) and cfg not in out:
                     out.append(cfg)
         return out
+
+    def _ranks_may_share_the_gpu(self) -> bool:
+        """A GPU space whose baseline is one rank per GPU and whose rank count is searched."""
+        return (self.device == "gpu" and self.baseline.get("instances", 1) == 1
+                and len(self.domains.get("instances", ())) > 1)
 
     def batch_walk(self, line: Mapping[int, float | None], *,
                    min_gain_rel: float) -> dict[str, int] | None:
