@@ -280,10 +280,11 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
     names = [n for n, _ in entries]
     cfgs = dict(entries)
 
-    def searched(name: str) -> Round:  # what the search measured of an entry
-        if name == "baseline":
+    def searched(name: str) -> Round:  # what the search measured of an entry (the
+        key = space.key(cfgs[name])  # baseline: the mean of its two processes, if measured)
+        if name == "baseline" and key not in known:
             return Round(baseline.samples_per_s, baseline.ci_half, baseline.energy)
-        k = known[space.key(cfgs[name])]
+        k = known[key]
         return Round(k.value, k.ci_half, k.energy)
 
     windows = dict(zip(names, probe_windows(prober, state, known, [c for _, c in entries])))

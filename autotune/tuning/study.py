@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -101,13 +101,18 @@ def best_comparable(trials: list[FrozenTrial]) -> FrozenTrial | None:
     return max(ok, key=lambda t: t.values[0], default=None)
 
 
-def best_floor(trials: list[FrozenTrial]) -> float | None:
+def best_floor(trials: list[FrozenTrial], revised: Mapping[int, float] | None = None
+               ) -> float | None:
     """The highest lower end of a comparable trial's interval: what a probe must be able to
     reach. A lucky high reading with a wide (or unknown) interval sets no bar. The interval is
-    the score's (``score_ci_half``: goodput scales it with the value), else the throughput's."""
+    the score's (``score_ci_half``: goodput scales it with the value), else the throughput's.
+    ``revised``: trial number -> a lower end measured since (a trial's value is immutable)."""
     floors = []
+    revised = revised or {}
     for t in trials:
-        if comparable(t):
+        if t.number in revised:
+            floors.append(revised[t.number])
+        elif comparable(t):
             ci = t.user_attrs.get("score_ci_half", t.user_attrs.get("ci_half"))
             if isinstance(ci, (int, float)) and ci == ci and ci != float("inf"):
                 floors.append(t.values[0] - ci)  # a two-objective study: its samples/s
@@ -125,6 +130,8 @@ class IntervalPruner(BasePruner):
         self.margin_rel = margin_rel
         self.min_measure_s = min_measure_s
         self._latest: dict[int, tuple[float, float]] = {}  # number -> (ci_half, measured_s)
+        # number -> the lower end of its interval as measured since (`best_floor`)
+        self.revised: dict[int, float] = {}
 
     def observe(self, number: int, ci_half: float, measured_s: float) -> None:
         self._latest[number] = (ci_half, measured_s)
@@ -136,7 +143,8 @@ class IntervalPruner(BasePruner):
         ci_half, measured_s = self._latest[trial.number]
         if measured_s < self.min_measure_s:
             return False
-        floor = best_floor(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+        floor = best_floor(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
+                           self.revised)
         return decision.cannot_reach(trial.intermediate_values[step], ci_half, floor,
                                    margin_rel=self.margin_rel)
 
