@@ -208,6 +208,18 @@ def _in_world() -> bool:
         return True
 
 
+class _Held:
+    """A loader held strongly, called as a weak reference is."""
+
+    __slots__ = ("loader",)
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __call__(self):
+        return self.loader
+
+
 def _loader_of(it):
     """The DataLoader that made iterator ``it`` (None when unknown or gone)."""
     ref = getattr(it, "_autotune_loader", None)
@@ -321,11 +333,14 @@ class Interceptor:
         def __iter__(loader):
             it = base_iter(loader)
             try:
-                # Weakly: a persistent-worker loader holds its iterator, and a strong ref back
-                # would make a cycle that outlives the script's last use of the loader, so its
-                # workers would not be shut down in order (torch's exit hook then waits 5 s for
-                # each, on CUDA).
-                it._autotune_loader = weakref.ref(loader)
+                # A persistent-worker loader holds its iterator: a strong ref back would make a
+                # cycle that outlives the script's last use of the loader, so its workers would
+                # not be shut down in order (torch's exit hook then waits 5 s for each, on
+                # CUDA). Other loaders are held, so that ``for b in DataLoader(...)`` keeps its
+                # loader for the io mode's next epoch.
+                it._autotune_loader = weakref.ref(loader) \
+                    if getattr(loader, "persistent_workers", False) else _Held(loader)
+                it._autotune_key = getattr(loader, "_autotune_tag", id(loader))
                 it._autotune_yielded = 0
             except AttributeError:
                 pass
@@ -372,8 +387,7 @@ class Interceptor:
         each rank's pace is its own, and ranks whose epochs ended at different steps would meet
         in different collectives.
         """
-        loader = _loader_of(it)
-        key = id(loader)
+        key = getattr(it, "_autotune_key", None)
         cache = self._synthetic_cache.setdefault(key, [])
         filled = self._synthetic_fill.setdefault(key, [])  # (asked, got) of each cached batch
         yielded = getattr(it, "_autotune_yielded", 0)

@@ -467,7 +467,7 @@ class Search:
         their difference: two processes cannot say more. (The study keeps the first figure as
         the trial's value, which Optuna never changes; its sampler sees that one.) A first
         figure that was a lucky high no longer hides a real gain: nanoGPT's shape read 202.6
-        then 179.0 samples/s, and moves of +5% on the truth stood at -3% against the first."""
+        then 179.0 samples/s, and a move 5% above their mean stood 1% below the first."""
         key = self.space.key(self.space.baseline)
         k = self.known.get(key)
         if k is None or measured.first is None or measured.second is None:
