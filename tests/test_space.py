@@ -333,6 +333,40 @@ def test_the_batch_walks_on_the_way_it_paid_off(line, then):
         assert nxt == {**sp.baseline, "batch_size": then}
 
 
+# minGPT's shape by the script's own clock (bench/benchmarks.md): 32 -> 32.0, 64 -> 42.5, and the
+# grid's 128 -> 52, 256 -> 56.7. t(b) = b / rate fitted through 32 and 64 predicts 50.9 and 56.4.
+@pytest.mark.parametrize("line, blocked, then", [
+    ({32: 32.0, 16: 24.0, 64: 42.5}, (), 256),  # the gain goes on: the walk jumps to where it ends
+    ({32: 32.0, 16: 24.0, 64: 42.5}, (256,), 128),  # ...never onto a batch an OOM rules out
+    ({32: 100.0, 16: 95.0, 64: 104.0}, (), 128),  # +4%: the model sees ~3% more: one step
+    ({32: 100.0, 16: 120.0, 64: 90.0}, (), 8),  # smaller paid off: no fixed part explains it
+    ({32: 32.0, 64: 42.5, 256: None}, (), 128),  # the far end ran out of memory: back one step
+    ({32: 32.0, 64: 42.5, 256: 40.0}, (), 128),  # the far end fell short: the step between
+])
+def test_the_batch_walk_jumps_where_the_step_time_model_says_the_gain_ends(line, blocked, then):
+    sp = build()  # batch 8..256, the script's 32
+    nxt = sp.batch_walk(line, min_gain_rel=0.03, rates=True, blocked=lambda b: b in blocked)
+    assert nxt == {**sp.baseline, "batch_size": then}
+    # the same line scored in anything but samples/s walks one step at a time
+    one = sp.batch_walk(line, min_gain_rel=0.03, rates=False)
+    assert one is None or abs(sp.index("batch_size", one["batch_size"])
+                              - sp.index("batch_size", max((b for b in line if line[b]),
+                                                           key=lambda b: line[b]))) == 1
+
+
+def test_the_step_time_model_fits_a_fixed_part_and_a_part_per_sample():
+    from autotune.tuning.space.build import jump_along
+
+    # t(b) = 0.5 + 0.01 b exactly: rates at 10, 20 and 40 give back the same model
+    rates = {b: b / (0.5 + 0.01 * b) for b in (10, 20, 40)}
+    # predicted 61.5, 76.2, 86.5 and 92.8 samples/s: the nearest within the gain of the best
+    assert jump_along(rates, [80, 160, 320, 640], 0.03) == 640
+    assert jump_along(rates, [80, 160, 320, 640], 0.10) == 320  # 640 adds 7%: within 10%
+    assert jump_along(rates, [80, 160, 320, 640], 0.25) == 160
+    assert jump_along({10: 50.0}, [20, 40], 0.03) is None  # one point: no model
+    assert jump_along({10: 50.0, 20: 40.0}, [40], 0.03) is None  # no fixed part
+
+
 def test_the_first_moves_follow_what_binds_the_baseline():
     from autotune.measuring.breakdown import Breakdown
 

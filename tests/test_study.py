@@ -821,3 +821,21 @@ def test_moves_are_judged_against_the_mean_of_the_baselines_two_processes(tmp_pa
     base = t.found.known[t.state.space.key(t.state.space.baseline)]
     assert base.value == pytest.approx(100.0) and base.ci_half == pytest.approx(20.0)
     assert report.best.knobs["batch_size"] == 64 and not report.kept_baseline
+
+
+def test_a_batch_walk_that_keeps_paying_jumps_where_the_step_time_model_says_it_ends(
+        tmp_path, machine):
+    """A step costs 0.5 s plus 10 ms a sample (minGPT's shape is of this kind): from the
+    script's 16, batch 32 gains 32%. One step at a time the walk needs three more probes to
+    reach the largest batch; the step-time model fitted to 16 and 32 sends it there next,
+    and the search picks it."""
+    fake = FakeProbe(lambda k: k["batch_size"] / (0.5 + 0.01 * k["batch_size"]))
+    told = []
+    report, t, _ = tune(tmp_path, fake, trials=6, confirm_rounds=2, notify=told.append,
+                        fix_tokens=("workers=0", "instances=1", "threads=2"))
+    top = max(t.state.space.domains["batch_size"])
+    batches = [k.get("batch_size") for k in fake.measured()[1:]]
+    assert batches[:3] == [8, 32, top], (batches, t.state.space.domains["batch_size"])
+    assert any(n.text.startswith(f"batch: batch_size={top}") and "steps past 32" in n.text
+               for n in told), [n.text for n in told]
+    assert report.best.knobs["batch_size"] == top and not report.kept_baseline

@@ -383,7 +383,9 @@ class Search:
 
     def _maybe_walk(self) -> None:
         """One more per-rank batch along the baseline's line, in the direction that paid off
-        (`Space.batch_walk`), queued next unless it is queued already or ruled out by an OOM."""
+        (`Space.batch_walk`: one step, or where the step-time model says the gain ends when the
+        study's score is samples/s), queued next unless it is queued already or ruled out by
+        an OOM."""
         sp = self.space
         if "batch_size" not in sp.domains:
             return
@@ -393,7 +395,11 @@ class Search:
             if self._off_batch(k.cfg) == others:
                 line[int(sp.canonical(k.cfg)["batch_size"])] = \
                     None if k.infeasible else self._score(k).value
-        nxt = sp.batch_walk(line, min_gain_rel=decision.MIN_GAIN_REL)
+        rates = self.settings.objective.kinds == (objective.Kind.THROUGHPUT,)
+        nxt = sp.batch_walk(line, min_gain_rel=decision.MIN_GAIN_REL, rates=rates,
+                            blocked=lambda b: decision.oom_blocks(
+                                sp.config({**sp.baseline, "batch_size": b}), self.ooms)
+                            is not None)
         if nxt is None or decision.oom_blocks(nxt, self.ooms):
             return
         key = sp.key(nxt)
@@ -401,8 +407,12 @@ class Search:
         if any(self._key_of(t) == key for t in waiting):
             return
         self.handle.enqueue(sp.choice_from_config(nxt), {"design": "batch-walk"})
-        self.prober.tell(Note.info(f"batch: {knobs_text(nxt)} next, one step further the way "
-                                   f"the batch paid off"))
+        best = max((b for b, v in line.items() if v is not None), key=lambda b: line[b])
+        steps = abs(sp.index("batch_size", nxt["batch_size"]) - sp.index("batch_size", best))
+        how = ("one step further the way the batch paid off" if steps == 1 else
+               f"{steps} steps past {best}: the step-time model fitted to the batches measured "
+               f"sees the gain go on that far")
+        self.prober.tell(Note.info(f"batch: {knobs_text(nxt)} next, {how}"))
 
     def _off_batch(self, cfg: Mapping[str, int]) -> dict[str, int]:
         """Every knob of ``cfg`` but the per-rank batch, canonical."""
