@@ -417,3 +417,27 @@ def test_ranks_a_framework_starts_itself_count_in_the_global_batch():
     old = sp.to_dict()
     del old["own_world"]
     assert space.Space.from_dict(old).job_batch(sp.baseline) == 32
+
+
+@pytest.mark.parametrize("entries, kept", [
+    # the best changes the batch, the runner-up keeps it: the batch-keeping alternative stays
+    ([("baseline", {}), ("best", {"batch_size": 64}), ("runner", {"workers": 2})],
+     ["baseline", "best", "runner"]),
+    # both change the batch and nothing measured keeps it: the runner-up is no alternative
+    ([("baseline", {}), ("best", {"batch_size": 64}), ("runner", {"batch_size": 16})],
+     ["baseline", "best"]),
+    # the best keeps the batch: the runner-up is left out
+    ([("baseline", {}), ("best", {"workers": 2}), ("runner", {"batch_size": 64})],
+     ["baseline", "best"]),
+    # neither of the two keeps it and a third does: that one stays, the runner-up goes
+    ([("baseline", {}), ("best", {"batch_size": 64}), ("runner", {"batch_size": 16}),
+      ("keeper", {"workers": 2})], ["baseline", "best", "keeper"]),
+    ([("baseline", {}), ("best", {"batch_size": 64})], ["baseline", "best"]),
+])
+def test_a_budget_confirms_the_best_and_only_a_batch_keeping_alternative_beside_it(entries,
+                                                                                   kept):
+    from autotune.tuning import confirm
+
+    sp = build()
+    full = [(n, sp.config({**sp.baseline, **c})) for n, c in entries]
+    assert [n for n, _ in confirm.essential(sp, full)] == kept

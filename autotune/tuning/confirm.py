@@ -19,7 +19,7 @@ from autotune import Note
 from autotune.measuring import bottleneck
 from autotune.measuring.energy import EnergyPerSample
 from autotune.tuning import decision, fitting, objective
-from autotune.tuning.decision import KEPT, MIN_ROUNDS, PLANNED_ROUNDS, Choice, Measured
+from autotune.tuning.decision import KEPT, MIN_ROUNDS, Choice, Measured
 from autotune.tuning.prober import Prober
 from autotune.tuning.records import Known, Scored, TuneSettings
 from autotune.tuning.space import Space
@@ -99,18 +99,21 @@ def candidates(space: Space, known: Mapping[tuple, Known],
 
 
 def essential(space: Space, entries: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
-    """``entries`` (`candidates`) without the runner-up, where there is one that is neither the
-    best nor the batch-keeping alternative: what a budget too short for `PLANNED_ROUNDS` rounds
-    of all of them confirms. Three rounds of two configs cost what two of three do, and decide
-    far more: one candidate's interval at 95% over two degrees of freedom (t 4.3) against two
-    candidates' at 97.5% over one (t 25.5)."""
+    """``entries`` (`candidates`) without the runner-up, unless it is the batch-keeping
+    alternative (the only entry but the baseline that trains with the script's own batch,
+    beside a best that does not): what a confirmation under a budget measures. A budget fixes
+    the confirmation's time, and the runner-up's probes buy rounds of the best and the
+    baseline instead, which decide far more: one candidate's interval at 95% over three degrees
+    of freedom (t 3.2) against two candidates' at 97.5% over two (t 6.2). nanoGPT's shape lost
+    a +20.7% switch to that (0.990x-1.473x over 3 rounds of three; 1.05x-1.39x at one
+    candidate)."""
     if len(entries) < 3:
         return list(entries)
-    best_name, best_cfg = entries[1]
-    keeper = space.keeps_batch(best_cfg) or any(space.keeps_batch(c) for _, c in entries[3:])
-    if not keeper:  # the runner-up is the batch-keeping alternative: needed
+    (_, best_cfg), (_, runner_cfg), extra = entries[1], entries[2], entries[3:]
+    if space.keeps_batch(runner_cfg) and not space.keeps_batch(best_cfg) and \
+            not any(space.keeps_batch(c) for _, c in extra):
         return list(entries)
-    return [entries[0], entries[1], *entries[3:]]
+    return [entries[0], entries[1], *extra]
 
 
 def _remeasure(prober: Prober, state: TuneState, entries, rounds: int,
@@ -268,15 +271,13 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
     entries = candidates(space, known, scorer)
     rounds = settings.confirm_rounds
     few = essential(space, entries)
-    if len(few) < len(entries) and left_s is not None and rounds >= PLANNED_ROUNDS and \
-            sum(entry_probe_s(prober, state, known, c) for _, c in entries) * PLANNED_ROUNDS \
-            > left_s:
+    if len(few) < len(entries) and left_s is not None:
         dropped = entries[2][0]
         entries = few
         state = prober.note(state, Note.info(
-            f"confirmation: the {max(left_s, 0):.0f} s of the budget left hold too few rounds of "
-            f"the runner-up ({dropped}) beside the best and the baseline; it is left out, as "
-            f"rounds decide more than a third config does"))
+            f"confirmation: the runner-up ({dropped}) is left out: under a budget its probes "
+            f"buy rounds of the best and the baseline, which decide more than a third config "
+            f"does"))
     names = [n for n, _ in entries]
     cfgs = dict(entries)
 

@@ -47,11 +47,13 @@ class SearchResult:
 
 
 def budget_plan(prober: Prober, state: TuneState, left_s: float) -> fitting.Plan:
-    """What ``left_s`` of the budget holds after the baseline (`fitting.plan`)."""
+    """What ``left_s`` of the budget holds after the baseline (`fitting.plan`), the
+    confirmation measuring the best and the baseline (`confirm.essential`)."""
     probe_s = prober.typical_s(state)
     return fitting.plan(left_s, state.settings.budget_s, probe_s,
                         confirm_rounds=max(1, state.settings.confirm_rounds),
-                        confirm_probe_s=prober.confirm_probe_s(state, probe_s))
+                        confirm_probe_s=prober.confirm_probe_s(state, probe_s),
+                        entries=fitting.ESSENTIAL_ENTRIES)
 
 
 def open_study(prober: Prober, state: TuneState, *, resume: bool) -> studies.StudyHandle:
@@ -504,17 +506,18 @@ class Search:
         return self._reserve_of(entries)
 
     def _reserve_of(self, entries: list[tuple[str, dict]]) -> float:
-        """All the confirmation's rounds of ``entries`` within its share of the budget, and at
-        the least `decision.PLANNED_ROUNDS` rounds of the `confirm.essential` ones (the runner-up
-        goes first when the budget is short: `confirm.finish`)."""
+        """All the confirmation's rounds of the `confirm.essential` ``entries`` (under a budget
+        the runner-up is left out: `confirm.finish`) within its share of the budget, and at the
+        least `decision.PLANNED_ROUNDS` rounds of them."""
         s = self.settings
+        entries = confirm.essential(self.space, entries)  # what a budget confirms
         if len(entries) < 2 or s.confirm_rounds == 0:
             return 0.0
         cfgs = [c for _, c in entries]
         windows = confirm.probe_windows(self.prober, self.state, self.known, cfgs)
         floor = dict(zip((n for n, _ in entries), windows))
         one_round = sum(min(confirm.entry_probe_s(self.prober, self.state, self.known, c),
-                            floor[n]) for n, c in confirm.essential(self.space, entries))
+                            floor[n]) for n, c in entries)
         full = s.confirm_rounds * sum(windows)
         return fitting.confirm_reserve(s.budget_s, full, one_round, rounds=s.confirm_rounds)
 
