@@ -105,7 +105,7 @@ def essential(space: Space, entries: list[tuple[str, dict]]) -> list[tuple[str, 
     the confirmation's time, and the runner-up's probes buy rounds of the best and the
     baseline instead, which decide far more: one candidate's interval at 95% over three degrees
     of freedom (t 3.2) against two candidates' at 97.5% over two (t 6.2). nanoGPT's shape lost
-    a +20.7% switch to that (0.990x-1.473x over 3 rounds of three; 1.05x-1.39x at one
+    a +20.7% switch to that (0.990x-1.473x over 3 rounds of three; 1.052x-1.386x at one
     candidate)."""
     if len(entries) < 3:
         return list(entries)
