@@ -399,9 +399,7 @@ class Search:
                     None if k.infeasible else self._score(k).value
         rates = self.settings.objective.kinds == (objective.Kind.THROUGHPUT,)
         nxt = sp.batch_walk(line, min_gain_rel=decision.MIN_GAIN_REL, rates=rates,
-                            blocked=lambda b: decision.oom_blocks(
-                                sp.config({**sp.baseline, "batch_size": b}), self.ooms)
-                            is not None)
+                            blocked=self._walk_blocks)
         if nxt is None or decision.oom_blocks(nxt, self.ooms):
             return
         key = sp.key(nxt)
@@ -415,6 +413,20 @@ class Search:
                f"{steps} steps past {best}: the step-time model fitted to the batches measured "
                f"sees the gain go on that far")
         self.prober.tell(Note.info(f"batch: {knobs_text(nxt)} next, {how}"))
+
+    def _walk_blocks(self, batch: int) -> bool:
+        """Whether a batch walk's jump may not land on ``batch`` (the baseline's other knobs):
+        at or above one that ran out of memory, or, under a budget, a probe longer than what
+        the budget left beside the confirmation holds (a larger batch's probe is longer; cut
+        short, it measures nothing)."""
+        sp, s = self.space, self.settings
+        cfg = sp.config({**sp.baseline, "batch_size": batch})
+        if decision.oom_blocks(cfg, self.ooms) is not None:
+            return True
+        if s.budget_s is None or s.seconds:
+            return False
+        left = s.budget_s - self.elapsed() - self._reserve_s(cfg)
+        return left < self.prober.probe_s(self.state, *sp.trial_knobs(cfg))
 
     def _off_batch(self, cfg: Mapping[str, int]) -> dict[str, int]:
         """Every knob of ``cfg`` but the per-rank batch, canonical."""

@@ -145,8 +145,10 @@ class Space:
         (`jump_along`) fitted to the line says the gain goes on past it: then the nearest batch
         beyond which the model sees no more than ``min_gain_rel``. minGPT's shape gained 33%
         from 32 to 64 and its grid's best was 256, three steps away at ~1 min a probe; the model
-        from 32 and 64 put 256 within 1% of what the grid measured. ``blocked``: a batch ruled
-        out (at or above one that ran out of memory); a jump never lands on one."""
+        from 32 and 64 put 256 within 1% of what the grid measured. ``blocked``: a batch a
+        jump may not land on (at or above one that ran out of memory, a probe the budget left
+        cannot hold); a jump stops short of the first, and one step is taken whatever it says
+        (the search decides whether that step's probe fits)."""
         if "batch_size" not in self.domains or "batch_size" not in self.baseline:
             return None
         values = self.domains["batch_size"]
