@@ -441,3 +441,26 @@ def test_a_budget_confirms_the_best_and_only_a_batch_keeping_alternative_beside_
     sp = build()
     full = [(n, sp.config({**sp.baseline, **c})) for n, c in entries]
     assert [n for n, _ in confirm.essential(sp, full)] == kept
+
+
+@pytest.mark.parametrize("keeper_value, confirmed", [(90.0, False), (105.0, True)])
+def test_a_batch_keeping_alternative_is_confirmed_only_if_it_beat_the_baseline(keeper_value,
+                                                                               confirmed):
+    """word_lm's shape: the best two change the batch, and the one config that keeps it (a
+    thread cut) measured 0.6x the baseline; confirming it beside the winner in every round
+    only widened the winner's interval. One measured above the baseline is confirmed."""
+    from autotune.measuring.outcome import Outcome
+    from autotune.tuning import confirm, objective
+    from autotune.tuning.records import Known
+
+    sp = build()  # the script's batch 32, thread_pct 100
+    cfgs = {0: {}, 1: {"batch_size": 64}, 2: {"batch_size": 16}, 3: {"thread_pct": 50}}
+    values = {0: 100.0, 1: 130.0, 2: 110.0, 3: keeper_value}
+    known = {}
+    for n, c in cfgs.items():
+        cfg = sp.config({**sp.baseline, **c})
+        known[sp.key(cfg)] = Known(n, Outcome.OK, values[n], 2.0, cfg)
+    entries = confirm.candidates(sp, known, objective.Scorer(objective.Objective()))
+    names = [n for n, _ in entries]
+    assert names[:3] == ["baseline", "trial-1", "trial-2"]
+    assert ("trial-3" in names) is confirmed
