@@ -197,3 +197,30 @@ def test_bench_search_prints_every_noise_entry_of_the_tunes_summary():
     assert search.noise_fields(summary) == [("process_noise", {"between_rel": 0.01}),
                                             ("probes.best.noise", None)]
     assert search.brief(None) == "(none in this summary)"
+
+
+def test_bench_search_sets_the_grids_own_figure_beside_the_side_by_side():
+    """A side by side that cannot tell the grid's best from the defaults passes a tune that kept
+    them; the grid's own rounds, which put its best at 1.18x the defaults, are reported beside
+    it (not the gate: the best of many noisy figures runs high)."""
+    search = _bench("search_shape")
+    from autotune.tuning import space
+
+    sp = space.build(space.Machine(cores=2, mem_available_bytes=16 * 2**30),
+                     space.Baseline(batch_size=12, workers=0), space.SpaceRequest(
+                         ranges=space.parse_space(["batch_size=12:96"]),
+                         fixed=space.parse_fix(["workers=0", "thread_pct=100"])))
+    configs = sp.configs()
+    assert [c["batch_size"] for c in configs] == [12, 16, 32, 64, 96]
+    grid = search.ClockGrid(configs, runs=[None] * 5, cost_s=1.0,
+                            rates=[[150.2, 171.6], [None, 174.0], [182.0, 183.0],
+                                   [180.6, 192.8], [183.4, 196.1]])
+    assert grid.configs[grid.best]["batch_size"] == 96
+    kept = grid.ratio_to_best(sp, sp.baseline)
+    assert kept == pytest.approx((150.2 + 171.6) / (183.4 + 196.1))
+    assert not search.grid_agrees(kept)
+    assert grid.ratio_to_best(sp, {**sp.baseline, "batch_size": 16}) == pytest.approx(
+        174.0 / ((183.4 + 196.1) / 2))  # a round without a figure is left out
+    assert search.grid_agrees(grid.ratio_to_best(sp, {**sp.baseline, "batch_size": 32}))
+    assert grid.ratio_to_best(sp, {**sp.baseline, "batch_size": 1000}) is None  # not in it
+    assert search.grid_agrees(None)
