@@ -840,3 +840,21 @@ def test_a_batch_walk_that_keeps_paying_jumps_where_the_step_time_model_says_it_
     assert any(n.text.startswith(f"batch: batch_size={top}") and "steps past 32" in n.text
                for n in told), [n.text for n in told]
     assert report.best.knobs["batch_size"] == top and not report.kept_baseline
+
+
+def test_convergence_counts_gains_over_the_mean_of_the_baselines_two_processes(tmp_path,
+                                                                               machine):
+    """The baseline reads 120, then 80 (truth 100): judged against the first figure nothing
+    the search finds is a gain and it converges six probes in; against the mean, batch 32
+    (106) and 64 (112) are, and the rule waits six probes after the last of them."""
+    fake = _first_high_then_low()
+    report, t, _ = tune(tmp_path, fake, trials=40, confirm_rounds=0,
+                        fix_tokens=("workers=0", "instances=1"))
+    assert report.stop_reason.rule is Stop.CONVERGED, report.stop_reason
+    searched = [s for s in fake.specs
+                if s.ranks.name.startswith("trial-") or s.ranks.name == "baseline-again"]
+    names = [s.ranks.name for s in searched]
+    after = names[[s.ranks.knobs.get("batch_size") for s in searched].index(64) + 1:]
+    after = [n for n in after if n != "baseline-again"]
+    patience = decision.Convergence().patience
+    assert len(after) >= patience, names
