@@ -215,6 +215,11 @@ def test_confirmation_fits_what_is_left_of_the_budget():
     # ...down to a search probe's length, then rounds go
     assert confirm_fit(3, 30.0, 3, 150.0, 20.0) == (2, 20.0)
     assert confirm_fit(3, 30.0, 3, 10.0, 20.0) == (1, 20.0)  # never shorter than a search probe
+    # ...except where one round (which cannot switch) would leave the budget unspent, and two
+    # of probes at 80% of the search's or more fit: minGPT's shape, 200 s for rounds of 107 s
+    assert confirm_fit(3, 53.5, 2, 200.0, 53.5) == (2, 50.0)
+    assert confirm_fit(3, 53.5, 2, 160.0, 53.5) == (1, 53.5)  # 40 s probes: too short
+    assert confirm_fit(1, 53.5, 2, 100.0, 53.5) == (1, 53.5)  # --confirm-rounds 1: as asked
     # a search stopped by its budget: what is left buys rounds, up to the most
     most = MAX_CONFIRM_ROUNDS
     assert confirm_fit(3, 30.0, 3, 450.0, 20.0, stretch_to=most) == (5, 30.0)

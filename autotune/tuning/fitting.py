@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 
 from autotune.measuring import steady
 from autotune.measuring.outcome import STALL_STEPS
-from autotune.tuning.decision import PLANNED_ROUNDS
+from autotune.tuning.decision import MIN_ROUNDS, PLANNED_ROUNDS
 
 TARGET_REL = 0.05  # a search probe ends once its 95% half-width is this share of its mean
 MIN_WINDOWS = 6  # estimate windows a probe measures at least (steady.batch_means_ci needs 4)
@@ -44,6 +44,10 @@ CONFIRM_SHARE = 0.35  # of a time budget, at most, kept for the confirmation
 CONFIRM_PROBE_FACTOR = 1.0
 MAX_CONFIRM_ROUNDS = 6  # leftover budget buys rounds up to this many
 ESSENTIAL_ENTRIES = 2  # the baseline and the best: what a short budget confirms at the least
+# A confirmation that would get one round at the search probes' lengths (which cannot switch)
+# takes the two a switch needs instead when probes this share of those lengths fit: minGPT's
+# shape had 200 s for rounds of 107 s, ran one, and left 96 s of its 6-minute budget unspent.
+SHORTEST_SHARE = 0.8
 # What fitted search probes really took over what they were expected to take (they end once
 # tight, or pruned, often sooner): the budget plan counts that, from this many probes on, as
 # the most any of the last `COST_WINDOW` took (a probe started on less would be cut before it
@@ -288,15 +292,21 @@ def confirm_fit(rounds: int, window_s: float, entries: int, left_s: float | None
     Variance lives between processes more than within one, so rounds are kept before length:
     a short budget first shortens the probes (down to ``least_s``, a search probe's), then drops
     rounds (down to one, which cannot switch from the script's defaults: `confirm_reserve`
-    keeps `PLANNED_ROUNDS` for it, so only a budget spent elsewhere comes to that). With
+    keeps `PLANNED_ROUNDS` for it, so only a budget spent elsewhere comes to that; where two
+    rounds of probes `SHORTEST_SHARE` of ``least_s`` fit, it takes those instead). With
     ``stretch_to``, time left over buys more rounds, up to that many (`Stretch`).
     """
     if left_s is None:
         return rounds, window_s
+    asked = rounds
     if rounds * entries * window_s > left_s:
         window_s = max(least_s, left_s / (rounds * entries))
         if rounds * entries * window_s > left_s:
             rounds = max(1, int(left_s // (entries * window_s)))
+            two = min(MIN_ROUNDS, asked)
+            if rounds < two and left_s >= two * entries * SHORTEST_SHARE * least_s:
+                # one round cannot switch; two of probes a little shorter than the search's can
+                rounds, window_s = two, left_s / (two * entries)
     elif stretch_to is not None:
         rounds = max(rounds, min(stretch_to, MAX_CONFIRM_ROUNDS,
                                  int(left_s // (entries * window_s))))
