@@ -252,7 +252,6 @@ def rank_knobs(cfg: Mapping[str, int], *, cores: int, device: str,
     return knobs, c.get("instances", 1)
 
 
-
 def jump_along(rates: Mapping[int, float], ahead: Sequence[int],
                min_gain_rel: float) -> int | None:
     """Where a batch walk should land among ``ahead`` (the unmeasured batches past the best, in
