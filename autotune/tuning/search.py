@@ -315,8 +315,7 @@ class Search:
         spec = self.prober.spec(self.state, knobs, instances, label)
         if self.settings.budget_s is not None and not self.settings.seconds:
             # a config longer than the typical one ends where the budget's search part does
-            left = self.settings.budget_s - self.elapsed() - self._reserve_s(cfg)
-            need_s = self.prober.probe_s(self.state, knobs, instances)
+            left, need_s = self._room(cfg)
             if left < SQUEEZE_LEAST * need_s:
                 # it would end before it measured: left out, the search goes on with configs
                 # that fit (a larger batch's probes are longer) until a few in a row did not
@@ -432,8 +431,14 @@ class Search:
             return True
         if s.budget_s is None or s.seconds:
             return False
-        left = s.budget_s - self.elapsed() - self._reserve_s(cfg)
-        return left < self.prober.probe_s(self.state, *sp.trial_knobs(cfg))
+        left, need_s = self._room(cfg)
+        return left < need_s
+
+    def _room(self, cfg: Mapping[str, int]) -> tuple[float, float]:
+        """Under a budget: what is left of it beside the confirmation's reserve should ``cfg``
+        join the candidates, and what a probe of ``cfg`` takes (s)."""
+        left = self.settings.budget_s - self.elapsed() - self._reserve_s(cfg)
+        return left, self.prober.probe_s(self.state, *self.space.trial_knobs(cfg))
 
     def _off_batch(self, cfg: Mapping[str, int]) -> dict[str, int]:
         """Every knob of ``cfg`` but the per-rank batch, canonical."""
