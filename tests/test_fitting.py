@@ -45,6 +45,20 @@ def test_a_larger_batch_or_fewer_threads_stretch_the_probe():
     assert fitting.limits(SLOW, {"batch_size": 32}, 2).expected_s > base.expected_s
 
 
+def test_the_least_a_probe_measures_in_holds_its_first_batch_warm_up_and_windows():
+    """Below its least a probe ends with no signal; the least stretches with the step, warm-up
+    included (a guess is never shortened), so a larger batch's least is longer than its share of
+    the expected time suggests."""
+    base = fitting.limits(SLOW, {"batch_size": 32, "threads": 2})
+    big = fitting.limits(SLOW, {"batch_size": 128, "threads": 2})
+    # 1 s steps: 2 s windows; 4 s steps: 5 s windows, the most
+    assert base.least_s == pytest.approx(8 + 2 + fitting.MIN_WINDOWS * 2)
+    assert big.least_s == pytest.approx(8 + 4 * 2 + fitting.MIN_WINDOWS * 5)
+    assert base.least_s < base.expected_s
+    # half of the large batch's expected time would measure nothing
+    assert 0.5 * big.expected_s < big.least_s < big.max_s
+
+
 def test_a_larger_batch_of_short_steps_is_expected_to_take_the_baseline_s_time():
     """Steps of 10 ms and 40 ms both fill the same 0.5 s windows, and a probe ends once its
     windows agree: the larger batch costs what the baseline did (nanoGPT's batch 64, 5x the
@@ -332,11 +346,12 @@ def test_the_budget_plan_counts_what_probes_really_cost(tmp_path, machine,  # no
     assert 0.3 <= fitting.cost_factor(learned.costs) <= 0.7  # of a fit with its margins
 
 
-def test_a_probe_the_budget_would_squeeze_below_half_its_length_is_not_taken(tmp_path,
-                                                                             machine):  # noqa: F811
-    """Every probe the search takes gets at least half what it needs; one the budget left
-    beside the confirmation would squeeze further is not taken (said); a few such in a row end
-    the search for its budget."""
+def test_a_probe_the_budget_would_squeeze_below_what_it_measures_in_is_not_taken(tmp_path,
+                                                                                machine):  # noqa: F811
+    """Every probe the search takes gets at least half what it needs, and at least the least it
+    measures anything in (first batch, warm-up, its windows): each one measured. One the budget
+    left beside the confirmation would squeeze further is not taken (said); a few such in a row
+    end the search for its budget."""
     clock, told = FakeClock(), []
     fake = SlowScript(clock)
     report, t, run_dir = tune(tmp_path, fake, seconds=None, budget_s=360.0, clock=clock,
@@ -344,12 +359,23 @@ def test_a_probe_the_budget_would_squeeze_below_half_its_length_is_not_taken(tmp
     searched = [s for s in fake.specs if s.ranks.name.startswith("trial-")]
     assert searched and all(s.max_s >= 0.5 * t.prober.probe_s(t.state, s.ranks.knobs, 1)
                             for s in searched), [(s.ranks.knobs, s.max_s) for s in searched]
+    outcomes = [(e["trial"], e["result"]["outcome"]) for e in journal(run_dir, "trial_finished")
+                if e["trial"].startswith("trial-")]
+    assert outcomes and all(o in ("ok", "pruned") for _, o in outcomes), outcomes
     skipped = [n.text for n in told if "not probed:" in n.text]
-    assert skipped and all("under half the" in n for n in skipped), skipped
+    assert skipped and all("under half the" in n or "needs to measure at all" in n
+                           for n in skipped), skipped
+    assert any("needs to measure at all" in n for n in skipped), skipped
     # a config left out is not probed (its trial number never reaches a probe)
     probed = {s.ranks.name for s in searched}
     assert not any(n.split(" ", 1)[0] in probed for n in skipped), (skipped, probed)
-    # left out, the search goes on with what fits; a streak of such configs ends it
-    assert len(skipped) == search.SQUEEZE_STREAK, skipped
+    # left out, the search goes on with what fits; a streak of such configs ends it: the
+    # last few trials the search opened were all left out
+    assert len(skipped) >= search.SQUEEZE_STREAK, skipped
+    opened = sorted({int(n.split(" ", 1)[0].split("-")[1]) for n in skipped} |
+                    {int(n.split("-")[1]) for n in probed if n.split("-")[1].isdigit()})
+    tail = [f"trial-{k}" for k in opened[-search.SQUEEZE_STREAK:]]
+    assert [n.split(" ", 1)[0] for n in skipped[-search.SQUEEZE_STREAK:]] == tail, \
+        (skipped, sorted(probed))
     assert report.stop_reason.rule is Stop.BUDGET
     assert report.rounds >= decision.PLANNED_ROUNDS  # the confirmation kept its rounds

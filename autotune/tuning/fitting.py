@@ -134,6 +134,7 @@ class Limits:
     startup_s: float
     expect_first_s: float  # when its first batch should come
     expected_s: float  # what it should take, ending once tight
+    least_s: float = 0.0  # the least it measures anything in: first batch, warm-up, MIN_WINDOWS
 
     def spec_fields(self) -> dict:
         return {"max_s": self.max_s, "min_measure_s": self.min_measure_s, "hang_s": self.hang_s,
@@ -219,11 +220,14 @@ def limits(t: ScriptTiming, knobs: Mapping[str, float], instances: int = 1, *,
     stretch = _window_s(step) / _window_s(t.step_s)
     expected = start + t.warmup_s * stretch + max(measure_s(t, target_rel) * stretch,
                                                   MIN_WINDOWS * _window_s(step))
+    # The least it measures anything in: its first batch, warm-up at the stretched step and
+    # the windows an estimate needs; a limit under it ends with no signal.
+    least = start + t.warmup_s * f + MIN_WINDOWS * _window_s(step)
     idle_hang = max(HANG_MIN_S, STALL_STEPS * step, 2 * t.paused_s)
     return Limits(max_s=max_s, min_measure_s=max(min(5.0, 0.4 * max_s), 4 * _window_s(step)),
                   hang_s=max(30.0, idle_hang, 2 * t.warmup_s * f), idle_hang_s=idle_hang,
                   startup_s=max(30.0, 4 * start), expect_first_s=start,
-                  expected_s=min(expected, max_s))
+                  expected_s=min(expected, max_s), least_s=least)
 
 
 def _window_s(step_s: float) -> float:

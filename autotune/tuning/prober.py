@@ -97,6 +97,14 @@ class Prober:
         return min(fitting.limits(learned.timing, knobs, instances,
                                   seen=learned.paces).expected_s, budget_cap(s))
 
+    def least_s(self, state: TuneState, knobs: Mapping, instances: int) -> float:
+        """The least time a probe of ``knobs`` measures anything in (`fitting.Limits.least_s`);
+        0 with ``--seconds`` or before the baseline timed the script."""
+        s, learned = state.settings, state.learned
+        if s.seconds or learned.timing is None:
+            return 0.0
+        return fitting.limits(learned.timing, knobs, instances, seen=learned.paces).least_s
+
     def probe_s(self, state: TuneState, knobs: Mapping, instances: int) -> float:
         """What a probe of ``knobs`` will really take, as the plan and the confirmation count
         it: `fitted_s` times the largest share of their fitted time the run's search probes

@@ -29,7 +29,9 @@ from probes.protocol import Mode
 
 DUPLICATE_STREAK = 8  # proposals in a row of configs already known: the sampler has converged
 WAIT_FOR_OTHERS_S = 600.0  # at most, for another tuner's probe of the same config
-SQUEEZE_LEAST = 0.5  # a search probe squeezed under this share of what it takes is not taken
+# A search probe squeezed under this share of what it takes, or under the least it measures
+# anything in (`fitting.Limits.least_s`), is not taken...
+SQUEEZE_LEAST = 0.5
 SQUEEZE_STREAK = 3  # ...and this many such configs in a row end the search for its budget
 REPEAT_AFTER = 2  # search probes measured before the script's own config is probed again
 
@@ -316,12 +318,17 @@ class Search:
         if self.settings.budget_s is not None and not self.settings.seconds:
             # a config longer than the typical one ends where the budget's search part does
             left, need_s = self._room(cfg)
-            if left < SQUEEZE_LEAST * need_s:
-                # it would end before it measured: left out, the search goes on with configs
-                # that fit (a larger batch's probes are longer) until a few in a row did not
+            least_s = self.prober.least_s(self.state, knobs, instances)
+            if left < max(SQUEEZE_LEAST * need_s, least_s):
+                # it would end before it measured, or measure too little to tell: left out, the
+                # search goes on with configs that fit (a larger batch's probes are longer)
+                # until a few in a row did not
                 self.squeezed += 1
+                short = (f"under the ~{least_s:.0f} s its probe needs to measure at all"
+                         if least_s > SQUEEZE_LEAST * need_s else
+                         f"under half the ~{need_s:.0f} s its probe takes")
                 why = (f"not probed: {max(left, 0):.0f} s of the budget is left beside the "
-                       f"confirmation, under half the ~{need_s:.0f} s its probe takes")
+                       f"confirmation, {short}")
                 self.prober.tell(Note.info(f"{label} {knobs_text(cfg)}: {why}"))
                 if self.squeezed >= SQUEEZE_STREAK:
                     self.stop_reason = StopReason(Stop.BUDGET, reserved=True)
