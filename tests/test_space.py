@@ -354,6 +354,29 @@ def test_the_batch_walk_jumps_where_the_step_time_model_says_the_gain_ends(line,
                                                            key=lambda b: line[b]))) == 1
 
 
+# nanoGPT's shape, run F's 6m tune (bench/benchmarks.md): 12 read 136.9 (two processes' mean),
+# 8 144.5, 16 136.7, and the walk down to 4 fell; the grid read 16 at 1.09x, 32-96 at 1.15-1.18x.
+@pytest.mark.parametrize("line, blocked, then", [
+    ({12: 136.9, 8: 144.5, 16: 136.7}, (), 64),  # flat: halfway from 16 to the largest, 96
+    ({12: 136.9, 8: 144.5, 16: 136.7, 4: 120.0}, (), 64),  # the walk's probes change nothing
+    ({12: 136.9, 8: 144.5, 16: 136.7}, (64,), 32),  # only 32 fits beside the confirmation
+    ({12: 136.9, 8: 144.5, 16: 136.7}, (32,), None),  # nothing past the neighbour fits
+    ({12: 100.0, 8: 120.0, 16: 100.0, 4: 90.0}, (), None),  # the smaller paid clearly: no look
+    ({12: 100.0, 8: 100.0, 16: 90.0}, (), None),  # the larger neighbour fell
+    ({12: 100.0, 8: 99.0, 16: None}, (), None),  # ...or ran out of memory
+    ({12: 100.0, 16: 101.0}, (), None),  # the smaller neighbour not answered yet
+    ({12: 100.0, 8: 99.0, 16: 101.0, 96: 98.0}, (), None),  # once: a batch past 16 was seen
+    ({8: 99.0, 16: 101.0}, (), None),  # the script's own batch not measured
+])
+def test_a_flat_batch_line_looks_once_halfway_to_the_largest_batch(line, blocked, then):
+    sp = build(batch_size=12)  # batch 3..96
+    assert sp.domains["batch_size"] == (3, 4, 8, 12, 16, 32, 64, 96)
+    far = sp.batch_far(line, min_gain_rel=0.03, blocked=lambda b: b in blocked)
+    assert (far and far["batch_size"]) == then
+    if far:
+        assert far == {**sp.baseline, "batch_size": then}
+
+
 def test_the_step_time_model_fits_a_fixed_part_and_a_part_per_sample():
     from autotune.tuning.space.build import jump_along
 

@@ -842,6 +842,24 @@ def test_a_batch_walk_that_keeps_paying_jumps_where_the_step_time_model_says_it_
     assert report.best.knobs["batch_size"] == top and not report.kept_baseline
 
 
+def test_a_flat_batch_line_is_looked_past_once_halfway_to_the_largest_batch(tmp_path, machine):
+    """The script's 16 and both its neighbours read the same; from 64 up a step does 30% more
+    (a fixed cost that only a larger batch amortizes, under noise one step out). The walk has
+    nowhere to go; one probe halfway from 32 to the largest finds the gain, and the walk goes
+    on from there."""
+    fake = FakeProbe(lambda k: 130.0 if k["batch_size"] >= 64 else 100.0)
+    told = []
+    report, t, _ = tune(tmp_path, fake, trials=6, confirm_rounds=2, notify=told.append,
+                        fix_tokens=("workers=0", "instances=1", "threads=2"))
+    domain = t.state.space.domains["batch_size"]
+    assert domain[domain.index(32) + 1:] == (64, 128), domain
+    batches = [k.get("batch_size") for k in fake.measured()[1:]]
+    assert batches[:3] == [8, 32, 64], batches
+    assert any(n.text.startswith("batch: batch_size=64") and "halfway to the largest" in n.text
+               for n in told), [n.text for n in told]
+    assert report.best.knobs["batch_size"] >= 64 and not report.kept_baseline
+
+
 def test_convergence_counts_gains_over_the_mean_of_the_baselines_two_processes(tmp_path,
                                                                                machine):
     """The baseline reads 120, then 80 (truth 100): judged against the first figure nothing

@@ -413,18 +413,28 @@ class Search:
         rates = self.settings.objective.kinds == (objective.Kind.THROUGHPUT,)
         nxt = sp.batch_walk(line, min_gain_rel=decision.MIN_GAIN_REL, rates=rates,
                             blocked=self._walk_blocks)
+        far = nxt is None
+        if far:
+            nxt = sp.batch_far(line, min_gain_rel=decision.MIN_GAIN_REL,
+                               blocked=self._walk_blocks)
         if nxt is None or decision.oom_blocks(nxt, self.ooms):
             return
         key = sp.key(nxt)
         waiting = self.handle.trials(states=(studies.TrialState.WAITING,))
         if any(self._key_of(t) == key for t in waiting):
             return
-        self.handle.enqueue(sp.choice_from_config(nxt), {"design": "batch-walk"})
+        self.handle.enqueue(sp.choice_from_config(nxt),
+                            {"design": "batch-far" if far else "batch-walk"})
         best = max((b for b, v in line.items() if v is not None), key=lambda b: line[b])
         steps = abs(sp.index("batch_size", nxt["batch_size"]) - sp.index("batch_size", best))
-        how = ("one step further the way the batch paid off" if steps == 1 else
-               f"{steps} steps past {best}: the step-time model fitted to the batches measured "
-               f"sees the gain go on that far")
+        if far:
+            how = ("the batches measured read level, the larger neighbour with the best: "
+                   "halfway to the largest, where a gain that grows with the batch would show")
+        elif steps == 1:
+            how = "one step further the way the batch paid off"
+        else:
+            how = (f"{steps} steps past {best}: the step-time model fitted to the batches "
+                   f"measured sees the gain go on that far")
         self.prober.tell(Note.info(f"batch: {knobs_text(nxt)} next, {how}"))
 
     def _walk_blocks(self, batch: int) -> bool:
