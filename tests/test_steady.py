@@ -174,6 +174,18 @@ def test_second_long_steps_get_their_interval_and_warm_up_from_the_steps(seed):
     assert est.warmup_s < 6.0  # the first window and the slow step, not the steady ones
 
 
+def test_a_staircase_is_not_tight_on_fewer_windows_than_a_figure_stands_on():
+    # minGPT's shape, live: 1.3 s steps of ±1% (2.6 s windows), five steps in. The steps'
+    # interval is narrow already; a probe stopped there ended with two windows, which a probe's
+    # figure does not stand on (a baseline read no-signal at 20 s)
+    for n in (6, 8):
+        est = steady.estimate(staircase(1.3, 32, n, phase=0.7, jitter=0.01, seed=1), batches=n)
+        assert est.rel_half < 0.05 and est.windows < steady.MIN_TIGHT_WINDOWS, est
+        assert not est.tight(target_rel=0.05, min_measure_s=0.0)
+    longer = steady.estimate(staircase(1.3, 32, 12, jitter=0.01, seed=1), batches=12)
+    assert longer.windows >= steady.MIN_TIGHT_WINDOWS and longer.tight(0.05, 5.0)
+
+
 def test_a_staircase_with_slow_first_steps_cuts_them_as_warm_up():
     # ten steps of 2 s, then 1 s steps: MSER on the steps cuts the slow ones, and the rate
     # read is the steady one

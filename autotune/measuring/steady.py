@@ -32,6 +32,7 @@ _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 
 
 IDLE_GAPS = 4.0  # a stretch without a batch this many usual gaps long is a pause...
 MIN_IDLE_S = 0.25  # ...and at least this long (a stall of the machine is not a pause)
+MIN_TIGHT_WINDOWS = 4  # what batch_means_ci needs: a probe is not done on fewer
 MIN_WINDOW_S = 0.5
 MAX_WINDOW_S = 5.0
 BATCHES_PER_WINDOW = 2
@@ -78,9 +79,12 @@ class Estimate:
         return self.ci_half / self.samples_per_s
 
     def tight(self, target_rel: float, min_measure_s: float) -> bool:
-        """Narrow enough, long enough, and steady: no level shift inside the window."""
+        """Narrow enough, long enough, and steady: no level shift inside the window. At least
+        `MIN_TIGHT_WINDOWS` windows: a staircase's interval comes from its steps and can be
+        narrow after four of them, and a probe stopped on fewer windows than a figure stands
+        on (`autotune.measuring.trial`: three) measured nothing."""
         return self.rel_half <= target_rel and self.measured_s >= min_measure_s \
-            and self.shift is None
+            and self.windows >= MIN_TIGHT_WINDOWS and self.shift is None
 
     def shift_note(self) -> str:
         """The level shift in words, or "" when the window is steady."""
