@@ -32,7 +32,7 @@ _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 
 
 IDLE_GAPS = 4.0  # a stretch without a batch this many usual gaps long is a pause...
 MIN_IDLE_S = 0.25  # ...and at least this long (a stall of the machine is not a pause)
-MIN_TIGHT_WINDOWS = 4  # what batch_means_ci needs: a probe is not done on fewer
+MIN_TIGHT_WINDOWS = 4  # what batch_means_ci needs: no interval, and no probe done, on fewer
 MIN_WINDOW_S = 0.5
 MAX_WINDOW_S = 5.0
 BATCHES_PER_WINDOW = 2
@@ -80,9 +80,9 @@ class Estimate:
 
     def tight(self, target_rel: float, min_measure_s: float) -> bool:
         """Narrow enough, long enough, and steady: no level shift inside the window. At least
-        `MIN_TIGHT_WINDOWS` windows: a staircase's interval comes from its steps and can be
-        narrow after four of them, and a probe stopped on fewer windows than a figure stands
-        on (`autotune.measuring.trial`: three) measured nothing."""
+        `MIN_TIGHT_WINDOWS` windows (`estimate` gives no finite interval on fewer): a probe
+        stopped on fewer windows than a figure stands on (`autotune.measuring.trial`: three)
+        measured nothing."""
         return self.rel_half <= target_rel and self.measured_s >= min_measure_s \
             and self.windows >= MIN_TIGHT_WINDOWS and self.shift is None
 
@@ -355,8 +355,10 @@ def estimate(points: list[tuple[float, float]], *, batches: int,
         # jump to jump the count is exact. The interval too comes from the steps' own spread:
         # the windows' is where they fall (1 s steps of ±4% in 2 s windows holding one batch,
         # two or three read ±17% after 20 s; their steps, ±1%).
+        # On fewer windows than a probe may end on the interval stays the windows' (infinite):
+        # a probe pruned, or stopped as tight, on two windows of four steps measured nothing.
         mean = aligned.rate
-        if len(aligned.gaps) >= 4:
+        if len(aligned.gaps) >= 4 and len(kept) >= MIN_TIGHT_WINDOWS:
             ci = aligned.ci_half()
     # rates[i] is the window [t0 + (i+1) dt, t0 + (i+2) dt]: the first one was dropped above.
     return Estimate(samples_per_s=mean, ci_half=ci,
