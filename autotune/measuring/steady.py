@@ -230,21 +230,31 @@ def _aligned(points: list[tuple[float, float]], index: list[int], t0: float,
     gaps: list[float] = []
     for first, last in runs:
         lo, hi = t0 + (first + 1) * dt, t0 + (last + 2) * dt  # rates[i] spans these
-        inside = [p for p in pts if lo <= p[0] <= hi]
-        if len(inside) < 2:
-            continue
-        # the count once each instant's points are in (a batch is a jump at one instant)
-        at: dict[float, float] = {}
-        for t, v in inside:
-            at[t] = max(v, at.get(t, v))
+        at = _count_at(pts, lo, hi)
         times = sorted(at)
-        if times[-1] <= times[0]:
+        if len(times) < 2:
             continue
         samples += at[times[-1]] - at[times[0]]
         span += times[-1] - times[0]
-        rose = [t for a, t in zip(times, times[1:]) if at[t] > at[a]]
+        rose = _rises(at)
         gaps += [b - a for a, b in zip([times[0], *rose], rose)]
     return _Aligned(samples, span, gaps) if span > 0 and samples > 0 else None
+
+
+def _count_at(points: list[tuple[float, float]], lo: float, hi: float) -> dict[float, float]:
+    """The count at each instant in [lo, hi] once that instant's points are in (a batch is a
+    jump at one instant: the count before it and after it, at the same time)."""
+    at: dict[float, float] = {}
+    for t, v in points:
+        if lo <= t <= hi:
+            at[t] = max(v, at.get(t, v))
+    return at
+
+
+def _rises(at: dict[float, float]) -> list[float]:
+    """The instants at which the count rose (`_count_at`), in order."""
+    times = sorted(at)
+    return [t for a, t in zip(times, times[1:]) if at[t] > at[a]]
 
 
 def _staircase_cut(points: list[tuple[float, float]], index: list[int], t0: float,
@@ -258,13 +268,7 @@ def _staircase_cut(points: list[tuple[float, float]], index: list[int], t0: floa
         if i != last + 1:
             break
         last = i
-    lo, hi = t0 + (index[0] + 1) * dt, t0 + (last + 2) * dt
-    at: dict[float, float] = {}
-    for t, v in points:
-        if lo <= t <= hi:
-            at[t] = max(v, at.get(t, v))
-    times = sorted(at)
-    rose = [t for a, t in zip(times, times[1:]) if at[t] > at[a]]
+    rose = _rises(_count_at(points, t0 + (index[0] + 1) * dt, t0 + (last + 2) * dt))
     gaps = [b - a for a, b in zip(rose, rose[1:])]
     drop = mser_truncation(gaps)
     if not drop:
