@@ -247,8 +247,10 @@ def test_sigint_mid_search_then_resume_reports_as_an_uninterrupted_run(tmp_path)
     controllers, the probe fitting the baseline made (not fitted again: the resumed controller
     takes no baseline probe)."""
     env = dict(os.environ, AUTOTUNE_RUNS_DIR=str(tmp_path / "runs"))
+    # 12 s probes: beside a busy suite a probe's first batch came 7 s in, and 8 s probes then
+    # measured nothing (no-signal), leaving the memory fit a single batch
     run_dir, _ = interrupt_mid_search(
-        ["--foreign-limit", "1000", "--trials", "3", "--seconds", "8", "--confirm-rounds", "0",
+        ["--foreign-limit", "1000", "--trials", "3", "--seconds", "12", "--confirm-rounds", "0",
          "--seed", "3", "--baseline", "batch_size=8", "--space", "batch_size=16:32", "--fix",
          "threads=1", "workers=0", "instances=1", "--", TOY, "--work", "1", "--batch-size",
          "{batch_size}"], cwd=tmp_path, env=env, runs=tmp_path / "runs", in_flight=False,
