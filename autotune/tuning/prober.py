@@ -69,16 +69,16 @@ class Prober:
         (`fitting.limits`; before the baseline has timed it, the baseline's own limit); its hang
         thresholds follow the script's steps once they are known.
         """
-        s, learned = state.settings, state.learned
+        s = state.settings
         per_step = series.samples_per_step(s.command, knobs, s.samples_per_step)[0]
         spec = dict(command=tuple(s.command), knobs=dict(knobs), instances=instances,
                     cwd=s.cwd, log_dir=self.run_dir / "logs", name=name,
                     max_s=s.seconds or baseline_max_s(s), min_measure_s=s.min_measure_s,
                     samples_per_step=per_step, foreign_limit_cores=s.foreign_limit_cores,
                     launcher=self.launcher)
-        if learned.timing is not None:
-            fitted = fitting.limits(learned.timing, knobs, instances,
-                                    seen=learned.paces).spec_fields()
+        fit = self._fit(state, knobs, instances)
+        if fit is not None:
+            fitted = fit.spec_fields()
             if s.seconds:  # the user's length stands; the hang thresholds are the script's
                 fitted = {k: v for k, v in fitted.items() if k not in ("max_s", "min_measure_s")}
             else:  # one probe never eats the budget
@@ -91,19 +91,25 @@ class Prober:
     def fitted_s(self, state: TuneState, knobs: Mapping, instances: int) -> float:
         """What the fit expects a probe of ``knobs`` to take: ``--seconds``, or
         `fitting.Limits.expected_s` within the budget's cap."""
-        s, learned = state.settings, state.learned
-        if s.seconds or learned.timing is None:
+        s, fit = state.settings, self._fit(state, knobs, instances)
+        if s.seconds or fit is None:
             return s.seconds or baseline_max_s(s)
-        return min(fitting.limits(learned.timing, knobs, instances,
-                                  seen=learned.paces).expected_s, budget_cap(s))
+        return min(fit.expected_s, budget_cap(s))
 
     def least_s(self, state: TuneState, knobs: Mapping, instances: int) -> float:
         """The least time a probe of ``knobs`` measures anything in (`fitting.Limits.least_s`);
         0 with ``--seconds`` or before the baseline timed the script."""
-        s, learned = state.settings, state.learned
-        if s.seconds or learned.timing is None:
-            return 0.0
-        return fitting.limits(learned.timing, knobs, instances, seen=learned.paces).least_s
+        fit = self._fit(state, knobs, instances)
+        return 0.0 if state.settings.seconds or fit is None else fit.least_s
+
+    @staticmethod
+    def _fit(state: TuneState, knobs: Mapping, instances: int) -> fitting.Limits | None:
+        """A probe of ``knobs`` fitted to the script's timing and the paces seen since
+        (`fitting.limits`); None before the baseline timed the script."""
+        learned = state.learned
+        if learned.timing is None:
+            return None
+        return fitting.limits(learned.timing, knobs, instances, seen=learned.paces)
 
     def probe_s(self, state: TuneState, knobs: Mapping, instances: int) -> float:
         """What a probe of ``knobs`` will really take, as the plan and the confirmation count
