@@ -74,16 +74,19 @@ def test_steps_without_loader_asks_for_batch_size():
     assert outcome == Outcome.NO_SIGNAL and "{batch_size}" in reason
 
 
-@pytest.mark.parametrize("counted_s,paused_s,want", [
-    (8.0, 0.5, "only 40 batches in 9 s: too few"),
-    (8.5, 6.0, "stood still for 6.0 s of the 8.5 s"),
-    (1.5, 0.0, "counted together for only 1.5 s"),
+@pytest.mark.parametrize("counted_s,paused_s,first_s,want", [
+    (8.0, 0.5, 0.5, "only 40 batches in 9 s: too few"),
+    (8.5, 6.0, 0.5, "stood still for 6.0 s of the 8.5 s"),
+    (1.5, 0.0, 1.0, "counted together for only 1.5 s"),
+    (1.5, 0.0, 7.0, "the first came 7 s in (start-up took most of the probe), leaving 1.5 s"),
 ])
-def test_batches_without_a_figure_say_why_there_is_none(counted_s, paused_s, want):
-    """Many batches and no steady figure is not "too few": pauses took the counted time, or
-    the ranks counted together only briefly; the reason says which."""
+def test_batches_without_a_figure_say_why_there_is_none(counted_s, paused_s, first_s, want):
+    """Many batches and no steady figure is not "too few": pauses took the counted time, the
+    ranks' start-up took most of the probe, or the ranks counted together only briefly; the
+    reason says which."""
     outcome, reason = classify(Observed(exit_code=None, stopped_by_us=True, batches=40, ran_s=9,
-                                        counted_s=counted_s, paused_s=paused_s))
+                                        counted_s=counted_s, paused_s=paused_s,
+                                        first_s=first_s))
     assert outcome == Outcome.NO_SIGNAL and want in reason and "--seconds" in reason, reason
 
 

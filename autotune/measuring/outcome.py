@@ -62,6 +62,7 @@ class Observed:
     # once) and how much of it stood still as pauses (left out of any figure).
     counted_s: float = 0.0
     paused_s: float = 0.0
+    first_s: float | None = None  # seconds into the probe its first batch (or step) came
     io_without_loader: bool = False  # io mode, and no batch came through a DataLoader
     mode: Mode = Mode.FULL
     pruned: bool = False  # the search stopped it: its interval could not reach the best
@@ -229,13 +230,17 @@ def _how_it_ended(obs: Observed) -> tuple[Outcome, str]:
 
 
 def _why_no_estimate(obs: Observed) -> str:
-    """Why batches came but no steady figure: pauses took the counted time, the ranks counted
-    together too briefly, or there were simply too few."""
+    """Why batches came but no steady figure: pauses took the counted time, start-up took most
+    of the probe, the ranks counted together too briefly, or there were simply too few."""
     got = f"{obs.batches} batches in {obs.ran_s:.0f} s"
     if obs.counted_s > 0 and obs.paused_s >= 0.5 * obs.counted_s:
         return (f"{got}, but the count stood still for {obs.paused_s:.1f} s of the "
                 f"{obs.counted_s:.1f} s it ran (pauses are left out of the figure), leaving too "
                 f"little steady time; on a busy machine allow more --seconds")
+    if 0 < obs.counted_s < 0.5 * obs.ran_s and obs.first_s is not None \
+            and obs.first_s >= 0.5 * obs.ran_s:
+        return (f"{got}, but the first came {obs.first_s:.0f} s in (start-up took most of the "
+                f"probe), leaving {obs.counted_s:.1f} s to measure; allow more --seconds")
     if 0 < obs.counted_s < 0.5 * obs.ran_s:
         return (f"{got}, but all ranks counted together for only {obs.counted_s:.1f} s (one "
                 f"started or stopped late): too little to measure; allow more --seconds")
