@@ -2,6 +2,7 @@
 against a script that keeps its own clock of its data wait."""
 
 import json
+import math
 import os
 import re
 
@@ -208,6 +209,20 @@ def test_shares_and_other_from_the_ticks():
     gpu = breakdown.from_ticks([ticks(step, 80)], 2.0, 18.0, windows=8, clock="cuda-events")
     assert gpu.describe().endswith("(GPU time from CUDA events)")
     assert breakdown.Breakdown.from_dict(gpu.to_dict()).clock == "cuda-events"
+
+
+def test_what_more_workers_can_gain_is_the_data_wait_taken_back_whole():
+    """A knob acting on one group gains at most that group's time, at the upper end of its
+    interval: a step waiting 10% ±2 for data runs at most 1/(1 - 0.12) as fast without the wait.
+    A knob acting on several has no such bound."""
+    b = breakdown.Breakdown({"data": (0.10, 0.02), "forward": (0.6, 0.01),
+                             "other": (0.3, 0.01)}, ranks=1)
+    assert b.most_gain("workers") == pytest.approx(0.12 / 0.88)
+    assert b.most_gain("batch_size") is None and b.most_gain("thread_pct") is None
+    idle = breakdown.Breakdown({"data": (0.001, 0.0005), "other": (0.999, 0.001)}, ranks=1)
+    assert idle.most_gain("workers") < 0.002
+    stuck = breakdown.Breakdown({"data": (0.99, 0.05), "other": (0.01, 0.01)}, ranks=1)
+    assert stuck.most_gain("workers") == math.inf
 
 
 def test_two_ranks_are_averaged_and_a_span_the_ticks_miss_tells_nothing():

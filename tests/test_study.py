@@ -17,6 +17,7 @@ from autotune.tuning import study as studies
 from autotune.store.journal import Journal
 from conftest import journal
 from results import trial_result
+from autotune.measuring.breakdown import Breakdown
 from autotune.measuring.outcome import Observed, Outcome, classify
 from autotune.measuring.steady import Estimate
 from autotune.tuning import Tuner, TuneSettings, TuneState, load_state
@@ -876,3 +877,32 @@ def test_convergence_counts_gains_over_the_mean_of_the_baselines_two_processes(t
     after = [n for n in after if n != "baseline-again"]
     patience = decision.Convergence().patience
     assert len(after) >= patience, names
+
+
+class WithParts(FakeProbe):
+    """Every probe's breakdown says it waits ``data`` of each step for data (±10% of that)."""
+
+    def __init__(self, rate, data):
+        super().__init__(rate)
+        self.parts = Breakdown({"data": (data, data * 0.1), "forward": (0.5, 0.01),
+                                "other": (0.5 - data, 0.01)}, ranks=1)
+
+    def __call__(self, spec, **kw):
+        return dataclasses.replace(super().__call__(spec, **kw), breakdown=self.parts)
+
+
+@pytest.mark.parametrize("data,held", [(0.001, True), (0.2, False)])
+def test_workers_wait_for_the_batch_walk_when_the_baseline_barely_waits_for_data(
+        tmp_path, machine, data, held):
+    """More workers can take back the data wait and nothing else: where the baseline waits
+    0.1% of its step for data, the workers move is probed after the batch walk, not before it
+    (minGPT's shape spent a 6m budget's last room on it); at 20% it keeps its place."""
+    fake = WithParts(lambda k: 100.0 * (1 + k["batch_size"] / 64), data)
+    told = []
+    tune(tmp_path, fake, trials=8, confirm_rounds=0, notify=told.append,
+         fix_tokens=("instances=1", "threads=2"))
+    searched = fake.measured()[1:]
+    first_workers = next(i for i, k in enumerate(searched) if k.get("workers"))
+    walk_end = next(i for i, k in enumerate(searched) if k.get("batch_size") == 128)
+    assert (first_workers > walk_end) == held, (searched, [n.text for n in told])
+    assert any("held back" in n.text for n in told) == held, [n.text for n in told]

@@ -10,6 +10,7 @@ as the throughput's does.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -33,6 +34,10 @@ ADVICE = {"data": "more DataLoader workers, so that loading overlaps compute",
           "other": "the script's own work between steps (logging, checkpoints), which no knob "
                    "here moves"}
 DATA_WORTH = 0.15  # a data wait this large is named even when compute binds
+# Knobs whose whole gain is the time of one group: more DataLoader workers can take back the
+# data wait and nothing else (they only move loading off the training loop; on CPU they also
+# take cores from it).
+ONLY_MOVES = {"workers": "data"}
 
 PartPoints = list[tuple[float, Mapping[str, float]]]  # (controller time, cumulative seconds)
 
@@ -63,6 +68,17 @@ class Breakdown:
     def binding_group(self) -> str:
         """What takes most of the time: data, comm, compute or other."""
         return max(GROUPS, key=self.group)
+
+    def most_gain(self, knob: str) -> float | None:
+        """The most moving ``knob`` can speed a step up (0.02: 2%), when it acts on one group
+        only (`ONLY_MOVES`): that group's time taken back whole, at the upper end of its share's
+        interval; None for a knob that acts on more."""
+        group = ONLY_MOVES.get(knob)
+        if group is None:
+            return None
+        parts = [self.shares.get(p, (0.0, 0.0)) for p in GROUPS[group]]
+        top = min(sum(s for s, _ in parts) + math.sqrt(sum(h * h for _, h in parts)), 1.0)
+        return math.inf if top >= 1.0 else top / (1.0 - top)
 
     def moves(self) -> tuple[str, ...]:
         """The knobs worth moving first, for what binds (a data wait worth naming first)."""

@@ -164,9 +164,52 @@ class Search:
             if moved:
                 self.prober.tell(Note.info(f"the first probes move {', '.join(moved)}: what "
                                            f"binds the baseline ({parts.binding_group()})"))
+        held = self._held_back(design)
         for cfg in design:
-            self.handle.enqueue(sp.choice_from_config(cfg), {"design": "initial"})
+            if cfg not in held:
+                self.handle.enqueue(sp.choice_from_config(cfg), {"design": "initial"})
+        for cfg in held:
+            gain = max(parts.most_gain(k) for k in self._moved(cfg))
+            self.prober.tell(Note.info(
+                f"{knobs_text(cfg)} held back: what it moves can take back at most "
+                f"{gain:.1%} of the baseline's step ({parts.describe()}); it is probed once "
+                f"the batch walk has nowhere to go"))
         self._keep(enqueued=True)
+
+    def _moved(self, cfg: Mapping[str, int]) -> list[str]:
+        """The knobs ``cfg`` moves from the baseline."""
+        base = self.space.canonical(self.space.baseline)
+        return [k for k, v in self.space.canonical(cfg).items() if base.get(k) != v]
+
+    def _held_back(self, design: list[dict[str, int]]) -> list[dict[str, int]]:
+        """The configs of the initial design that move only knobs the baseline's breakdown says
+        cannot pay (`Breakdown.most_gain` within `decision.MIN_GAIN_REL`: more workers for a
+        script that waits 0.1% of its step for data): they wait for the batch walk
+        (`_release_held`), whose probes can. On minGPT's shape a 6m budget spent 21 s on
+        workers=1 (data wait 0.1%) and had no room left for the walk's 128."""
+        parts = self.state.baseline.breakdown if self.state.baseline is not None else None
+        if parts is None or "batch_size" not in self.space.domains:
+            return []
+        out = []
+        for cfg in design:
+            gains = [parts.most_gain(k) for k in self._moved(cfg)]
+            if gains and all(g is not None and g <= decision.MIN_GAIN_REL for g in gains):
+                out.append(cfg)
+        return out
+
+    def _release_held(self) -> None:
+        """The held-back configs (`_held_back`), queued once the batch walk has nowhere to go
+        and the initial design is measured; none the study holds already."""
+        parts = self.state.baseline.breakdown if self.state.baseline is not None else None
+        held = self._held_back(self.space.initial_design(parts.moves() if parts else ()))
+        if not held or self.handle.trials(states=(studies.TrialState.WAITING,)):
+            return
+        had = {self._key_of(t) for t in self.handle.trials()}
+        for cfg in held:
+            if self.space.key(cfg) not in had and self.space.key(cfg) not in self.known:
+                self.handle.enqueue(self.space.choice_from_config(cfg), {"design": "held"})
+                self.prober.tell(Note.info(f"{knobs_text(cfg)} next: the batch walk has nowhere "
+                                           f"to go, so the config held back is probed"))
 
     def _rebuild(self) -> None:
         """What the study already knows (a resumed run): no finished trial is measured again."""
@@ -418,6 +461,7 @@ class Search:
             nxt = sp.batch_far(line, min_gain_rel=decision.MIN_GAIN_REL,
                                blocked=self._walk_blocks)
         if nxt is None or decision.oom_blocks(nxt, self.ooms):
+            self._release_held()
             return
         key = sp.key(nxt)
         waiting = self.handle.trials(states=(studies.TrialState.WAITING,))
