@@ -351,10 +351,12 @@ def test_a_probe_the_budget_would_squeeze_below_what_it_measures_in_is_not_taken
     """Every probe the search takes gets at least half what it needs, and at least the least it
     measures anything in (first batch, warm-up, its windows): each one measured. One the budget
     left beside the confirmation would squeeze further is not taken (said); a few such in a row
-    end the search for its budget."""
+    end the search for its budget. Every batch reads the same here, so no walk step is among
+    them (one left out ends the search at once: the next test)."""
     clock, told = FakeClock(), []
     fake = SlowScript(clock)
-    report, t, run_dir = tune(tmp_path, fake, seconds=None, budget_s=360.0, clock=clock,
+    fake.rate = lambda knobs: 100.0
+    report, t, run_dir = tune(tmp_path, fake, seconds=None, budget_s=300.0, clock=clock,
                               confirm_rounds=3, notify=told.append)
     searched = [s for s in fake.specs if s.ranks.name.startswith("trial-")]
     assert searched and all(s.max_s >= 0.5 * t.prober.probe_s(t.state, s.ranks.knobs, 1)
@@ -379,3 +381,21 @@ def test_a_probe_the_budget_would_squeeze_below_what_it_measures_in_is_not_taken
         (skipped, sorted(probed))
     assert report.stop_reason.rule is Stop.BUDGET
     assert report.rounds >= decision.PLANNED_ROUNDS  # the confirmation kept its rounds
+
+
+def test_a_walk_step_the_budget_leaves_out_ends_the_search_once(tmp_path, machine):  # noqa: F811
+    """The walk's next batch does not fit beside the confirmation: it is left out once, said
+    once, and the search stops for its budget. Queued again after each left-out trial, it was
+    left out three times, three identical lines, until the streak ended the search."""
+    clock, told = FakeClock(), []
+    fake = SlowScript(clock)
+    report, t, run_dir = tune(tmp_path, fake, seconds=None, budget_s=240.0, clock=clock,
+                              confirm_rounds=3, notify=told.append,
+                              fix_tokens=("workers=0", "instances=1", "threads=2"),
+                              space_tokens=("batch_size=8:256",))
+    walked = [n.text for n in told if n.text.startswith("batch: batch_size=64")]
+    skipped = [n.text for n in told if "not probed:" in n.text]
+    assert len(walked) == 1 and len(skipped) == 1 and "batch_size=64" in skipped[0], \
+        [n.text for n in told]
+    assert report.stop_reason.rule is Stop.BUDGET and report.stop_reason.reserved
+    assert report.rounds >= decision.PLANNED_ROUNDS

@@ -109,6 +109,7 @@ class Search:
         self.scorer = scorer or objective.Scorer(self.settings.objective)
         self.noises: list[NoiseEstimate] = []
         self.squeezed = 0  # configs in a row the budget left no room to probe
+        self.squeezed_keys: set[tuple] = set()  # configs the budget left out
 
     def run(self) -> SearchResult:
         self._enqueue_start()
@@ -367,6 +368,7 @@ class Search:
                 # search goes on with configs that fit (a larger batch's probes are longer)
                 # until a few in a row did not
                 self.squeezed += 1
+                self.squeezed_keys.add(key)
                 short = (f"under the ~{least_s:.0f} s its probe needs to measure at all"
                          if least_s > SQUEEZE_LEAST * need_s else
                          f"under half the ~{need_s:.0f} s its probe takes")
@@ -464,6 +466,13 @@ class Search:
             self._release_held()
             return
         key = sp.key(nxt)
+        if key in self.squeezed_keys:
+            # the walk's next batch, the move most likely to pay, does not fit beside the
+            # confirmation (its note said so): the rest of the budget is the confirmation's.
+            # Queued again, it would be left out again, once per proposal, until the streak.
+            self.stop_reason = StopReason(Stop.BUDGET, reserved=True)
+            self.handle.stop()
+            return
         waiting = self.handle.trials(states=(studies.TrialState.WAITING,))
         if any(self._key_of(t) == key for t in waiting):
             return
