@@ -157,7 +157,7 @@ class Search:
                      "score_ci_half": score.ci_half})
         if self.state.warm_start:
             self.handle.enqueue(sp.choice_from_config(self.state.warm_start), {"warm_start": True})
-        parts = self.state.baseline.breakdown if self.state.baseline is not None else None
+        parts = self._parts()
         first = parts.moves() if parts is not None else ()
         design = sp.initial_design(first)
         if first and design:
@@ -177,6 +177,10 @@ class Search:
                 f"the batch walk has nowhere to go"))
         self._keep(enqueued=True)
 
+    def _parts(self):
+        """The baseline's breakdown (`autotune.measuring.breakdown.Breakdown`), or None."""
+        return self.state.baseline.breakdown if self.state.baseline is not None else None
+
     def _moved(self, cfg: Mapping[str, int]) -> list[str]:
         """The knobs ``cfg`` moves from the baseline."""
         base = self.space.canonical(self.space.baseline)
@@ -188,7 +192,7 @@ class Search:
         script that waits 0.1% of its step for data): they wait for the batch walk
         (`_release_held`), whose probes can. On minGPT's shape a 6m budget spent 21 s on
         workers=1 (data wait 0.1%) and had no room left for the walk's 128."""
-        parts = self.state.baseline.breakdown if self.state.baseline is not None else None
+        parts = self._parts()
         if parts is None or "batch_size" not in self.space.domains:
             return []
         out = []
@@ -201,7 +205,7 @@ class Search:
     def _release_held(self) -> None:
         """The held-back configs (`_held_back`), queued once the batch walk has nowhere to go
         and the initial design is measured; none the study holds already."""
-        parts = self.state.baseline.breakdown if self.state.baseline is not None else None
+        parts = self._parts()
         held = self._held_back(self.space.initial_design(parts.moves() if parts else ()))
         if not held or self.handle.trials(states=(studies.TrialState.WAITING,)):
             return
