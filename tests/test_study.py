@@ -906,3 +906,32 @@ def test_workers_wait_for_the_batch_walk_when_the_baseline_barely_waits_for_data
     walk_end = next(i for i, k in enumerate(searched) if k.get("batch_size") == 128)
     assert (first_workers > walk_end) == held, (searched, [n.text for n in told])
     assert any("held back" in n.text for n in told) == held, [n.text for n in told]
+
+
+class Stamped(Timed):
+    """`Timed`, noting the clock when the confirmation's first probe starts: the search's end."""
+
+    searched_until = None
+
+    def __call__(self, spec, **kw):
+        if spec.ranks.name.startswith("confirm") and self.searched_until is None:
+            self.searched_until = self.clock.t
+        return super().__call__(spec, **kw)
+
+
+def test_under_a_budget_convergence_waits_for_half_of_it(tmp_path, machine):
+    """Probes of 8 s on a level surface: six without a gain come a minute in. Under a 10-minute
+    budget the search goes on to half of it (or until the space or the sampler runs out); the
+    same search without a budget converges."""
+    clock = FakeClock()
+    fake = Stamped(clock, lambda k: 100.0)
+    report, _, _ = tune(tmp_path, fake, budget_s=600.0, clock=clock, confirm_rounds=2)
+    ended = fake.searched_until if fake.searched_until is not None else clock.t
+    assert report.stop_reason.rule is not Stop.CONVERGED or ended >= 300.0, \
+        (report.stop_reason, ended)
+    assert ended >= 300.0 or report.stop_reason.rule in (Stop.EXHAUSTED, Stop.DUPLICATES), \
+        (report.stop_reason, ended)
+    unbounded = Stamped(FakeClock(), lambda k: 100.0)
+    report, _, _ = tune(tmp_path / "no-budget", unbounded, clock=unbounded.clock,
+                        confirm_rounds=2, trials=60)
+    assert report.stop_reason.rule is Stop.CONVERGED, report.stop_reason
