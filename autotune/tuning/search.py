@@ -216,7 +216,7 @@ class Search:
             return
         had = {self._key_of(t) for t in self.handle.trials()}
         for cfg in held:
-            if self.space.key(cfg) not in had and self.space.key(cfg) not in self.known:
+            if self.space.key(cfg) not in had:
                 self.handle.enqueue(self.space.choice_from_config(cfg), {"design": "held"})
                 self.prober.tell(Note.info(f"{knobs_text(cfg)} next: the batch walk has nowhere "
                                            f"to go, so the config held back is probed"))
