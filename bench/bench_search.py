@@ -29,7 +29,9 @@ the grid is measured by the script's own clock, not by autotune's meter.
 2. Grid: every config a plain process (``python script ARGS``) for ``--grid-seconds``, then
    SIGINT; its figure the mean of the script's own throughput lines after the first, over
    ``--grid-rounds`` interleaved rounds; grid-best the best mean. The grid's cost is the wall
-   time of one round (a user trying each config once).
+   time of one round (a user trying each config once). ``--grid-from FILE`` reads it from an
+   earlier run's ``--out`` instead (same shape and space, or exit 2); it only names
+   grid-best, which step 4 measures afresh.
 3. Tune: ``autotune tune --budget B`` as a user runs it, for each of ``--budgets`` (default
    ``6m 5m``: 10% of a one-hour run, and a fixed five minutes), each in a fresh directory.
 4. Side by side, plain processes by the script's own clock: default (the user's own run),
@@ -98,6 +100,10 @@ def main() -> int:
                    help="one plain run of the grid (--shape)")
     p.add_argument("--grid-rounds", type=int, default=2,
                    help="interleaved rounds of the grid; grid-best is the best mean (--shape)")
+    p.add_argument("--grid-from", type=Path, default=None,
+                   help="the grid of an earlier --shape run of the same shape and space, from "
+                        "its --out JSON, instead of measuring it again (--shape; the side by "
+                        "side still measures grid-best afresh beside the tuned)")
     p.add_argument("--budgets", nargs="+", default=["6m", "5m"], type=budget,
                    help="tune's --budget, one tune each (--shape; default: 6m, 10%% of a "
                         "one-hour run, and a fixed 5m)")
@@ -118,9 +124,14 @@ def main() -> int:
                     f"drop {', '.join(given)}")
         if len(set(args.budgets)) != len(args.budgets):
             p.error(f"--budgets must differ, but got {' '.join(args.budgets)}")
+        if args.grid_from is not None and not args.grid_from.is_file():
+            p.error(f"--grid-from {args.grid_from}: no such file; give the --out JSON of an "
+                    f"earlier --shape {args.shape} run")
         if args.grid_rounds < 1 or args.grid_seconds <= 0:
             p.error(f"--grid-rounds >= 1 and --grid-seconds > 0 must hold, but got "
                     f"{args.grid_rounds} and {args.grid_seconds:g}")
+    elif args.grid_from is not None:
+        p.error("--grid-from reuses a --shape run's grid; give --shape too")
     if args.final_seconds is None:
         args.final_seconds = args.grid_seconds if args.shape else 25.0
     try:

@@ -115,7 +115,15 @@ def shape_mode(args) -> int:
         return 2
     say(f"# the grid covers: {coverage(sp, shape)}")
 
-    grid = clock_grid(args, shape, configs, runs)  # 2.
+    if args.grid_from is not None:  # 2., from an earlier run of this shape and space
+        try:
+            grid = reused_grid(args, sp, configs, runs)
+        except ValueError as e:
+            say(f"ERROR: --grid-from {args.grid_from}: {e}")
+            say("HINT: run without --grid-from to measure the grid afresh")
+            return 2
+    else:
+        grid = clock_grid(args, shape, configs, runs)  # 2.
     if grid.best is None:
         say("FAILED: no config of the grid printed its own rate; nothing was measured")
         return 1
@@ -147,6 +155,41 @@ def clock_grid(args, shape: shapes.Shape, configs: list[dict],
             f"{fmt(configs[b])} ({runs[b].text()}) {mean(rates[b]):.1f} samples/s, the mean "
             f"of the {sum(1 for r in rates[b] if r)} of {args.grid_rounds} round(s) with a "
             f"figure")
+    return grid
+
+
+def reused_grid(args, sp: space.Space, configs: list[dict],
+                runs: list[shapes.PlainRun]) -> ClockGrid:
+    """The grid an earlier run of this shape wrote (``--out``), read from ``--grid-from``:
+    its figures by the script's own clock, for the same configs as this run's space. The
+    grid only names the best config; the side by side measures it afresh beside the tuned.
+    Raises ValueError, saying what differs, for a file of another shape or space."""
+    try:
+        d = json.loads(args.grid_from.read_text())
+        rows, cost_s = d["grid"], float(d["grid_s"])
+        by_key = {sp.key(sp.config(dict(r["knobs"]))): [x if x is None else float(x)
+                                                        for x in r["rates"]] for r in rows}
+    except OSError as e:
+        raise ValueError(f"cannot be read ({e.strerror})") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"is not a grid that bench_search --shape wrote ({e!r})") from None
+    if d.get("shape") != args.shape:
+        raise ValueError(f"holds the grid of shape {d.get('shape')!r}, not {args.shape!r}")
+    want = {sp.key(c) for c in configs}
+    if set(by_key) != want or len(rows) != len(configs):
+        raise ValueError(f"its {len(rows)} configs are not this run's space of {len(configs)} "
+                         f"({fmt(sp.baseline)} and --space {' '.join(args.space) or 'default'})")
+    args.grid_seconds, args.grid_rounds = float(d["grid_seconds"]), int(d["grid_rounds"])
+    grid = ClockGrid(configs, runs, [by_key[sp.key(c)] for c in configs], cost_s)
+    b = grid.best
+    say(f"# grid reused from {args.grid_from} ({d.get('header', '').lstrip('# ')}): "
+        f"{len(configs)} configs, {args.grid_rounds} round(s) of {args.grid_seconds:g} s, one "
+        f"round {cost_s:.0f} s wall; best {fmt(configs[b])} ({runs[b].text()}) "
+        f"{mean(grid.rates[b]):.1f} samples/s" if b is not None else
+        f"# grid reused from {args.grid_from}: no config printed a figure")
+    for cfg, r in zip(configs, grid.rates):
+        say(f"grid (reused) {fmt(cfg):40s} " + " ".join(
+            f"{x:8.1f}" if x else "    none" for x in r))
     return grid
 
 
@@ -216,6 +259,7 @@ def report(args, head: str, sp: space.Space, grid: ClockGrid, tunes: list[Budget
             "grid": [{"knobs": c, "run": r.text(), "env": dict(r.env), "rates": g}
                      for c, r, g in zip(grid.configs, grid.runs, grid.rates)],
             "grid_best": grid.configs[grid.best], "grid_s": grid.cost_s,
+            "grid_from": str(args.grid_from) if args.grid_from else None,
             "grid_seconds": args.grid_seconds, "grid_rounds": args.grid_rounds,
             "tunes": [{"budget": t.budget, "wall_s": t.wall_s, "summary": t.summary,
                        "error": t.error, "knobs": t.knobs,

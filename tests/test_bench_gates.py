@@ -226,3 +226,53 @@ def test_bench_search_sets_the_grids_own_figure_beside_the_side_by_side():
     assert search.grid_agrees(grid.ratio_to_best(sp, {**sp.baseline, "batch_size": 32}))
     assert grid.ratio_to_best(sp, {**sp.baseline, "batch_size": 1000}) is None  # not in it
     assert search.grid_agrees(None)
+
+
+def test_a_grid_is_reused_only_for_the_same_shape_and_space(tmp_path):
+    """``--grid-from``: an earlier run's grid names grid-best again (its figures, its rounds and
+    cost) for the same shape and space; a file of another shape, another space, or none that
+    bench_search wrote is refused, saying which."""
+    import argparse
+    import json
+
+    search = _bench("search_shape")
+    from autotune.tuning import space
+
+    sp = space.build(space.Machine(cores=2, mem_available_bytes=16 * 2**30),
+                     space.Baseline(batch_size=12, workers=0), space.SpaceRequest(
+                         ranges=space.parse_space(["batch_size=12:32"]),
+                         fixed=space.parse_fix(["workers=0", "thread_pct=100"])))
+    configs = sp.configs()
+    rates = {12: [150.0, 160.0], 16: [170.0, None], 32: [180.0, 186.0]}
+    saved = {"header": "# bench_search then", "shape": "nanogpt", "grid_s": 95.0,
+             "grid_seconds": 30.0, "grid_rounds": 2,
+             "grid": [{"knobs": c, "rates": rates[c["batch_size"]]} for c in reversed(configs)]}
+    path = tmp_path / "grid.json"
+    path.write_text(json.dumps(saved))
+    args = argparse.Namespace(grid_from=path, shape="nanogpt", space=[], grid_seconds=45.0,
+                              grid_rounds=3)
+    shapes = _bench("shapes")
+    runs = [shapes.plain_run(shapes.SHAPES["nanogpt"], c, sp) for c in configs]
+    grid = search.reused_grid(args, sp, configs, runs)
+    assert [r for r in grid.rates] == [rates[c["batch_size"]] for c in configs]
+    assert grid.configs[grid.best]["batch_size"] == 32 and grid.cost_s == 95.0
+    assert (args.grid_seconds, args.grid_rounds) == (30.0, 2)  # what the figures came from
+
+    for change, says in (({"shape": "mingpt"}, "shape 'mingpt'"),
+                         ({"grid": saved["grid"][1:]}, "not this run's space of 3")):
+        path.write_text(json.dumps({**saved, **change}))
+        with pytest.raises(ValueError, match=says):
+            search.reused_grid(args, sp, configs, runs)
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="not a grid that bench_search --shape wrote"):
+        search.reused_grid(args, sp, configs, runs)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--shape", "mingpt", "--grid-from", "no-such.json"], "--grid-from no-such.json: no such"),
+    (["--grid-from", "no-such.json"], "--grid-from reuses a --shape run's grid"),
+])
+def test_bench_search_refuses_a_grid_it_cannot_reuse_before_measuring(args, says):
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_search.py"), *args],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and says in r.stderr, r.stderr

@@ -351,11 +351,13 @@ def test_a_probe_the_budget_would_squeeze_below_what_it_measures_in_is_not_taken
     """Every probe the search takes gets at least half what it needs, and at least the least it
     measures anything in (first batch, warm-up, its windows): each one measured. One the budget
     left beside the confirmation would squeeze further is not taken (said); a few such in a row
-    end the search for its budget. Every batch reads the same here, so no walk step is among
-    them (one left out ends the search at once: the next test)."""
+    end the search for its budget. The baseline's batch line (no worker) reads flat here, so
+    no walk step is among them (one left out ends the search at once: the next test); workers
+    pay more the larger the batch, which draws the sampler to the larger batches, whose probes
+    are the longer."""
     clock, told = FakeClock(), []
     fake = SlowScript(clock)
-    fake.rate = lambda knobs: 100.0
+    fake.rate = lambda knobs: 100.0 + knobs["workers"] * knobs["batch_size"] / 50
     report, t, run_dir = tune(tmp_path, fake, seconds=None, budget_s=300.0, clock=clock,
                               confirm_rounds=3, notify=told.append)
     searched = [s for s in fake.specs if s.ranks.name.startswith("trial-")]
@@ -366,7 +368,7 @@ def test_a_probe_the_budget_would_squeeze_below_what_it_measures_in_is_not_taken
     assert outcomes and all(o in ("ok", "pruned") for _, o in outcomes), outcomes
     skipped = [n.text for n in told if "not probed:" in n.text]
     assert skipped and all("under half the" in n or "needs to measure at all" in n
-                           for n in skipped), skipped
+                           for n in skipped), (report.stop_reason, [n.text for n in told])
     assert any("needs to measure at all" in n for n in skipped), skipped
     # a config left out is not probed (its trial number never reaches a probe)
     probed = {s.ranks.name for s in searched}
@@ -399,3 +401,48 @@ def test_a_walk_step_the_budget_leaves_out_ends_the_search_once(tmp_path, machin
         [n.text for n in told]
     assert report.stop_reason.rule is Stop.BUDGET and report.stop_reason.reserved
     assert report.rounds >= decision.PLANNED_ROUNDS
+
+
+class Apart(SlowScript):
+    """`SlowScript`, whose script's own config (batch 16) reads ``second`` of its figure in its
+    second process: the spread between processes the search's repeat measures."""
+
+    def __init__(self, clock, second):
+        super().__init__(clock)
+        calls, rate = [], self.rate
+
+        def apart(knobs):
+            if knobs["batch_size"] == 16:
+                calls.append(1)
+                return rate(knobs) * (second if len(calls) == 2 else 1.0)
+            return rate(knobs)
+        self.rate = apart
+
+
+@pytest.mark.parametrize("alike", [True, False])
+def test_rounds_the_spread_shows_enough_free_the_third_for_the_search(tmp_path, machine,
+                                                                     alike):  # noqa: F811
+    """minGPT's shape: batch 32 gains 50% on the script's 16, and the step-time model sends
+    the walk to 128, whose ~45 s probe does not fit a 4-minute budget beside three rounds.
+    Such a gain makes the search measure the spread between processes at once: processes that
+    agree (±1%) show +50% in two rounds, so the reserve keeps two and 128 is probed, then
+    confirmed in two; processes 15% apart keep the three rounds, and 128 out."""
+    clock, told = FakeClock(), []
+    fake = Apart(clock, 1.0 if alike else 0.85)
+    report, t, _ = tune(tmp_path, fake, seconds=None, budget_s=240.0, clock=clock,
+                        confirm_rounds=3, notify=told.append,
+                        fix_tokens=("workers=0", "instances=1", "threads=2"),
+                        space_tokens=("batch_size=8:128",))
+    texts = [n.text for n in told]
+    names = [s.ranks.name for s in fake.specs]
+    assert names.index("baseline-again") == names.index("trial-1") + 1, names  # at once
+    assert any("decides whether 2 confirmation rounds can show the +50.0%" in n
+               for n in texts), texts
+    probed = [s.ranks.knobs["batch_size"] for s in fake.specs if s.ranks.name.startswith("trial")]
+    if alike:
+        assert 128 in probed and report.best.knobs["batch_size"] == 128, (probed, texts)
+        assert report.rounds == decision.MIN_ROUNDS and not report.kept_baseline, texts
+    else:
+        assert 128 not in probed, (probed, texts)
+        assert report.rounds >= decision.PLANNED_ROUNDS, texts
+    assert clock.t <= 240.0 + 10

@@ -308,7 +308,8 @@ def test_one_at_a_time_moves_the_batch_to_its_neighbours_and_each_other_knob_to_
     sp = build()  # baseline batch 32 of 8..256, workers 0 of 0..2, thread_pct 100 of 50,100
     assert sp.domains["batch_size"] == (8, 16, 32, 64, 128, 256)
     moves = sp.one_at_a_time()
-    assert moves == [{**sp.baseline, "batch_size": 16}, {**sp.baseline, "batch_size": 64},
+    # the larger neighbour first: if it pays, the search holds the smaller back
+    assert moves == [{**sp.baseline, "batch_size": 64}, {**sp.baseline, "batch_size": 16},
                      {**sp.baseline, "workers": 2}, {**sp.baseline, "thread_pct": 50}]
     # at the domain's end, the one neighbour there is
     low = build(ranges=["batch_size=32:128"])

@@ -357,7 +357,7 @@ def test_first_moves_on_a_gpu_add_ranks_before_they_cut_a_lone_ranks_share():
     moves = sp.one_at_a_time(("thread_pct", "batch_size", "instances"))
     assert moves[0] == {**sp.baseline, "instances": 4, "bucket_mb": 25}
     assert not any(m["thread_pct"] != 100 and m["instances"] == 1 for m in moves)
-    assert [m["batch_size"] for m in moves[1:3]] == [16, 64]
+    assert [m["batch_size"] for m in moves[1:3]] == [64, 16]  # the larger neighbour first
     # The share still comes with more ranks (two clients at half the GPU).
     assert {**sp.baseline, "instances": 2, "thread_pct": 50, "bucket_mb": 25} in \
         sp.initial_design(("thread_pct", "batch_size", "instances"))

@@ -87,10 +87,13 @@ def test_a_new_state_has_no_baseline_keys_yet(tmp_path):
     st = TuneState.new(s, tmp_path / "run-1", warm_start={"workers": 2})
     d = st.to_dict()
     assert st.run_command == ("t.py",) and st.run_cwd == "/w" and st.run_id.startswith("run-1-")
-    assert not {"space", "baseline", "allreduce", "enqueued", "combined"} & set(d)
+    assert not {"space", "baseline", "allreduce", "enqueued", "combined",
+                "smaller_settled"} & set(d)
     assert TuneState.from_dict(json.loads(json.dumps(d))) == st
     done = dataclasses.replace(st, combined=True)
     assert TuneState.from_dict(done.to_dict()).combined
+    settled = dataclasses.replace(st, smaller_settled=True)
+    assert TuneState.from_dict(settled.to_dict()).smaller_settled
 
 
 def test_a_state_without_the_full_runs_command_runs_the_probed_one(tmp_path):

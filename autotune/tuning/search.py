@@ -174,7 +174,13 @@ class Search:
         for cfg in design:
             if cfg not in held:
                 self.handle.enqueue(sp.choice_from_config(cfg), {"design": "initial"})
+        pair = self._neighbours()
         for cfg in held:
+            if pair is not None and sp.key(cfg) == sp.key(pair[0]):
+                self.prober.tell(Note.info(
+                    f"{knobs_text(cfg)} held back until {knobs_text(pair[1])} is measured: if "
+                    f"the larger batch pays, the smaller waits for the batch walk"))
+                continue
             gain = max(parts.most_gain(k) for k in self._moved(cfg))
             self.prober.tell(Note.info(
                 f"{knobs_text(cfg)} held back: what it moves can take back at most "
@@ -191,27 +197,91 @@ class Search:
         base = self.space.canonical(self.space.baseline)
         return [k for k, v in self.space.canonical(cfg).items() if base.get(k) != v]
 
+    def _neighbours(self) -> tuple[dict[str, int], dict[str, int]] | None:
+        """The script's batch neighbours on the baseline's line, (smaller, larger), when the
+        space holds both."""
+        sp = self.space
+        if "batch_size" not in sp.domains or "batch_size" not in sp.baseline:
+            return None
+        values = sp.domains["batch_size"]
+        i = sp.index("batch_size", sp.baseline["batch_size"])
+        if i == 0 or i + 1 >= len(values):
+            return None
+        return (sp.config({**sp.baseline, "batch_size": values[i - 1]}),
+                sp.config({**sp.baseline, "batch_size": values[i + 1]}))
+
     def _held_back(self, design: list[dict[str, int]]) -> list[dict[str, int]]:
-        """The configs of the initial design that move only knobs the baseline's breakdown says
-        cannot pay (`Breakdown.most_gain` within `decision.MIN_GAIN_REL`: more workers for a
-        script that waits 0.1% of its step for data): they wait for the batch walk
-        (`_release_held`), whose probes can. On minGPT's shape a 6m budget spent 21 s on
-        workers=1 (data wait 0.1%) and had no room left for the walk's 128."""
+        """The configs of the initial design that wait (`_release_held`, once the batch walk has
+        nowhere to go):
+
+        - those that move only knobs the baseline's breakdown says cannot pay
+          (`Breakdown.most_gain` within `decision.MIN_GAIN_REL`: more workers for a script that
+          waits 0.1% of its step for data). On minGPT's shape a 6m budget spent 21 s on
+          workers=1 (data wait 0.1%) and had no room left for the walk's 128;
+        - the script's smaller batch neighbour, while the larger is not measured, and for good
+          once the larger pays beyond what processes differ by (`_maybe_release_smaller`):
+          a batch line that rises past the script's batch seldom rises below it too, and
+          minGPT's 16 (26 s, pruned) was what the walk's 128 lacked at 6m.
+        """
         parts = self._parts()
-        if parts is None or "batch_size" not in self.space.domains:
+        if "batch_size" not in self.space.domains:
             return []
         out = []
+        pair = self._neighbours()
+        keys = {self.space.key(c) for c in design}
+        if pair is not None and all(self.space.key(c) in keys for c in pair):
+            out += [c for c in design if self.space.key(c) == self.space.key(pair[0])]
+        if parts is None:
+            return out
         for cfg in design:
             gains = [parts.most_gain(k) for k in self._moved(cfg)]
             if gains and all(g is not None and g <= decision.MIN_GAIN_REL for g in gains):
                 out.append(cfg)
         return out
 
+    def _maybe_release_smaller(self) -> None:
+        """The smaller batch neighbour (held back: `_held_back`) queued once the larger is
+        answered and did not pay beyond the pruning margin (what processes of one config
+        differ by: `spread.ProcessSpread.margin_rel`, else `decision.PRUNE_MARGIN_REL`); a
+        larger that pays keeps it held until the batch walk has nowhere to go."""
+        pair = self._neighbours()
+        if pair is None or self.state.smaller_settled:
+            return
+        smaller, larger = pair
+        sp = self.space
+        parts = self._parts()
+        held = self._held_back(sp.initial_design(parts.moves() if parts else ()))
+        if sp.key(smaller) not in {sp.key(c) for c in held}:
+            return
+        big, base = self.known.get(sp.key(larger)), self.known.get(sp.key(sp.baseline))
+        if base is None or (big is None and not decision.oom_blocks(larger, self.ooms)):
+            return
+        margin = self.handle.pruner.margin_rel
+        gain = None
+        if big is not None and not big.infeasible:
+            b, g = self._score(base).value, self._score(big).value
+            gain = g / b - 1 if b and g is not None else None
+        if gain is not None and gain > margin:
+            self.prober.tell(Note.info(
+                f"{knobs_text(smaller)} stays held back: {knobs_text(larger)} beat the script's "
+                f"batch by {gain:+.1%}, beyond the {margin:.0%} processes differ by; it is probed "
+                f"once the batch walk has nowhere to go"))
+        elif sp.key(smaller) not in {self._key_of(t) for t in self.handle.trials()}:
+            self.handle.enqueue(sp.choice_from_config(smaller), {"design": "initial"})
+            said = "failed" if gain is None else f"read {gain:+.1%}"
+            self.prober.tell(Note.info(
+                f"{knobs_text(smaller)} next: {knobs_text(larger)} {said} against the script's "
+                f"batch, not beyond the {margin:.0%} processes differ by"))
+        self._keep(smaller_settled=True)
+
     def _release_held(self) -> None:
         """The held-back configs (`_held_back`), queued once the batch walk has nowhere to go
         and the initial design is measured; none the study holds already."""
         parts = self._parts()
         held = self._held_back(self.space.initial_design(parts.moves() if parts else ()))
+        pair = self._neighbours()
+        if pair is not None and not self.state.smaller_settled:  # the larger not yet answered
+            held = [c for c in held if self.space.key(c) != self.space.key(pair[0])]
         if not held or self.handle.trials(states=(studies.TrialState.WAITING,)):
             return
         had = {self._key_of(t) for t in self.handle.trials()}
@@ -443,8 +513,9 @@ class Search:
     # -- when to stop ---------------------------------------------------------------------------
     def _after_trial(self, study, frozen) -> None:
         self._maybe_combine()
+        self._maybe_repeat()  # first: the walk's room depends on the rounds its spread plans
         self._maybe_walk()
-        self._maybe_repeat()
+        self._maybe_release_smaller()
         reason = self._stop_reason()
         if reason is not None:
             self.stop_reason = reason
@@ -532,13 +603,16 @@ class Search:
         probe to be worth it; that is said, and the assumed figure stands."""
         s, sp = self.settings, self.space
         pending = self.state.learned.spread
-        if pending is None or not pending.pending or self.measured < REPEAT_AFTER:
+        if pending is None or not pending.pending:
+            return
+        early = self._repeat_may_save_a_round()
+        if self.measured < REPEAT_AFTER and early is None:
             return
         probe_s = self.prober.probe_s(self.state, *sp.trial_knobs(sp.baseline))
         why = ""
         if s.max_trials is not None and not spread.worth_repeating(s.max_trials - self.measured):
             why = f"--trials {s.max_trials} leaves too few probes to spend one on it"
-        elif s.budget_s is not None:
+        elif s.budget_s is not None and early is None:
             expect = budget_plan(self.prober, self.state,
                                  s.budget_s - self.elapsed() - probe_s).probes
             if not spread.worth_repeating(expect):
@@ -549,8 +623,10 @@ class Search:
             return
         knobs, instances = sp.trial_knobs(sp.baseline)
         spec = self.prober.spec(self.state, knobs, instances, "baseline-again")
-        self.prober.tell(Note.info("measuring the script's own config again in a new process: "
-                                   "the spread between processes"))
+        self.prober.tell(Note.info(
+            "measuring the script's own config again in a new process: the spread between "
+            "processes" + (f", which decides whether {decision.MIN_ROUNDS} confirmation rounds "
+                           f"can show the {early - 1:+.1%} the search measured" if early else "")))
         learned, result = self.prober.probe(self.state, spec, label="baseline-again",
                                             number=None, cfg=dict(sp.baseline))
         self._keep(learned=learned.learned)
@@ -560,6 +636,55 @@ class Search:
                              f"{result.reason})"))
             return
         self._keep_spread(spread.measure(pending.first, spread.Side.of(result)))
+
+    def _best_gain(self) -> tuple[float, float] | None:
+        """The search's best config over the script's own, by score: (speed-up, the two
+        figures' own relative intervals together); None while no config beats it."""
+        sp = self.space
+        top = confirm.best(sp, self.known, self.scorer, 1)
+        base = self.known.get(sp.key(sp.baseline))
+        if not top or base is None:
+            return None
+        b, t = self._score(base), self._score(top[0])
+        if not b.value or t.value is None or t.value <= b.value:
+            return None
+        return t.value / b.value, math.hypot(b.ci_half / b.value, t.ci_half / t.value)
+
+    def _planned_rounds(self) -> int:
+        """The confirmation rounds the budget keeps time for: those asked (``--confirm-rounds``),
+        unless the spread between processes is measured and fewer, down to
+        `decision.MIN_ROUNDS`, would show the search's best gain beyond doubt
+        (`decision.rounds_planned`; the confirmation itself still decides on its rounds, and
+        time left over buys more). minGPT's shape moves ~1% between processes: two rounds show
+        its +32%, and the third round's ~70 s is a probe of the batch the walk goes to next."""
+        s = self.settings
+        measured = self.state.learned.spread
+        best = self._best_gain()
+        if s.confirm_rounds <= decision.MIN_ROUNDS or best is None or measured is None or \
+                not measured.measured:
+            return s.confirm_rounds
+        n = decision.rounds_planned(best[0], measured.process_rel(), best[1], 1)
+        return s.confirm_rounds if n is None else max(decision.MIN_ROUNDS,
+                                                      min(s.confirm_rounds, n))
+
+    def _repeat_may_save_a_round(self) -> float | None:
+        """Under a budget, once the search's best beats the script's config beyond the pruning
+        margin: that gain when processes as alike as `spread.BETWEEN_FLOOR` would let fewer
+        confirmation rounds show it than the budget plans for (`_planned_rounds`), so that the
+        spread, measured now, may free a round for the search; None otherwise."""
+        s = self.settings
+        best = self._best_gain()
+        if s.budget_s is None or best is None or s.confirm_rounds <= decision.MIN_ROUNDS or \
+                best[0] - 1 <= self.handle.pruner.margin_rel:
+            return None
+        n = decision.rounds_planned(best[0], spread.BETWEEN_FLOOR, best[1], 1)
+        if n is None or n >= s.confirm_rounds:
+            return None
+        # it pays for itself only if, the rounds cut, the search still has room for a probe
+        sp = self.space
+        repeat_s = self.prober.probe_s(self.state, *sp.trial_knobs(sp.baseline))
+        left = s.budget_s - self.elapsed() - repeat_s - self._reserve_s() * n / s.confirm_rounds
+        return best[0] if left >= self.prober.typical_s(self.state) else None
 
     def _keep_spread(self, measured: spread.ProcessSpread) -> None:
         self._keep(learned=dataclasses.replace(self.state.learned, spread=measured))
@@ -628,8 +753,9 @@ class Search:
         floor = dict(zip((n for n, _ in entries), windows))
         one_round = sum(min(confirm.entry_probe_s(self.prober, self.state, self.known, c),
                             floor[n]) for n, c in entries)
-        full = s.confirm_rounds * sum(windows)
-        return fitting.confirm_reserve(s.budget_s, full, one_round, rounds=s.confirm_rounds)
+        rounds = self._planned_rounds()
+        return fitting.confirm_reserve(s.budget_s, rounds * sum(windows), one_round,
+                                       rounds=rounds)
 
     def _stop_reason(self) -> StopReason | None:
         s = self.settings

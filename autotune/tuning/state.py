@@ -58,6 +58,8 @@ class TuneState:
     learned: Learned = Learned()  # what the probes taught: timing, paces, facts, notes
     enqueued: bool = False  # the baseline and the initial design are queued in the study
     combined: bool = False  # the one-at-a-time moves that paid off are queued, joined
+    # the smaller batch neighbour's hold is settled: queued, or held for the walk's end
+    smaller_settled: bool = False
 
     @classmethod
     def new(cls, settings: TuneSettings, run_dir: Path, *, kind: str = "tune",
@@ -88,7 +90,7 @@ class TuneState:
              "allreduce": self.allreduce and self.allreduce.to_dict(),
              "ranks_probe": self.ranks_probe and self.ranks_probe.to_dict(),
              "learned": self.learned.to_dict(), "enqueued": self.enqueued,
-             "combined": self.combined}
+             "combined": self.combined, "smaller_settled": self.smaller_settled}
         return {k: v for k, v in d.items() if v is not None and v is not False}
 
     @classmethod
@@ -111,7 +113,8 @@ class TuneState:
                    ranks_probe=RanksProbe.from_dict(d["ranks_probe"]) if d.get("ranks_probe")
                    else None,
                    learned=Learned.from_dict(d.get("learned") or {}),
-                   enqueued=bool(d.get("enqueued")), combined=bool(d.get("combined")))
+                   enqueued=bool(d.get("enqueued")), combined=bool(d.get("combined")),
+                   smaller_settled=bool(d.get("smaller_settled")))
 
 
 def save(run_dir: Path, state: TuneState) -> None:

@@ -94,9 +94,11 @@ class Space:
         """The baseline with one knob moved: the first configs worth measuring, the knobs in
         ``first`` first (those that move what binds the baseline). A knob moves to its far end,
         except the per-rank batch, which moves to its neighbours on both sides
-        (`NEIGHBOURED`): a script's batch is seldom far from a good one, and one that runs
-        faster per sample at a smaller size is found only by looking there;
-        `Space.batch_walk` goes on in the direction that paid off.
+        (`NEIGHBOURED`), the larger first: a script's batch is seldom far from a good one, and
+        one that runs faster per sample at a smaller size is found only by looking there;
+        `Space.batch_walk` goes on in the direction that paid off. The larger comes first
+        because a larger batch that pays says where the walk goes, and the search then holds
+        the smaller back (`autotune.tuning.search.Search._maybe_release_smaller`).
 
         With a handful of noisy probes, learning each knob's direction first beats random
         starting points; `autotune.tuning.decision.combine` then joins the moves that paid off.
@@ -117,7 +119,7 @@ class Space:
             values = self.domains[n]
             i = self.index(n, self.baseline.get(n, values[0]))
             if n in NEIGHBOURED:
-                targets = [values[j] for j in (i - 1, i + 1) if 0 <= j < len(values)]
+                targets = [values[j] for j in (i + 1, i - 1) if 0 <= j < len(values)]
             else:
                 targets = [values[-1] if i < (len(values) - 1) / 2 else values[0]]
             for v in targets:
