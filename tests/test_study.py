@@ -384,6 +384,23 @@ def test_under_a_budget_the_runner_up_is_not_confirmed(tmp_path, machine):
     assert clock.t <= 120.0 + 0.8 * 10
 
 
+def test_a_search_ending_well_inside_its_budget_confirms_the_runner_up_too(tmp_path, machine):
+    """Six configs answered in about a minute of a 10-minute budget: three rounds of all three
+    entries fit twice over, so the runner-up is confirmed beside the best (a hedge against
+    the best being a lucky reading), not left out as when the budget is tight (the batch
+    held, so the runner-up is no batch-keeping alternative)."""
+    clock, told = FakeClock(), []
+    fake = Timed(clock, surface)
+    report, _, _ = tune(tmp_path, fake, budget_s=600.0, clock=clock, confirm_rounds=3,
+                        notify=told.append, fix_tokens=("batch_size=16", "instances=1"))
+    assert report.stop_reason.rule is Stop.EXHAUSTED, report.stop_reason
+    texts = [n.text for n in told]
+    assert not any("is left out: under a budget" in n for n in texts), texts
+    confirm = [s.ranks.name for s in fake.specs if s.ranks.name.startswith("confirm")]
+    assert len({name.split("-", 1)[1] for name in confirm}) == 3, confirm
+    assert report.candidates == 2, report
+
+
 def level_threads(knobs):
     """One thread gains 1%: under the 3% a switch needs whatever the rounds."""
     return 100.0 * (1.01 if knobs["threads"] == 1 else 1.0)
@@ -822,6 +839,31 @@ def _first_high_then_low():
             return {1: 120.0, 2: 80.0}.get(len(baseline_calls), 100.0)
         return {8: 90.0, 32: 106.0, 64: 112.0}.get(k["batch_size"], 95.0)
     return FakeProbe(rate)
+
+
+def test_a_move_pruned_against_a_lucky_first_figure_is_probed_again(tmp_path, machine):
+    """The script's own config reads 150 in its first process and 90 in its second; batch 32
+    does 125 (+4% on their mean), 64 does 140. Against the first figure 32 is pruned; the second
+    process shows that figure was far off, so 32 is probed once more, and the walk goes on from
+    it to 64, which wins. (nanoGPT's shape read its own config at 216.4, then 141.6, and pruned
+    its 16 against the first.)"""
+    calls = []
+
+    def rate(k):
+        if (k["batch_size"], k["threads"], k["workers"]) == (16, 2, 0):
+            calls.append(1)
+            return {1: 150.0, 2: 90.0}.get(len(calls), 120.0)
+        return {32: 125.0, 64: 140.0}.get(k["batch_size"], 80.0)
+    fake, told = FakeProbe(rate), []
+    report, t, _ = tune(tmp_path, fake, trials=8, confirm_rounds=2, notify=told.append,
+                        fix_tokens=("workers=0", "instances=1", "threads=2"))
+    texts = [n.text for n in told]
+    searched = [k.get("batch_size") for k in fake.measured()[1:]]
+    assert searched.count(32) == 2, (searched, texts)
+    assert any(n.startswith("batch_size=32 ") and "probed again: pruned at 125.0" in n
+               for n in texts), texts
+    assert 64 in searched[searched.index(32, searched.index(32) + 1):], (searched, texts)
+    assert report.best.knobs["batch_size"] == 64 and not report.kept_baseline
 
 
 @pytest.mark.parametrize("resumed", [False, True])

@@ -129,6 +129,17 @@ def essential(space: Space, entries: list[tuple[str, dict]]) -> list[tuple[str, 
     return [entries[0], entries[1], *extra]
 
 
+def _holds_all(prober: Prober, state: TuneState, known: Mapping[tuple, Known],
+               entries: list[tuple[str, dict]], left_s: float, rounds: int) -> bool:
+    """Whether ``left_s`` holds all of ``rounds`` (at least `decision.PLANNED_ROUNDS`) rounds
+    of every entry at full length, twice over: a search that ended well inside its budget (its
+    space answered, its sampler converged) can afford the runner-up, whose probes hedge
+    against the best being a lucky reading. word_lm's shape stopped 117 s into 6m with its
+    runner-up (64, the grid's best) left out, and 170 s unspent."""
+    windows = probe_windows(prober, state, known, [c for _, c in entries])
+    return left_s >= 2 * max(rounds, decision.PLANNED_ROUNDS) * sum(windows)
+
+
 def _remeasure(prober: Prober, state: TuneState, entries, rounds: int,
                windows: Mapping[str, float]) -> tuple[TuneState, dict[str, list]]:
     space = state.space
@@ -284,7 +295,8 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
     entries = candidates(space, known, scorer)
     rounds = settings.confirm_rounds
     few = essential(space, entries)
-    if len(few) < len(entries) and left_s is not None:
+    if len(few) < len(entries) and left_s is not None and \
+            not _holds_all(prober, state, known, entries, left_s, rounds):
         dropped = entries[2][0]
         entries = few
         state = prober.note(state, Note.info(

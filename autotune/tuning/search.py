@@ -691,6 +691,46 @@ class Search:
         self.state = self.prober.note(self.state, Note.info(f"noise: {measured.text()}"))
         self.save(self.state)
         self._use_spread()
+        if measured.measured:
+            self._requeue_misjudged()
+
+    def _requeue_misjudged(self) -> None:
+        """The one-at-a-time moves pruned before the spread between processes was measured
+        whose last estimate, against the bar and margin it sets now (the baseline at the mean
+        of its two processes, `_pool_baseline`), would not have been pruned: queued once more.
+        Their pruning judged them against one figure of the script's config that a second
+        process shows was off. nanoGPT's shape read its own config at 216.4, then 141.6; batch
+        16 at 166.3 was pruned against the first, and the search never walked to the larger
+        batches the grid finds best. Once per config: one the study holds twice is not queued
+        again (so a resumed run queues none anew)."""
+        sp, pruner = self.space, self.handle.pruner
+        if not self.handle.prunes:
+            return
+        floor = studies.best_floor(self.handle.trials(states=(studies.TrialState.COMPLETE,)),
+                                   pruner.revised)
+        held = {self._key_of(t) for t in self.handle.trials()
+                if t.state == studies.TrialState.WAITING}
+        counts: dict[tuple | None, int] = {}
+        for t in self.handle.trials():
+            key = self._key_of(t)
+            counts[key] = counts.get(key, 0) + 1
+        for cfg in sp.one_at_a_time():
+            key = sp.key(cfg)
+            k = self.known.get(key)
+            if k is None or k.outcome != Outcome.PRUNED or counts.get(key, 0) > 1 or \
+                    key in held:
+                continue
+            score = self._score(k)
+            if score.value is None or not math.isfinite(score.ci_half) or \
+                    decision.cannot_reach(score.value, score.ci_half, floor,
+                                          margin_rel=pruner.margin_rel):
+                continue
+            del self.known[key]
+            self.handle.enqueue(sp.choice_from_config(cfg), {"design": "again"})
+            self.prober.tell(Note.info(
+                f"{knobs_text(cfg)} probed again: pruned at {score.value:.1f} against the "
+                f"script's first figure, it is within the {pruner.margin_rel:.0%} margin of the "
+                f"bar the two processes set ({floor:.1f})"))
 
     def _use_spread(self) -> None:
         """The pruning margin from the measured spread between processes, where there is one,
