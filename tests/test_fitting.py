@@ -446,3 +446,31 @@ def test_rounds_the_spread_shows_enough_free_the_third_for_the_search(tmp_path, 
         assert 128 not in probed, (probed, texts)
         assert report.rounds >= decision.PLANNED_ROUNDS, texts
     assert clock.t <= 240.0 + 10
+
+
+def test_the_budget_stops_the_search_when_the_cheapest_config_left_does_not_fit(
+        tmp_path, machine, monkeypatch):  # noqa: F811
+    """Steps of 0.5 s + 15.6 ms a sample: a probe of batch 8 takes ~15 s, one of 256 ~70 s. The
+    search stops for its budget once the cheapest config not yet answered no longer fits beside
+    the confirmation, not once a probe of the space's average length does not: the same tune
+    weighed against the average stops earlier, with configs that fit left unprobed (nanoGPT's
+    shape stopped 152 s into 6m so). Either way it keeps to its budget."""
+    def run(where, rule):
+        clock = FakeClock()
+        fake = SlowScript(clock)
+        if rule == "average":
+            monkeypatch.setattr(search.Search, "_cheapest_left_s",
+                                lambda self: self.prober.typical_s(self.state))
+        else:
+            monkeypatch.undo()
+        report, _, _ = tune(tmp_path / where, fake, seconds=None, budget_s=420.0, clock=clock,
+                            confirm_rounds=3, fix_tokens=("instances=1", "threads=2"))
+        probed = [s for s in fake.specs if s.ranks.name.startswith("trial-")]
+        return report, probed, clock.t
+
+    old, old_probed, old_t = run("average", "average")
+    new, new_probed, new_t = run("cheapest", "cheapest")
+    assert old.stop_reason.rule is Stop.BUDGET, old.stop_reason
+    assert len(new_probed) > len(old_probed), ([s.ranks.knobs for s in old_probed],
+                                               [s.ranks.knobs for s in new_probed])
+    assert new_t <= 420.0 + 10 and old_t <= 420.0 + 10
