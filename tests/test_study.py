@@ -860,7 +860,7 @@ def test_a_move_pruned_against_a_lucky_first_figure_is_probed_again(tmp_path, ma
     texts = [n.text for n in told]
     searched = [k.get("batch_size") for k in fake.measured()[1:]]
     assert searched.count(32) == 2, (searched, texts)
-    assert any(n.startswith("batch_size=32 ") and "probed again: pruned at 125.0" in n
+    assert any(n.startswith("batch_size=32 ") and "probed again: pruned at 125.0 before the spread" in n
                for n in texts), texts
     assert 64 in searched[searched.index(32, searched.index(32) + 1):], (searched, texts)
     assert report.best.knobs["batch_size"] == 64 and not report.kept_baseline

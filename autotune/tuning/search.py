@@ -239,6 +239,12 @@ class Search:
                 out.append(cfg)
         return out
 
+    def _held_now(self) -> list[dict[str, int]]:
+        """`_held_back` of the initial design as the state has it (deterministic: a resumed
+        run holds the same configs)."""
+        parts = self._parts()
+        return self._held_back(self.space.initial_design(parts.moves() if parts else ()))
+
     def _maybe_release_smaller(self) -> None:
         """The smaller batch neighbour (held back: `_held_back`) queued once the larger is
         answered and did not pay beyond the pruning margin (what processes of one config
@@ -249,9 +255,7 @@ class Search:
             return
         smaller, larger = pair
         sp = self.space
-        parts = self._parts()
-        held = self._held_back(sp.initial_design(parts.moves() if parts else ()))
-        if sp.key(smaller) not in {sp.key(c) for c in held}:
+        if sp.key(smaller) not in {sp.key(c) for c in self._held_now()}:
             return
         big, base = self.known.get(sp.key(larger)), self.known.get(sp.key(sp.baseline))
         if base is None or (big is None and not decision.oom_blocks(larger, self.ooms)):
@@ -277,8 +281,7 @@ class Search:
     def _release_held(self) -> None:
         """The held-back configs (`_held_back`), queued once the batch walk has nowhere to go
         and the initial design is measured; none the study holds already."""
-        parts = self._parts()
-        held = self._held_back(self.space.initial_design(parts.moves() if parts else ()))
+        held = self._held_now()
         pair = self._neighbours()
         if pair is not None and not self.state.smaller_settled:  # the larger not yet answered
             held = [c for c in held if self.space.key(c) != self.space.key(pair[0])]
@@ -598,9 +601,12 @@ class Search:
     def _maybe_repeat(self) -> None:
         """After the first two search probes (by then what probes really cost, and so the
         plan, is known), the script's own config once more in a new process: the spread
-        between processes (`autotune.tuning.spread`), which the pruning margin and a one-round
-        speed-up use from then on. Not taken when the search expects too few configs for one
-        probe to be worth it; that is said, and the assumed figure stands."""
+        between processes (`autotune.tuning.spread`), which the pruning margin, a one-round
+        speed-up and the confirmation's planned rounds (`_planned_rounds`) use from then on.
+        Under a budget it comes at once after a first gain that processes alike would show in
+        fewer rounds (`_repeat_may_save_a_round`). Otherwise not taken when the search expects
+        too few configs for one probe to be worth it; that is said, and the assumed figure
+        stands."""
         s, sp = self.settings, self.space
         pending = self.state.learned.spread
         if pending is None or not pending.pending:
@@ -728,9 +734,9 @@ class Search:
             del self.known[key]
             self.handle.enqueue(sp.choice_from_config(cfg), {"design": "again"})
             self.prober.tell(Note.info(
-                f"{knobs_text(cfg)} probed again: pruned at {score.value:.1f} against the "
-                f"script's first figure, it is within the {pruner.margin_rel:.0%} margin of the "
-                f"bar the two processes set ({floor:.1f})"))
+                f"{knobs_text(cfg)} probed again: pruned at {score.value:.1f} before the spread "
+                f"between processes was measured, it is within the {pruner.margin_rel:.0%} "
+                f"margin of the bar that spread sets ({floor:.1f})"))
 
     def _use_spread(self) -> None:
         """The pruning margin from the measured spread between processes, where there is one,
