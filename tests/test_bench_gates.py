@@ -201,17 +201,22 @@ def test_bench_search_prints_every_noise_entry_of_the_tunes_summary():
     assert search.brief(None) == "(none in this summary)"
 
 
+def _batch_space(batches: str):
+    """nanoGPT's batch 12 on two cores, only the batch searched (``batches``: its range)."""
+    from autotune.tuning import space
+
+    return space.build(space.Machine(cores=2, mem_available_bytes=16 * 2**30),
+                       space.Baseline(batch_size=12, workers=0), space.SpaceRequest(
+                           ranges=space.parse_space([batches]),
+                           fixed=space.parse_fix(["workers=0", "thread_pct=100"])))
+
+
 def test_bench_search_sets_the_grids_own_figure_beside_the_side_by_side():
     """A side by side that cannot tell the grid's best from the defaults passes a tune that kept
     them; the grid's own rounds, which put its best at 1.18x the defaults, are reported beside
     it (not the gate: the best of many noisy figures runs high)."""
     search = _bench("search_shape")
-    from autotune.tuning import space
-
-    sp = space.build(space.Machine(cores=2, mem_available_bytes=16 * 2**30),
-                     space.Baseline(batch_size=12, workers=0), space.SpaceRequest(
-                         ranges=space.parse_space(["batch_size=12:96"]),
-                         fixed=space.parse_fix(["workers=0", "thread_pct=100"])))
+    sp = _batch_space("batch_size=12:96")
     configs = sp.configs()
     assert [c["batch_size"] for c in configs] == [12, 16, 32, 64, 96]
     grid = search.ClockGrid(configs, runs=[None] * 5, cost_s=1.0,
@@ -236,12 +241,7 @@ def test_a_grid_is_reused_only_for_the_same_shape_and_space(tmp_path):
     import json
 
     search = _bench("search_shape")
-    from autotune.tuning import space
-
-    sp = space.build(space.Machine(cores=2, mem_available_bytes=16 * 2**30),
-                     space.Baseline(batch_size=12, workers=0), space.SpaceRequest(
-                         ranges=space.parse_space(["batch_size=12:32"]),
-                         fixed=space.parse_fix(["workers=0", "thread_pct=100"])))
+    sp = _batch_space("batch_size=12:32")
     configs = sp.configs()
     rates = {12: [150.0, 160.0], 16: [170.0, None], 32: [180.0, 186.0]}
     saved = {"header": "# bench_search then", "shape": "nanogpt", "grid_s": 95.0,
