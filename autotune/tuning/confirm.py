@@ -271,10 +271,11 @@ def planned_rounds(searched: Callable[[str], Round], names: Sequence[str], proce
     base = searched("baseline")
     best = max((searched(n) for n in names if n != "baseline"),
                key=lambda r: r.samples_per_s, default=None)
-    if best is None or base.samples_per_s <= 0 or best.samples_per_s <= 0:
+    gain = None if best is None else decision.gain_of(best.samples_per_s, best.ci_half,
+                                                      base.samples_per_s, base.ci_half)
+    if gain is None:
         return None, ""
-    speedup = best.samples_per_s / base.samples_per_s
-    within = math.hypot(best.ci_half / best.samples_per_s, base.ci_half / base.samples_per_s)
+    speedup, within = gain
     n = decision.rounds_planned(speedup, process_rel, within, candidates)
     if n is None:
         return None, ""

@@ -333,6 +333,16 @@ def _fewest_rounds(gain: float, sd: float, within_one: float, level: float, *,
     return None
 
 
+def gain_of(best: float, best_ci: float, base: float, base_ci: float
+            ) -> tuple[float, float] | None:
+    """A config's speed-up over the baseline from one figure of each (samples/s or a score,
+    with 95% half-widths), and their own relative intervals together: what
+    `rounds_planned` plans from. None when either figure is not positive."""
+    if best <= 0 or base <= 0:
+        return None
+    return best / base, math.hypot(best_ci / best, base_ci / base)
+
+
 def rounds_planned(speedup: float, process_rel: float, within: float, candidates: int, *,
                    min_gain_rel: float = MIN_GAIN_REL) -> int | None:
     """The rounds a confirmation plans for a gain the search measured, before any round runs:

@@ -654,7 +654,7 @@ class Search:
         b, t = self._score(base), self._score(top[0])
         if not b.value or t.value is None or t.value <= b.value:
             return None
-        return t.value / b.value, math.hypot(b.ci_half / b.value, t.ci_half / t.value)
+        return decision.gain_of(t.value, t.ci_half, b.value, b.ci_half)
 
     def _planned_rounds(self) -> int:
         """The confirmation rounds the budget keeps time for: those asked (``--confirm-rounds``),
