@@ -58,6 +58,11 @@ def _ints(text: str) -> tuple[int, ...]:
     return values
 
 
+def _time_sliced(text: str) -> tuple[int, ...]:
+    """``none`` runs no rank count time-sliced; else a list as for --instances."""
+    return () if text.strip().lower() == "none" else _ints(text)
+
+
 def _steps(text: str) -> tuple[str, ...]:
     names = tuple(s.strip() for s in text.split(",") if s.strip())
     bad = [n for n in names if n not in record.STEPS]
@@ -95,9 +100,9 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, Settings]:
     p.add_argument("--seconds", type=float, default=30.0, help="each measured run (30)")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds (2)")
     p.add_argument("--instances", type=_ints, default=(2, 3, 4), help="ranks per GPU (2,3,4)")
-    p.add_argument("--time-sliced", type=_ints, default=None,
-                   help="rank counts also run without MPS (default: the largest with MPS, "
-                        "all of them without)")
+    p.add_argument("--time-sliced", type=_time_sliced, default=None,
+                   help="rank counts also run without MPS, or 'none' (default: the largest "
+                        "with MPS, all of them without)")
     p.add_argument("--gpu", type=int, default=0, help="the GPU index measured (0)")
     p.add_argument("--script", type=Path, default=EXAMPLE,
                    help="the training script (it must take --seconds, --backend and print "

@@ -106,6 +106,17 @@ def test_a_crash_is_told_by_its_last_line_and_our_last_frame():
     assert facts.crash_line("") == "(no output)"
 
 
+def test_time_sliced_none_runs_no_rank_count_without_mps(tmp_path):
+    import gpu_proof
+    _, none = gpu_proof.parse_args(["--out", str(tmp_path), "--time-sliced", "none"])
+    _, four = gpu_proof.parse_args(["--out", str(tmp_path), "--time-sliced", "4"])
+    _, default = gpu_proof.parse_args(["--out", str(tmp_path)])
+    assert (none.time_sliced, four.time_sliced, default.time_sliced) == ((), (4,), None)
+    keys = [c.key for c in measure.plan(instances=(4,), mps_ok=True, time_sliced=none.time_sliced,
+                                        shares={}, recipe=None)]
+    assert keys == ["1x100", "4xmps25"]
+
+
 def test_budget_forms():
     assert [steps.budget_s(t) for t in ("90s", "4m", "1h", "30")] == [90, 240, 3600, 30]
     with pytest.raises(ValueError, match="90s, 4m or 1h"):
