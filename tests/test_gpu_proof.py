@@ -54,6 +54,28 @@ def test_plan_uses_the_tuners_shares_else_fixed_ones():
     assert not any(c.mps for c in without)
 
 
+def test_the_recipes_ranks_also_run_plain_with_autotunes_thread_count():
+    recipe = {"path": "r.toml", "knobs": {"instances": 4, "thread_pct": 100, "batch_size": 64}}
+    threads = measure.autotune_threads(recipe["knobs"], 16)
+    assert threads == 4  # autotune's placement: the cores split between the ranks
+    configs = measure.plan(instances=(4,), mps_ok=True, time_sliced=(), shares={},
+                           recipe=recipe, recipe_threads=threads)
+    assert [c.key for c in configs] == ["1x100", "4xmps25", "4xmps100-t4", "recipe"]
+    plain_t4 = configs[2]
+    assert plain_t4.via == "plain" and plain_t4.threads == 4 and plain_t4.share == 100.0
+    ctx = type("Ctx", (), {"settings": type("S", (), {"gpu": 0})(),
+                           "env": lambda self, **kw: dict(kw)})()
+    env = measure._rank_env(ctx, plain_t4, 1, 29500, {})
+    assert (env["OMP_NUM_THREADS"], env["MKL_NUM_THREADS"], env["WORLD_SIZE"]) == ("4", "4", "4")
+    assert measure._rank_env(ctx, configs[1], 1, 29500, {})["OMP_NUM_THREADS"] == "1"
+    # one thread each (torchrun's) or one rank: nothing to tell apart
+    for knobs, t in (({"instances": 4}, 1), ({"instances": 1}, 16)):
+        keys = [c.key for c in measure.plan(instances=(4,), mps_ok=True, time_sliced=(),
+                                            shares={}, recipe={"path": "r", "knobs": knobs},
+                                            recipe_threads=t)]
+        assert not any("-t" in k for k in keys)
+
+
 def test_summary_gives_medians_and_the_ratio_to_one_rank():
     configs = measure.plan(instances=(2,), mps_ok=True, time_sliced=(), shares={}, recipe=None)
     runs = [{"key": "1x100", "samples_per_s": v, "gpu": {"power_w_mean": 100.0}} for v in

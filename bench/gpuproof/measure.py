@@ -12,15 +12,17 @@ ranks, stopped with ``quit`` after them, checked gone.
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gpuproof import mpsd, procs
-from gpuproof.context import Context
+from gpuproof.context import ROOT, Context
 from gpuproof.nvmlread import Nvml, Sampler
 from gpuproof.record import Step
 from gpuproof.steps import product_mps_after
@@ -39,6 +41,7 @@ class Config:
     share: float | None = None
     share_source: str = ""
     via: str = "plain"
+    threads: int | None = None  # OMP/MKL threads per rank; None: torchrun's (1 when several)
 
 
 def fixed_share(ranks: int) -> float:
@@ -47,8 +50,14 @@ def fixed_share(ranks: int) -> float:
 
 
 def plan(*, instances, mps_ok: bool, time_sliced, shares: dict,
-         recipe: dict | None) -> list[Config]:
-    """Pure: the configurations to compare, the baseline first."""
+         recipe: dict | None, recipe_threads: int | None = None) -> list[Config]:
+    """Pure: the configurations to compare, the baseline first.
+
+    ``recipe_threads``: the threads autotune gives each of the recipe's ranks. When they differ
+    from torchrun's one, the recipe's ranks are also started plain with that many threads, so
+    that a gap between the recipe through ``autotune run`` and the plain ranks is told apart:
+    the thread count, or autotune's meter.
+    """
     configs = [Config("1x100", "1 rank, whole GPU (the plain script)", 1, False)]
     for n in instances:
         if mps_ok:
@@ -61,6 +70,13 @@ def plan(*, instances, mps_ok: bool, time_sliced, shares: dict,
     for n in (time_sliced if time_sliced is not None
               else (max(instances),) if mps_ok and instances else instances):
         configs.append(Config(f"{n}xts", f"{n} ranks time-sliced (no MPS)", n, False))
+    ranks = int(recipe["knobs"].get("instances", 1)) if recipe else 1
+    if recipe and mps_ok and ranks > 1 and recipe_threads not in (None, 1):
+        share = recipe["knobs"].get("thread_pct", 100)
+        configs.append(Config(f"{ranks}xmps{share:g}-t{recipe_threads}",
+                              f"{ranks} ranks under MPS, {share:g}% each, started plain with "
+                              f"autotune's {recipe_threads} threads each", ranks, True,
+                              float(share), "the recipe's", threads=recipe_threads))
     if recipe:
         configs.append(Config("recipe", f"tuned recipe through autotune run {recipe['knobs']}",
                               int(recipe["knobs"].get("instances", 1)),
@@ -136,8 +152,9 @@ def run(ctx: Context) -> Step:
     else:
         step.partial("no tuned recipe (the tune step did not run or failed): the recipe through "
                      "autotune run is not measured, shares are fixed")
+    threads = autotune_threads(recipe["knobs"], len(os.sched_getaffinity(0))) if recipe else None
     configs = plan(instances=s.instances, mps_ok=mps_ok, time_sliced=s.time_sliced,
-                   shares=shares, recipe=recipe)
+                   shares=shares, recipe=recipe, recipe_threads=threads)
     step.data["configs"] = [asdict(c) for c in configs]
     for c in configs:
         step.say(f"config {c.key}: {c.label}" + (f" (share: {c.share_source})" if c.mps else ""))
@@ -204,9 +221,27 @@ def _rank_env(ctx: Context, c: Config, rank: int, port: int, extra) -> dict:
     env = ctx.env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(c.ranks),
                   LOCAL_WORLD_SIZE=str(c.ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                   CUDA_VISIBLE_DEVICES=str(ctx.settings.gpu), **extra)
-    if c.ranks > 1:
+    if c.threads is not None:
+        env.update(OMP_NUM_THREADS=str(c.threads), MKL_NUM_THREADS=str(c.threads))
+    elif c.ranks > 1:
         env.setdefault("OMP_NUM_THREADS", "1")
     return env
+
+
+def autotune_threads(knobs: dict, cores: int) -> int | None:
+    """The threads autotune's placement gives each rank of ``knobs`` on one GPU of this host
+    (None where autotune cannot be imported here)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    try:
+        from autotune.hardware.host import Gpu
+        from autotune.launching import placement
+    except ImportError:
+        return None
+
+    laid = placement.plan(knobs=knobs, instances=int(knobs.get("instances", 1)),
+                          cores=tuple(range(cores)), gpus=(Gpu(0, "GPU-0"),), device="gpu")
+    return laid.slots[0].threads
 
 
 def one_run(ctx: Context, c: Config, nvml: Nvml, binary: str | None, recipe, rnd: int) -> dict:
