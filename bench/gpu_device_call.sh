@@ -18,9 +18,9 @@ t0=$(date +%s)
 at() { echo "== $1 rc $2 at $(( $(date +%s) - t0 )) s"; }
 nvidia-smi --query-gpu=name,driver_version,memory.used,utilization.gpu --format=csv
 timeout 75 "${kit[@]}" --steps env,tests; at env,tests $?
-timeout 230 "${kit[@]}" --steps tune --budget "${1:-150s}" --tune-space instances=1:4 thread_pct=25:100
+timeout 210 "${kit[@]}" --steps tune --budget "${1:-150s}" --tune-space instances=1:4 thread_pct=25:100
 at tune $?
-timeout 240 "${kit[@]}" --steps measure --seconds 10 --rounds 2 --instances 4 --time-sliced none
+timeout 270 "${kit[@]}" --steps measure --seconds 10 --rounds 2 --instances 4 --time-sliced none
 at measure $?
 left=$(( 560 - ($(date +%s) - t0) ))
 if [ "$left" -gt 55 ]; then

@@ -146,7 +146,8 @@ class Meter:
         self.eval_samples = 0  # fetched with autograd off: evaluation, not training
         self.steps = 0
         self.backwards = 0
-        self.clock = StepClock()  # where the training time goes (probes.parts)
+        # where the training time goes (probes.parts); on the host's clock alone if asked
+        self.clock = StepClock(events=self.env.get(protocol.ENV_STEP_CLOCK, "") != "host")
         self.noise = GradNorms()  # gradient norms for the noise scale (probes.noise)
         self.last_batch_t = 0.0
         self.last_step_t = 0.0

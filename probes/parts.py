@@ -56,10 +56,12 @@ class StepClock:
     """Cumulative seconds per part of one process's training steps.
 
     ``cuda``: a ``torch.cuda``-like module (tests hand in a fake); None finds torch's. Events are
-    recorded only once it reports ``is_initialized()``.
+    recorded only once it reports ``is_initialized()``, and never with ``events`` false (the
+    host's clock only: ``AUTOTUNE_STEP_CLOCK=host``).
     """
 
-    def __init__(self, cuda=None):
+    def __init__(self, cuda=None, *, events: bool = True):
+        self.events = events
         self.lock = threading.Lock()
         self.total = dict.fromkeys(PARTS, 0.0)  # host seconds
         self.device = dict.fromkeys(PARTS, 0.0)  # CUDA event seconds (all but data)
@@ -85,6 +87,8 @@ class StepClock:
         return time.monotonic(), self._event()
 
     def _event(self):
+        if not self.events:
+            return None
         cuda = self._cuda if self._cuda is not None else _torch_cuda()
         try:
             if cuda is None or not cuda.is_initialized():

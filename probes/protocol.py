@@ -63,6 +63,9 @@ ENV_HOST_LOCAL_RANK = "AUTOTUNE_HOST_LOCAL_RANK"  # position on the host (LOCAL_
 ENV_METERED_PID = "AUTOTUNE_METERED_PID"
 ENV_CPUS = "AUTOTUNE_CPUS"  # "0,2-3": cores to pin this rank to (read by `parse_cpus`)
 ENV_BACKEND_OVERRIDE = "AUTOTUNE_BACKEND_OVERRIDE"  # e.g. "gloo": replaces an NCCL request
+# "host": the step clock (probes.parts) records no CUDA events, and times the parts on the host
+# (set by the user, or by the GPU proof kit to tell the events' cost apart); else CUDA events
+ENV_STEP_CLOCK = "AUTOTUNE_STEP_CLOCK"
 
 # The user's tree (probes.writes): writes under these are reported, except in the scratch dir
 ENV_WATCH_DIRS = "AUTOTUNE_WATCH_DIRS"  # os.pathsep-separated absolute directories

@@ -130,6 +130,25 @@ def test_on_cuda_the_parts_are_the_device_s_time_between_events(now):
     assert c.snapshot()["optimizer"] == pytest.approx(0.1)
 
 
+def test_the_host_clock_asked_for_records_no_cuda_event(now):
+    """``AUTOTUNE_STEP_CLOCK=host``: the same step as above, timed by the host alone, with no
+    CUDA event recorded (what tells the events' own cost apart on a GPU host)."""
+    from probes.meter import Meter
+
+    FakeCuda.recorded = []
+    assert Meter(env={"AUTOTUNE_STEP_CLOCK": "host"}).clock.events is False
+    assert Meter(env={}).clock.events is True
+    c = StepClock(cuda=FakeCuda(), events=False)
+    c.data(0.0, 0.01)
+    now.t = 0.02
+    c.backward_begin()
+    now.t = 0.04
+    c.backward_end()
+    assert FakeCuda.recorded == [] and c.clock == "host"
+    snap = c.snapshot()
+    assert snap["forward"] == pytest.approx(0.01) and snap["backward"] == pytest.approx(0.02)
+
+
 def test_a_step_that_runs_its_closure_counts_forward_and_backward_once(now):
     """Lightning's automatic optimization: the batch is handed over, then ``optimizer.step``
     runs the closure (forward, backward) inside itself. The optimizer keeps only the rest."""

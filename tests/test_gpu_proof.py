@@ -44,7 +44,7 @@ def test_plan_uses_the_tuners_shares_else_fixed_ones():
     configs = measure.plan(instances=(2, 3, 4), mps_ok=True, time_sliced=None, shares=shares,
                            recipe=recipe)
     assert [c.key for c in configs] == ["1x100", "2xmps40", "3xmps33", "4xmps25", "4xts",
-                                        "recipe"]
+                                        "recipe-hostclock", "recipe"]
     assert configs[1].share_source == "tuner's trial-3" and configs[2].share_source.startswith(
         "fixed")
     assert configs[-1].via == "autotune-run" and configs[-1].ranks == 3 and configs[-1].mps
@@ -60,7 +60,9 @@ def test_the_recipes_ranks_also_run_plain_with_autotunes_thread_count():
     assert threads == 4  # autotune's placement: the cores split between the ranks
     configs = measure.plan(instances=(4,), mps_ok=True, time_sliced=(), shares={},
                            recipe=recipe, recipe_threads=threads)
-    assert [c.key for c in configs] == ["1x100", "4xmps25", "4xmps100-t4", "recipe"]
+    assert [c.key for c in configs] == ["1x100", "4xmps25", "4xmps100-t4", "recipe-hostclock",
+                                        "recipe"]
+    assert configs[3].via == "autotune-run" and configs[3].clock == "host"
     plain_t4 = configs[2]
     assert plain_t4.via == "plain" and plain_t4.threads == 4 and plain_t4.share == 100.0
     ctx = type("Ctx", (), {"settings": type("S", (), {"gpu": 0})(),
@@ -74,6 +76,7 @@ def test_the_recipes_ranks_also_run_plain_with_autotunes_thread_count():
                                             shares={}, recipe={"path": "r", "knobs": knobs},
                                             recipe_threads=t)]
         assert not any("-t" in k for k in keys)
+        assert ("recipe-hostclock" in keys) == (knobs["instances"] > 1)
 
 
 def test_summary_gives_medians_and_the_ratio_to_one_rank():

@@ -42,6 +42,7 @@ class Config:
     share_source: str = ""
     via: str = "plain"
     threads: int | None = None  # OMP/MKL threads per rank; None: torchrun's (1 when several)
+    clock: str = ""  # through autotune run: AUTOTUNE_STEP_CLOCK ("host": no CUDA events)
 
 
 def fixed_share(ranks: int) -> float:
@@ -56,7 +57,8 @@ def plan(*, instances, mps_ok: bool, time_sliced, shares: dict,
     ``recipe_threads``: the threads autotune gives each of the recipe's ranks. When they differ
     from torchrun's one, the recipe's ranks are also started plain with that many threads, so
     that a gap between the recipe through ``autotune run`` and the plain ranks is told apart:
-    the thread count, or autotune's meter.
+    the thread count, or autotune's meter; and through ``autotune run`` with its step clock on
+    the host, which tells the meter's CUDA events apart from the rest of it.
     """
     configs = [Config("1x100", "1 rank, whole GPU (the plain script)", 1, False)]
     for n in instances:
@@ -77,6 +79,11 @@ def plan(*, instances, mps_ok: bool, time_sliced, shares: dict,
                               f"{ranks} ranks under MPS, {share:g}% each, started plain with "
                               f"autotune's {recipe_threads} threads each", ranks, True,
                               float(share), "the recipe's", threads=recipe_threads))
+    if recipe and mps_ok and ranks > 1:
+        configs.append(Config("recipe-hostclock", "tuned recipe through autotune run, its step "
+                              "clock on the host (AUTOTUNE_STEP_CLOCK=host: no CUDA events)",
+                              ranks, True, recipe["knobs"].get("thread_pct"), "tuner's best",
+                              via="autotune-run", clock="host"))
     if recipe:
         configs.append(Config("recipe", f"tuned recipe through autotune run {recipe['knobs']}",
                               int(recipe["knobs"].get("instances", 1)),
@@ -338,9 +345,11 @@ def _run_recipe(ctx: Context, c: Config, nvml: Nvml, binary, recipe, res: dict) 
     """``autotune run --recipe`` of the tuned recipe; its MPS daemon checked by its pipe."""
     s = ctx.settings
     env, mps_dir = ctx.autotune_env()
+    if c.clock:
+        env["AUTOTUNE_STEP_CLOCK"] = c.clock
     argv = [ctx.python, "-m", "autotune", "run", "--plain", "--recipe", recipe["path"],
             str(s.script), *s.script_args, "--seconds", f"{s.seconds:g}"]
-    log = ctx.log(f"recipe-r{res['round']}")
+    log = ctx.log(f"{c.key}-r{res['round']}")
     (ctx.work / "cwd").mkdir(parents=True, exist_ok=True)
     seen: set[int] = set()
     nvml_mps: set[int] = set()
