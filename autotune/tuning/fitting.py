@@ -39,6 +39,11 @@ BASELINE_MAX_S = 90.0  # the baseline's limit when --seconds is not given: it en
 BASELINE_BUDGET_SHARE = 0.25  # ... and at most this share of a --budget
 MIN_SEARCH_PROBES = 3  # a budget that holds fewer is told so
 CONFIRM_SHARE = 0.35  # of a time budget, at most, kept for the confirmation
+# ...and at most this share for the rounds a gain the search found needs, when the spread
+# between processes measured says more than those asked show it (`Search._planned_rounds`):
+# nanoGPT's shape found its grid's best 87 s into 6m, searched on to 220 s, and the three rounds
+# left showed +12% at 0.976x-1.286x, where about four would have shown it
+NEEDED_SHARE = 0.5
 # A confirmation probe's length over the config's fitted search probe: that already reaches the
 # noise target inside one process, and the spread between processes is what more rounds measure.
 CONFIRM_PROBE_FACTOR = 1.0
@@ -261,15 +266,15 @@ class Plan:
 
 
 def confirm_reserve(budget_s: float | None, full_s: float, one_round_s: float, *,
-                    rounds: int = PLANNED_ROUNDS) -> float:
-    """Time a search keeps for the confirmation: all of it (``full_s``) but at most
-    `CONFIRM_SHARE` of a budget, and never less than the `PLANNED_ROUNDS` rounds a switch from
-    the script's defaults can clear its interval with (or the ``rounds`` asked for, when fewer)
-    of probes as long as the search's (``one_round_s`` each: what a confirmation takes at the
-    least)."""
+                    rounds: int = PLANNED_ROUNDS, share: float = CONFIRM_SHARE) -> float:
+    """Time a search keeps for the confirmation: all of it (``full_s``) but at most ``share``
+    of a budget (`CONFIRM_SHARE`; `NEEDED_SHARE` for the rounds a found gain needs), and never
+    less than the `PLANNED_ROUNDS` rounds a switch from the script's defaults can clear its
+    interval with (or the ``rounds`` asked for, when fewer) of probes as long as the search's
+    (``one_round_s`` each: what a confirmation takes at the least)."""
     if budget_s is None:
         return full_s
-    return max(min(full_s, CONFIRM_SHARE * budget_s),
+    return max(min(full_s, share * budget_s),
                max(1, min(rounds, PLANNED_ROUNDS)) * one_round_s)
 
 

@@ -115,6 +115,7 @@ class Search:
         self.noises: list[NoiseEstimate] = []
         self.squeezed = 0  # configs in a row the budget left no room to probe
         self.squeezed_keys: set[tuple] = set()  # configs the budget left out
+        self.told_rounds = 0  # the rounds above those asked last said to be kept (`_tell_rounds`)
 
     def run(self) -> SearchResult:
         self._enqueue_start()
@@ -517,6 +518,7 @@ class Search:
     def _after_trial(self, study, frozen) -> None:
         self._maybe_combine()
         self._maybe_repeat()  # first: the walk's room depends on the rounds its spread plans
+        self._tell_rounds()
         self._maybe_walk()
         self._maybe_release_smaller()
         reason = self._stop_reason()
@@ -658,20 +660,46 @@ class Search:
 
     def _planned_rounds(self) -> int:
         """The confirmation rounds the budget keeps time for: those asked (``--confirm-rounds``),
-        unless the spread between processes is measured and fewer, down to
-        `decision.MIN_ROUNDS`, would show the search's best gain beyond doubt
-        (`decision.rounds_planned`; the confirmation itself still decides on its rounds, and
-        time left over buys more). minGPT's shape moves ~1% between processes: two rounds show
-        its +32%, and the third round's ~70 s is a probe of the batch the walk goes to next."""
+        unless the spread between processes is measured and another number would show the
+        search's best gain beyond doubt (`decision.rounds_planned`; the confirmation itself
+        still decides on its rounds, and time left over buys more):
+        - fewer, down to `decision.MIN_ROUNDS`: minGPT's shape moves ~1% between processes,
+          two rounds show its +32%, and the third round's ~70 s is a probe of the batch the
+          walk goes to next;
+        - under a budget, more, up to `fitting.MAX_CONFIRM_ROUNDS` (and `fitting.NEEDED_SHARE`
+          of the budget: `_reserve_of`): a gain found is worth showing before the search goes
+          on for another. None are added for a gain that even those cannot show (the search
+          may yet find a larger one, which fewer rounds would show)."""
         s = self.settings
         measured = self.state.learned.spread
         best = self._best_gain()
-        if s.confirm_rounds <= decision.MIN_ROUNDS or best is None or measured is None or \
-                not measured.measured:
+        if best is None or measured is None or not measured.measured:
             return s.confirm_rounds
         n = decision.rounds_planned(best[0], measured.process_rel(), best[1], 1)
-        return s.confirm_rounds if n is None else max(decision.MIN_ROUNDS,
-                                                      min(s.confirm_rounds, n))
+        if n is None:
+            return s.confirm_rounds
+        if n > s.confirm_rounds:
+            more = s.budget_s is not None and s.confirm_rounds > 0 and \
+                n <= fitting.MAX_CONFIRM_ROUNDS
+            return n if more else s.confirm_rounds
+        if s.confirm_rounds <= decision.MIN_ROUNDS:
+            return s.confirm_rounds
+        return max(decision.MIN_ROUNDS, n)
+
+    def _tell_rounds(self) -> None:
+        """Say when the rounds kept for the confirmation rise above those asked
+        (`_planned_rounds`), each time their number changes."""
+        s = self.settings
+        n = self._planned_rounds()
+        if n <= s.confirm_rounds or n == self.told_rounds:
+            return
+        self.told_rounds = n
+        best, measured = self._best_gain(), self.state.learned.spread
+        self.prober.tell(Note.info(
+            f"the search's best measured {best[0] - 1:+.1%}; at the spread between processes of "
+            f"±{measured.process_rel():.1%}, about {n} confirmation rounds show it, so the budget "
+            f"keeps time for {n} (more than --confirm-rounds {s.confirm_rounds}, at most "
+            f"{fitting.NEEDED_SHARE:.0%} of it) before the search goes on"))
 
     def _repeat_may_save_a_round(self) -> float | None:
         """Under a budget, once the search's best beats the script's config beyond the pruning
@@ -800,8 +828,9 @@ class Search:
         one_round = sum(min(confirm.entry_probe_s(self.prober, self.state, self.known, c),
                             floor[n]) for n, c in entries)
         rounds = self._planned_rounds()
+        share = fitting.NEEDED_SHARE if rounds > s.confirm_rounds else fitting.CONFIRM_SHARE
         return fitting.confirm_reserve(s.budget_s, rounds * sum(windows), one_round,
-                                       rounds=rounds)
+                                       rounds=rounds, share=share)
 
     def _stop_reason(self) -> StopReason | None:
         s = self.settings
