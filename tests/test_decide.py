@@ -131,6 +131,42 @@ def test_rounds_planned_before_any_round_follow_the_gain_and_the_spread_between_
     assert decision.rounds_planned(1.02, 0.01, 0.0, 1) is None  # no gain worth a switch
     assert decision.rounds_planned(1.04, 0.25, 0.0, 1) is None  # beyond any advice
     assert decision.rounds_planned(2.0, 0.01, 0.0, 1) == decision.MIN_ROUNDS
+    # where the spread was measured, its upper bound may let one round decide alone
+    assert decision.rounds_planned(2.0, 0.01, 0.0, 1, one_round_rel=0.08) == 1
+    assert decision.rounds_planned(1.30, 0.01, 0.02, 1, one_round_rel=0.08) == 1
+    assert decision.rounds_planned(1.15, 0.01, 0.02, 1, one_round_rel=0.08) == \
+        decision.MIN_ROUNDS  # +15% is within what ±8% processes can do
+    assert decision.rounds_planned(1.30, 0.01, 0.02, 3, one_round_rel=0.08) == 1
+    assert decision.rounds_planned(1.30, 0.01, 0.02, 1, one_round_rel=0.2) >= decision.MIN_ROUNDS
+
+
+def test_one_round_decides_alone_only_beyond_the_spreads_upper_bound():
+    """minGPT's shape: its config moves ~1% between processes; +33% in one round is beyond
+    even processes 8% apart, and the claim's interval allows for that spread; +15% is not."""
+    one = {"baseline": [m(32.0, 0.5)], "t1": [m(42.6, 0.9)]}
+    d = decision.decide(one, "baseline", one_round_rel=0.08)
+    assert not d.kept_baseline and d.winner == "t1" and d.rounds == 1
+    assert "over one interleaved round, beyond doubt even were processes ±8.0% apart" in d.reason
+    low, high = d.speedup_low, d.speedup_high
+    half = decision.one_round_half(math.hypot(0.5 / 32.0, 0.9 / 42.6), 0.08, 1)
+    assert low == pytest.approx(d.speedup * math.exp(-half), rel=1e-9)
+    assert 1.0 < low < d.speedup < high
+    # the bound, not the spread measured, makes the interval: one round at 1% is narrower
+    narrow = decision.speedup_interval(d.speedup, [(42.6, 32.0)], d.winner_summary,
+                                       d.baseline_summary, process_rel=0.01)
+    assert narrow[0] > low
+    # without a measured spread one round never switches; with a wide bound it does not either
+    assert decision.decide(one, "baseline").kept_baseline
+    wide = decision.decide(one, "baseline", one_round_rel=0.25)
+    assert wide.kept_baseline and "one decides alone only when the gain is beyond processes " \
+        "±25.0% apart" in wide.reason
+    small = decision.decide({"baseline": [m(100.0, 0.5)], "t1": [m(115.0, 0.5)]}, "baseline",
+                            one_round_rel=0.08)
+    assert small.kept_baseline and small.candidate == "t1"
+    # two rounds or more: the per-round ratios decide, the bound plays no part
+    two = {"baseline": [m(100.0), m(100.0)], "t1": [m(150.0), m(150.5)]}
+    assert decision.decide(two, "baseline", one_round_rel=0.5) == decision.decide(two,
+                                                                                    "baseline")
 
 
 def test_t_quantile_and_levels():

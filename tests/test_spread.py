@@ -71,6 +71,39 @@ def test_a_one_round_interval_widens_with_the_spread_between_processes():
     assert narrow[0] > 1.0 > assumed[0]  # 2% between processes: 1.2x is beyond doubt
 
 
+def test_a_spread_from_few_pairs_is_taken_at_its_upper_bound():
+    """One pair of processes is one degree of freedom: the spread it shows may be several
+    times the true one. Where a round decides alone, the bound is what counts."""
+    one = spread.upper_rel([0.01])
+    assert one == pytest.approx(0.01 * math.sqrt(1 / 0.015791), rel=1e-4)  # ~7.96%
+    two = spread.upper_rel([0.01, 0.01])
+    assert two == pytest.approx(0.01 * math.sqrt(2 / 0.210721), rel=1e-4)  # ~3.08%
+    assert two < one and spread.upper_rel([0.01, 0.05]) > two  # pooled as variances
+    assert spread.upper_rel([]) is None and spread.upper_rel([None]) is None
+    alike = spread.measure(side(100.0), side(101.0))
+    assert alike.upper_rel() == pytest.approx(one)
+    assert ProcessSpread(first=side(100.0)).upper_rel() is None
+    # a pair's spread from two figures of one config, as the script's own config's is
+    assert spread.pair_rel(100.0, 1.0, 80.0, 0.8) == spread.measure(
+        side(100.0), side(80.0)).between_rel
+    assert spread.pair_rel(0.0, 1.0, 80.0, 0.8) is None
+
+
+def test_one_round_counts_each_candidates_search_probe_as_another_pair():
+    """The candidate's search probe and its round are two processes of one config too: where
+    they agree, the bound narrows (two pairs); where they do not, it widens."""
+    from autotune.tuning import confirm
+    alike = spread.measure(side(32.0), side(32.1))
+    agree = confirm.one_round_rel(alike, {"t1": (confirm.Round(42.4, 0.8),
+                                                 decision.Measured(42.6, 0.9))})
+    differ = confirm.one_round_rel(alike, {"t1": (confirm.Round(50.0, 0.8),
+                                                  decision.Measured(42.6, 0.9))})
+    unmeasured = confirm.one_round_rel(alike, {"t1": (confirm.Round(42.4, 0.8), None)})
+    assert agree == pytest.approx(spread.upper_rel([0.01, 0.01]))
+    assert unmeasured == pytest.approx(alike.upper_rel()) and unmeasured > agree
+    assert differ > unmeasured
+
+
 def rate_with_slow_second_baseline(baseline_knobs):
     """A surface whose script's own config gives 100 samples/s, then 70 in its second process."""
     seen = []

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from autotune import Note
 from autotune.measuring import bottleneck
 from autotune.measuring.energy import EnergyPerSample
-from autotune.tuning import decision, fitting, objective
+from autotune.tuning import decision, fitting, objective, spread as spreads
 from autotune.tuning.decision import KEPT, MIN_ROUNDS, Choice, Measured
 from autotune.tuning.prober import Prober
 from autotune.tuning.records import Known, Scored, TuneSettings
@@ -263,11 +263,13 @@ def _mean_score(scorer: objective.Scorer, cfg: Mapping, rs: list,
 
 
 def planned_rounds(searched: Callable[[str], Round], names: Sequence[str], process_rel: float,
-                   candidates: int) -> tuple[int | None, str]:
-    """The rounds the best entry's gain in the search needs (`decision.rounds_planned`) and why,
-    for a search that ended with budget left: a gain found early gets the rounds that can show
-    it beyond doubt, a gain too small to show (or none) gets no more than asked. Decided from
-    the search's figures alone, before any round, so the decision still looks once."""
+                   candidates: int, *, one_round_rel: float | None = None
+                   ) -> tuple[int | None, str]:
+    """The rounds the best entry's gain in the search needs (`decision.rounds_planned`; one
+    where ``one_round_rel``, the spread's upper bound, lets one decide) and why: a gain found
+    early gets the rounds that can show it beyond doubt, a gain too small to show (or none)
+    gets no more than asked. Decided from the search's figures alone, before any round, so the
+    decision still looks once."""
     base = searched("baseline")
     best = max((searched(n) for n in names if n != "baseline"),
                key=lambda r: r.samples_per_s, default=None)
@@ -276,7 +278,8 @@ def planned_rounds(searched: Callable[[str], Round], names: Sequence[str], proce
     if gain is None:
         return None, ""
     speedup, within = gain
-    n = decision.rounds_planned(speedup, process_rel, within, candidates)
+    n = decision.rounds_planned(speedup, process_rel, within, candidates,
+                                one_round_rel=one_round_rel)
     if n is None:
         return None, ""
     return n, (f"the search's best measured {speedup - 1:+.1%} with a spread between processes "
@@ -338,8 +341,13 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
         elif stretch is fitting.Stretch.NEEDED and not scorer.objective.multi:
             stretch_to, why_more = planned_rounds(searched, names, process_rel,
                                                   len(entries) - 1)
+        one_decides = spread is not None and spread.measured and \
+            not scorer.objective.multi and \
+            planned_rounds(searched, names, process_rel, len(entries) - 1,
+                           one_round_rel=spread.upper_rel())[0] == 1
         rounds, window_s = fitting.confirm_fit(rounds, mean_window, len(entries), left_s,
-                                               least, stretch_to=stretch_to)
+                                               least, stretch_to=stretch_to,
+                                               one_decides=one_decides)
         scale = window_s / mean_window
         windows = {n: w * scale for n, w in windows.items()}
         more = (f" ({rounds - asked} more than --confirm-rounds {asked}: {why_more}; "
@@ -363,13 +371,17 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
         rounds, unmeasured = 0, set()
     by = _by_objective(scorer, cfgs, results)
     k = len(entries) - 1  # the interval allows for picking the best of these
+    alone = None  # the spread's upper bound that lets one round decide, where measured
+    if rounds == 1 and spread is not None and spread.measured and not scorer.objective.multi:
+        alone = one_round_rel(spread, {n: (searched(n), results[n][0]) for n in names
+                                       if n != "baseline" and n not in unmeasured})
 
     def judge(by_objective: list[dict[str, list]]) -> decision.Decision:
         if scorer.objective.multi:
             return decision.decide_pair(*by_objective, "baseline", candidates=k,
                                         process_rel=process_rel)
         return decision.decide(by_objective[0], "baseline", candidates=k,
-                               process_rel=process_rel)
+                               process_rel=process_rel, one_round_rel=alone)
 
     d = judge(by)
     if len(entries) == 1:
@@ -432,6 +444,21 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
                      names[1] if scorer.objective.multi and len(names) > 1 else
                      "baseline" if scorer.objective.multi else "", state, keep, d.rounds,
                      max(1, k))
+
+
+def one_round_rel(measured: spreads.ProcessSpread,
+                  pairs: Mapping[str, tuple[Round, object]]) -> float | None:
+    """The spread between processes at its upper bound (`spreads.upper_rel`), for one round to
+    decide alone: the script's own config in its two search processes, and each candidate's
+    search probe against its round's (``pairs``: name -> (searched, the round's result or
+    None)), two more processes of one config. A candidate picked for a reading that ran high
+    only widens it."""
+    rels = [measured.between_rel]
+    for searched, r in pairs.values():
+        if r is not None:
+            rels.append(spreads.pair_rel(searched.samples_per_s, searched.ci_half,
+                                         r.samples_per_s, r.ci_half))
+    return spreads.upper_rel(rels)
 
 
 def _needs(d: decision.Decision, rounds: int, windows: Mapping[str, float],

@@ -138,7 +138,12 @@ def summarize(ms: Sequence[Measured]) -> Summary:
 # -- the claim's interval: 95%, corrected for picking the best of several --------------------
 LEVEL = 0.95  # the claim's confidence, over every candidate the confirmation measured together
 KEPT = "kept the script's defaults: "  # how a reason that keeps them begins
-MIN_ROUNDS = 2  # interleaved rounds a switch needs: one round shows no spread between processes
+# Interleaved rounds a switch needs: one round shows no spread between processes. One round
+# decides alone only where the spread was measured elsewhere and, taken at its upper bound, it
+# still cannot explain the gain (`decide`'s ``one_round_rel``): minGPT's shape moves ~1% between
+# processes, and a second round of its batch 256 against 32 (~90 s) was the probe of 256 a
+# five-minute budget lacked.
+MIN_ROUNDS = 2
 # Rounds a budget keeps for the confirmation at the least. Two rounds leave the per-round
 # spread one degree of freedom: with two candidates the t quantile is 25.5, and at 5% between
 # rounds only a gain past ~2.4x clears 1.0 (nanoGPT's batch 64 won both rounds by 1.31x and
@@ -343,23 +348,40 @@ def gain_of(best: float, best_ci: float, base: float, base_ci: float
     return best / base, math.hypot(best_ci / best, base_ci / base)
 
 
+def one_round_half(within: float, one_round_rel: float, candidates: int) -> float:
+    """Half-width, in log terms, of a speed-up measured in one round of two new processes at
+    `level_for` ``candidates``: the probes' own relative interval ``within`` (95%) and, for each
+    of the two processes, the spread between processes at its upper bound
+    (``one_round_rel``: `autotune.tuning.spread.upper_rel`)."""
+    z = _z(level_for(candidates))
+    one = math.hypot(within * z / 1.96, z * math.sqrt(2) * one_round_rel)
+    return math.log1p(one) if math.isfinite(one) else math.inf
+
+
 def rounds_planned(speedup: float, process_rel: float, within: float, candidates: int, *,
-                   min_gain_rel: float = MIN_GAIN_REL) -> int | None:
+                   min_gain_rel: float = MIN_GAIN_REL,
+                   one_round_rel: float | None = None) -> int | None:
     """The rounds a confirmation plans for a gain the search measured, before any round runs:
     the fewest whose interval would lie above 1.0 if the gain held, each round's log ratio
     spread as two new processes do (``process_rel`` each: sqrt(2) of it, more than a round's
     ratio shows, since a round's load moves both of its configs) and the probes' own relative
-    interval were ``within``. Fixed before the rounds, so the decision still looks once. None
-    for a gain under ``min_gain_rel`` (nothing to show) or beyond `MAX_ROUNDS_NEEDED`."""
+    interval were ``within``. Fixed before the rounds, so the decision still looks once. One
+    round where ``one_round_rel`` (the spread's upper bound, when measured) lets one decide
+    (`one_round_half`). None for a gain under ``min_gain_rel`` (nothing to show) or beyond
+    `MAX_ROUNDS_NEEDED`."""
     if speedup - 1 <= min_gain_rel:
         return None
+    if one_round_rel is not None and \
+            math.log(speedup) > one_round_half(within, one_round_rel, candidates):
+        return 1
     return _fewest_rounds(math.log(speedup), math.sqrt(2) * math.log1p(process_rel), within,
                           level_for(candidates), start=MIN_ROUNDS)
 
 
 def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
            min_gain_rel: float = MIN_GAIN_REL, candidates: int | None = None,
-           min_rounds: int = MIN_ROUNDS, process_rel: float = PROCESS_NOISE_REL) -> Decision:
+           min_rounds: int = MIN_ROUNDS, process_rel: float = PROCESS_NOISE_REL,
+           one_round_rel: float | None = None) -> Decision:
     """Pick the winner of the interleaved re-measurement; the baseline unless the gain is
     beyond doubt.
 
@@ -369,6 +391,9 @@ def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
     speed-up's interval (`speedup_interval` at `level_for` ``candidates``: by default every
     entry but the baseline, since the best of them was picked) lies above 1.0.
     ``process_rel``: the spread between processes a one-round interval allows for.
+    ``one_round_rel``: that spread at its upper bound, where it was measured
+    (`autotune.tuning.spread.upper_rel`); with it one round switches when even that spread
+    cannot explain the gain (`one_round_half`), and the claim's interval allows for it.
     """
     k = candidates if candidates is not None else max(1, len(results) - 1)
     base_ms = [m for m in results.get(baseline, ()) if m is not None]
@@ -390,24 +415,31 @@ def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
              for w, b in zip(results[name], results[baseline])
              if w is not None and b is not None and b.samples_per_s > 0]
     speedup = best.samples_per_s / base.samples_per_s if base.samples_per_s else math.inf
+    n = len(pairs)
+    alone = n == 1 and one_round_rel is not None  # one round may decide: the spread is bounded
     low, high = speedup_interval(speedup, pairs, best, base, candidates=k,
-                                 process_rel=process_rel)
+                                 process_rel=one_round_rel if alone else process_rel)
     noise = max(min_gain_rel, 1 - low / speedup if speedup > 0 and math.isfinite(high)
                 else math.inf)
     gain = f"{name} measured {speedup - 1:+.1%}"
     claim = f"{interval_words(k)} of the speed-up {claim_text(speedup, low, high)}"
-    n = len(pairs)
-    if n >= min_rounds and speedup - 1 > min_gain_rel and low > 1.0:
+    if (n >= min_rounds or alone) and speedup - 1 > min_gain_rel and low > 1.0:
+        over = (f"one interleaved round, beyond doubt even were processes "
+                f"±{one_round_rel:.1%} apart (the upper bound of the spread measured between "
+                f"them)" if n == 1 else f"{n} interleaved rounds, beyond doubt")
         return Decision(name, False, speedup, best, base, noise,
-                        f"{gain} against the baseline over {n} interleaved rounds, beyond "
-                        f"doubt: {claim}", low, high, rounds=n, candidates=k)
+                        f"{gain} against the baseline over {over}: {claim}", low, high,
+                        rounds=n, candidates=k)
     logs = [math.log(w / b) for w, b in pairs if w > 0 and b > 0]
     needed = rounds_needed(speedup, logs, math.hypot(_own_rel(best), _own_rel(base)), k,
                            min_gain_rel=min_gain_rel)
     if n < min_rounds:
         why = (f"{'one interleaved round' if n == 1 else f'{n} interleaved rounds'} "
                f"({claim}): a switch needs {min_rounds} rounds at least, to see the spread "
-               f"between processes")
+               f"between processes" +
+               (f" (one decides alone only when the gain is beyond processes "
+                f"±{one_round_rel:.1%} apart, the upper bound of the spread measured between "
+                f"them)" if alone else ""))
     elif speedup - 1 <= min_gain_rel:
         why = (f"{speedup - 1:+.1%} is not above the {min_gain_rel:.0%} a switch needs "
                f"({claim}); more rounds would not change that")

@@ -295,15 +295,18 @@ def plan(left_s: float, budget_s: float, probe_s: float, *, confirm_rounds: int,
 
 
 def confirm_fit(rounds: int, window_s: float, entries: int, left_s: float | None,
-                least_s: float, *, stretch_to: int | None = None) -> tuple[int, float]:
+                least_s: float, *, stretch_to: int | None = None,
+                one_decides: bool = False) -> tuple[int, float]:
     """Rounds and probe length of the confirmation within ``left_s`` (None: no budget).
 
     Variance lives between processes more than within one, so rounds are kept before length:
     a short budget first shortens the probes (down to ``least_s``, a search probe's), then drops
     rounds (down to one, which cannot switch from the script's defaults: `confirm_reserve`
     keeps `PLANNED_ROUNDS` for it, so only a budget spent elsewhere comes to that; where two
-    rounds of probes `SHORTEST_SHARE` of ``least_s`` fit, it takes those instead). With
-    ``stretch_to``, time left over buys more rounds, up to that many (`Stretch`).
+    rounds of probes `SHORTEST_SHARE` of ``least_s`` fit, it takes those instead, unless
+    ``one_decides``: one round can show the search's gain alone, and a probe cut shorter than
+    its search probe may measure nothing). With ``stretch_to``, time left over buys more
+    rounds, up to that many (`Stretch`).
     """
     if left_s is None:
         return rounds, window_s
@@ -313,7 +316,8 @@ def confirm_fit(rounds: int, window_s: float, entries: int, left_s: float | None
         if rounds * entries * window_s > left_s:
             rounds = max(1, int(left_s // (entries * window_s)))
             two = min(MIN_ROUNDS, asked)
-            if rounds < two and left_s >= two * entries * SHORTEST_SHARE * least_s:
+            if rounds < two and not one_decides and \
+                    left_s >= two * entries * SHORTEST_SHARE * least_s:
                 # one round cannot switch; two of probes a little shorter than the search's can
                 rounds, window_s = two, left_s / (two * entries)
     elif stretch_to is not None:

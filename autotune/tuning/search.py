@@ -633,8 +633,9 @@ class Search:
         spec = self.prober.spec(self.state, knobs, instances, "baseline-again")
         self.prober.tell(Note.info(
             "measuring the script's own config again in a new process: the spread between "
-            "processes" + (f", which decides whether {decision.MIN_ROUNDS} confirmation rounds "
-                           f"can show the {early - 1:+.1%} the search measured" if early else "")))
+            "processes" + (f", which decides whether {early[1]} confirmation "
+                           f"round{'s' if early[1] > 1 else ''} can show the {early[0] - 1:+.1%} "
+                           f"the search measured" if early else "")))
         learned, result = self.prober.probe(self.state, spec, label="baseline-again",
                                             number=None, cfg=dict(sp.baseline))
         self._keep(learned=learned.learned)
@@ -666,6 +667,9 @@ class Search:
         - fewer, down to `decision.MIN_ROUNDS`: minGPT's shape moves ~1% between processes,
           two rounds show its +32%, and the third round's ~70 s is a probe of the batch the
           walk goes to next;
+        - one, for a gain that even the spread's upper bound from its one pair cannot
+          explain (`spread.ProcessSpread.upper_rel`, `decision.rounds_planned`): the round
+          then decides alone (`confirm.one_round_rel`), and time left over still buys more;
         - under a budget, more, up to `fitting.MAX_CONFIRM_ROUNDS` (and `fitting.NEEDED_SHARE`
           of the budget: `_reserve_of`): a gain found is worth showing before the search goes
           on for another. None are added for a gain that even those cannot show (the search
@@ -675,16 +679,15 @@ class Search:
         best = self._best_gain()
         if best is None or measured is None or not measured.measured:
             return s.confirm_rounds
-        n = decision.rounds_planned(best[0], measured.process_rel(), best[1], 1)
+        n = decision.rounds_planned(best[0], measured.process_rel(), best[1], 1,
+                                    one_round_rel=measured.upper_rel())
         if n is None:
             return s.confirm_rounds
         if n > s.confirm_rounds:
             more = s.budget_s is not None and s.confirm_rounds > 0 and \
                 n <= fitting.MAX_CONFIRM_ROUNDS
             return n if more else s.confirm_rounds
-        if s.confirm_rounds <= decision.MIN_ROUNDS:
-            return s.confirm_rounds
-        return max(decision.MIN_ROUNDS, n)
+        return min(s.confirm_rounds, n)
 
     def _tell_rounds(self) -> None:
         """Say when the rounds kept for the confirmation rise above those asked
@@ -701,24 +704,26 @@ class Search:
             f"keeps time for {n} (more than --confirm-rounds {s.confirm_rounds}, at most "
             f"{fitting.NEEDED_SHARE:.0%} of it) before the search goes on"))
 
-    def _repeat_may_save_a_round(self) -> float | None:
+    def _repeat_may_save_a_round(self) -> tuple[float, int] | None:
         """Under a budget, once the search's best beats the script's config beyond the pruning
-        margin: that gain when processes as alike as `spread.BETWEEN_FLOOR` would let fewer
-        confirmation rounds show it than the budget plans for (`_planned_rounds`), so that the
-        spread, measured now, may free a round for the search; None otherwise."""
+        margin: that gain and the rounds that would show it were processes as alike as
+        `spread.BETWEEN_FLOOR`, when those are fewer than the budget plans for
+        (`_planned_rounds`), so that the spread, measured now, may free a round for the search;
+        None otherwise."""
         s = self.settings
         best = self._best_gain()
-        if s.budget_s is None or best is None or s.confirm_rounds <= decision.MIN_ROUNDS or \
+        if s.budget_s is None or best is None or s.confirm_rounds <= 1 or \
                 best[0] - 1 <= self.handle.pruner.margin_rel:
             return None
-        n = decision.rounds_planned(best[0], spread.BETWEEN_FLOOR, best[1], 1)
+        n = decision.rounds_planned(best[0], spread.BETWEEN_FLOOR, best[1], 1,
+                                    one_round_rel=spread.upper_rel([spread.BETWEEN_FLOOR]))
         if n is None or n >= s.confirm_rounds:
             return None
         # it pays for itself only if, the rounds cut, the search still has room for a probe
         sp = self.space
         repeat_s = self.prober.probe_s(self.state, *sp.trial_knobs(sp.baseline))
         left = s.budget_s - self.elapsed() - repeat_s - self._reserve_s() * n / s.confirm_rounds
-        return best[0] if left >= self.prober.typical_s(self.state) else None
+        return (best[0], n) if left >= self.prober.typical_s(self.state) else None
 
     def _keep_spread(self, measured: spread.ProcessSpread) -> None:
         self._keep(learned=dataclasses.replace(self.state.learned, spread=measured))

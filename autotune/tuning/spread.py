@@ -16,7 +16,7 @@ Pure: numbers in, numbers and words out.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from autotune.tuning import decision
@@ -28,6 +28,12 @@ MARGIN_FLOOR = 0.03  # a pruning margin never under this: the decision's own min
 MARGIN_CAP = 0.25
 FOREIGN_DIFFERS_CORES = 0.3  # two probes whose foreign load differs this much were not alike
 STARTUP_DIFFERS = 1.5  # one start-up this many times the other's
+# A spread measured from a pair or two is itself uncertain: one pair of processes gives one
+# degree of freedom, and the true spread may be many times what it showed. Where one round is
+# to decide alone (`upper_rel`), the spread is taken at its 90% upper bound: sd x sqrt(dof /
+# the chi-square's 10% quantile at dof), these quantiles.
+UPPER_LEVEL = 0.90
+_CHI2_LOW = {1: 0.015791, 2: 0.210721, 3: 0.584374, 4: 1.063623, 5: 1.610308, 6: 2.204131}
 
 
 @dataclass(frozen=True)
@@ -132,6 +138,12 @@ class ProcessSpread:
             return decision.PRUNE_MARGIN_REL
         return min(MARGIN_CAP, max(MARGIN_FLOOR, math.sqrt(2) * b))
 
+    def upper_rel(self) -> float | None:
+        """The spread between processes at its `UPPER_LEVEL` upper bound from this one pair
+        (`upper_rel`); None when not measured."""
+        b = self.between_rel
+        return None if b is None else upper_rel([b])
+
     def text(self) -> str:
         """One line for the user and the report."""
         if not self.measured:
@@ -157,6 +169,28 @@ class ProcessSpread:
         return cls(Side.from_dict(d["first"]) if d.get("first") else None,
                    Side.from_dict(d["second"]) if d.get("second") else None,
                    str(d.get("why", "")))
+
+
+def pair_rel(first: float, first_ci: float, second: float, second_ci: float) -> float | None:
+    """The spread between processes one pair of figures of the same config shows (samples/s
+    with 95% half-widths: `ProcessSpread.between_rel`); None where either is not positive."""
+    if first <= 0 or second <= 0:
+        return None
+    return ProcessSpread(Side(first, first_ci), Side(second, second_ci)).between_rel
+
+
+def upper_rel(pairs: Sequence[float]) -> float | None:
+    """The spread between processes at its `UPPER_LEVEL` upper bound, from the spreads that
+    pairs of processes of one config each showed (``pairs``: `ProcessSpread.between_rel`s,
+    pooled as variances, one degree of freedom each). None from no pair. One pair at 1% gives
+    7.96%, two at 1% give 3.08%: a round alone decides only a gain that even so wide a spread
+    cannot explain (`autotune.tuning.decision.decide`)."""
+    rels = [r for r in pairs if r is not None and math.isfinite(r)]
+    if not rels:
+        return None
+    dof = min(len(rels), max(_CHI2_LOW))
+    pooled = math.sqrt(sum(r * r for r in rels) / len(rels))
+    return pooled * math.sqrt(dof / _CHI2_LOW[dof])
 
 
 def measure(first: Side, second: Side) -> ProcessSpread:
