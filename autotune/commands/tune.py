@@ -78,10 +78,11 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
                    help="interleaved re-measurements of the best two and the baseline "
                         "(default 3; a budget may hold fewer, or more when the search stops "
                         "for it or ends early with a gain that needs them). The script's "
-                        "defaults are replaced only after 2 rounds at least, when the "
-                        "speed-up's 95%% interval, corrected for the "
-                        "candidates compared, lies above 1.0: with 1, or 0 (no "
-                        "confirmation), they are kept")
+                        "defaults are replaced only when the speed-up's 95%% interval, "
+                        "corrected for the candidates compared, lies above 1.0 after 2 "
+                        "rounds at least, or after 1 where the spread between processes was "
+                        "measured and even its upper bound cannot explain the gain; with 0 "
+                        "(no confirmation) they are kept")
     s.add_argument("--confirm-seconds", type=common.positive_float, metavar="S",
                    help="time limit of one confirmation probe (default 1.5 x --seconds, or "
                         "each config's fitted probe)")
