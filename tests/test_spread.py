@@ -71,6 +71,26 @@ def test_a_one_round_interval_widens_with_the_spread_between_processes():
     assert narrow[0] > 1.0 > assumed[0]  # 2% between processes: 1.2x is beyond doubt
 
 
+def test_rounds_are_planned_at_the_pairs_whole_difference_made_median_unbiased():
+    """A round's ratio carries its probes' own noise as well as what differs between
+    processes, and one pair reads under the true spread two times in three: nanoGPT's shape
+    read its config 5.5% apart (±3.3% between processes) and its rounds then spread ±9%."""
+    s = spread.measure(side(153.2, rel_ci=0.029), side(161.9, rel_ci=0.048))
+    d = math.log(161.9 / 153.2)
+    assert s.between_rel == pytest.approx(0.033, abs=0.002)
+    assert s.planning_rel() == pytest.approx(d / math.sqrt(2) * spread.MEDIAN_FACTOR, rel=1e-9)
+    assert s.planning_rel() > s.between_rel
+    # planned so, a +19% gain gets four rounds, not three
+    within = math.hypot(0.044 / 1.898, 0.029)
+    assert decision.rounds_planned(1.19, s.process_rel(), within, 1) == 3
+    assert decision.rounds_planned(1.19, s.planning_rel(), within, 1) == 4
+    # never under the spread between processes, capped, and assumed when not measured
+    alike = spread.measure(side(100.0, rel_ci=0.4), side(80.0, rel_ci=0.4))
+    assert alike.planning_rel() >= alike.between_rel
+    assert spread.measure(side(100.0), side(10.0)).planning_rel() == spread.BETWEEN_CAP
+    assert ProcessSpread(first=side(100.0)).planning_rel() == decision.PROCESS_NOISE_REL
+
+
 def test_a_spread_from_few_pairs_is_taken_at_its_upper_bound():
     """One pair of processes is one degree of freedom: the spread it shows may be several
     times the true one. Where a round decides alone, the bound is what counts."""

@@ -338,12 +338,12 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
         if stretch is fitting.Stretch.ALL:
             stretch_to = fitting.MAX_CONFIRM_ROUNDS
             why_more = "the search stopped for its budget, and what it kept buys them"
-        elif stretch is fitting.Stretch.NEEDED and not scorer.objective.multi:
-            stretch_to, why_more = planned_rounds(searched, names, process_rel,
-                                                  len(entries) - 1)
+        planning = spread.planning_rel() if spread is not None else process_rel
+        if stretch is fitting.Stretch.NEEDED and not scorer.objective.multi:
+            stretch_to, why_more = planned_rounds(searched, names, planning, len(entries) - 1)
         one_decides = spread is not None and spread.measured and \
             not scorer.objective.multi and \
-            planned_rounds(searched, names, process_rel, len(entries) - 1,
+            planned_rounds(searched, names, planning, len(entries) - 1,
                            one_round_rel=spread.upper_rel())[0] == 1
         rounds, window_s = fitting.confirm_fit(rounds, mean_window, len(entries), left_s,
                                                least, stretch_to=stretch_to,

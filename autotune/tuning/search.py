@@ -662,7 +662,8 @@ class Search:
     def _planned_rounds(self) -> int:
         """The confirmation rounds the budget keeps time for: those asked (``--confirm-rounds``),
         unless the spread between processes is measured and another number would show the
-        search's best gain beyond doubt (`decision.rounds_planned`; the confirmation itself
+        search's best gain beyond doubt (`decision.rounds_planned`, at the spread a round's
+        ratio is planned with: `spread.ProcessSpread.planning_rel`; the confirmation itself
         still decides on its rounds, and time left over buys more):
         - fewer, down to `decision.MIN_ROUNDS`: minGPT's shape moves ~1% between processes,
           two rounds show its +32%, and the third round's ~70 s is a probe of the batch the
@@ -679,7 +680,7 @@ class Search:
         best = self._best_gain()
         if best is None or measured is None or not measured.measured:
             return s.confirm_rounds
-        n = decision.rounds_planned(best[0], measured.process_rel(), best[1], 1,
+        n = decision.rounds_planned(best[0], measured.planning_rel(), best[1], 1,
                                     one_round_rel=measured.upper_rel())
         if n is None:
             return s.confirm_rounds
@@ -700,7 +701,7 @@ class Search:
         best, measured = self._best_gain(), self.state.learned.spread
         self.prober.tell(Note.info(
             f"the search's best measured {best[0] - 1:+.1%}; at the spread between processes of "
-            f"±{measured.process_rel():.1%}, about {n} confirmation rounds show it, so the budget "
+            f"±{measured.planning_rel():.1%}, about {n} confirmation rounds show it, so the budget "
             f"keeps time for {n} (more than --confirm-rounds {s.confirm_rounds}, at most "
             f"{fitting.NEEDED_SHARE:.0%} of it) before the search goes on"))
 

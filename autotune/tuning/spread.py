@@ -33,6 +33,11 @@ STARTUP_DIFFERS = 1.5  # one start-up this many times the other's
 # to decide alone (`upper_rel`), the spread is taken at its 90% upper bound: sd x sqrt(dof /
 # the chi-square's 10% quantile at dof), these quantiles.
 UPPER_LEVEL = 0.90
+# Planning rounds takes the spread at its median instead: one pair's squared difference over
+# twice the variance is chi-square with one degree of freedom, whose median is 0.455, so the
+# pair's reading is under the true spread two times in three; sqrt(1 / 0.455) makes it
+# median-unbiased (`ProcessSpread.planning_rel`).
+MEDIAN_FACTOR = 1.4826
 _CHI2_LOW = {1: 0.015791, 2: 0.210721, 3: 0.584374, 4: 1.063623, 5: 1.610308, 6: 2.204131}
 
 
@@ -130,6 +135,21 @@ class ProcessSpread:
         b = self.between_rel
         return decision.PROCESS_NOISE_REL if b is None else b
 
+    def planning_rel(self) -> float:
+        """What one process adds to a round's ratio, for planning the confirmation's rounds
+        (`autotune.tuning.decision.rounds_planned`): the two figures' whole difference, own
+        intervals included (a confirmation probe carries its own noise into its round's ratio
+        as much as what differs between processes), as one standard deviation of each, made
+        median-unbiased (`MEDIAN_FACTOR`); never under `between_rel`. nanoGPT's shape read its
+        own config 5.5% apart in two processes (±3.3% between them once their own intervals
+        were taken off) and planned three rounds for a +19% gain; the rounds' ratios then
+        spread ±9%, and four would have shown it. The assumed figure when not measured."""
+        b = self.between_rel
+        if b is None:
+            return decision.PROCESS_NOISE_REL
+        whole = self.differs_rel / math.sqrt(2) * MEDIAN_FACTOR
+        return min(BETWEEN_CAP, max(b, whole))
+
     def margin_rel(self) -> float:
         """The pruning margin: a probe is pruned when its upper end stays this far under the
         best's low end. Two processes each carry the spread between processes."""
@@ -160,7 +180,8 @@ class ProcessSpread:
                 "second": self.second and self.second.to_dict(), "why": self.why,
                 "measured": self.measured, "between_rel": self.between_rel,
                 "within_rel": None if not self.measured else self.within_rel,
-                "margin_rel": self.margin_rel(), "process_rel": self.process_rel()}
+                "margin_rel": self.margin_rel(), "process_rel": self.process_rel(),
+                "planning_rel": self.planning_rel()}
 
     @classmethod
     def from_dict(cls, d: Mapping | None) -> ProcessSpread | None:
