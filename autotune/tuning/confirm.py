@@ -338,16 +338,16 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
         if stretch is fitting.Stretch.ALL:
             stretch_to = fitting.MAX_CONFIRM_ROUNDS
             why_more = "the search stopped for its budget, and what it kept buys them"
-        planning = spread.planning_rel() if spread is not None else process_rel
+        planned, why = None, ""  # the rounds the search's best gain needs (one may do)
+        if not scorer.objective.multi:
+            planned, why = planned_rounds(
+                searched, names, spread.planning_rel() if spread is not None else process_rel,
+                len(entries) - 1, one_round_rel=spread.upper_rel() if spread is not None else None)
         if stretch is fitting.Stretch.NEEDED and not scorer.objective.multi:
-            stretch_to, why_more = planned_rounds(searched, names, planning, len(entries) - 1)
-        one_decides = spread is not None and spread.measured and \
-            not scorer.objective.multi and \
-            planned_rounds(searched, names, planning, len(entries) - 1,
-                           one_round_rel=spread.upper_rel())[0] == 1
+            stretch_to, why_more = planned, why
         rounds, window_s = fitting.confirm_fit(rounds, mean_window, len(entries), left_s,
                                                least, stretch_to=stretch_to,
-                                               one_decides=one_decides)
+                                               one_decides=planned == 1)
         scale = window_s / mean_window
         windows = {n: w * scale for n, w in windows.items()}
         more = (f" ({rounds - asked} more than --confirm-rounds {asked}: {why_more}; "
@@ -371,9 +371,9 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
         rounds, unmeasured = 0, set()
     by = _by_objective(scorer, cfgs, results)
     k = len(entries) - 1  # the interval allows for picking the best of these
-    alone = None  # the spread's upper bound that lets one round decide, where measured
+    bound = None  # the spread's upper bound that lets one round decide, where measured
     if rounds == 1 and spread is not None and spread.measured and not scorer.objective.multi:
-        alone = one_round_rel(spread, {n: (searched(n), results[n][0]) for n in names
+        bound = one_round_rel(spread, {n: (searched(n), results[n][0]) for n in names
                                        if n != "baseline" and n not in unmeasured})
 
     def judge(by_objective: list[dict[str, list]]) -> decision.Decision:
@@ -381,7 +381,7 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
             return decision.decide_pair(*by_objective, "baseline", candidates=k,
                                         process_rel=process_rel)
         return decision.decide(by_objective[0], "baseline", candidates=k,
-                               process_rel=process_rel, one_round_rel=alone)
+                               process_rel=process_rel, one_round_rel=bound)
 
     d = judge(by)
     if len(entries) == 1:
