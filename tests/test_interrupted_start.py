@@ -7,9 +7,11 @@ caught a rank alive after ``tune`` had exited 130. Each instant is hit here with
 and a controller that exits holding a launch nobody stopped stops it on its way out."""
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import uuid
 
 import pytest
@@ -39,6 +41,24 @@ def _instead(*args, **kwargs):
     raise CtrlC
 
 
+def _raise_ctrl_c(signum, frame):
+    raise CtrlC
+
+
+def _signal_inside_popen(monkeypatch):
+    """A real SIGINT, delivered while ``Popen`` has the child but has not returned it: the
+    handler runs in the main thread at once (``raise_signal``), so without holding it the
+    interrupt leaves ``Popen`` and the pid is lost. The test restores SIGINT's handler."""
+    signal.signal(signal.SIGINT, _raise_ctrl_c)
+    recording = proc.subprocess.Popen
+
+    def popen(*args, **kwargs):
+        p = recording(*args, **kwargs)
+        signal.raise_signal(signal.SIGINT)
+        return p
+    monkeypatch.setattr(proc.subprocess, "Popen", popen)
+
+
 def _first_tree(monkeypatch):
     calls = []
     real = proc.Launched.tree
@@ -52,6 +72,7 @@ def _first_tree(monkeypatch):
 
 
 INSTANTS = {
+    "inside Popen, after the fork (a real signal)": _signal_inside_popen,
     "inside proc.start, after the fork": _first_tree,
     "proc.start returned, launch not yet kept":
         lambda mp: mp.setattr(proc, "start", _after(proc.start)),
@@ -68,6 +89,7 @@ INSTANTS = {
 def test_ctrl_c_at_any_instant_of_a_probe_start_leaves_no_process(tmp_path, monkeypatch,
                                                                    instant):
     started = []
+    sigint = signal.getsignal(signal.SIGINT)
     real_popen = proc.subprocess.Popen
 
     def popen(*args, **kwargs):  # to know the rank was really started before the interrupt
@@ -81,8 +103,11 @@ def test_ctrl_c_at_any_instant_of_a_probe_start_leaves_no_process(tmp_path, monk
                         log_dir=tmp_path / "logs", name=name, max_s=25.0, hang_s=4.0,
                         startup_s=30.0, grace_s=3.0, min_measure_s=2.0,
                         foreign_limit_cores=1e9)
-    with pytest.raises(CtrlC):
-        run_trial(spec)
+    try:
+        with pytest.raises(CtrlC):
+            run_trial(spec)
+    finally:
+        signal.signal(signal.SIGINT, sigint)
     assert started, "the interrupt came before any rank existed: nothing was tested"
     assert trial_processes(name) == [], "a rank outlived the interrupted start"
     assert live_children() == []
@@ -123,4 +148,35 @@ def test_a_controller_exiting_on_ctrl_c_stops_the_launches_it_still_held(tmp_pat
         for p in left:  # not left to sleep on after a failure
             p.kill()
     assert left == [], f"rank {rank} outlived its controller"
+    assert live_children() == []
+
+
+# A control command (``nvidia-cuda-mps-control``'s kind) that runs until it is stopped.
+SLEEPER = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(600)"
+
+
+def test_ctrl_c_while_a_control_command_runs_kills_it(tmp_path):
+    """`proc.run_command` killed its command's group on a timeout only: Ctrl-C while it waited
+    left the command running."""
+    marker = f"cmd-{uuid.uuid4().hex[:8]}"
+    up = tmp_path / "pid"
+    main = threading.main_thread().ident
+
+    def interrupt_once_up():  # the SIGINT goes to the main thread, inside `run_command`
+        wait_for(lambda: up.exists() and up.read_text(), timeout_s=60, what="the command")
+        signal.pthread_kill(main, signal.SIGINT)
+    sigint = signal.signal(signal.SIGINT, _raise_ctrl_c)
+    sender = threading.Thread(target=interrupt_once_up, daemon=True)
+    try:
+        sender.start()
+        with pytest.raises(CtrlC):
+            proc.run_command([sys.executable, "-c", SLEEPER, str(up)], env=dict(os.environ),
+                             timeout_s=120, marker=marker)
+    finally:
+        sender.join(timeout=60)
+        signal.signal(signal.SIGINT, sigint)
+        left = trial_processes(marker)
+        for p in left:
+            p.kill()
+    assert left == [], f"the command (pid {up.read_text()}) outlived the interrupt"
     assert live_children() == []

@@ -7,14 +7,17 @@ re-parented to us, not to init, and can still be found and reaped. Shutdown is T
 KILL, then a sweep for anything still carrying the marker.
 
 Every launch is registered the moment its process exists, and leaves the register only when
-`stop` has ended it. What is still registered when the controller exits (an interrupt that
-landed between a launch and the code that would have stopped it) is stopped by `stop_all`,
-registered with ``atexit``: Ctrl-C at any instant leaves no process behind.
+`stop` has ended it. A signal that lands while the process is being created and registered is
+held until it is registered (`_signals_held`): raised inside ``Popen``, it would lose the pid.
+What is still registered when the controller exits (an interrupt that landed between a launch
+and the code that would have stopped it) is stopped by `stop_all`, registered with
+``atexit``: Ctrl-C at any instant leaves no process behind.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import os
 import signal
@@ -120,21 +123,23 @@ def start(spec: LaunchSpec, *, on_output=None) -> Launched:
     out = open(spec.stdout_path, "ab")
     err = out if spec.stdout_path == spec.stderr_path else open(spec.stderr_path, "ab")
     try:
-        popen = subprocess.Popen(
-            list(spec.argv), cwd=spec.cwd, env=env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE if spec.pipe_output else out,
-            stderr=subprocess.STDOUT if spec.pipe_output else err,
-            start_new_session=True, close_fds=True)
-    except OSError as exc:
-        raise LaunchError(f"cannot start {spec.argv[0]!r}: {exc.strerror or exc}; "
-                          f"check that it exists and is executable") from exc
+        with _signals_held():  # what they raise comes once the process is registered
+            try:
+                popen = subprocess.Popen(
+                    list(spec.argv), cwd=spec.cwd, env=env, stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE if spec.pipe_output else out,
+                    stderr=subprocess.STDOUT if spec.pipe_output else err,
+                    start_new_session=True, close_fds=True)
+            except OSError as exc:
+                raise LaunchError(f"cannot start {spec.argv[0]!r}: {exc.strerror or exc}; "
+                                  f"check that it exists and is executable") from exc
+            launched = Launched(spec=spec, popen=popen, pgid=popen.pid)
+            _register(launched)
     finally:
         if not spec.pipe_output:
             out.close()
             if err is not out:
                 err.close()
-    launched = Launched(spec=spec, popen=popen, pgid=popen.pid)
-    _register(launched)
     try:
         if spec.pipe_output:
             t = threading.Thread(target=_pump, args=(popen, out, err, on_output), daemon=True,
@@ -146,6 +151,43 @@ def start(spec: LaunchSpec, *, on_output=None) -> Launched:
         stop(launched, grace_s=1.0)
         raise
     return launched
+
+
+HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # the ones the CLI turns into
+# exceptions (`autotune.commands.cli`)
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """Hold `HELD_SIGNALS` for the block, then hand the first that came to its handler.
+
+    Python runs a signal's handler in the main thread between two bytecodes: Ctrl-C landing
+    inside ``Popen``, after the fork, raises there, and the child runs on with a pid nobody
+    holds. Only the main thread runs handlers, so elsewhere nothing is held. The handlers
+    swapped in are Python's; ``exec`` resets them to the default in the child, and the
+    signal mask is untouched, so the child gets every signal as it would have.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[tuple[int, object]] = []
+    before = {}
+    for sig in HELD_SIGNALS:
+        if signal.getsignal(sig) is None:  # a handler set outside Python: left as it is
+            continue
+        before[sig] = signal.signal(sig, lambda signum, frame: came.append((signum, frame)))
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        if came:
+            signum, frame = came[0]
+            handler = before.get(signum)
+            if callable(handler):
+                handler(signum, frame)
+            elif handler == signal.SIG_DFL:  # what the signal does by default, now
+                os.kill(os.getpid(), signum)
 
 
 def _register(launched: Launched) -> None:
@@ -211,29 +253,39 @@ def run_command(argv, *, env: dict[str, str], input_text: str | None = None,
     env = dict(env)
     env.setdefault(protocol.ENV_TRIAL, marker)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        popen = None
         try:
-            popen = subprocess.Popen(
-                [str(a) for a in argv], env=env, stdin=subprocess.PIPE, stdout=out, stderr=err,
-                start_new_session=True, close_fds=True)
-        except OSError as exc:
-            raise LaunchError(f"cannot start {argv[0]!r}: {exc.strerror or exc}; "
-                              f"check that it exists and is executable") from exc
-        _ours.add(popen.pid)
-        try:
+            with _signals_held():
+                try:
+                    popen = subprocess.Popen(
+                        [str(a) for a in argv], env=env, stdin=subprocess.PIPE, stdout=out,
+                        stderr=err, start_new_session=True, close_fds=True)
+                except OSError as exc:
+                    raise LaunchError(f"cannot start {argv[0]!r}: {exc.strerror or exc}; "
+                                      f"check that it exists and is executable") from exc
+                _ours.add(popen.pid)
             popen.communicate(input=(input_text or "").encode(), timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            try:
-                os.killpg(popen.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            popen.wait()
+            _kill_group(popen)
             raise LaunchError(f"{' '.join(map(str, argv))!r} did not finish within "
                               f"{timeout_s:g} s and was killed") from None
+        except BaseException:  # Ctrl-C while it ran: it must not outlive us
+            if popen is not None:
+                _kill_group(popen)
+            raise
         out.seek(0)
         err.seek(0)
         return CommandResult(argv=tuple(str(a) for a in argv), returncode=popen.returncode,
                              stdout=out.read().decode(errors="replace"),
                              stderr=err.read().decode(errors="replace"))
+
+
+def _kill_group(popen: subprocess.Popen) -> None:
+    try:
+        os.killpg(popen.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    popen.wait()
 
 
 def signal_group(launched: Launched, sig: int) -> None:
