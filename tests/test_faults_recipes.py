@@ -91,8 +91,11 @@ def test_a_second_tune_warm_starts_from_the_first_or_says_why_not(tmp_path, spoi
     """The recipe a tune saved in ./recipes is found by the next tune of the same script: news
     when it warm-starts, a WARNING naming the field when it cannot be used; the tune goes on."""
     toy = str(SCRIPTS / "tune_toy.py")
+    # instances held: the two-rank probe (two tries of ~5 s at this length) is not what this is
+    # about, and each tune here ran it
     args = ("tune", "--plain", "--trials", "2", "--seconds", "4", "--confirm-rounds", "0",
-            "--foreign-limit", "1000", "--fix", "threads=1", "--", toy, "--work", "1")
+            "--foreign-limit", "1000", "--fix", "threads=1", "instances=1", "--", toy, "--work",
+            "1")
     first = autotune(*args, cwd=tmp_path, timeout=240)
     assert first.returncode == 0, first.stderr[-3000:]
     saved, = (tmp_path / "recipes").glob("*.toml")
