@@ -57,6 +57,19 @@ def test_unmeasured_the_assumed_figure_stands_and_says_why():
     assert ProcessSpread(first=side(100.0)).pending
 
 
+def test_a_probe_with_a_figure_but_no_interval_leaves_the_spread_unmeasured():
+    """Beside a busy suite a repeat of the baseline gave a figure with an infinite interval:
+    `measure` raised a TypeError comparing the spread (None) and the tune died. No spread can
+    be told from it; the assumed figure stands, and the reason says why."""
+    s = spread.measure(side(100.0), Side(90.0, math.inf))
+    assert not s.measured and s.between_rel is None
+    assert "no figure, or none with an interval" in s.why
+    assert s.process_rel() == decision.PROCESS_NOISE_REL
+    assert s.margin_rel() == decision.PRUNE_MARGIN_REL and s.upper_rel() is None
+    assert "was not measured" in s.text()
+    assert spread.ProcessSpread.from_dict(s.to_dict()) == s
+
+
 def test_the_spread_survives_tune_json():
     s = spread.measure(side(100.0, foreign_cores=0.5, first_s=3.0, steal_cores=0.2), side(90.0))
     back = Learned.from_dict(Learned(spread=s).to_dict()).spread

@@ -99,8 +99,10 @@ class ProcessSpread:
 
     @property
     def measured(self) -> bool:
+        """Both processes gave a figure and its interval: a probe cut short under load may give
+        a figure whose interval is infinite, and no spread can be told from it."""
         return self.first is not None and self.second is not None and \
-            self.first.samples_per_s > 0 and self.second.samples_per_s > 0
+            math.isfinite(self.first.rel_sd) and math.isfinite(self.second.rel_sd)
 
     @property
     def differs_rel(self) -> float:
@@ -125,8 +127,6 @@ class ProcessSpread:
             return None
         d = self.differs_rel
         own = self.first.rel_sd ** 2 + self.second.rel_sd ** 2
-        if not math.isfinite(own):
-            return None
         rest = max(0.0, d * d - own) / 2
         return min(BETWEEN_CAP, max(BETWEEN_FLOOR, math.sqrt(rest)))
 
@@ -223,7 +223,7 @@ def explain(first: Side, second: Side) -> str:
     """What makes two probes of the same config differ, as far as the probes show it."""
     s = ProcessSpread(first, second)
     if not s.measured:
-        return "one of the two probes gave no figure"
+        return "one of the two probes gave no figure, or none with an interval"
     if s.between_rel <= BETWEEN_FLOOR:
         return "no more than their own intervals explain"
     causes = []
