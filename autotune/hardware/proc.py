@@ -153,8 +153,9 @@ def start(spec: LaunchSpec, *, on_output=None) -> Launched:
     return launched
 
 
-HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # the ones the CLI turns into
-# exceptions (`autotune.commands.cli`)
+# held while a process is created and registered: the ones the CLI turns into exceptions
+# (`autotune.commands.cli`)
+HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @contextlib.contextmanager
