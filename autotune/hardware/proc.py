@@ -304,6 +304,8 @@ def stop(launched: Launched, *, grace_s: float = 5.0) -> int | None:
     launched.tree()
     if launched.poll() is None:
         signal_group(launched, signal.SIGTERM)
+        # a group held with SIGSTOP (trials taking turns) takes SIGTERM only once continued
+        signal_group(launched, signal.SIGCONT)
         deadline = time.monotonic() + grace_s
         while launched.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)

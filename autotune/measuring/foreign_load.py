@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -92,9 +93,15 @@ def cpu_s(procs) -> float:
 
 
 class ForeignLoad:
-    """Accumulates our own CPU time while a probe runs; `cores()` gives the foreign rest."""
+    """Accumulates our own CPU time while a probe runs; `cores()` gives the foreign rest.
 
-    def __init__(self):
+    ``others``: processes of this tune's that are not the trial's (the trials it takes turns
+    with, `autotune.measuring.alternate`): their CPU is counted with the controller's, not as
+    foreign load, nor as the trial's."""
+
+    def __init__(self, others: Callable[[], list[psutil.Process]] | None = None):
+        self._others = others
+        self._theirs: dict[tuple[int, float], tuple[float, float]] = {}
         self._me = psutil.Process(os.getpid())
         self._t0 = time.monotonic()
         self._born0 = procs.birth_clock()
@@ -119,9 +126,25 @@ class ForeignLoad:
             self._ours[key] = (first, cpu)
         self._trail.append(self._now())
 
+    def _their_s(self) -> float:
+        """CPU seconds ``others`` used since construction (0 without them)."""
+        if self._others is None:
+            return 0.0
+        for proc in self._others():
+            try:
+                key = (proc.pid, proc.create_time())
+                cpu = _proc_cpu_s(proc)
+            except psutil.Error:
+                continue
+            first = self._theirs[key][0] if key in self._theirs else \
+                (0.0 if key[1] >= self._born0 else cpu)
+            self._theirs[key] = (first, cpu)
+        return sum(last - first for first, last in self._theirs.values())
+
     def _now(self) -> Sample:
         busy, kernel, steal = _counters()
-        return Sample(time.monotonic(), busy, _proc_cpu_s(self._me), self.ours_s(), kernel, steal)
+        return Sample(time.monotonic(), busy, _proc_cpu_s(self._me) + self._their_s(),
+                      self.ours_s(), kernel, steal)
 
     def ours_s(self) -> float:
         """CPU seconds the sampled processes used since construction."""

@@ -370,3 +370,55 @@ def estimate(points: list[tuple[float, float]], *, batches: int,
                     windows=len(kept), start_t=t0 + (index[0] + 1) * dt,
                     end_t=t0 + (index[-1] + 2) * dt,
                     shift=level_shift(kept, quantum=batch / dt))
+
+
+
+def slice_parts(points: list[tuple[float, float]],
+                slices: list[tuple[float, float]]) -> list[tuple[float, float] | None]:
+    """(samples, seconds) each slice ran, in order (`slices_estimate`); None for a slice in
+    which fewer than two batches ended."""
+    pts = sorted(points)
+    ends = [p for prev, p in zip(pts, pts[1:]) if p[1] > prev[1]]  # where a batch ended
+    pauses = idle_spans(pts, len(ends)) if len(pts) > 1 else []
+    out: list[tuple[float, float] | None] = []
+    for a, b in slices:
+        inside = [p for p in ends if a <= p[0] <= b]
+        if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+            out.append(None)
+            continue
+        (t0, c0), (t1, c1) = inside[0], inside[-1]
+        ran = (t1 - t0) - sum(max(0.0, min(y, t1) - max(x, t0)) for x, y in pauses)
+        out.append((c1 - c0, ran) if ran > 0 else None)
+    return out
+
+
+def slices_estimate(points: list[tuple[float, float]],
+                    slices: list[tuple[float, float]]) -> Estimate | None:
+    """Samples/s over the time slices a process ran in (`autotune.measuring.alternate`: held
+    with SIGSTOP between them), from batch to batch inside each slice; None without three
+    slices that saw two batches end.
+
+    A slice is measured from the first batch that ended in it (the one in flight when the
+    process was held ends just after it resumes, so the time held is never counted) to the
+    last, so each slice's rate is exact to the meter's clock. A pause inside a slice
+    (`idle_spans`: evaluation) is left out, as `estimate` leaves it. The figure is all the
+    samples over all the measured time; its interval is the t-interval of the slices' own
+    rates, which lie seconds apart and are taken as independent.
+    """
+    parts = slice_parts(points, slices)
+    used = [(sl, part) for sl, part in zip(slices, parts) if part is not None]
+    if len(used) < 3:
+        return None
+    samples = sum(c for _, (c, _) in used)
+    span = sum(t for _, (_, t) in used)
+    rates = [c / t for _, (c, t) in used]
+    mean = samples / span
+    n = len(rates)
+    m = sum(rates) / n
+    sd = math.sqrt(sum((r - m) ** 2 for r in rates) / (n - 1))
+    ci = max(t975(n - 1) * sd / math.sqrt(n), MIN_STEP_REL_HALF * mean)
+    start, end = used[0][0][0], used[-1][0][1]
+    first = min(p[0] for p in points)
+    return Estimate(samples_per_s=mean, ci_half=ci, measured_s=span,
+                    warmup_s=max(0.0, start - first), paused_s=max(0.0, (end - start) - span),
+                    windows=n, start_t=start, end_t=end)

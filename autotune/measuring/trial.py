@@ -21,7 +21,7 @@ from pathlib import Path
 from autotune.launching import engines, script_flags
 
 from autotune.hardware import proc
-from autotune.measuring import breakdown, logs, noise, series, steady
+from autotune.measuring import alternate, breakdown, logs, noise, series, steady
 from autotune.launching.collector import Collector, for_launcher
 from autotune.measuring.script_facts import Seen
 from autotune import Note
@@ -150,6 +150,9 @@ class TrialResult:
     # kernel's interrupt work and the hypervisor's steal; reported, not judged
     kernel_cores: float = 0.0
     steal_cores: float = 0.0
+    # taking turns (`autotune.measuring.alternate`): each slice's samples/s in the order it
+    # ran, None where too few batches ended in it; a confirmation pairs them across configs
+    slice_rates: tuple[float | None, ...] = ()
 
     @property
     def foreign_flagged(self) -> bool:
@@ -163,6 +166,7 @@ class TrialResult:
         d["notes"] = [n.to_dict() for n in self.notes]
         d["knobs"] = dict(self.knobs)
         d["hosts"] = list(self.hosts)
+        d["slice_rates"] = list(self.slice_rates)
         for name in ("breakdown", "energy", "noise"):
             d[name] = d[name].to_dict() if d[name] is not None else None
         d["foreign_flagged"] = self.foreign_flagged
@@ -178,6 +182,7 @@ class TrialResult:
                       "notes": tuple(map(note_of, d.get("notes") or ())),
                       "knobs": dict(d.get("knobs") or {}),
                       "hosts": tuple(d.get("hosts") or ()),
+                      "slice_rates": tuple(d.get("slice_rates") or ()),
                       "breakdown": Breakdown.from_dict(d.get("breakdown")),
                       "energy": EnergyPerSample.from_dict(d.get("energy")),
                       "noise": NoiseEstimate.from_dict(d.get("noise"))})
@@ -354,14 +359,19 @@ class _Probe:
 
 
 def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool] | None = None,
-              on_start: Callable[[list[proc.Launched]], None] | None = None) -> TrialResult:
-    """Probe one configuration. ``on_progress(estimate)`` returning True prunes the trial."""
+              on_start: Callable[[list[proc.Launched]], None] | None = None,
+              turn: alternate.Turn | None = None) -> TrialResult:
+    """Probe one configuration. ``on_progress(estimate)`` returning True prunes the trial.
+
+    With a ``turn`` (`autotune.measuring.alternate.run_together`) it takes turns with other
+    trials: its clocks stand still while it is held, it ends when the turns end, and its
+    figure is read from the slices it ran."""
     asked = spec.ranks
     log_dir = Path(asked.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     probe = _Probe(spec, on_progress)
     collector = for_launcher(asked.launcher)
-    load = ForeignLoad()
+    load = ForeignLoad(others=turn.others if turn is not None else None)
     base_env = dict(os.environ if asked.env is None else asked.env)
     base_env[protocol.ENV_TICK_S] = str(spec.tick_s)
     base_env.update(series.watch_env(asked.command, asked.cwd, spec.watch_dirs))
@@ -378,7 +388,9 @@ def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool]
         group = start_group(ranks_spec, channel=collector.env())
         probe.launched.extend(group.launched)  # first: from here `finally` stops them
         probe.group = group
-        if asked.launcher.kind == "local":  # counters of this host only
+        if turn is not None:
+            turn.attach(probe.launched)
+        if asked.launcher.kind == "local" and turn is None:  # counters of this host only
             probe.energy = EnergyMeter([slot.gpu.index for slot in group.plan.slots
                                         if slot.gpu is not None])
         if asked.launcher.kind != "local":  # ranks are the engine's children, not ours
@@ -386,8 +398,10 @@ def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool]
                                            since=begun)
         if on_start is not None:
             on_start(probe.launched)
-        _loop(probe, collector, load)
+        _loop(probe, collector, load, turn)
     finally:
+        if turn is not None:
+            turn.release()  # a held rank would take neither the stop below nor a signal
         # Ctrl-C between the group's start and the line above leaves its ranks unheld: they
         # are found among the live launches by the trial's marker
         held = {lp.pid for lp in probe.launched}
@@ -410,17 +424,31 @@ def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool]
         collector.settle()
         probe.absorb(collector.drain())
         collector.close()
-    return _result(probe, exit_codes, load, log_path)
+    return _result(probe, exit_codes, load, log_path, turn)
 
 
-def _loop(probe: _Probe, collector: Collector, load: ForeignLoad) -> None:
+def _loop(probe: _Probe, collector: Collector, load: ForeignLoad,
+          turn: alternate.Turn | None = None) -> None:
     spec = probe.spec
     next_estimate = time.monotonic() + ESTIMATE_EVERY_S
+    held = 0.0  # seconds the turn held it so far: its clocks skip them
     while True:
         time.sleep(POLL_S)
         now = time.monotonic()
         probe.absorb(collector.drain())
         probe.read_log()
+        if turn is not None:
+            if turn.ended():
+                return
+            skip = turn.held_s() - held
+            held += skip
+            probe.t_begin += skip
+            probe.t_start += skip
+            probe.last_progress_t += skip
+            if not turn.running():
+                if any(lp.poll() is not None for lp in probe.launched):
+                    return  # killed while held (the OOM killer): nothing else ends it
+                continue
         tree = probe.processes()
         load.sample(tree)
         codes = [lp.poll() for lp in probe.launched]
@@ -437,6 +465,8 @@ def _loop(probe: _Probe, collector: Collector, load: ForeignLoad) -> None:
             probe.ours_at_progress = load.ours_s()
             if probe.first_progress is None and any(progress):
                 probe.first_progress = (now, progress[0] or progress[1])
+            if turn is not None:
+                turn.saw(now, progress[0] or progress[1] or progress[2])
         elif any(progress):
             still = now - probe.last_progress_t
             if still > spec.hang_s or (spec.idle_hang_s is not None and still > spec.idle_hang_s
@@ -450,7 +480,7 @@ def _loop(probe: _Probe, collector: Collector, load: ForeignLoad) -> None:
                 return
             probe.cpu_seen = cpu
             probe.t_start = now  # busy, just slow: give it another start-up period
-        if now >= next_estimate:
+        if turn is None and now >= next_estimate:  # in turns, the turns end it
             next_estimate = now + ESTIMATE_EVERY_S
             probe.update_estimate()
             est = probe.estimate
@@ -466,7 +496,7 @@ def _loop(probe: _Probe, collector: Collector, load: ForeignLoad) -> None:
         probe.cpu_trail.append((now, load.ours_s()))
         if probe.energy is not None:
             probe.energy.read(now)
-        if now - probe.t_begin > spec.max_s:
+        if turn is None and now - probe.t_begin > spec.max_s:
             late = spec.expect_first_s is not None and \
                 now - probe.t_begin >= max(MIN_IDLE_START_S, 3 * spec.expect_first_s)
             if not any(progress) and late and probe.idle_for(MIN_IDLE_START_S, now):
@@ -504,9 +534,11 @@ def _stall(probe: _Probe) -> dict:
 
 
 def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
-            log_path: Path) -> TrialResult:
+            log_path: Path, turn: alternate.Turn | None = None) -> TrialResult:
     probe.read_log(final=True)
     probe.update_estimate()
+    if turn is not None:  # the figure is its slices'; what lay between was another's turn
+        probe.estimate = steady.slices_estimate(probe.series()[0], turn.slices)
     est = probe.estimate
     batches, steps = probe.totals()
     error = next((r.error for r in probe.ranks.values() if r.error), None)
@@ -592,21 +624,29 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         stopped=stopped,
         foreign_limit_cores=probe.spec.foreign_limit_cores, counted_samples_per_s=counted,
         window_start_t=est.start_t if est else 0.0, window_end_t=est.end_t if est else 0.0,
-        breakdown=_breakdown(probe, est) if has_estimate else None, ranks_seen=len(ticks),
+        # in turns, a step in flight when its rank was held timed the hold as its own
+        breakdown=_breakdown(probe, est) if has_estimate and turn is None else None,
+        ranks_seen=len(ticks),
         hosts=tuple(sorted({str(r.hello["host"]) for r in probe.ranks.values()
                             if r.hello.get("host")})),
         energy=probe.energy.per_sample(est.start_t, est.end_t, est.samples_per_s *
                                        (est.end_t - est.start_t))
         if has_estimate and probe.energy is not None else None,
-        noise=_noise(probe, est) if has_estimate else None,
+        noise=_noise(probe, est) if has_estimate and turn is None else None,
         kernel_cores=unowned.kernel_cores, steal_cores=unowned.steal_cores,
-        **(_cost(probe, est) if has_estimate else {}), **_pace(probe))
+        slice_rates=tuple(None if part is None else part[0] / part[1] for part in
+                          steady.slice_parts(probe.series()[0], turn.slices))
+        if turn is not None else (),
+        **(_cost(probe, est, turn) if has_estimate else {}), **_pace(probe))
 
 
-def _cost(probe: _Probe, est: steady.Estimate) -> dict:
+def _cost(probe: _Probe, est: steady.Estimate, turn: alternate.Turn | None = None) -> dict:
     """``core_s_per_sample`` and ``gpu_s_per_sample`` of the result (see `TrialResult`)."""
     out = {}
     span = est.end_t - est.start_t
+    if turn is not None:  # its CPU between its slices was nil: it ran in its slices only
+        span = sum(min(b, est.end_t) - max(a, est.start_t) for a, b in turn.slices
+                   if b > est.start_t and a < est.end_t)
     trail = list(probe.cpu_trail)
     local = probe.spec.ranks.launcher.kind == "local"
     if local and span > 0 and len(trail) >= 2 and trail[0][0] <= est.start_t + POLL_S \

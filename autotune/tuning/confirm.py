@@ -10,13 +10,15 @@ together, the one candidate is the Pareto front's pick, and `decision.decide_pai
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
 import dataclasses
 import math
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from autotune import Note
-from autotune.measuring import bottleneck
+from autotune.hardware.host import host_gpus
+from autotune.measuring import alternate, bottleneck
 from autotune.measuring.energy import EnergyPerSample
 from autotune.tuning import decision, fitting, objective, spread as spreads
 from autotune.tuning.decision import KEPT, MIN_ROUNDS, Choice, Measured
@@ -29,6 +31,9 @@ from probes.protocol import Mode
 
 CONFIRM_TARGET_REL = 0.02  # tight enough that a confirmation probe measures its whole window
 TOO_SHORT_SHARE = 0.75  # less than this share of one round left: no re-measurement
+# In turns, the time each probe measures, as a share of its sequential window: the rest of a
+# round goes on the probes' start-ups and warm-ups, which a window holds too.
+TURN_MEASURE_SHARE = 0.6
 
 
 @dataclass(frozen=True)
@@ -140,10 +145,28 @@ def _holds_all(prober: Prober, state: TuneState, known: Mapping[tuple, Known],
     return left_s >= 2 * max(rounds, decision.PLANNED_ROUNDS) * sum(windows)
 
 
+def turns_refused(prober: Prober, scorer: objective.Scorer,
+                  env: Mapping[str, str] | None = None) -> str:
+    """Why a round's probes cannot take turns on the machine (`alternate`); "" when they can:
+    ranks this host starts, on its CPU, measured for a score that needs no energy counter."""
+    if not prober.takes_turns:
+        return "this run's probes are stand-ins that cannot take turns"
+    if prober.launcher.kind != "local":
+        return f"{prober.launcher.kind} starts the ranks, and a held engine does not hold them"
+    if host_gpus(os.environ if env is None else env):
+        return "a held CUDA process keeps its GPU memory, so two configs may not fit at once"
+    if scorer.objective.uses_energy:
+        return "the host's energy counters would count every config's turns together"
+    return ""
+
+
 def _remeasure(prober: Prober, state: TuneState, entries, rounds: int,
-               windows: Mapping[str, float]) -> tuple[TuneState, dict[str, list]]:
+               windows: Mapping[str, float], *,
+               turns: bool = False) -> tuple[TuneState, dict[str, list]]:
     space = state.space
     cfgs = dict(entries)
+    if turns:
+        return _remeasure_in_turns(prober, state, entries, rounds, windows)
     results: dict[str, list] = {name: [] for name in cfgs}  # the probes' results, or None
     for rnd, name in decision.interleave(list(cfgs), rounds):
         cfg = cfgs[name]
@@ -160,6 +183,39 @@ def _remeasure(prober: Prober, state: TuneState, entries, rounds: int,
         if not r.ok:
             prober.tell(Note.warning(f"confirmation round {rnd}, {name}: {r.outcome.value}: "
                                      f"{r.reason}"))
+    return state, results
+
+
+def _remeasure_in_turns(prober: Prober, state: TuneState, entries, rounds: int,
+                        windows: Mapping[str, float]) -> tuple[TuneState, dict[str, list]]:
+    """Each round's probes started together and taking turns on the machine in slices
+    (`autotune.measuring.alternate`), so that its drift falls on every entry alike; each
+    probe measures for the `TURN_MEASURE_SHARE` of its window a sequential probe would take."""
+    space = state.space
+    cfgs = dict(entries)
+    names = list(cfgs)
+    measure_s = TURN_MEASURE_SHARE * sum(windows.values()) / len(windows)
+    results: dict[str, list] = {name: [] for name in cfgs}
+    for rnd in range(1, rounds + 1):
+        order = names if rnd % 2 else names[::-1]  # who warms up first, in turn
+        specs = [(cfgs[name], prober.spec(state, *space.trial_knobs(cfgs[name]),
+                                          f"confirm{rnd}-{name}", max_s=windows[name],
+                                          min_measure_s=measure_s,
+                                          target_rel=CONFIRM_TARGET_REL))
+                 for name in order]
+        state, got = prober.probe_turns(state, specs, measure_s=measure_s)
+        for name, r in zip(order, got):
+            ok = r is not None and r.ok
+            results[name].append(r if ok else None)
+            prober.emit(Event.CONFIRMATION, round=rnd, trial=name, knobs=cfgs[name],
+                        samples_per_s=r.samples_per_s if ok else None,
+                        ci_half=r.ci_half if ok else None,
+                        outcome=r.outcome.value if r is not None else "failed",
+                        reason=r.reason if r is not None else "no result")
+            if not ok:
+                prober.tell(Note.warning(
+                    f"confirmation round {rnd}, {name}: "
+                    f"{r.outcome.value + ': ' + r.reason if r is not None else 'no result'}"))
     return state, results
 
 
@@ -353,10 +409,16 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
         more = (f" ({rounds - asked} more than --confirm-rounds {asked}: {why_more}; "
                 f"{max(left_s or 0.0, 0.0):.0f} s of the budget were left)"
                 if rounds > asked else "")
-        prober.tell(Note.info(f"confirming: {', '.join(names)}, {rounds} interleaved round(s) "
-                              f"of {', '.join(f'{w:.0f}' for w in windows.values())} s probes"
-                              f"{more}"))
-        state, results = _remeasure(prober, state, entries, rounds, windows)
+        refused = turns_refused(prober, scorer)
+        how = (f"interleaved round(s) of {', '.join(f'{w:.0f}' for w in windows.values())} s "
+               f"probes" if refused else
+               f"round(s), each starting every config's processes and letting them take "
+               f"turns on the machine (held with SIGSTOP between slices of "
+               f"{alternate.SLICE_S:g} s or more) until each ran "
+               f"{TURN_MEASURE_SHARE * mean_window * scale:.0f} s")
+        prober.tell(Note.info(f"confirming: {', '.join(names)}, {rounds} {how}{more}"))
+        state, results = _remeasure(prober, state, entries, rounds, windows,
+                                    turns=not refused)
         unmeasured = {name for name, ms in results.items() if all(m is None for m in ms)}
         for name, ms in results.items():
             if all(m is None for m in ms):  # nothing measured is never a figure: the search's
@@ -370,6 +432,10 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
         results = {name: [searched(name)] for name in names}
         rounds, unmeasured = 0, set()
     by = _by_objective(scorer, cfgs, results)
+    # rounds that took turns: each probe's slice rates, which pair across configs
+    slices = {name: [getattr(r, "slice_rates", None) or None for r in rs]
+              for name, rs in results.items()
+              if any(getattr(r, "slice_rates", None) for r in rs)}
     k = len(entries) - 1  # the interval allows for picking the best of these
     bound = None  # the spread's upper bound that lets one round decide, where measured
     if rounds == 1 and spread is not None and spread.measured and not scorer.objective.multi:
@@ -381,7 +447,8 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
             return decision.decide_pair(*by_objective, "baseline", candidates=k,
                                         process_rel=process_rel)
         return decision.decide(by_objective[0], "baseline", candidates=k,
-                               process_rel=process_rel, one_round_rel=bound)
+                               process_rel=process_rel, one_round_rel=bound,
+                               slices=slices or None)
 
     d = judge(by)
     if len(entries) == 1:

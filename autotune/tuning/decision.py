@@ -277,20 +277,47 @@ class Choice:
                    str(d.get("reason") or ""))
 
 
+Slices = Sequence[float | None]  # one probe's slice rates in turns, in the order they ran
+
+
+def paired_half(rounds: Sequence[tuple[Slices, Slices]], level: float) -> float | None:
+    """Half-width, in log terms at ``level``, of the mean over rounds of a candidate's log
+    speed-up, from inside the rounds: in each round, the t-interval of the log ratios of the
+    slices the candidate and the baseline ran side by side (``rounds``: their slice rates;
+    taking turns, `autotune.measuring.alternate`, the i-th slice of each lies in the same
+    cycle, seconds apart). None when a round holds fewer than three such pairs."""
+    halves = []
+    for cand, base in rounds:
+        logs = [math.log(c / b) for c, b in zip(cand, base) if c and b and c > 0 and b > 0]
+        if len(logs) < 3:
+            return None
+        halves.append(_between_half(logs, level))
+    return math.sqrt(sum(h * h for h in halves)) / len(halves) if halves else None
+
+
 def speedup_interval(speedup: float, pairs: Sequence[tuple[float, float]],
                      winner: Summary, base: Summary, *,
                      candidates: int = 1,
-                     process_rel: float = PROCESS_NOISE_REL) -> tuple[float, float]:
+                     process_rel: float = PROCESS_NOISE_REL,
+                     paired: Sequence[tuple[Slices, Slices]] | None = None
+                     ) -> tuple[float, float]:
     """The interval of ``speedup`` that holds when the two configs are run again, in new
     processes, at `level_for` ``candidates`` (95% for one): from the spread of the per-round
     ratios (``pairs``: winner, baseline) when there are two rounds or more, never narrower than
     the probes' own intervals; from one round, the probes' intervals widened by the spread
     between processes (``process_rel``: measured by `autotune.tuning.spread`, else the assumed
-    `PROCESS_NOISE_REL`) for each of the two processes."""
+    `PROCESS_NOISE_REL`) for each of the two processes.
+
+    Rounds that took turns (``paired``: each round's slice rates, winner and baseline) floor
+    the interval at the paired slices' own (`paired_half`) instead of the probes' own: each
+    probe's interval holds the machine's drift from slice to slice, which fell on both alike."""
     level = level_for(candidates)
     z = _z(level)
     within = math.hypot(_own_rel(winner), _own_rel(base)) * z / 1.96  # the probes' 95% -> level
     half = math.log1p(within) if math.isfinite(within) else math.inf
+    inside = paired_half(paired, level) if paired else None
+    if inside is not None:
+        half = inside
     logs = [math.log(w / b) for w, b in pairs if w > 0 and b > 0]
     if len(logs) >= 2:
         half = max(half, _between_half(logs, level))
@@ -381,7 +408,8 @@ def rounds_planned(speedup: float, process_rel: float, within: float, candidates
 def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
            min_gain_rel: float = MIN_GAIN_REL, candidates: int | None = None,
            min_rounds: int = MIN_ROUNDS, process_rel: float = PROCESS_NOISE_REL,
-           one_round_rel: float | None = None) -> Decision:
+           one_round_rel: float | None = None,
+           slices: Mapping[str, Sequence[Slices | None]] | None = None) -> Decision:
     """Pick the winner of the interleaved re-measurement; the baseline unless the gain is
     beyond doubt.
 
@@ -394,6 +422,8 @@ def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
     ``one_round_rel``: that spread at its upper bound, where it was measured
     (`autotune.tuning.spread.upper_rel`); with it one round switches when even that spread
     cannot explain the gain (`one_round_half`), and the claim's interval allows for it.
+    ``slices``: where the rounds took turns, each entry's slice rates per round
+    (`speedup_interval`'s ``paired``).
     """
     k = candidates if candidates is not None else max(1, len(results) - 1)
     base_ms = [m for m in results.get(baseline, ()) if m is not None]
@@ -414,11 +444,18 @@ def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
     pairs = [(w.samples_per_s, b.samples_per_s)
              for w, b in zip(results[name], results[baseline])
              if w is not None and b is not None and b.samples_per_s > 0]
+    paired = None
+    if slices is not None and name in slices and baseline in slices:
+        both = [(ws, bs) for w, b, ws, bs in zip(results[name], results[baseline],
+                                                  slices[name], slices[baseline])
+                if w is not None and b is not None and b.samples_per_s > 0]
+        paired = both if all(ws and bs for ws, bs in both) else None
     speedup = best.samples_per_s / base.samples_per_s if base.samples_per_s else math.inf
     n = len(pairs)
     alone = n == 1 and one_round_rel is not None  # one round may decide: the spread is bounded
     low, high = speedup_interval(speedup, pairs, best, base, candidates=k,
-                                 process_rel=one_round_rel if alone else process_rel)
+                                 process_rel=one_round_rel if alone else process_rel,
+                                 paired=paired)
     noise = max(min_gain_rel, 1 - low / speedup if speedup > 0 and math.isfinite(high)
                 else math.inf)
     gain = f"{name} measured {speedup - 1:+.1%}"
@@ -431,7 +468,9 @@ def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
                         f"{gain} against the baseline over {over}: {claim}", low, high,
                         rounds=n, candidates=k)
     logs = [math.log(w / b) for w, b in pairs if w > 0 and b > 0]
-    needed = rounds_needed(speedup, logs, math.hypot(_own_rel(best), _own_rel(base)), k,
+    inside = paired_half(paired, LEVEL) if paired else None
+    needed = rounds_needed(speedup, logs, math.expm1(inside) if inside is not None
+                           else math.hypot(_own_rel(best), _own_rel(base)), k,
                            min_gain_rel=min_gain_rel)
     if n < min_rounds:
         why = (f"{'one interleaved round' if n == 1 else f'{n} interleaved rounds'} "

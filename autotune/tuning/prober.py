@@ -12,13 +12,14 @@ budget is counted on.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from autotune import Note
 from autotune.launching import engines
-from autotune.measuring import series, trial
+from autotune.measuring import alternate, series, trial
 from autotune.measuring.outcome import Outcome
 from autotune.measuring.trial import TrialResult, TrialSpec
 from autotune.measuring.trial_events import TrialEvents
@@ -46,6 +47,8 @@ class Prober:
         self.clock = clock  # anything with monotonic() and sleep(s)
         self._notify = notify or (lambda note: None)
         self._run_trial = run_trial
+        # probes that take turns need the real trial (a stand-in measures no slices)
+        self.takes_turns = run_trial is trial.run_trial
 
     # -- the user and the journal ---------------------------------------------------------------
     def note(self, state: TuneState, note: Note) -> TuneState:
@@ -190,6 +193,39 @@ class Prober:
             self.tell(Note.warning(f"{label}: {result.foreign_cores:.2f} cores of foreign CPU "
                                    f"load while it measured; measuring it again"))
             self.clock.sleep(FOREIGN_WAIT_S)
+
+    def probe_turns(self, state: TuneState, entries: Sequence[tuple[Mapping, TrialSpec]], *,
+                    measure_s: float) -> tuple[TuneState, list[TrialResult | None]]:
+        """The probes of ``entries`` (config, spec) at once, taking turns on the machine
+        (`autotune.measuring.alternate.run_together`) until each ran ``measure_s`` in its
+        slices; the state with what they taught, and their results in order (None for one
+        that raised nothing but returned nothing). No foreign-load re-runs: a load that came
+        fell on every entry's slices alike. The journal's live markers name every entry's
+        ranks while they run, so a resume finds all of them."""
+        lock = threading.Lock()
+        markers: dict[int, list[str]] = {}
+
+        def started(i: int, launched) -> None:
+            with lock:
+                markers[i] = [lp.spec.marker for lp in launched]
+                states.mark_live(self.run_dir, [m for ms in markers.values() for m in ms])
+
+        def one(i: int, turn: alternate.Turn) -> TrialResult:
+            return self._run_trial(entries[i][1], on_start=lambda ls: started(i, ls), turn=turn)
+
+        start_s = max(spec.startup_s for _, spec in entries)
+        try:
+            results = alternate.run_together(one, len(entries), measure_s=measure_s,
+                                             start_s=start_s)
+        finally:
+            states.mark_live(self.run_dir, [])
+        out: list[TrialResult | None] = []
+        for (cfg, spec), result in zip(entries, results):
+            if result is not None:
+                result = dataclasses.replace(result, knobs=dict(cfg))
+                state = state.learn(cfg, spec.ranks.knobs, result)
+            out.append(result)
+        return state, out
 
     def _on_start(self, launched) -> None:
         states.mark_live(self.run_dir, [lp.spec.marker for lp in launched])

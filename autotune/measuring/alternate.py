@@ -1,0 +1,205 @@
+"""Probes of several configs that take turns on the machine, so that its drift cancels.
+
+On a shared machine the speed one process gets drifts by ±15% over 10-30 s (nanoGPT's shape
+at batch 12, alone: 5-s stretches of one process read 213 to 296 samples/s, in runs of like
+values). Two configs probed one after the other, each in its own process, see different
+stretches of that drift, and a round's ratio carries it: ±9-15% a round, against the +13-21%
+a confirmation must show. Here the configs' processes are all started, and then take turns in
+slices of a few seconds: the one whose turn it is runs, the others are held (SIGSTOP to their
+process groups, SIGCONT when their turn comes), in the order A B B A, so that both see the same
+stretch of the drift. The same pair alternated in 5 s slices read 1.16x, 1.22x and 1.20x in
+three rounds of new processes (docs/benchmarks.md).
+
+Each process first runs alone from its start to `WARM_S` past its first batch, so start-ups and
+warm-ups never overlap and never count. A slice lasts `SLICE_S` and at least `SLICE_BATCHES`
+batches (long steps: minGPT's are 1-2.5 s). Each probe's figure is read from its own slices
+only (`autotune.measuring.steady.slices_estimate`). The trials themselves run as ever
+(`autotune.measuring.trial.run_trial`), one thread each; their loops stand still while held.
+
+Only for ranks this host starts, on the CPU: a held CUDA process keeps its device memory, so
+two configs sized to a GPU's memory cannot be resident at once, and a held engine (mpirun,
+srun) does not pass SIGSTOP on to its ranks.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import psutil
+
+from autotune.hardware import proc
+
+T = TypeVar("T")
+
+SLICE_S = 5.0  # a turn's shortest slice
+SLICE_BATCHES = 3  # ...and the fewest batches (or steps) that end in it
+WARM_S = 5.0  # alone after its first batch, before the first hold
+MIN_SLICES = 4  # each process's turns at least: a figure stands on three slices
+MAX_SLICE_S = 120.0  # a slice with no batch this long ends (the trial's own hang rule judges)
+WAIT_S = 0.05
+
+
+class Turn:
+    """One trial's side of the alternation: whether it may run now, and the slices it ran.
+
+    The coordinator (`run_together`) holds and releases it; the trial's loop reads
+    `running`, `held_s` and `ended`, and reports its progress with `saw`.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._running = True
+        self._held_since: float | None = None
+        self._held_total = 0.0
+        self.ended_flag = threading.Event()  # the coordinator is done: the trial ends
+        self.done = threading.Event()  # the trial has returned
+        self.launched: list[proc.Launched] = []
+        self.slices: list[tuple[float, float]] = []
+        self.first_t: float | None = None
+        self.count = 0  # batches or steps so far
+        self.others: Callable[[], list[psutil.Process]] = list
+
+    # -- the trial's side -----------------------------------------------------------------
+    def attach(self, launched: list[proc.Launched]) -> None:
+        """The trial's launches (its own list, which grows)."""
+        self.launched = launched
+
+    def running(self) -> bool:
+        return self._running
+
+    def ended(self) -> bool:
+        return self.ended_flag.is_set()
+
+    def held_s(self) -> float:
+        """Seconds held so far, the current hold included: what the trial's clocks skip."""
+        with self._lock:
+            now = time.monotonic()
+            return self._held_total + (now - self._held_since
+                                       if self._held_since is not None else 0.0)
+
+    def saw(self, now: float, count: int) -> None:
+        """The trial's progress (batches or steps), as its loop reads it."""
+        if count > self.count:
+            self.count = count
+            if self.first_t is None:
+                self.first_t = now
+
+    def processes(self) -> list[psutil.Process]:
+        return [p for lp in self.launched for p in lp.tree()]
+
+    # -- the coordinator's side -------------------------------------------------------------
+    def hold(self) -> None:
+        with self._lock:
+            if not self._running:
+                return
+            self._running = False
+            self._held_since = time.monotonic()
+        for lp in list(self.launched):
+            proc.signal_group(lp, signal.SIGSTOP)
+
+    def release(self) -> None:
+        for lp in list(self.launched):
+            proc.signal_group(lp, signal.SIGCONT)
+        with self._lock:
+            if self._running:
+                return
+            self._held_total += time.monotonic() - self._held_since
+            self._held_since = None
+            self._running = True
+
+    def end(self) -> None:
+        self.ended_flag.set()
+        self.release()
+
+    def measured_s(self) -> float:
+        return sum(b - a for a, b in self.slices)
+
+    def _wait(self, until: Callable[[], bool], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self.done.is_set() and not until() and time.monotonic() < deadline:
+            self.done.wait(WAIT_S)
+
+    def warm(self, warm_s: float, start_s: float) -> None:
+        """Wait (it runs alone) for its first batch, then ``warm_s`` and `SLICE_BATCHES` more;
+        ``start_s``: how long a start may take (the trial's own rule then ends it)."""
+        self._wait(lambda: self.first_t is not None, start_s)
+        if self.first_t is None:
+            return
+        first = self.count
+        self._wait(lambda: time.monotonic() - self.first_t >= warm_s
+                   and self.count - first >= SLICE_BATCHES, MAX_SLICE_S)
+
+    def run_slice(self, slice_s: float) -> None:
+        """Release it for one slice: `SLICE_S` and `SLICE_BATCHES` at least, then hold it."""
+        self.release()
+        t0, first = time.monotonic(), self.count
+        self._wait(lambda: time.monotonic() - t0 >= slice_s
+                   and self.count - first >= SLICE_BATCHES, MAX_SLICE_S)
+        t1 = time.monotonic()
+        if not self.done.is_set():
+            self.hold()
+        self.slices.append((t0, t1))
+
+
+def run_together(run_one: Callable[[int, Turn], T], count: int, *, measure_s: float,
+                 start_s: float, slice_s: float = SLICE_S, warm_s: float = WARM_S,
+                 on_turns: Callable[[Sequence[Turn]], None] | None = None
+                 ) -> list[T | None]:
+    """Run ``count`` trials (``run_one(i, turn)``, each in its own thread) in turns until each
+    ran ``measure_s`` (and `MIN_SLICES` slices) in slices; their results in order (None for
+    one whose thread raised; the first such error is raised once all have ended).
+
+    The trials start one at a time, each running alone through its warm-up (`Turn.warm`),
+    then take turns A B B A. A trial that ends early (a crash, a hang) drops out; the others
+    go on. Whatever stops this (an interrupt included) releases every trial and ends it, and
+    waits for the trials to stop their processes.
+    """
+    turns = [Turn() for _ in range(count)]
+    for t in turns:
+        t.others = (lambda me: lambda: [p for u in turns if u is not me
+                                        for p in u.processes()])(t)
+    if on_turns is not None:
+        on_turns(turns)
+    results: list[T | None] = [None] * count
+    errors: list[BaseException | None] = [None] * count
+
+    def body(i: int) -> None:
+        try:
+            results[i] = run_one(i, turns[i])
+        except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
+            errors[i] = e
+        finally:
+            turns[i].done.set()
+
+    threads = []
+    try:
+        for i, turn in enumerate(turns):
+            th = threading.Thread(target=body, args=(i,), name=f"turn-{i}", daemon=True)
+            threads.append(th)
+            th.start()
+            turn.warm(warm_s, start_s)
+            if not turn.done.is_set():
+                turn.hold()
+        cycle = 0
+        while True:
+            live = [t for t in turns if not t.done.is_set()]
+            if not live or all(t.measured_s() >= measure_s and len(t.slices) >= MIN_SLICES
+                               for t in live):
+                break
+            for t in (live if cycle % 2 == 0 else live[::-1]):
+                if not t.done.is_set():
+                    t.run_slice(slice_s)
+            cycle += 1
+    finally:
+        for t in turns:
+            t.end()
+        for th in threads:
+            th.join()
+    error = next((e for e in errors if e is not None), None)
+    if error is not None:
+        raise error
+    return results
