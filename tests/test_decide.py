@@ -302,3 +302,48 @@ def test_combine_takes_the_better_of_two_moves_of_one_knob():
                   [(up, 120.0), (down, 110.0), (workers, 130.0)]):
         assert decision.combine(base, 100.0, moves) == {"batch_size": 64, "workers": 2}
     assert decision.combine(base, 100.0, [(down, 110.0), (up, 120.0)]) is None
+
+
+# The machine's drift from slice to slice, which two probes taking turns share.
+DRIFT = [1.0, 0.84, 1.16, 0.9, 1.12, 0.95]
+
+
+def _in_turns(gain, *, scatter=0.0, rounds=3):
+    """Rounds of a baseline and a candidate ``gain`` times faster that took turns: each
+    round's slice rates (the drift on both, ``scatter`` of the candidate's own on top), and
+    each probe's figure with the interval its own slices give."""
+    out = {"baseline": [], "c": []}
+    slices = {"baseline": [], "c": []}
+    for r in range(rounds):
+        level = 1 + 0.02 * (r - 1)
+        base = [200 * level * d for d in DRIFT]
+        cand = [200 * gain * level * d * (1 + scatter * (-1) ** (i + r)) for i, d in
+                enumerate(DRIFT)]
+        for name, xs in (("baseline", base), ("c", cand)):
+            mean = sum(xs) / len(xs)
+            sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
+            out[name].append(Measured(mean, 2.571 * sd / math.sqrt(len(xs))))
+            slices[name].append(xs)
+    return out, slices
+
+
+def test_slices_taken_in_turns_show_a_gain_the_probes_own_drift_hides():
+    results, slices = _in_turns(1.08, scatter=0.02)
+    assert decision.decide(results, "baseline").kept_baseline  # each probe's ±12% drift
+    d = decision.decide(results, "baseline", slices=slices)
+    assert not d.kept_baseline and d.winner == "c"
+    assert 1.0 < d.speedup_low < d.speedup < d.speedup_high < 1.12
+
+
+def test_slices_whose_ratios_scatter_keep_the_defaults():
+    results, slices = _in_turns(1.05, scatter=0.2)
+    d = decision.decide(results, "baseline", slices=slices)
+    assert d.kept_baseline, d.reason
+    assert d.candidate == "c" and d.rounds_needed is not None and d.rounds_needed > 3
+
+
+def test_paired_slices_need_three_pairs_in_every_round():
+    level = decision.level_for(1)
+    assert decision.paired_half([([1.0, 1.1, 1.2], [1.0, 1.0, 1.1])], level) is not None
+    assert decision.paired_half([([1.0, 1.1, 1.2], [1.0, 1.0, 1.1]),
+                                 ([1.0, None, 1.2], [1.0, 1.0, 1.1])], level) is None

@@ -237,3 +237,41 @@ def test_identical_windows_are_steady_whatever_a_batch_rounds():
     assert est.shift is None
     assert steady.level_shift([10.0] * 4 + [10.5] * 4, quantum=4.0) is None  # within a batch
     assert steady.level_shift([10.0] * 4 + [10.5] * 4) is not None  # no batch to round by
+
+
+def _slices_series(rate=100.0, batch=10, slices=((0, 2), (5, 7), (10, 12), (15, 17)),
+                   pause=None):
+    """Batch ends of a process that runs only in ``slices`` (held between them), ``batch``
+    samples every ``batch / rate`` s; ``pause`` (t0, t1): no batch ends inside it."""
+    pts, count, step = [(-1.0, 0.0)], 0, batch / rate
+    for a, b in slices:
+        t = a + 0.05  # the batch in flight at the hold ends just after the release
+        while t <= b:
+            if pause is None or not pause[0] < t < pause[1]:
+                # as the meter's ticks give them: the batch's start at the count before it
+                pts += [(t - step + 0.001, float(count)), (t, float(count + batch))]
+                count += batch
+                t += step
+            else:
+                t = pause[1] + step
+    return pts, [tuple(s) for s in slices]
+
+
+def test_slices_are_read_batch_to_batch_and_the_time_held_between_them_never_counts():
+    pts, slices = _slices_series()
+    est = steady.slices_estimate(pts, slices)
+    assert est.samples_per_s == pytest.approx(100.0, rel=1e-6)
+    assert est.windows == 4 and est.measured_s == pytest.approx(4 * 1.9, rel=0.06)
+    assert est.paused_s > 3 * 3.0  # the holds: beside the slices, never in the figure
+
+
+def test_a_pause_inside_a_slice_is_left_out_as_the_whole_window_estimate_leaves_it():
+    pts, slices = _slices_series(pause=(5.6, 6.4))
+    est = steady.slices_estimate(pts, slices)
+    assert est.samples_per_s == pytest.approx(100.0, rel=0.02)
+
+
+def test_slices_that_saw_too_few_batches_give_no_figure():
+    pts, slices = _slices_series(slices=((0, 2), (5, 7), (10, 10.05), (15, 15.05)))
+    assert steady.slice_parts(pts, slices)[2:] == [None, None]
+    assert steady.slices_estimate(pts, slices) is None

@@ -1,9 +1,12 @@
 """The end of a tuning run: confirm the best configs against the baseline, then declare a winner.
 
 The best two configs of the search and the baseline are re-measured in separate processes,
-interleaved (A B C A B C), with longer probes than the search's. Variance lives between
-processes more than within one, so this, not a longer single window, is what makes the decision
-robust; `autotune.tuning.decision.decide` keeps the baseline unless the gain is real.
+round after round. Where it can (`turns_refused`), a round starts every config's processes and
+lets them take turns on the machine in slices (`autotune.measuring.alternate`), so its drift
+falls on each alike; else the rounds interleave whole probes (A B C A B C). Variance lives
+between processes and over time more than within one window, so this, not a longer single
+window, is what makes the decision robust; `autotune.tuning.decision.decide` keeps the baseline
+unless the gain is real.
 Configs are compared on their score (`autotune.tuning.objective`); with throughput and energy
 together, the one candidate is the Pareto front's pick, and `decision.decide_pair` judges it.
 """
@@ -541,11 +544,13 @@ def _needs(d: decision.Decision, rounds: int, windows: Mapping[str, float],
                   f"{MIN_ROUNDS} interleaved rounds at least; the search measured "
                   f"{d.candidate or 'no candidate'}"
                   + (f" at {d.candidate_speedup - 1:+.1%}" if d.candidate else ""))
-    need = MIN_ROUNDS if rounds < MIN_ROUNDS else d.rounds_needed
+    # the rounds that measured both configs (a round whose probe failed gave no ratio)
+    done = min(rounds, d.rounds) if rounds else 0
+    need = MIN_ROUNDS if done < MIN_ROUNDS else d.rounds_needed
     if not need or not d.candidate or d.candidate_speedup - 1 <= decision.MIN_GAIN_REL:
         return reason
     round_s = sum(windows.values())
-    more_s = (need - rounds) * round_s
+    more_s = (need - done) * round_s
     asks = [f"--confirm-rounds {need}"] if settings.confirm_rounds < need else []
     if settings.budget_s is not None:
         asks.append(f"--budget {minutes(math.ceil((settings.budget_s + more_s) / 60) * 60)}")
