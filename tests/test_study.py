@@ -6,6 +6,7 @@ foreign load when told to, and intermediate estimates so the pruner can act.
 
 import dataclasses
 import json
+import re
 import time
 
 import pytest
@@ -765,6 +766,28 @@ def test_a_winner_that_changes_the_batch_comes_with_the_fastest_that_keeps_it(tm
     kept = run_command.chosen(recipe, keep_batch=True)
     assert dict(kept.knobs) == dict(keep.knobs) and not kept.batch_note
     assert kept.run_knobs(2)[0]["batch_size"] == 16
+
+
+def test_rounds_whose_probes_failed_leave_a_reason_that_says_the_rounds_that_would_decide(
+        tmp_path, machine):
+    """Three rounds asked, two lost to a crashing probe (a machine too busy for the script):
+    one ratio is no spread, so the defaults stay, and the reason counts the rounds that
+    measured both configs, not the rounds asked."""
+    plain = FakeProbe(lambda k: 100.0 * (1 + 2 * k["workers"]))
+
+    def fake(spec, **kw):
+        if spec.ranks.name.startswith(("confirm2-", "confirm3-")) and \
+                spec.ranks.knobs.get("workers"):
+            plain.specs.append(spec)
+            return result(spec, Outcome.CRASHED, reason="RuntimeError: boom")
+        return plain(spec, **kw)
+
+    report, _, _ = tune(tmp_path, fake, trials=4, confirm_rounds=3,
+                        fix_tokens=("batch_size=16", "threads=2"))
+    assert report.kept_baseline and report.rounds == 1, report.reason
+    assert "a switch needs 2 rounds at least" in report.reason
+    assert re.search(r"2 rounds of ~\d+ s \(\S+ more\) would decide", report.reason), \
+        report.reason
 
 
 def test_one_confirmation_round_keeps_the_defaults_and_says_what_would_decide(tmp_path,
