@@ -342,8 +342,30 @@ def test_slices_whose_ratios_scatter_keep_the_defaults():
     assert d.candidate == "c" and d.rounds_needed is not None and d.rounds_needed > 3
 
 
-def test_paired_slices_need_three_pairs_in_every_round():
+def test_the_paired_floor_needs_three_units_of_two_cycles():
     level = decision.level_for(1)
-    assert decision.paired_half([([1.0, 1.1, 1.2], [1.0, 1.0, 1.1])], level) is not None
-    assert decision.paired_half([([1.0, 1.1, 1.2], [1.0, 1.0, 1.1]),
-                                 ([1.0, None, 1.2], [1.0, 1.0, 1.1])], level) is None
+    one = ([1.1, 1.2, 1.1, 1.3], [1.0, 1.0, 1.0, 1.0])  # two units
+    assert decision.paired_half([one], level) is None
+    assert decision.paired_half([one, one], level) is not None
+    broken = ([1.1, None, 1.1, 1.3], [1.0, 1.0, None, 1.0])  # both its units are lost
+    assert decision.paired_half([one, broken], level) is None
+
+
+def test_a_drift_across_two_cycles_cancels_in_the_paired_floor():
+    """Taking turns A B B A, a steady drift of 8% a slice makes one cycle's ratio read high
+    and the next one's low; two cycles together cancel it, so the floor is the ratios' own."""
+    rounds = []
+    for _ in range(3):
+        speed = [1.08 ** k for k in range(8)]  # slice k of the round, in the order they ran
+        base, cand = [], []
+        for cycle in range(4):
+            first, second = speed[2 * cycle], speed[2 * cycle + 1]
+            b, c = (first, second) if cycle % 2 == 0 else (second, first)
+            base.append(200 * b)
+            cand.append(220 * c)  # 1.10x
+        rounds.append((cand, base))
+    level = decision.level_for(1)
+    assert decision.paired_half(rounds, level) == pytest.approx(0.0, abs=1e-9)
+    # single slices would have read the drift as a spread of ±8% a pair
+    singles = [math.log(c / b) for cand, base in rounds for c, b in zip(cand, base)]
+    assert max(singles) - min(singles) > 0.14

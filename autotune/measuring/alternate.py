@@ -11,8 +11,10 @@ stretch of the drift. The same pair alternated in 5 s slices read 1.16x, 1.22x a
 three rounds of new processes (docs/benchmarks.md).
 
 Each process first runs alone from its start to `WARM_S` past its first batch, so start-ups and
-warm-ups never overlap and never count. A slice lasts `SLICE_S` and at least `SLICE_BATCHES`
-batches (long steps: minGPT's are 1-2.5 s). Each probe's figure is read from its own slices
+warm-ups never overlap and never count. A slice lasts a quarter of the time each process is to
+measure (`MIN_SLICES`), within `MIN_SLICE_S` and `SLICE_S`, and at least `SLICE_BATCHES` batches
+(long steps: minGPT's are 1-2.5 s), so that a round costs what a probe of each config one after
+the other would (the budget plans it so) and its slices stay well inside the drift's 10-30 s. Each probe's figure is read from its own slices
 only (`autotune.measuring.steady.slices_estimate`). The trials themselves run as ever
 (`autotune.measuring.trial.run_trial`), one thread each; their loops stand still while held.
 
@@ -35,9 +37,10 @@ from autotune.hardware import proc
 
 T = TypeVar("T")
 
-SLICE_S = 5.0  # a turn's shortest slice
+SLICE_S = 5.0  # a turn's slice at the longest...
+MIN_SLICE_S = 1.5  # ...and at the shortest
 SLICE_BATCHES = 3  # ...and the fewest batches (or steps) that end in it
-WARM_S = 5.0  # alone after its first batch, before the first hold
+WARM_S = 2.0  # alone after its first batch (and `SLICE_BATCHES` more), before the first hold
 MIN_SLICES = 4  # each process's turns at least: a figure stands on three slices
 MAX_SLICE_S = 120.0  # a slice with no batch this long ends (the trial's own hang rule judges)
 WAIT_S = 0.05
@@ -134,7 +137,7 @@ class Turn:
                    and self.count - first >= SLICE_BATCHES, MAX_SLICE_S)
 
     def run_slice(self, slice_s: float) -> None:
-        """Release it for one slice: `SLICE_S` and `SLICE_BATCHES` at least, then hold it."""
+        """Release it for one slice: ``slice_s`` and `SLICE_BATCHES` at least, then hold it."""
         self.release()
         t0, first = time.monotonic(), self.count
         self._wait(lambda: time.monotonic() - t0 >= slice_s
@@ -145,8 +148,14 @@ class Turn:
         self.slices.append((t0, t1))
 
 
+def slice_for(measure_s: float) -> float:
+    """A slice's length when each process is to measure ``measure_s``: `MIN_SLICES` of them,
+    within `MIN_SLICE_S` and `SLICE_S`."""
+    return min(SLICE_S, max(MIN_SLICE_S, measure_s / MIN_SLICES))
+
+
 def run_together(run_one: Callable[[int, Turn], T], count: int, *, measure_s: float,
-                 start_s: float, slice_s: float = SLICE_S, warm_s: float = WARM_S,
+                 start_s: float, slice_s: float | None = None, warm_s: float = WARM_S,
                  on_turns: Callable[[Sequence[Turn]], None] | None = None
                  ) -> list[T | None]:
     """Run ``count`` trials (``run_one(i, turn)``, each in its own thread) in turns until each
@@ -156,8 +165,10 @@ def run_together(run_one: Callable[[int, Turn], T], count: int, *, measure_s: fl
     The trials start one at a time, each running alone through its warm-up (`Turn.warm`),
     then take turns A B B A. A trial that ends early (a crash, a hang) drops out; the others
     go on. Whatever stops this (an interrupt included) releases every trial and ends it, and
-    waits for the trials to stop their processes.
+    waits for the trials to stop their processes. ``slice_s``: `slice_for` ``measure_s``
+    unless given.
     """
+    slice_s = slice_for(measure_s) if slice_s is None else slice_s
     turns = [Turn() for _ in range(count)]
     for t in turns:
         t.others = (lambda me: lambda: [p for u in turns if u is not me

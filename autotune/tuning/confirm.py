@@ -164,12 +164,12 @@ def turns_refused(prober: Prober, scorer: objective.Scorer,
 
 
 def _remeasure(prober: Prober, state: TuneState, entries, rounds: int,
-               windows: Mapping[str, float], *,
-               turns: bool = False) -> tuple[TuneState, dict[str, list]]:
+               windows: Mapping[str, float], *, turns: bool = False,
+               deadline: float | None = None) -> tuple[TuneState, dict[str, list]]:
     space = state.space
     cfgs = dict(entries)
     if turns:
-        return _remeasure_in_turns(prober, state, entries, rounds, windows)
+        return _remeasure_in_turns(prober, state, entries, rounds, windows, deadline)
     results: dict[str, list] = {name: [] for name in cfgs}  # the probes' results, or None
     for rnd, name in decision.interleave(list(cfgs), rounds):
         cfg = cfgs[name]
@@ -190,16 +190,27 @@ def _remeasure(prober: Prober, state: TuneState, entries, rounds: int,
 
 
 def _remeasure_in_turns(prober: Prober, state: TuneState, entries, rounds: int,
-                        windows: Mapping[str, float]) -> tuple[TuneState, dict[str, list]]:
+                        windows: Mapping[str, float], deadline: float | None = None
+                        ) -> tuple[TuneState, dict[str, list]]:
     """Each round's probes started together and taking turns on the machine in slices
     (`autotune.measuring.alternate`), so that its drift falls on every entry alike; each
-    probe measures for the `TURN_MEASURE_SHARE` of its window a sequential probe would take."""
+    probe measures for the `TURN_MEASURE_SHARE` of its window a sequential probe would take.
+    A round is not started past ``deadline`` (the budget's end, on the prober's clock) by the
+    time the longest round so far took: a script's start-up may make a round cost more than
+    the windows it was planned at."""
     space = state.space
     cfgs = dict(entries)
     names = list(cfgs)
     measure_s = TURN_MEASURE_SHARE * sum(windows.values()) / len(windows)
     results: dict[str, list] = {name: [] for name in cfgs}
+    longest = 0.0
     for rnd in range(1, rounds + 1):
+        now = prober.clock.monotonic()
+        if deadline is not None and rnd > 1 and now + longest > deadline:
+            prober.tell(Note.warning(
+                f"confirmation: {rnd - 1} of {rounds} rounds fit in the budget (a round took "
+                f"up to {longest:.0f} s, {max(deadline - now, 0):.0f} s were left)"))
+            break
         order = names if rnd % 2 else names[::-1]  # who warms up first, in turn
         specs = [(cfgs[name], prober.spec(state, *space.trial_knobs(cfgs[name]),
                                           f"confirm{rnd}-{name}", max_s=windows[name],
@@ -207,6 +218,7 @@ def _remeasure_in_turns(prober: Prober, state: TuneState, entries, rounds: int,
                                           target_rel=CONFIRM_TARGET_REL))
                  for name in order]
         state, got = prober.probe_turns(state, specs, measure_s=measure_s)
+        longest = max(longest, prober.clock.monotonic() - now)
         for name, r in zip(order, got):
             ok = r is not None and r.ok
             results[name].append(r if ok else None)
@@ -214,7 +226,8 @@ def _remeasure_in_turns(prober: Prober, state: TuneState, entries, rounds: int,
                         samples_per_s=r.samples_per_s if ok else None,
                         ci_half=r.ci_half if ok else None,
                         outcome=r.outcome.value if r is not None else "failed",
-                        reason=r.reason if r is not None else "no result")
+                        reason=r.reason if r is not None else "no result",
+                        slice_rates=list(r.slice_rates) if r is not None else [])
             if not ok:
                 prober.tell(Note.warning(
                     f"confirmation round {rnd}, {name}: "
@@ -417,11 +430,12 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
                f"probes" if refused else
                f"round(s), each starting every config's processes and letting them take "
                f"turns on the machine (held with SIGSTOP between slices of "
-               f"{alternate.SLICE_S:g} s or more) until each ran "
-               f"{TURN_MEASURE_SHARE * mean_window * scale:.0f} s")
+               f"{alternate.slice_for(TURN_MEASURE_SHARE * mean_window * scale):.1f} s or "
+               f"more) until each ran {TURN_MEASURE_SHARE * mean_window * scale:.0f} s")
         prober.tell(Note.info(f"confirming: {', '.join(names)}, {rounds} {how}{more}"))
+        deadline = prober.clock.monotonic() + left_s if left_s is not None else None
         state, results = _remeasure(prober, state, entries, rounds, windows,
-                                    turns=not refused)
+                                    turns=not refused, deadline=deadline)
         unmeasured = {name for name, ms in results.items() if all(m is None for m in ms)}
         for name, ms in results.items():
             if all(m is None for m in ms):  # nothing measured is never a figure: the search's

@@ -281,18 +281,20 @@ Slices = Sequence[float | None]  # one probe's slice rates in turns, in the orde
 
 
 def paired_half(rounds: Sequence[tuple[Slices, Slices]], level: float) -> float | None:
-    """Half-width, in log terms at ``level``, of the mean over rounds of a candidate's log
-    speed-up, from inside the rounds: in each round, the t-interval of the log ratios of the
-    slices the candidate and the baseline ran side by side (``rounds``: their slice rates;
-    taking turns, `autotune.measuring.alternate`, the i-th slice of each lies in the same
-    cycle, seconds apart). None when a round holds fewer than three such pairs."""
-    halves = []
+    """Half-width, in log terms at ``level``, of a candidate's mean log speed-up from inside
+    the rounds that took turns (``rounds``: each round's slice rates, candidate and baseline;
+    `autotune.measuring.alternate` runs slice i of each in cycle i, the order reversed each
+    cycle, A B B A). Two cycles in a row are one unit, the mean of their two log ratios: a
+    drift across the cycles raises one cycle's ratio and lowers the next one's, which single
+    slices would count as spread and the pair cancels. The t-interval of all units of all
+    rounds; None with fewer than three."""
+    units = []
     for cand, base in rounds:
-        logs = [math.log(c / b) for c, b in zip(cand, base) if c and b and c > 0 and b > 0]
-        if len(logs) < 3:
-            return None
-        halves.append(_between_half(logs, level))
-    return math.sqrt(sum(h * h for h in halves)) / len(halves) if halves else None
+        logs = [math.log(c / b) if c and b and c > 0 and b > 0 else None
+                for c, b in zip(cand, base)]
+        units += [(x + y) / 2 for x, y in zip(logs[0::2], logs[1::2])
+                  if x is not None and y is not None]
+    return _between_half(units, level) if len(units) >= 3 else None
 
 
 def speedup_interval(speedup: float, pairs: Sequence[tuple[float, float]],
