@@ -56,7 +56,7 @@ class FakeProbe:
         self.crash = crash or (lambda knobs: False)
         self.specs = []
 
-    def __call__(self, spec, *, on_progress=None, on_start=None):
+    def __call__(self, spec, *, on_progress=None, on_start=None, turn=None):
         self.specs.append(spec)
         knobs = {**SEEN, "threads": 2, **spec.ranks.knobs}
         nth = sum(1 for s in self.specs if s.ranks.knobs == spec.ranks.knobs)
@@ -386,6 +386,31 @@ def test_under_a_budget_the_runner_up_is_not_confirmed(tmp_path, machine):
     assert len(confirm) == 2 * report.rounds, confirm
     assert report.rounds >= decision.MIN_ROUNDS and report.candidates == 1
     assert clock.t <= 120.0 + 0.8 * 10
+
+
+@pytest.mark.parametrize("turns", [False, True])
+def test_rounds_that_take_turns_keep_the_runner_up_where_one_after_another_drops_it(
+        tmp_path, machine, monkeypatch, turns):
+    """Time left for three rounds of all three entries once, not twice: rounds one after
+    another spend it on the best and the baseline; rounds that take turns (paired slices
+    decide within the rounds planned) confirm the runner-up too, a hedge against the search's
+    own probes, one after another, ranking on the machine's drift."""
+    from autotune.tuning import confirm
+    monkeypatch.setattr(confirm, "turns_refused",
+                        lambda *a, **kw: "" if turns else "rounds one after another")
+    clock, told = FakeClock(), []
+    fake = Timed(clock, surface)
+    report, _, _ = tune(tmp_path, fake, budget_s=260.0, clock=clock, confirm_rounds=3,
+                        notify=told.append, fix_tokens=("batch_size=16", "instances=1"))
+    entries = {s.ranks.name.split("-", 1)[1] for s in fake.specs
+               if s.ranks.name.startswith("confirm1-")}
+    left_out = [n.text for n in told if "is left out: under a budget" in n.text]
+    if turns:
+        assert len(entries) == 3 and not left_out, (entries, left_out)
+        assert report.candidates == 2
+    else:
+        assert len(entries) == 2 and left_out, entries
+        assert report.candidates == 1
 
 
 def test_a_search_ending_well_inside_its_budget_confirms_the_runner_up_too(tmp_path, machine):
