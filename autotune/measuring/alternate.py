@@ -14,8 +14,9 @@ Each process first runs alone from its start to `WARM_S` past its first batch, s
 warm-ups never overlap and never count. A slice lasts a quarter of the time each process is to
 measure (`MIN_SLICES`), within `MIN_SLICE_S` and `SLICE_S`, and at least `SLICE_BATCHES` batches
 (long steps: minGPT's are 1-2.5 s), so that a round costs what a probe of each config one after
-the other would (the budget plans it so) and its slices stay well inside the drift's 10-30 s. Each probe's figure is read from its own slices
-only (`autotune.measuring.steady.slices_estimate`). The trials themselves run as ever
+the other would (the budget plans it so) and its slices stay well inside the drift's 10-30 s.
+Each probe's figure is read from its own slices only
+(`autotune.measuring.steady.slices_estimate`). The trials themselves run as ever
 (`autotune.measuring.trial.run_trial`), one thread each; their loops stand still while held.
 
 Only for ranks this host starts, on the CPU: a held CUDA process keeps its device memory, so
@@ -41,7 +42,9 @@ SLICE_S = 5.0  # a turn's slice at the longest...
 MIN_SLICE_S = 1.5  # ...and at the shortest
 SLICE_BATCHES = 3  # ...and the fewest batches (or steps) that end in it
 WARM_S = 2.0  # alone after its first batch (and `SLICE_BATCHES` more), before the first hold
-MIN_SLICES = 4  # each process's turns at least: a figure stands on three slices
+# each process's turns at least: a figure stands on three slices, and the paired floor on two
+# cycles taken together (`autotune.tuning.decision.paired_half`)
+MIN_SLICES = 4
 MAX_SLICE_S = 120.0  # a slice with no batch this long ends (the trial's own hang rule judges)
 WAIT_S = 0.05
 
@@ -156,11 +159,10 @@ def slice_for(measure_s: float) -> float:
 
 def run_together(run_one: Callable[[int, Turn], T], count: int, *, measure_s: float,
                  start_s: float, slice_s: float | None = None, warm_s: float = WARM_S,
-                 on_turns: Callable[[Sequence[Turn]], None] | None = None
-                 ) -> list[T | None]:
+                 on_turns: Callable[[Sequence[Turn]], None] | None = None) -> list[T]:
     """Run ``count`` trials (``run_one(i, turn)``, each in its own thread) in turns until each
-    ran ``measure_s`` (and `MIN_SLICES` slices) in slices; their results in order (None for
-    one whose thread raised; the first such error is raised once all have ended).
+    ran ``measure_s`` (and `MIN_SLICES` slices) in slices; their results in order (the first
+    error a trial raised is raised instead, once all have ended).
 
     The trials start one at a time, each running alone through its warm-up (`Turn.warm`),
     then take turns A B B A. A trial that ends early (a crash, a hang) drops out; the others
@@ -175,7 +177,7 @@ def run_together(run_one: Callable[[int, Turn], T], count: int, *, measure_s: fl
                                         for p in u.processes()])(t)
     if on_turns is not None:
         on_turns(turns)
-    results: list[T | None] = [None] * count
+    results: list = [None] * count  # each trial's result, once it returned
     errors: list[BaseException | None] = [None] * count
 
     def body(i: int) -> None:

@@ -372,7 +372,6 @@ def estimate(points: list[tuple[float, float]], *, batches: int,
                     shift=level_shift(kept, quantum=batch / dt))
 
 
-
 def slice_parts(points: list[tuple[float, float]],
                 slices: list[tuple[float, float]]) -> list[tuple[float, float] | None]:
     """(samples, seconds) each slice ran, in order (`slices_estimate`); None for a slice in

@@ -173,10 +173,10 @@ def turns_refused(prober: Prober, scorer: objective.Scorer,
 def _remeasure(prober: Prober, state: TuneState, entries, rounds: int,
                windows: Mapping[str, float], *, turns: bool = False,
                deadline: float | None = None) -> tuple[TuneState, dict[str, list]]:
-    space = state.space
-    cfgs = dict(entries)
     if turns:
         return _remeasure_in_turns(prober, state, entries, rounds, windows, deadline)
+    space = state.space
+    cfgs = dict(entries)
     results: dict[str, list] = {name: [] for name in cfgs}  # the probes' results, or None
     for rnd, name in decision.interleave(list(cfgs), rounds):
         cfg = cfgs[name]
@@ -227,18 +227,14 @@ def _remeasure_in_turns(prober: Prober, state: TuneState, entries, rounds: int,
         state, got = prober.probe_turns(state, specs, measure_s=measure_s)
         longest = max(longest, prober.clock.monotonic() - now)
         for name, r in zip(order, got):
-            ok = r is not None and r.ok
-            results[name].append(r if ok else None)
+            results[name].append(r if r.ok else None)
             prober.emit(Event.CONFIRMATION, round=rnd, trial=name, knobs=cfgs[name],
-                        samples_per_s=r.samples_per_s if ok else None,
-                        ci_half=r.ci_half if ok else None,
-                        outcome=r.outcome.value if r is not None else "failed",
-                        reason=r.reason if r is not None else "no result",
-                        slice_rates=list(r.slice_rates) if r is not None else [])
-            if not ok:
-                prober.tell(Note.warning(
-                    f"confirmation round {rnd}, {name}: "
-                    f"{r.outcome.value + ': ' + r.reason if r is not None else 'no result'}"))
+                        samples_per_s=r.samples_per_s if r.ok else None,
+                        ci_half=r.ci_half if r.ok else None, outcome=r.outcome.value,
+                        reason=r.reason, slice_rates=list(r.slice_rates))
+            if not r.ok:
+                prober.tell(Note.warning(f"confirmation round {rnd}, {name}: "
+                                         f"{r.outcome.value}: {r.reason}"))
     return state, results
 
 

@@ -195,13 +195,12 @@ class Prober:
             self.clock.sleep(FOREIGN_WAIT_S)
 
     def probe_turns(self, state: TuneState, entries: Sequence[tuple[Mapping, TrialSpec]], *,
-                    measure_s: float) -> tuple[TuneState, list[TrialResult | None]]:
+                    measure_s: float) -> tuple[TuneState, list[TrialResult]]:
         """The probes of ``entries`` (config, spec) at once, taking turns on the machine
         (`autotune.measuring.alternate.run_together`) until each ran ``measure_s`` in its
-        slices; the state with what they taught, and their results in order (None for one
-        that raised nothing but returned nothing). No foreign-load re-runs: a load that came
-        fell on every entry's slices alike. The journal's live markers name every entry's
-        ranks while they run, so a resume finds all of them."""
+        slices; the state with what they taught, and their results in order. No foreign-load
+        re-runs: a load that came fell on every entry's slices alike. The journal's live
+        markers name every entry's ranks while they run, so a resume finds all of them."""
         lock = threading.Lock()
         markers: dict[int, list[str]] = {}
 
@@ -219,11 +218,10 @@ class Prober:
                                              start_s=start_s)
         finally:
             states.mark_live(self.run_dir, [])
-        out: list[TrialResult | None] = []
+        out = []
         for (cfg, spec), result in zip(entries, results):
-            if result is not None:
-                result = dataclasses.replace(result, knobs=dict(cfg))
-                state = state.learn(cfg, spec.ranks.knobs, result)
+            result = dataclasses.replace(result, knobs=dict(cfg))
+            state = state.learn(cfg, spec.ranks.knobs, result)
             out.append(result)
         return state, out
 
