@@ -391,8 +391,8 @@ def slice_parts(points: list[tuple[float, float]],
     return out
 
 
-def slices_estimate(points: list[tuple[float, float]],
-                    slices: list[tuple[float, float]]) -> Estimate | None:
+def slices_estimate(points: list[tuple[float, float]], slices: list[tuple[float, float]],
+                    parts: list[tuple[float, float] | None] | None = None) -> Estimate | None:
     """Samples/s over the time slices a process ran in (`autotune.measuring.alternate`: held
     with SIGSTOP between them), from batch to batch inside each slice; None without three
     slices that saw two batches end.
@@ -402,9 +402,10 @@ def slices_estimate(points: list[tuple[float, float]],
     last, so each slice's rate is exact to the meter's clock. A pause inside a slice
     (`idle_spans`: evaluation) is left out, as `estimate` leaves it. The figure is all the
     samples over all the measured time; its interval is the t-interval of the slices' own
-    rates, which lie seconds apart and are taken as independent.
+    rates, which lie seconds apart and are taken as independent. ``parts``: `slice_parts` of
+    the same, when the caller has them.
     """
-    parts = slice_parts(points, slices)
+    parts = slice_parts(points, slices) if parts is None else parts
     used = [(sl, part) for sl, part in zip(slices, parts) if part is not None]
     if len(used) < 3:
         return None

@@ -537,8 +537,11 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
             log_path: Path, turn: alternate.Turn | None = None) -> TrialResult:
     probe.read_log(final=True)
     probe.update_estimate()
+    parts: list = []  # in turns, what each slice ran: (samples, seconds), or None
     if turn is not None:  # the figure is its slices'; what lay between was another's turn
-        probe.estimate = steady.slices_estimate(probe.series()[0], turn.slices)
+        points = probe.series()[0]
+        parts = steady.slice_parts(points, turn.slices)
+        probe.estimate = steady.slices_estimate(points, turn.slices, parts)
     est = probe.estimate
     batches, steps = probe.totals()
     error = next((r.error for r in probe.ranks.values() if r.error), None)
@@ -634,9 +637,7 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         if has_estimate and probe.energy is not None else None,
         noise=_noise(probe, est) if has_estimate and turn is None else None,
         kernel_cores=unowned.kernel_cores, steal_cores=unowned.steal_cores,
-        slice_rates=tuple(None if part is None else part[0] / part[1] for part in
-                          steady.slice_parts(probe.series()[0], turn.slices))
-        if turn is not None else (),
+        slice_rates=tuple(None if part is None else part[0] / part[1] for part in parts),
         **(_cost(probe, est, turn) if has_estimate else {}), **_pace(probe))
 
 
