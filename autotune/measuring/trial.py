@@ -445,6 +445,9 @@ def _loop(probe: _Probe, collector: Collector, load: ForeignLoad,
             probe.t_begin += skip
             probe.t_start += skip
             probe.last_progress_t += skip
+            if probe.first_progress is not None:  # its first batch and time per batch are
+                t, n = probe.first_progress  # the running time's, holds left out
+                probe.first_progress = (t + skip, n)
             if not turn.running():
                 if any(lp.poll() is not None for lp in probe.launched):
                     return  # killed while held (the OOM killer): nothing else ends it
