@@ -115,3 +115,36 @@ def test_stop_ends_a_held_group_with_its_term_not_the_kill_after_the_grace(tmp_p
     proc.signal_group(launched, signal.SIGSTOP)
     assert proc.stop(launched, grace_s=30.0) == -signal.SIGTERM
     assert live_children() == []
+
+
+def test_a_round_takes_what_round_s_expects_when_a_batch_outlasts_the_slice(tmp_path):
+    """A process with 0.6 s steps holds slices of three of its batches (1.8 s, not the 1 s
+    asked), so the round lasts far longer than the two processes' measuring time and start-up;
+    `alternate.round_s`, from each process's first batch and step as its probe saw them, says
+    how long (the confirmation plans its rounds in turns by it)."""
+    name = f"t{uuid.uuid4().hex[:8]}"
+    fast = spec(tmp_path, f"{name}-a", "--step-ms", "20")
+    slow = spec(tmp_path, f"{name}-b", "--step-ms", "600")
+    t0 = time.monotonic()
+    (a, b), (_, tb) = together([fast, slow], measure_s=2.0, slice_s=1.0)
+    wall = time.monotonic() - t0
+    assert a.outcome == Outcome.OK and b.outcome == Outcome.OK, (a.reason, b.reason)
+    # its slices run past the 1 s asked, to three batch ends (the first may count a batch that
+    # ended before its hold and was read after)
+    assert sum(y - x for x, y in tb.slices) / len(tb.slices) > 2 * 0.6, tb.slices
+
+    def step(result) -> float:
+        ts = stamps(result)
+        gaps = sorted(y - x for x, y in zip(ts, ts[1:]))
+        return gaps[len(gaps) // 2]  # the median: held spans fall between some steps
+
+    # the probes' own pace leaves the holds out (it feeds the fit of later probes)
+    assert 0 < a.first_s < 30 and 0 < b.first_s < 30, (a.first_s, b.first_s)
+    assert b.step_s == pytest.approx(step(b), rel=0.3), (b.step_s, step(b))
+    expected = alternate.round_s(2.0, [(a.first_s, step(a)), (b.first_s, step(b))],
+                                 slice_s=1.0)
+    started = a.first_s + b.first_s + 2 * 2.0  # what start-up and measuring alone would take
+    assert expected > 1.5 * started, (expected, started)
+    # the trials' own teardown (SIGTERM, the grace) comes on top
+    assert 0.8 * expected <= wall <= 1.2 * expected + 3.0, (wall, expected)
+    assert trial_processes(name) == [] and live_children() == []

@@ -413,6 +413,56 @@ def test_rounds_that_take_turns_keep_the_runner_up_where_one_after_another_drops
         assert report.candidates == 1
 
 
+class Paced(Timed):
+    """`Timed`, with probes that report the script's pace: its first batch ``first_s`` after
+    launch, and ``step_s(knobs)`` a batch; ``turned`` says, by probe name, whether it took
+    turns."""
+
+    def __init__(self, clock, rate, step_s, first_s=3.0):
+        super().__init__(clock, rate)
+        self.step_s, self.first_s = step_s, first_s
+        self.turned: dict[str, bool] = {}
+
+    def __call__(self, spec, **kw):
+        r = super().__call__(spec, **kw)
+        self.turned[spec.ranks.name] = kw.get("turn") is not None
+        knobs = {**SEEN, "threads": 2, **spec.ranks.knobs}
+        return dataclasses.replace(r, step_s=self.step_s(knobs), first_s=self.first_s)
+
+
+@pytest.mark.parametrize("long_steps", [False, True])
+def test_rounds_take_turns_only_where_their_slices_of_the_script_s_batches_fit(
+        tmp_path, machine, monkeypatch, long_steps):
+    """A round in turns holds every config's warm-up and slices of three of its batches at
+    least: minGPT's shape at batch 256 (4.5 s a step) took 157 s for a round planned at its
+    probes' 90 s, and the tune ended 71 s past its 5-minute budget. Where the rounds planned
+    do not fit so, they run one probe after another, as planned, and the user is told why;
+    where they do (short steps), they take turns."""
+    from autotune.tuning import confirm
+    monkeypatch.setattr(confirm, "turns_refused", lambda *a, **kw: "")
+    clock, told = FakeClock(), []
+
+    def step_s(knobs):  # a second a batch of 16 (minGPT's ~1 s); 4 s at 64
+        return (knobs["batch_size"] / 16) * (1.0 if long_steps else 0.02)
+
+    fake = Paced(clock, lambda k: 100.0 * (1 + k["batch_size"] / 64), step_s)
+    report, _, _ = tune(tmp_path, fake, budget_s=240.0, clock=clock, seconds=None,
+                        confirm_rounds=2, notify=told.append,
+                        space_tokens=("batch_size=16,64",),
+                        fix_tokens=("workers=0", "thread_pct=100", "instances=1"))
+    confirm_probes = {name: t for name, t in fake.turned.items() if name.startswith("confirm")}
+    assert confirm_probes, fake.turned
+    texts = [n.text for n in told]
+    one_after_another = [t for t in texts if "the rounds run one probe after another" in t]
+    if long_steps:
+        assert not any(confirm_probes.values()), confirm_probes
+        assert one_after_another and "taking turns would take ~" in \
+            one_after_another[0], texts
+    else:
+        assert all(confirm_probes.values()) and not one_after_another, (confirm_probes, texts)
+    assert report.rounds >= 1
+
+
 def test_a_search_ending_well_inside_its_budget_confirms_the_runner_up_too(tmp_path, machine):
     """Six configs answered in about a minute of a 10-minute budget: three rounds of all three
     entries fit twice over, so the runner-up is confirmed beside the best (a hedge against

@@ -26,6 +26,7 @@ srun) does not pass SIGSTOP on to its ranks.
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
 import time
@@ -155,6 +156,24 @@ def slice_for(measure_s: float) -> float:
     """A slice's length when each process is to measure ``measure_s``: `MIN_SLICES` of them,
     within `MIN_SLICE_S` and `SLICE_S`."""
     return min(SLICE_S, max(MIN_SLICE_S, measure_s / MIN_SLICES))
+
+
+def round_s(measure_s: float, paces: Sequence[tuple[float, float]], *,
+            slice_s: float | None = None, warm_s: float = WARM_S) -> float:
+    """What `run_together` takes for trials whose ``paces`` are (launch to first batch, one
+    batch), each to measure ``measure_s``: every trial's warm-up alone (its first batch, then
+    ``warm_s`` and `SLICE_BATCHES` batches), then cycles of one slice each until every trial
+    measured ``measure_s`` in `MIN_SLICES` slices or more, a slice never shorter than
+    `SLICE_BATCHES` of the trial's batches. Long batches make a round far longer than its
+    measuring time: minGPT's shape at batch 256 (4.5 s a step) holds 13.5 s slices, and a round
+    of it beside batch 32 and the script's own took 157 s where 90 s were left."""
+    base = slice_for(measure_s) if slice_s is None else slice_s
+    slices = [max(base, SLICE_BATCHES * step) for _, step in paces]
+    if not slices:
+        return 0.0
+    cycles = max(MIN_SLICES, max(math.ceil(measure_s / s) for s in slices))
+    warm = sum(first + max(warm_s, SLICE_BATCHES * step) for first, step in paces)
+    return warm + cycles * sum(slices)
 
 
 def run_together(run_one: Callable[[int, Turn], T], count: int, *, measure_s: float,

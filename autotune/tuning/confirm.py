@@ -151,8 +151,39 @@ def _holds_all(prober: Prober, state: TuneState, known: Mapping[tuple, Known],
     best is the likelier lucky reading (nanoGPT's 6m measured the grid's best at 293.6 and
     confirmed a config that read 326.5 and was 0.852 of it by the grid)."""
     windows = probe_windows(prober, state, known, [c for _, c in entries])
-    over = 1 if turns else 2
-    return left_s >= over * max(rounds, decision.PLANNED_ROUNDS) * sum(windows)
+    rounds = max(rounds, decision.PLANNED_ROUNDS)
+    if not turns:
+        return left_s >= 2 * rounds * sum(windows)
+    measure_s = TURN_MEASURE_SHARE * sum(windows) / len(windows)
+    one = turn_round_s(prober, state, [c for _, c in entries], measure_s)
+    return left_s >= rounds * (sum(windows) if one is None else max(one, sum(windows)))
+
+
+def turn_round_s(prober: Prober, state: TuneState, cfgs: Sequence[Mapping],
+                 measure_s: float) -> float | None:
+    """What one round of ``cfgs`` taking turns takes when each is to measure ``measure_s``
+    (`alternate.round_s`, at the paces fitted to the script: `Prober.pace`); None before the
+    baseline timed the script."""
+    paces = [prober.pace(state, *state.space.trial_knobs(c)) for c in cfgs]
+    if any(p is None for p in paces):
+        return None
+    return alternate.round_s(measure_s, paces)
+
+
+def _turns_fit(prober: Prober, state: TuneState, entries: list[tuple[str, dict]],
+               rounds: int, measure_s: float, left_s: float) -> str:
+    """Why ``rounds`` rounds of ``entries``, planned at their probes' length one after another
+    (`fitting.confirm_fit`), cannot take turns in ``left_s``; "" when `MIN_ROUNDS` of them (or
+    those asked, when fewer) fit so (`turn_round_s`: a round in turns also holds every entry's
+    warm-up, and slices of several of its batches), the rounds past the budget left out as
+    they come (`_remeasure_in_turns`)."""
+    one = turn_round_s(prober, state, [c for _, c in entries], measure_s)
+    need = min(rounds, MIN_ROUNDS)
+    if one is None or need * one <= left_s:
+        return ""
+    return (f"{need} round{'s' if need > 1 else ''} taking turns would take ~{need * one:.0f} s "
+            f"(every config's warm-up, and slices of several of its own batches), and "
+            f"{max(left_s, 0):.0f} s are left")
 
 
 def turns_refused(prober: Prober, scorer: objective.Scorer,
@@ -426,6 +457,12 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
                                                one_decides=planned == 1)
         scale = window_s / mean_window
         windows = {n: w * scale for n, w in windows.items()}
+        if not refused and left_s is not None:
+            refused = _turns_fit(prober, state, entries, rounds, TURN_MEASURE_SHARE * window_s,
+                                 left_s)
+            if refused:
+                state = prober.note(state, Note.info(
+                    f"confirmation: the rounds run one probe after another: {refused}"))
         more = (f" ({rounds - asked} more than --confirm-rounds {asked}: {why_more}; "
                 f"{max(left_s or 0.0, 0.0):.0f} s of the budget were left)"
                 if rounds > asked else "")

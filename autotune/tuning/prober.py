@@ -106,6 +106,19 @@ class Prober:
         return 0.0 if state.settings.seconds or fit is None else fit.least_s
 
     @staticmethod
+    def pace(state: TuneState, knobs: Mapping, instances: int) -> tuple[float, float] | None:
+        """A probe of ``knobs``' launch to first batch and time per batch, as fitted to the
+        script's timing and the paces seen since (`fitting.first_batch_s`,
+        `fitting.step_factor`); None before the baseline timed the script."""
+        t = state.learned.timing
+        if t is None:
+            return None
+        seen = state.learned.paces
+        start = fitting.first_batch_s(t, knobs, seen) * \
+            (fitting.RANKS_START_FACTOR if instances > 1 else 1.0)
+        return start, t.step_s * fitting.step_factor(t, knobs, instances, seen)
+
+    @staticmethod
     def _fit(state: TuneState, knobs: Mapping, instances: int) -> fitting.Limits | None:
         """A probe of ``knobs`` fitted to the script's timing and the paces seen since
         (`fitting.limits`); None before the baseline timed the script."""
