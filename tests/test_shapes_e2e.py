@@ -62,6 +62,17 @@ def own_rate(text, *, prefix="", after_s=WARMUP_S):
     return (n1 - n0) / (t1 - t0)
 
 
+def own_rate_within(text, start_t, end_t, *, prefix=""):
+    """The script's own samples/s over the probe's window (``start_t`` to ``end_t`` on the
+    system's monotonic clock), from the running totals it printed with ``at T``."""
+    rows = [(float(n), float(t)) for n, t in
+            re.findall(prefix + r".*?train_samples (\d+) train_s [\d.]+ at ([\d.]+)", text)
+            if start_t <= float(t) <= end_t]
+    assert len(rows) >= 3, f"too few progress lines in {start_t}-{end_t}:\n{text[-2000:]}"
+    (n0, t0), (n1, t1) = rows[0], rows[-1]
+    return (n1 - n0) / (t1 - t0)
+
+
 def agrees(ours, theirs, rel=0.05):
     return ours == pytest.approx(theirs, rel=rel)
 
@@ -166,7 +177,9 @@ def test_hogwild_workers_are_measured_and_cleaned_up(tmp_path):
     pids = [int(p) for p in re.search(r"started 2 workers: (\d+) (\d+)", text).groups()]
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
                    for p in pids)
-    own = own_rate(text, prefix="worker 0 ") + own_rate(text, prefix="worker 1 ")
+    # over the probe's own window: the workers' whole-run rate moves with the machine's load
+    own = sum(own_rate_within(text, r.window_start_t, r.window_end_t, prefix=f"worker {k} ")
+              for k in (0, 1))
     assert agrees(r.samples_per_s, own)
 
 

@@ -1,9 +1,10 @@
 """Hogwild: the script forks its own training processes with ``torch.multiprocessing``; they
 share the model's memory and each trains on its own DataLoader, printing its own throughput:
 
-    worker 1 samples/s 702.3 train_samples 1280 train_s 1.823
+    worker 1 samples/s 702.3 train_samples 1280 train_s 1.823 at 5123.456
 
-The main process only waits for them.
+(``at``: the system's monotonic clock, which a probe's window is read on). The main process
+only waits for them.
 """
 
 import argparse
@@ -35,7 +36,8 @@ def train(rank, model, batch_size):
             now = time.perf_counter()
             if now - last >= 0.5:
                 print(f"worker {rank} samples/s {(samples - logged) / (now - last):.1f}"
-                      f" train_samples {samples} train_s {now - start:.3f}", flush=True)
+                      f" train_samples {samples} train_s {now - start:.3f}"
+                      f" at {time.monotonic():.3f}", flush=True)
                 last, logged = now, samples
 
 
