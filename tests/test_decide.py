@@ -369,3 +369,23 @@ def test_a_drift_across_two_cycles_cancels_in_the_paired_floor():
     # single slices would have read the drift as a spread of ±8% a pair
     singles = [math.log(c / b) for cand, base in rounds for c, b in zip(cand, base)]
     assert max(singles) - min(singles) > 0.14
+
+
+def test_a_kept_baseline_asks_for_a_larger_budget_only_when_the_one_given_was_short():
+    """word_lm's shape kept its defaults after three rounds planned from the search's spread,
+    214 s of a 6m budget unspent, and the reason asked for --budget 7m: the rounds asked, not
+    the budget, were short. The reason asks for a larger budget only when what was left could
+    not hold the rounds that would decide."""
+    from autotune.tuning import confirm
+    from autotune.tuning.records import TuneSettings
+
+    s = decision.summarize([Measured(2000.0, 40.0)] * 3)
+    d = decision.Decision("baseline", True, 1.0, s, s, 0.1, f"{decision.KEPT}not beyond doubt",
+                          rounds=3, rounds_needed=6, candidate="trial-2",
+                          candidate_speedup=1.093)
+    settings = TuneSettings(command=("t.py",), cwd="/w", budget_s=360.0, confirm_rounds=3)
+    windows = {"baseline": 7.0, "trial-2": 7.0}  # 3 more rounds of 14 s: 42 s
+    spare = confirm._needs(d, 3, windows, settings, 213.0)
+    short = confirm._needs(d, 3, windows, settings, 30.0)
+    assert spare.endswith("6 rounds of ~14 s (42s more) would decide: --confirm-rounds 6"), spare
+    assert short.endswith("would decide: --confirm-rounds 6 and --budget 7m"), short

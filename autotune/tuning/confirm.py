@@ -402,6 +402,7 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
     the state with what its probes taught."""
     settings, space, baseline = state.settings, state.space, state.baseline
     scorer = scorer or objective.Scorer(settings.objective)
+    began = prober.clock.monotonic()
     entries = candidates(space, known, scorer)
     rounds = settings.confirm_rounds
     few = essential(space, entries)
@@ -523,7 +524,8 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
                                    f"speed-up is claimed against a figure from other rounds",
                               rounds=0, candidates=k)
     elif d.kept_baseline:
-        d = dataclasses.replace(d, reason=_needs(d, rounds, windows, settings))
+        spare = None if left_s is None else max(0.0, left_s - (prober.clock.monotonic() - began))
+        d = dataclasses.replace(d, reason=_needs(d, rounds, windows, settings, spare))
 
     def raw(name: str) -> Scored:  # the probes' own figures over the rounds, unscored
         r = decision.summarize([Measured(m.samples_per_s, m.ci_half)
@@ -586,10 +588,11 @@ def one_round_rel(measured: spreads.ProcessSpread,
 
 
 def _needs(d: decision.Decision, rounds: int, windows: Mapping[str, float],
-           settings: TuneSettings) -> str:
+           settings: TuneSettings, spare_s: float | None = None) -> str:
     """A kept baseline's reason, with what would let the confirmation decide: the rounds
     (`MIN_ROUNDS` at least, else what the spread seen asks for), the time they take, and the
-    ``--confirm-rounds``/``--budget`` that would hold them."""
+    ``--confirm-rounds``/``--budget`` that would hold them (no larger budget where the one
+    given had ``spare_s`` left for them: the rounds asked, not the budget, were short)."""
     reason = d.reason
     if rounds == 0:
         why = ("--confirm-rounds 0" if settings.confirm_rounds == 0 else
@@ -606,7 +609,7 @@ def _needs(d: decision.Decision, rounds: int, windows: Mapping[str, float],
     round_s = sum(windows.values())
     more_s = (need - done) * round_s
     asks = [f"--confirm-rounds {need}"] if settings.confirm_rounds < need else []
-    if settings.budget_s is not None:
+    if settings.budget_s is not None and (spare_s is None or spare_s < more_s):
         asks.append(f"--budget {minutes(math.ceil((settings.budget_s + more_s) / 60) * 60)}")
     return (f"{reason}; {need} rounds of ~{round_s:.0f} s ({minutes(more_s)} more) would "
             f"decide" + (f": {' and '.join(asks)}" if asks else ""))
