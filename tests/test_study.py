@@ -532,6 +532,56 @@ def test_a_search_ending_early_buys_the_rounds_its_gain_needs(tmp_path, machine,
     assert clock.t < 600.0 / 2  # the rest of the budget is not spent for nothing
 
 
+class RoundNoise(Timed):
+    """`Timed`, whose confirmation rounds read the candidate (one thread) 4% above and below
+    its +10% in turn: rounds that spread wider than the search's two processes of the
+    script's config (which read alike) planned for."""
+
+    def __call__(self, spec, **kw):
+        r = super().__call__(spec, **kw)
+        m = re.match(r"confirm(\d+)-", spec.ranks.name)
+        if m and {**SEEN, "threads": 2, **spec.ranks.knobs}["threads"] == 1:
+            wobble = 1.04 if int(m.group(1)) % 2 == 0 else 0.96
+            r = dataclasses.replace(r, samples_per_s=r.samples_per_s * wobble)
+        return r
+
+
+@pytest.mark.parametrize("budget_s, looks", [(600.0, 2), (150.0, 1)])
+def test_a_search_ending_early_plans_a_second_look_where_the_budget_holds_it(
+        tmp_path, machine, budget_s, looks):
+    """A search that ended early plans the rounds its gain needs from one pair of processes
+    of the script's config. Where the budget left holds those rounds twice over, the
+    confirmation plans two looks, each at 97.5% so that together they hold 95%: three rounds
+    of 1.06x and 1.14x in turn cannot show +10% at the first look, and the rounds their spread
+    asks for can at the second. Where it does not, one look at 95%, and the defaults stay."""
+    clock, told = FakeClock(), []
+    fake = RoundNoise(clock, lambda k: 100.0 * (1.1 if k["threads"] == 1 else 1.0)
+                      * (1.0 if k["batch_size"] == 16 else 0.9))
+    report, _, _ = tune(tmp_path, fake, budget_s=budget_s, clock=clock, confirm_rounds=3,
+                        notify=told.append, space_tokens=("batch_size=16,32",),
+                        fix_tokens=("workers=0", "instances=1"))
+    assert report.stop_reason.rule is Stop.EXHAUSTED, report.stop_reason
+    texts = [n.text for n in told]
+    confirming = next(t for t in texts if t.startswith("confirming:"))
+    rounds = sorted({int(re.match(r"confirm(\d+)-", s.ranks.name).group(1))
+                     for s in fake.specs if s.ranks.name.startswith("confirm")})
+    planned = int(re.search(r"(\d+) interleaved round", confirming).group(1))
+    if looks == 2:
+        assert "a second look judges all of them" in confirming, confirming
+        second = next(t for t in texts if "did not show" in t)
+        assert f"{planned} rounds did not show" in second, second
+        assert rounds == list(range(1, len(rounds) + 1)) and len(rounds) > planned, rounds
+        assert not report.kept_baseline, report.reason
+        # the runner-up confirmed beside the best: 2 candidates, 2 looks, 1.25% each
+        assert f"over {len(rounds)} interleaved rounds" in report.reason and \
+            "2 candidates and 2 looks (98.75% each, Bonferroni)" in report.reason, report.reason
+        assert clock.t <= budget_s
+    else:
+        assert "second look" not in confirming and len(rounds) == planned, (confirming, rounds)
+        assert not any("did not show" in t for t in texts), texts
+        assert report.kept_baseline and "looks" not in report.reason, report.reason
+
+
 def test_crashing_configs_are_infeasible(tmp_path, machine):
     fake = FakeProbe(surface, crash=lambda k: k["workers"] == 2)
     report, _, run_dir = tune(tmp_path, fake, trials=8, confirm_rounds=1,

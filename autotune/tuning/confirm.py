@@ -159,6 +159,40 @@ def _holds_all(prober: Prober, state: TuneState, known: Mapping[tuple, Known],
     return left_s >= rounds * (sum(windows) if one is None else max(one, sum(windows)))
 
 
+def _looks(prober: Prober, state: TuneState, entries: list[tuple[str, dict]], rounds: int,
+           windows: Mapping[str, float], left_s: float | None, stretch: fitting.Stretch,
+           scorer: objective.Scorer, *, turns: bool, measure_s: float) -> int:
+    """The looks the confirmation plans, before any round: two where the search ended early
+    under a budget (`fitting.Stretch.NEEDED`: its rounds are those the search's gain needs,
+    planned on one pair of processes of the script's config) and the time left holds the
+    rounds planned twice over, so that rounds that spread wider than that pair can still be
+    shown with the budget the user gave (word_lm's shape kept its defaults after three rounds
+    of 1.07x-1.19x with 214 s of 6m unspent); one otherwise. Two looks share the 5%, each at
+    97.5% (Bonferroni), so that a config without a gain switches no more often than at one."""
+    if stretch is not fitting.Stretch.NEEDED or left_s is None or scorer.objective.multi or \
+            rounds < MIN_ROUNDS or len(entries) < 2:
+        return 1
+    one = turn_round_s(prober, state, [c for _, c in entries], measure_s) if turns else None
+    one = max(one or 0.0, sum(windows.values()))
+    return 2 if 2 * rounds * one <= left_s else 1
+
+
+def _second_look(d: decision.Decision, results: Mapping[str, list], unmeasured: set[str],
+                 took_s: float, left_s: float) -> int:
+    """The rounds a second look adds to a first that kept the baseline: those the spread of
+    its rounds asks for (`decision.Decision.rounds_needed`, at both looks' level), as many as
+    fit in ``left_s`` at what its rounds took (``took_s``); none where an entry gave no figure,
+    or no number of rounds would show the gain."""
+    if not d.kept_baseline or unmeasured or not d.rounds_needed or not d.candidate or \
+            d.candidate_speedup - 1 <= decision.MIN_GAIN_REL:
+        return 0
+    ran = len(results.get("baseline", ()))
+    if ran == 0 or took_s <= 0:
+        return 0
+    fit = int(max(left_s, 0.0) // (took_s / ran))
+    return max(0, min(d.rounds_needed - d.rounds, fit))
+
+
 def turn_round_s(prober: Prober, state: TuneState, cfgs: Sequence[Mapping],
                  measure_s: float) -> float | None:
     """What one round of ``cfgs`` taking turns takes when each is to measure ``measure_s``
@@ -203,13 +237,17 @@ def turns_refused(prober: Prober, scorer: objective.Scorer,
 
 def _remeasure(prober: Prober, state: TuneState, entries, rounds: int,
                windows: Mapping[str, float], *, turns: bool = False,
-               deadline: float | None = None) -> tuple[TuneState, dict[str, list]]:
+               deadline: float | None = None, first: int = 1
+               ) -> tuple[TuneState, dict[str, list]]:
+    """``rounds`` rounds of ``entries``, numbered from ``first``: taking turns, or one probe
+    after another (interleaved)."""
     if turns:
-        return _remeasure_in_turns(prober, state, entries, rounds, windows, deadline)
+        return _remeasure_in_turns(prober, state, entries, rounds, windows, deadline, first)
     space = state.space
     cfgs = dict(entries)
     results: dict[str, list] = {name: [] for name in cfgs}  # the probes' results, or None
     for rnd, name in decision.interleave(list(cfgs), rounds):
+        rnd += first - 1
         cfg = cfgs[name]
         label = f"confirm{rnd}-{name}"
         window_s = windows[name]
@@ -228,8 +266,8 @@ def _remeasure(prober: Prober, state: TuneState, entries, rounds: int,
 
 
 def _remeasure_in_turns(prober: Prober, state: TuneState, entries, rounds: int,
-                        windows: Mapping[str, float], deadline: float | None = None
-                        ) -> tuple[TuneState, dict[str, list]]:
+                        windows: Mapping[str, float], deadline: float | None = None,
+                        first: int = 1) -> tuple[TuneState, dict[str, list]]:
     """Each round's probes started together and taking turns on the machine in slices
     (`autotune.measuring.alternate`), so that its drift falls on every entry alike; each
     probe measures for the `TURN_MEASURE_SHARE` of its window a sequential probe would take.
@@ -242,12 +280,12 @@ def _remeasure_in_turns(prober: Prober, state: TuneState, entries, rounds: int,
     measure_s = TURN_MEASURE_SHARE * sum(windows.values()) / len(windows)
     results: dict[str, list] = {name: [] for name in cfgs}
     longest = 0.0
-    for rnd in range(1, rounds + 1):
+    for rnd in range(first, first + rounds):
         now = prober.clock.monotonic()
-        if deadline is not None and rnd > 1 and now + longest > deadline:
+        if deadline is not None and rnd > first and now + longest > deadline:
             prober.tell(Note.warning(
-                f"confirmation: {rnd - 1} of {rounds} rounds fit in the budget (a round took "
-                f"up to {longest:.0f} s, {max(deadline - now, 0):.0f} s were left)"))
+                f"confirmation: {rnd - first} of {rounds} rounds fit in the budget (a round "
+                f"took up to {longest:.0f} s, {max(deadline - now, 0):.0f} s were left)"))
             break
         order = names if rnd % 2 else names[::-1]  # who warms up first, in turn
         specs = [(cfgs[name], prober.spec(state, *space.trial_knobs(cfgs[name]),
@@ -464,9 +502,16 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
             if refused:
                 state = prober.note(state, Note.info(
                     f"confirmation: the rounds run one probe after another: {refused}"))
+        looks = _looks(prober, state, entries, rounds, windows, left_s, stretch,
+                       scorer, turns=not refused, measure_s=TURN_MEASURE_SHARE * window_s)
         more = (f" ({rounds - asked} more than --confirm-rounds {asked}: {why_more}; "
                 f"{max(left_s or 0.0, 0.0):.0f} s of the budget were left)"
                 if rounds > asked else "")
+        if looks > 1:
+            more += (f"; should they not show the gain, the budget left buys the rounds their "
+                     f"spread asks for and a second look judges all of them, each look's "
+                     f"interval at {decision.level_for(2 * max(1, len(entries) - 1)) * 100:g}% so "
+                     f"that the two together hold 95%")
         how = (f"interleaved round(s) of {', '.join(f'{w:.0f}' for w in windows.values())} s "
                f"probes" if refused else
                f"round(s), each starting every config's processes and letting them take "
@@ -475,8 +520,10 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
                f"more) until each ran {TURN_MEASURE_SHARE * mean_window * scale:.0f} s")
         prober.tell(Note.info(f"confirming: {', '.join(names)}, {rounds} {how}{more}"))
         deadline = prober.clock.monotonic() + left_s if left_s is not None else None
+        started = prober.clock.monotonic()
         state, results = _remeasure(prober, state, entries, rounds, windows,
                                     turns=not refused, deadline=deadline)
+        took = prober.clock.monotonic() - started
         unmeasured = {name for name, ms in results.items() if all(m is None for m in ms)}
         for name, ms in results.items():
             if all(m is None for m in ms):  # nothing measured is never a figure: the search's
@@ -488,7 +535,7 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
     else:
         # No re-measurement: the search's own probes, one round each; they cannot switch.
         results = {name: [searched(name)] for name in names}
-        rounds, unmeasured = 0, set()
+        rounds, unmeasured, looks = 0, set(), 1
     by = _by_objective(scorer, cfgs, results)
     # rounds that took turns: each probe's slice rates, which pair across configs
     slices = {name: [getattr(r, "slice_rates", None) or None for r in rs]
@@ -506,9 +553,28 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
                                         process_rel=process_rel)
         return decision.decide(by_objective[0], "baseline", candidates=k,
                                process_rel=process_rel, one_round_rel=bound,
-                               slices=slices or None)
+                               slices=slices or None, looks=looks)
 
     d = judge(by)
+    extra = _second_look(d, results, unmeasured, took, deadline - prober.clock.monotonic()) \
+        if looks > 1 else 0
+    if extra:
+        state = prober.note(state, Note.info(
+            f"confirmation: {d.rounds} rounds did not show {d.candidate}'s "
+            f"{d.candidate_speedup - 1:+.1%} beyond doubt; the "
+            f"{deadline - prober.clock.monotonic():.0f} s of the budget left hold the {extra} "
+            f"more its spread asks for, and a second look judges all {d.rounds + extra}"))
+        state, more_results = _remeasure(prober, state, entries, extra, windows,
+                                         turns=not refused, deadline=deadline,
+                                         first=len(results["baseline"]) + 1)
+        for name, ms in more_results.items():
+            results[name] += ms
+        rounds += len(more_results["baseline"])
+        by = _by_objective(scorer, cfgs, results)
+        slices = {name: [getattr(r, "slice_rates", None) or None for r in rs]
+                  for name, rs in results.items()
+                  if any(getattr(r, "slice_rates", None) for r in rs)}
+        d = judge(by)
     if len(entries) == 1:
         why = ("the Pareto front's pick is the script's own config" if scorer.objective.multi
                else "no other config completed a probe")

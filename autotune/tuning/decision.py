@@ -212,12 +212,15 @@ def claim_text(speedup: float, low: float, high: float) -> str:
     return f"{down(speedup)} ({down(low)}-{up})"
 
 
-def interval_words(candidates: int) -> str:
-    """How the interval was made, for the reason: its level and the correction."""
-    if candidates <= 1:
+def interval_words(candidates: int, looks: int = 1) -> str:
+    """How the interval was made, for the reason: its level and the correction (for the
+    candidates, and for the looks a confirmation planned: `decide`'s ``looks``)."""
+    k = max(1, candidates) * max(1, looks)
+    if k <= 1:
         return "95% interval"
-    return (f"95% interval over {candidates} candidates ({level_for(candidates) * 100:g}% each, "
-            f"Bonferroni)")
+    over = " and ".join([*([f"{candidates} candidates"] if candidates > 1 else []),
+                         *([f"{looks} looks"] if looks > 1 else [])])
+    return f"95% interval over {over} ({level_for(k) * 100:g}% each, Bonferroni)"
 
 
 @dataclass(frozen=True)
@@ -240,6 +243,7 @@ class Decision:
     candidates: int = 1  # candidates the interval is corrected for
     candidate: str = ""  # kept the baseline: the best candidate, and its measured speed-up
     candidate_speedup: float = 1.0
+    looks: int = 1  # the looks the confirmation planned, which the interval is corrected for
 
 
 @dataclass(frozen=True)
@@ -411,7 +415,8 @@ def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
            min_gain_rel: float = MIN_GAIN_REL, candidates: int | None = None,
            min_rounds: int = MIN_ROUNDS, process_rel: float = PROCESS_NOISE_REL,
            one_round_rel: float | None = None,
-           slices: Mapping[str, Sequence[Slices | None]] | None = None) -> Decision:
+           slices: Mapping[str, Sequence[Slices | None]] | None = None,
+           looks: int = 1) -> Decision:
     """Pick the winner of the interleaved re-measurement; the baseline unless the gain is
     beyond doubt.
 
@@ -425,9 +430,12 @@ def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
     (`autotune.tuning.spread.upper_rel`); with it one round switches when even that spread
     cannot explain the gain (`one_round_half`), and the claim's interval allows for it.
     ``slices``: where the rounds took turns, each entry's slice rates per round
-    (`speedup_interval`'s ``paired``).
+    (`speedup_interval`'s ``paired``). ``looks``: the looks the confirmation planned at its
+    rounds (a second where the first keeps the baseline and time is left), the 5% shared
+    among them as among the candidates, so that together they hold it.
     """
     k = candidates if candidates is not None else max(1, len(results) - 1)
+    at = k * max(1, looks)  # the level's correction: candidates and looks alike
     base_ms = [m for m in results.get(baseline, ()) if m is not None]
     base = summarize(base_ms)
     summaries = {n: summarize([m for m in ms if m is not None])
@@ -455,24 +463,24 @@ def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
     speedup = best.samples_per_s / base.samples_per_s if base.samples_per_s else math.inf
     n = len(pairs)
     alone = n == 1 and one_round_rel is not None  # one round may decide: the spread is bounded
-    low, high = speedup_interval(speedup, pairs, best, base, candidates=k,
+    low, high = speedup_interval(speedup, pairs, best, base, candidates=at,
                                  process_rel=one_round_rel if alone else process_rel,
                                  paired=paired)
     noise = max(min_gain_rel, 1 - low / speedup if speedup > 0 and math.isfinite(high)
                 else math.inf)
     gain = f"{name} measured {speedup - 1:+.1%}"
-    claim = f"{interval_words(k)} of the speed-up {claim_text(speedup, low, high)}"
+    claim = f"{interval_words(k, looks)} of the speed-up {claim_text(speedup, low, high)}"
     if (n >= min_rounds or alone) and speedup - 1 > min_gain_rel and low > 1.0:
         over = (f"one interleaved round, beyond doubt even were processes "
                 f"±{one_round_rel:.1%} apart (the upper bound of the spread measured between "
                 f"them)" if n == 1 else f"{n} interleaved rounds, beyond doubt")
         return Decision(name, False, speedup, best, base, noise,
                         f"{gain} against the baseline over {over}: {claim}", low, high,
-                        rounds=n, candidates=k)
+                        rounds=n, candidates=k, looks=looks)
     logs = [math.log(w / b) for w, b in pairs if w > 0 and b > 0]
     inside = paired_half(paired, LEVEL) if paired else None
     needed = rounds_needed(speedup, logs, math.expm1(inside) if inside is not None
-                           else math.hypot(_own_rel(best), _own_rel(base)), k,
+                           else math.hypot(_own_rel(best), _own_rel(base)), at,
                            min_gain_rel=min_gain_rel)
     if n < min_rounds:
         why = (f"{'one interleaved round' if n == 1 else f'{n} interleaved rounds'} "
@@ -492,7 +500,7 @@ def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
     return Decision(baseline, True, 1.0, base, base, noise,
                     f"{KEPT}{gain}, not beyond doubt: {why}",
                     rounds=n, rounds_needed=needed, candidates=k, candidate=name,
-                    candidate_speedup=speedup)
+                    candidate_speedup=speedup, looks=looks)
 
 
 def _own_rel(s: Summary) -> float:
