@@ -35,8 +35,12 @@ the grid is measured by the script's own clock, not by autotune's meter.
 3. Tune: ``autotune tune --budget B`` as a user runs it, for each of ``--budgets`` (default
    ``6m 5m``: 10% of a one-hour run, and a fixed five minutes), each in a fresh directory.
 4. Side by side, plain processes by the script's own clock: default (the user's own run),
-   grid-best and each budget's tuned config, interleaved over ``--rounds``; a config two entries
-   share is run once per round and read for both.
+   grid-best and each budget's tuned config, over ``--rounds`` rounds; a config two entries
+   share is run once per round and read for both. A round's runs take turns on the machine
+   (`bench.turns`: all started, each held with SIGSTOP outside its slices, A B B A, until each
+   ran ``--final-seconds``; its figure the mean of its own lines that fell inside a slice), so
+   that the machine's drift falls on each alike; ``--side-by-side sequential`` runs them one
+   after another instead.
 
 Per budget: tuned/grid-best and tuned/default with 95% intervals, the tune's wall time over the
 grid's cost, its stop reason, whether it kept the defaults, and the noise figures its summary
@@ -84,6 +88,10 @@ def main() -> int:
                         "--shape, --grid-seconds: as long as every config of the grid needed "
                         "to print its rate, a slow first step included)")
     p.add_argument("--rounds", type=int, default=3, help="side-by-side rounds")
+    p.add_argument("--side-by-side", choices=("turns", "sequential"), default="turns",
+                   help="--shape: the side by side's plain runs of a round take turns on the "
+                        "machine, each read from its own lines inside its slices (default), or "
+                        "run one after another")
     p.add_argument("--budget-share", type=float, default=None,
                    help="tune budget as a share of the grid's wall time (default 0.25; "
                         "--example only)")

@@ -19,7 +19,7 @@ if str(ROOT) not in sys.path:
 
 from autotune.tuning import decision, space  # noqa: E402
 from autotune.tuning.space.parse import parse_values  # noqa: E402
-from bench import shapes  # noqa: E402
+from bench import shapes, turns  # noqa: E402
 from bench.common import ratio_interval, say, tune_as_user  # noqa: E402
 from bench.search_common import TARGET, baseline_stage, fmt, header, mean, verdict  # noqa: E402
 
@@ -95,7 +95,9 @@ def shape_mode(args) -> int:
     say(f"# shape {args.shape}: {shape.what}; {Path(shape.script[0]).relative_to(ROOT)}; grid "
         f"of plain runs of {args.grid_seconds:g} s x {args.grid_rounds} rounds; tune --budget "
         f"{' and '.join(args.budgets)}; side by side {args.rounds} rounds of "
-        f"{args.final_seconds:g} s; work dir {args.work}")
+        f"{args.final_seconds:g} s" + (" each, taking turns" if args.side_by_side == "turns"
+                                       else ", one after another") +
+        f"; work dir {args.work}")
 
     # 1. tune's own baseline stage -> the space it searches, each config as a plain run
     _, state = baseline_stage(args, parse_values(list(shape.baseline)))
@@ -194,10 +196,25 @@ def reused_grid(args, sp: space.Space, configs: list[dict],
 
 
 def side_by_side(args, shape: shapes.Shape, entries: dict[str, shapes.PlainRun]) -> SideBySide:
-    """Each distinct run of ``entries`` once per round, ``--rounds`` interleaved rounds of
-    ``--final-seconds``."""
+    """Each distinct run of ``entries`` once per round, ``--rounds`` rounds: taking turns
+    (`bench.turns`, each run measuring ``--final-seconds`` in its slices; the default), or
+    interleaved one after another, ``--final-seconds`` each (``--side-by-side sequential``)."""
     distinct = {r.key: r for r in entries.values()}
     by_key: dict[tuple, list[float | None]] = {k: [] for k in distinct}
+    if args.side_by_side == "turns":
+        keys = list(distinct)
+        for rnd in range(1, args.rounds + 1):
+            order = keys[rnd - 1:] + keys[:rnd - 1]  # who starts (and warms up alone) first
+            readings = turns.take_turns([distinct[k] for k in order], shape.rate, args.work,
+                                        measure_s=args.final_seconds)
+            for k, reading in zip(order, readings):
+                by_key[k].append(reading.rate)
+                names = ", ".join(n for n, r in entries.items() if r.key == k)
+                say(f"final round {rnd} {names:30s} " + (
+                    f"{reading.rate:8.1f} samples/s ({len(reading.counted)} of its lines inside "
+                    f"its {len(reading.slices)} slices; {len(reading.left_out)} spanning a hold "
+                    f"left out)" if reading.rate else f"no line inside a slice: {reading.tail}"))
+        return SideBySide(entries, {n: by_key[r.key] for n, r in entries.items()})
     for rnd, k in decision.interleave(list(distinct), args.rounds):
         rate, _, tail = clocked(distinct[k], shape, args.work, args.final_seconds)
         by_key[k].append(rate)

@@ -1,0 +1,49 @@
+"""bench/turns.py: plain runs of a shape's script taking turns on the machine, read by the
+script's own lines. Real processes of minGPT's shape (`tests/scripts/slow_steps.py`) whose
+steps sleep a fixed time, so their rates are known: 8 samples in 50 ms and 32 in 50 ms."""
+
+import re
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench import shapes, turns  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+QUICK = ("--sample-s", "0", "--first-step-s", "0", "--base-ms", "50", "--per-sample-ms", "0",
+         "--jitter", "0", "--log-every", "2")
+
+
+def run(batch: int) -> shapes.PlainRun:
+    shape = shapes.SHAPES["mingpt"]
+    return shapes.PlainRun((*shape.script, *QUICK), (f"--trainer.batch_size={batch}",))
+
+
+def test_runs_take_turns_and_each_is_read_from_its_own_lines_inside_its_slices(tmp_path):
+    pattern = shapes.SHAPES["mingpt"].rate
+    small, large = turns.take_turns([run(8), run(32)], pattern, tmp_path, measure_s=3.0,
+                                    slice_s=1.0)
+    for r in (small, large):
+        assert len(r.slices) >= turns.MIN_SLICES and sum(b - a for a, b in r.slices) >= 3.0
+        assert len(r.counted) >= 3 * len(r.slices), (r.counted, r.slices)
+    # never at once: one's slices never overlap the other's (A B B A)
+    spans = sorted([(a, b, "s") for a, b in small.slices] + [(a, b, "l") for a, b in large.slices])
+    assert all(b1 <= a2 for (_, b1, _), (a2, _, _) in zip(spans, spans[1:])), spans
+    assert [w for *_, w in spans][:4] == ["s", "l", "l", "s"], spans
+    # each figure its own lines': 8 and 32 samples every 50 ms (and the step's own work)
+    assert 130 < small.rate <= 160 and 520 < large.rate <= 640, (small.rate, large.rate)
+    assert large.rate / small.rate == pytest.approx(4.0, rel=0.1)
+    # a line whose span held a hold (or the run alone before its turns) is left out: it reads
+    # far slower than the rest
+    for r in (small, large):
+        assert r.left_out and min(r.left_out) < 0.8 * min(r.counted), (r.left_out, r.counted)
+    mine = {p.pid for p in psutil.Process().children(recursive=True)
+            if re.search("slow_steps", " ".join(p.cmdline()))}
+    assert not mine, mine  # every run stopped
