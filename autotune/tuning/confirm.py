@@ -155,8 +155,16 @@ def _holds_all(prober: Prober, state: TuneState, known: Mapping[tuple, Known],
     if not turns:
         return left_s >= 2 * rounds * sum(windows)
     measure_s = TURN_MEASURE_SHARE * sum(windows) / len(windows)
-    one = turn_round_s(prober, state, [c for _, c in entries], measure_s)
-    return left_s >= rounds * (sum(windows) if one is None else max(one, sum(windows)))
+    return left_s >= rounds * _round_cost_s(prober, state, entries, windows, measure_s,
+                                            turns=True)
+
+
+def _round_cost_s(prober: Prober, state: TuneState, entries: list[tuple[str, dict]],
+                  windows: Sequence[float], measure_s: float, *, turns: bool) -> float:
+    """What one round of ``entries`` is planned to take: its probes' ``windows`` one after
+    another, or where they take turns, what that costs (`turn_round_s`) when it is more."""
+    one = turn_round_s(prober, state, [c for _, c in entries], measure_s) if turns else None
+    return max(one or 0.0, sum(windows))
 
 
 def _looks(prober: Prober, state: TuneState, entries: list[tuple[str, dict]], rounds: int,
@@ -172,8 +180,7 @@ def _looks(prober: Prober, state: TuneState, entries: list[tuple[str, dict]], ro
     if stretch is not fitting.Stretch.NEEDED or left_s is None or scorer.objective.multi or \
             rounds < MIN_ROUNDS or len(entries) < 2:
         return 1
-    one = turn_round_s(prober, state, [c for _, c in entries], measure_s) if turns else None
-    one = max(one or 0.0, sum(windows.values()))
+    one = _round_cost_s(prober, state, entries, list(windows.values()), measure_s, turns=turns)
     return 2 if 2 * rounds * one <= left_s else 1
 
 
@@ -537,10 +544,7 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
         results = {name: [searched(name)] for name in names}
         rounds, unmeasured, looks = 0, set(), 1
     by = _by_objective(scorer, cfgs, results)
-    # rounds that took turns: each probe's slice rates, which pair across configs
-    slices = {name: [getattr(r, "slice_rates", None) or None for r in rs]
-              for name, rs in results.items()
-              if any(getattr(r, "slice_rates", None) for r in rs)}
+    slices = _slice_rates(results)
     k = len(entries) - 1  # the interval allows for picking the best of these
     bound = None  # the spread's upper bound that lets one round decide, where measured
     if rounds == 1 and spread is not None and spread.measured and not scorer.objective.multi:
@@ -571,9 +575,7 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
             results[name] += ms
         rounds += len(more_results["baseline"])
         by = _by_objective(scorer, cfgs, results)
-        slices = {name: [getattr(r, "slice_rates", None) or None for r in rs]
-                  for name, rs in results.items()
-                  if any(getattr(r, "slice_rates", None) for r in rs)}
+        slices = _slice_rates(results)
         d = judge(by)
     if len(entries) == 1:
         why = ("the Pareto front's pick is the script's own config" if scorer.objective.multi
@@ -636,6 +638,15 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
                      names[1] if scorer.objective.multi and len(names) > 1 else
                      "baseline" if scorer.objective.multi else "", state, keep, d.rounds,
                      max(1, k))
+
+
+def _slice_rates(results: Mapping[str, list]) -> dict[str, list]:
+    """Where the rounds took turns, each entry's probes' slice rates, which pair across
+    configs (`decision.paired_half`); ``results`` holds `TrialResult`s, the search's `Round`s
+    (an entry no round measured) or None."""
+    return {name: [getattr(r, "slice_rates", None) or None for r in rs]
+            for name, rs in results.items()
+            if any(getattr(r, "slice_rates", None) for r in rs)}
 
 
 def one_round_rel(measured: spreads.ProcessSpread,
