@@ -297,10 +297,16 @@ def report(args, head: str, sp: space.Space, grid: ClockGrid, tunes: list[Budget
             code = verdict(*tg)
             codes.append(code)
             if code == 0 and not grid_agrees(by_grid):
+                told = math.isfinite(gd[1]) and abs(gd[0] - 1) > gd[1]
+                why = (f"the side by side told the grid's best from the defaults (grid-best / "
+                       f"default {gd[0]:.3f} ± {gd[1]:.3f}) and puts the tuned config at "
+                       f"{tg[0]:.3f} of it, where the grid's plain runs, one after another, "
+                       f"do not" if told else
+                       f"the side by side could not tell them apart (grid-best / default "
+                       f"{gd[0]:.3f} ± {gd[1]:.3f})")
                 say(f"WARNING: tune --budget {t.budget} passes on the side by side alone: by "
                     f"the grid's own rounds its config is {by_grid:.3f} of the grid's best, "
-                    f"below the target {TARGET:.2f}; the side by side could not tell them "
-                    f"apart (grid-best / default {gd[0]:.3f} ± {gd[1]:.3f})")
+                    f"below the target {TARGET:.2f}; {why}")
     return max(codes)
 
 
