@@ -105,19 +105,28 @@ def timed_run(argv: list[str], cwd: Path, seconds: float, env: Mapping[str, str]
     still there 10 s later), and its output. The run gets SIGINT's default action whatever the
     bench inherited: a bench started in the background of a shell ignores SIGINT, and so would
     every run, which would then train on until killed (and be measured for that long)."""
-    p = subprocess.Popen(argv, cwd=cwd, env=dict(env), stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                         preexec_fn=_default_sigint)
+    p = start(argv, cwd, env)
     try:
         out, _ = p.communicate(timeout=seconds)
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGINT)
         try:
-            out, _ = p.communicate(timeout=10)
+            out, _ = p.communicate(timeout=STOP_S)
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             out, _ = p.communicate()
     return out
+
+
+STOP_S = 10.0  # after SIGINT, this long before SIGKILL
+
+
+def start(argv: list[str], cwd: Path, env: Mapping[str, str]) -> subprocess.Popen:
+    """A plain run in its own process group, its output (stderr too) on a text pipe, with
+    SIGINT's default action whatever the bench inherited (`timed_run`)."""
+    return subprocess.Popen(argv, cwd=cwd, env=dict(env), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            start_new_session=True, preexec_fn=_default_sigint)
 
 
 def _default_sigint() -> None:

@@ -39,7 +39,6 @@ from bench import shapes  # noqa: E402
 SLICE_S = 5.0  # a slice at the least
 LINES_PER_SLICE = 2.5  # a slice holds this many of a run's line gaps at the least
 MIN_SLICES = 4  # each run's slices at the least
-STOP_S = 10.0  # SIGINT, then SIGKILL after this long
 
 
 @dataclass
@@ -55,10 +54,8 @@ class Reading:
 
 class _Run:
     def __init__(self, run: shapes.PlainRun, cwd: Path, env: Mapping[str, str]):
-        self.proc = subprocess.Popen(
-            run.argv(sys.executable), cwd=cwd, env={**run.environ(env), "PYTHONUNBUFFERED": "1"},
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-            start_new_session=True, preexec_fn=shapes._default_sigint)
+        self.proc = shapes.start(run.argv(sys.executable), cwd,
+                                 {**run.environ(env), "PYTHONUNBUFFERED": "1"})
         self.lines: list[tuple[float, str]] = []  # (when it was read, the line)
         self.slices: list[tuple[float, float]] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -90,11 +87,11 @@ class _Run:
         self.signal(signal.SIGCONT)
         self.signal(signal.SIGINT)
         try:
-            self.proc.wait(timeout=STOP_S)
+            self.proc.wait(timeout=shapes.STOP_S)
         except subprocess.TimeoutExpired:
             self.signal(signal.SIGKILL)
             self.proc.wait()
-        self.reader.join(timeout=STOP_S)
+        self.reader.join(timeout=shapes.STOP_S)
 
     def reading(self, pattern: re.Pattern) -> Reading:
         rates = self.rates(pattern)
@@ -113,7 +110,7 @@ def take_turns(runs: Sequence[shapes.PlainRun], pattern: re.Pattern, cwd: Path, 
     """``runs`` started one at a time (each alone until it printed two lines of ``pattern``,
     or ``start_s``), then in turns until each ran ``measure_s`` in `MIN_SLICES` slices or
     more; each run's `Reading`, in order. Every run is stopped (SIGCONT, SIGINT, SIGKILL after
-    `STOP_S`) before this returns or raises."""
+    `shapes.STOP_S`) before this returns or raises."""
     env = os.environ if env is None else env
     started: list[_Run] = []
     slice_of: list[float] = []
