@@ -149,7 +149,13 @@ def _holds_all(prober: Prober, state: TuneState, known: Mapping[tuple, Known],
     Once over where the rounds take ``turns``: their paired slices decide within the rounds
     planned, and the search's own probes, one after another, carry the machine's drift, so its
     best is the likelier lucky reading (nanoGPT's 6m measured the grid's best at 293.6 and
-    confirmed a config that read 326.5 and was 0.852 of it by the grid)."""
+    confirmed a config that read 326.5 and was 0.852 of it by the grid).
+
+    ``rounds`` is at least what two candidates' interval needs to show the search's best
+    gain (`planned_rounds`): where the time left cannot hold those of all three entries, the
+    runner-up's probes would cost the best the rounds that show it. nanoGPT's 5m, stopped by
+    its budget, kept the runner-up for three cheap rounds in turns, and its +17.8% cleared
+    1.0 at one candidate's 95% but not at two candidates' 97.5%."""
     windows = probe_windows(prober, state, known, [c for _, c in entries])
     rounds = max(rounds, decision.PLANNED_ROUNDS)
     if not turns:
@@ -450,17 +456,6 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
     began = prober.clock.monotonic()
     entries = candidates(space, known, scorer)
     rounds = settings.confirm_rounds
-    few = essential(space, entries)
-    refused = turns_refused(prober, scorer)
-    if len(few) < len(entries) and left_s is not None and \
-            not _holds_all(prober, state, known, entries, left_s, rounds, turns=not refused):
-        dropped = entries[2][0]
-        entries = few
-        state = prober.note(state, Note.info(
-            f"confirmation: the runner-up ({dropped}) is left out: under a budget its probes "
-            f"buy rounds of the best and the baseline, which decide more than a third config "
-            f"does"))
-    names = [n for n, _ in entries]
     cfgs = dict(entries)
 
     def searched(name: str) -> Round:  # what the search measured of an entry (the
@@ -469,6 +464,26 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
             return Round(baseline.samples_per_s, baseline.ci_half, baseline.energy)
         k = known[key]
         return Round(k.value, k.ci_half, k.energy)
+
+    spread = state.learned.spread
+    process_rel = spread.process_rel() if spread is not None else decision.PROCESS_NOISE_REL
+    few = essential(space, entries)
+    refused = turns_refused(prober, scorer)
+    if len(few) < len(entries) and left_s is not None:
+        need = rounds  # what two candidates' interval needs to show the search's best gain
+        if not scorer.objective.multi:
+            need = max(need, planned_rounds(
+                searched, [n for n, _ in entries],
+                spread.planning_rel() if spread is not None else process_rel,
+                len(entries) - 1)[0] or 0)
+        if not _holds_all(prober, state, known, entries, left_s, need, turns=not refused):
+            dropped = entries[2][0]
+            entries = few
+            state = prober.note(state, Note.info(
+                f"confirmation: the runner-up ({dropped}) is left out: under a budget its "
+                f"probes buy rounds of the best and the baseline, which decide more than a "
+                f"third config does"))
+    names = [n for n, _ in entries]
 
     windows = dict(zip(names, probe_windows(prober, state, known, [c for _, c in entries])))
     mean_window = sum(windows.values()) / len(windows)
@@ -483,8 +498,6 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
             f"round of {len(entries)} probes of ~{least:.0f} s; the search's own probes "
             f"decide, and the speed-up's interval allows for new processes"))
         rounds = 0
-    spread = state.learned.spread
-    process_rel = spread.process_rel() if spread is not None else decision.PROCESS_NOISE_REL
     if len(entries) > 1 and rounds > 0:
         asked, why_more = rounds, ""
         stretch_to = None
