@@ -32,6 +32,10 @@ the grid is measured by the script's own clock, not by autotune's meter.
    time of one round (a user trying each config once). ``--grid-from FILE`` reads it from an
    earlier run's ``--out`` instead (same shape and space, or exit 2); it only names
    grid-best, which step 4 measures afresh.
+   Then the grid's ``--judge-top`` (3) best configs by those means are measured again in
+   ``--rounds`` rounds that take turns (as step 4 does), and grid-best is the best of them:
+   plain runs one after another rank configs 5-10% apart by when they ran. Its time is
+   reported apart from the grid's cost.
 3. Tune: ``autotune tune --budget B`` as a user runs it, for each of ``--budgets`` (default
    ``6m 5m``: 10% of a one-hour run, and a fixed five minutes), each in a fresh directory.
 4. Side by side, plain processes by the script's own clock: default (the user's own run),
@@ -108,6 +112,9 @@ def main() -> int:
                    help="one plain run of the grid (--shape)")
     p.add_argument("--grid-rounds", type=int, default=2,
                    help="interleaved rounds of the grid; grid-best is the best mean (--shape)")
+    p.add_argument("--judge-top", type=int, default=3,
+                   help="--shape: the grid's best N configs measured again in --rounds rounds "
+                        "taking turns, grid-best the best of them (1: the grid's own best)")
     p.add_argument("--grid-from", type=Path, default=None,
                    help="the grid of an earlier --shape run of the same shape and space, from "
                         "its --out JSON, instead of measuring it again (--shape; the side by "
@@ -135,6 +142,8 @@ def main() -> int:
         if args.grid_from is not None and not args.grid_from.is_file():
             p.error(f"--grid-from {args.grid_from}: no such file; give the --out JSON of an "
                     f"earlier --shape {args.shape} run")
+        if args.judge_top < 1:
+            p.error(f"--judge-top must be at least 1, but got {args.judge_top}")
         if args.grid_rounds < 1 or args.grid_seconds <= 0:
             p.error(f"--grid-rounds >= 1 and --grid-seconds > 0 must hold, but got "
                     f"{args.grid_rounds} and {args.grid_seconds:g}")

@@ -47,3 +47,40 @@ def test_runs_take_turns_and_each_is_read_from_its_own_lines_inside_its_slices(t
     mine = {p.pid for p in psutil.Process().children(recursive=True)
             if re.search("slow_steps", " ".join(p.cmdline()))}
     assert not mine, mine  # every run stopped
+
+
+def test_the_grids_top_configs_are_judged_again_in_turns_and_grid_best_is_the_best_of_them(
+        tmp_path, monkeypatch):
+    """``bench_search --shape``'s grid ran its plain runs one after another, and its figures
+    put batch 8 first (as a drifting machine can); the grid's top three, judged again in
+    turns, put 32 first (it gives four times 8's samples a step), and that is grid-best. A
+    config the judging left out has no judged figure."""
+    import argparse
+    import functools
+
+    from autotune.tuning import space
+    from bench import search_shape as search
+
+    sp = space.build(space.Machine(cores=2, mem_available_bytes=16 * 2**30),
+                     space.Baseline(batch_size=8, workers=0), space.SpaceRequest(
+                         ranges=space.parse_space(["batch_size=4:32"]),
+                         fixed=space.parse_fix(["workers=0", "thread_pct=100"])))
+    configs = [c for c in sp.configs() if c["batch_size"] in (4, 8, 16, 32)]
+    assert [c["batch_size"] for c in configs] == [4, 8, 16, 32]
+    misled = {4: 100.0, 8: 500.0, 16: 400.0, 32: 450.0}  # what the plain runs read
+    grid = search.ClockGrid(configs, [run(c["batch_size"]) for c in configs],
+                            [[misled[c["batch_size"]]] for c in configs], cost_s=1.0)
+    assert configs[grid.best]["batch_size"] == 8
+    monkeypatch.setattr(search.turns, "take_turns",
+                        functools.partial(turns.take_turns, slice_s=0.6))
+    args = argparse.Namespace(judge_top=3, rounds=1, final_seconds=1.5, work=tmp_path)
+    judged = search.judge_top(args, shapes.SHAPES["mingpt"], grid)
+    assert [configs[i]["batch_size"] for i in judged.indices] == [8, 32, 16]
+    assert all(len(r) == 1 and r[0] for r in judged.rates), judged.rates
+    assert configs[judged.best]["batch_size"] == 32, judged.rates
+    ratio = judged.ratio_to_best(grid, sp, {**sp.baseline, "batch_size": 8})
+    assert ratio == pytest.approx(0.25, rel=0.15), judged.rates
+    assert judged.ratio_to_best(grid, sp, {**sp.baseline, "batch_size": 4}) is None
+    mine = {p.pid for p in psutil.Process().children(recursive=True)
+            if re.search("slow_steps", " ".join(p.cmdline()))}
+    assert not mine, mine
