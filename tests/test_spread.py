@@ -125,13 +125,12 @@ def test_a_spread_from_few_pairs_is_taken_at_its_upper_bound():
 def test_one_round_counts_each_candidates_search_probe_as_another_pair():
     """The candidate's search probe and its round are two processes of one config too: where
     they agree, the bound narrows (two pairs); where they do not, it widens."""
-    from autotune.tuning import confirm
+    from autotune.tuning import confirm_rounds
     alike = spread.measure(side(32.0), side(32.1))
-    agree = confirm.one_round_rel(alike, {"t1": (confirm.Round(42.4, 0.8),
-                                                 decision.Measured(42.6, 0.9))})
-    differ = confirm.one_round_rel(alike, {"t1": (confirm.Round(50.0, 0.8),
-                                                  decision.Measured(42.6, 0.9))})
-    unmeasured = confirm.one_round_rel(alike, {"t1": (confirm.Round(42.4, 0.8), None)})
+    rel, Round = confirm_rounds.one_round_rel, confirm_rounds.Round
+    agree = rel(alike, {"t1": (Round(42.4, 0.8), decision.Measured(42.6, 0.9))})
+    differ = rel(alike, {"t1": (Round(50.0, 0.8), decision.Measured(42.6, 0.9))})
+    unmeasured = rel(alike, {"t1": (Round(42.4, 0.8), None)})
     assert agree == pytest.approx(spread.upper_rel([0.01, 0.01]))
     assert unmeasured == pytest.approx(alike.upper_rel()) and unmeasured > agree
     assert differ > unmeasured

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from autotune import AutotuneError, Note
 from autotune.measuring.noise import NoiseEstimate
 from autotune.measuring.outcome import Outcome
-from autotune.tuning import confirm, decision, fitting, objective, spread
+from autotune.tuning import confirm, confirm_rounds, decision, fitting, objective, spread
 from autotune.tuning import study as studies
 from autotune.tuning.prober import Prober
 from autotune.tuning.records import Known, Stop, StopReason
@@ -670,7 +670,7 @@ class Search:
           walk goes to next;
         - one, for a gain that even the spread's upper bound from its one pair cannot
           explain (`spread.ProcessSpread.upper_rel`, `decision.rounds_planned`): the round
-          then decides alone (`confirm.one_round_rel`), and time left over still buys more;
+          then decides alone (`confirm_rounds.one_round_rel`), and time left over still buys more;
         - under a budget, more, up to `fitting.MAX_CONFIRM_ROUNDS` (and `fitting.NEEDED_SHARE`
           of the budget: `_reserve_of`): a gain found is worth showing before the search goes
           on for another. None are added for a gain that even those cannot show (the search
@@ -829,9 +829,9 @@ class Search:
         if len(entries) < 2 or s.confirm_rounds == 0:
             return 0.0
         cfgs = [c for _, c in entries]
-        windows = confirm.probe_windows(self.prober, self.state, self.known, cfgs)
+        windows = confirm_rounds.probe_windows(self.prober, self.state, self.known, cfgs)
         floor = dict(zip((n for n, _ in entries), windows))
-        one_round = sum(min(confirm.entry_probe_s(self.prober, self.state, self.known, c),
+        one_round = sum(min(confirm_rounds.entry_probe_s(self.prober, self.state, self.known, c),
                             floor[n]) for n, c in entries)
         rounds = self._planned_rounds()
         share = fitting.NEEDED_SHARE if rounds > s.confirm_rounds else fitting.CONFIRM_SHARE

@@ -1,0 +1,305 @@
+"""The confirmation's rounds: how long each entry's probe is, whether a round's probes take
+turns on the machine and what such a round costs, how many rounds and looks the budget left
+holds, and running them (`remeasure`); `autotune.tuning.confirm.finish` plans with these and
+decides on what the rounds measured.
+
+Where it can (`turns_refused`), a round starts every config's processes and lets them take
+turns on the machine in slices (`autotune.measuring.alternate`), so that its drift falls on
+each alike; else the round interleaves whole probes (A B C A B C)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from autotune import Note
+from autotune.hardware.host import host_gpus
+from autotune.measuring import alternate
+from autotune.measuring.energy import EnergyPerSample
+from autotune.tuning import decision, fitting, objective, spread as spreads
+from autotune.tuning.decision import MIN_ROUNDS
+from autotune.tuning.prober import Prober
+from autotune.tuning.records import Known
+from autotune.tuning.state import TuneState
+from autotune.store.events import Event
+
+CONFIRM_TARGET_REL = 0.02  # tight enough that a confirmation probe measures its whole window
+# In turns, the time each probe measures, as a share of its sequential window: the rest of a
+# round goes on the probes' start-ups and warm-ups, which a window holds too.
+TURN_MEASURE_SHARE = 0.6
+
+
+@dataclass(frozen=True)
+class Round:
+    """What the search measured of an entry, standing in for its confirmation rounds."""
+
+    samples_per_s: float
+    ci_half: float
+    energy: EnergyPerSample | None = None
+
+
+def entry_probe_s(prober: Prober, state: TuneState, known: Mapping[tuple, Known],
+                  cfg: Mapping) -> float:
+    """What a probe of ``cfg`` takes: what its own probes took where the run measured it (the
+    search's probe of it; for the script's own config, the shorter of the baseline's and its
+    repeat's), else as fitted (`Prober.probe_s`). With ``--seconds``, that length, or the
+    config's own when longer.
+
+    A config's own probe sees what no fit from the baseline does: a larger batch's first batch
+    can come far later (nanoGPT's shape evaluates before step 0: 10 s at batch 64, 5 s at 12),
+    and a confirmation probe cut short of it measures its warm-up. A fit can also see what the
+    config does not need: a baseline slow to tighten (34 s of measuring on nanoGPT's shape,
+    where its repeat and the search's probes were tight after 3-10 s) stretches every fitted
+    probe, and confirmation probes of that length left one round in a 5-minute budget."""
+    space = state.space
+    own = known.get(space.key(cfg))
+    took = [own.probe_s] if own is not None and own.probe_s > 0 else []
+    if space.key(cfg) == space.key(space.baseline):
+        measured = state.learned.spread
+        took += [side.duration_s for side in (measured.first, measured.second)
+                 if side is not None and side.samples_per_s > 0 and side.duration_s > 0] \
+            if measured is not None else []
+    fitted = prober.probe_s(state, *space.trial_knobs(cfg))
+    if state.settings.seconds:  # the user's length, or the config's own when it took longer
+        return max([fitted, *took])
+    return min(took) if took else fitted
+
+
+def probe_windows(prober: Prober, state: TuneState, known: Mapping[tuple, Known],
+                  cfgs) -> list[float]:
+    """Each config's confirmation probe (`Prober.confirm_probe_s` of its own search probe,
+    `entry_probe_s`: a config with longer steps or a later first batch measures longer)."""
+    return [prober.confirm_probe_s(state, entry_probe_s(prober, state, known, c)) for c in cfgs]
+
+
+def turns_refused(prober: Prober, scorer: objective.Scorer,
+                  env: Mapping[str, str] | None = None) -> str:
+    """Why a round's probes cannot take turns on the machine (`alternate`); "" when they can:
+    ranks this host starts, on its CPU, measured for a score that needs no energy counter."""
+    if not prober.takes_turns:
+        return "this run's probes are stand-ins that cannot take turns"
+    if prober.launcher.kind != "local":
+        return f"{prober.launcher.kind} starts the ranks, and a held engine does not hold them"
+    if host_gpus(os.environ if env is None else env):
+        return "a held CUDA process keeps its GPU memory, so two configs may not fit at once"
+    if scorer.objective.uses_energy:
+        return "the host's energy counters would count every config's turns together"
+    return ""
+
+
+def turn_round_s(prober: Prober, state: TuneState, cfgs: Sequence[Mapping],
+                 measure_s: float) -> float | None:
+    """What one round of ``cfgs`` taking turns takes when each is to measure ``measure_s``
+    (`alternate.round_s`, at the paces fitted to the script: `Prober.pace`); None before the
+    baseline timed the script."""
+    paces = [prober.pace(state, *state.space.trial_knobs(c)) for c in cfgs]
+    if any(p is None for p in paces):
+        return None
+    return alternate.round_s(measure_s, paces)
+
+
+def round_cost_s(prober: Prober, state: TuneState, entries: list[tuple[str, dict]],
+                 windows: Sequence[float], measure_s: float, *, turns: bool) -> float:
+    """What one round of ``entries`` is planned to take: its probes' ``windows`` one after
+    another, or where they take turns, what that costs (`turn_round_s`) when it is more."""
+    one = turn_round_s(prober, state, [c for _, c in entries], measure_s) if turns else None
+    return max(one or 0.0, sum(windows))
+
+
+def turns_fit(prober: Prober, state: TuneState, entries: list[tuple[str, dict]],
+              rounds: int, measure_s: float, left_s: float) -> str:
+    """Why ``rounds`` rounds of ``entries``, planned at their probes' length one after another
+    (`fitting.confirm_fit`), cannot take turns in ``left_s``; "" when `MIN_ROUNDS` of them (or
+    those asked, when fewer) fit so (`turn_round_s`: a round in turns also holds every entry's
+    warm-up, and slices of several of its batches), the rounds past the budget left out as
+    they come (`_remeasure_in_turns`)."""
+    one = turn_round_s(prober, state, [c for _, c in entries], measure_s)
+    need = min(rounds, MIN_ROUNDS)
+    if one is None or need * one <= left_s:
+        return ""
+    return (f"{need} round{'s' if need > 1 else ''} taking turns would take ~{need * one:.0f} s "
+            f"(every config's warm-up, and slices of several of its own batches), and "
+            f"{max(left_s, 0):.0f} s are left")
+
+
+def holds_all(prober: Prober, state: TuneState, known: Mapping[tuple, Known],
+              entries: list[tuple[str, dict]], left_s: float, rounds: int, *,
+              turns: bool = False) -> bool:
+    """Whether ``left_s`` holds all of ``rounds`` (at least `decision.PLANNED_ROUNDS`) rounds
+    of every entry at full length, twice over: a search that ended well inside its budget (its
+    space answered, its sampler converged) can afford the runner-up, whose probes hedge
+    against the best being a lucky reading. word_lm's shape stopped 117 s into 6m with its
+    runner-up (64, the grid's best) left out, and 170 s unspent.
+
+    Once over where the rounds take ``turns``: their paired slices decide within the rounds
+    planned, and the search's own probes, one after another, carry the machine's drift, so its
+    best is the likelier lucky reading (nanoGPT's 6m measured the grid's best at 293.6 and
+    confirmed a config that read 326.5 and was 0.852 of it by the grid).
+
+    ``rounds`` is at least what two candidates' interval needs to show the search's best
+    gain (`planned_rounds`): where the time left cannot hold those of all three entries, the
+    runner-up's probes would cost the best the rounds that show it. nanoGPT's 5m, stopped by
+    its budget, kept the runner-up for three cheap rounds in turns, and its +17.8% cleared
+    1.0 at one candidate's 95% but not at two candidates' 97.5%."""
+    windows = probe_windows(prober, state, known, [c for _, c in entries])
+    rounds = max(rounds, decision.PLANNED_ROUNDS)
+    if not turns:
+        return left_s >= 2 * rounds * sum(windows)
+    measure_s = TURN_MEASURE_SHARE * sum(windows) / len(windows)
+    return left_s >= rounds * round_cost_s(prober, state, entries, windows, measure_s,
+                                            turns=True)
+
+
+def planned_rounds(searched: Callable[[str], Round], names: Sequence[str], process_rel: float,
+                   candidates: int, *, one_round_rel: float | None = None
+                   ) -> tuple[int | None, str]:
+    """The rounds the best entry's gain in the search needs (`decision.rounds_planned`; one
+    where ``one_round_rel``, the spread's upper bound, lets one decide) and why: a gain found
+    early gets the rounds that can show it beyond doubt, a gain too small to show (or none)
+    gets no more than asked. Decided from the search's figures alone, before any round, so the
+    decision still looks once."""
+    base = searched("baseline")
+    best = max((searched(n) for n in names if n != "baseline"),
+               key=lambda r: r.samples_per_s, default=None)
+    gain = None if best is None else decision.gain_of(best.samples_per_s, best.ci_half,
+                                                      base.samples_per_s, base.ci_half)
+    if gain is None:
+        return None, ""
+    speedup, within = gain
+    n = decision.rounds_planned(speedup, process_rel, within, candidates,
+                                one_round_rel=one_round_rel)
+    if n is None:
+        return None, ""
+    return n, (f"the search's best measured {speedup - 1:+.1%} with a spread between processes "
+               f"of ±{process_rel:.1%}, which about {n} rounds can show beyond doubt")
+
+
+def one_round_rel(measured: spreads.ProcessSpread,
+                  pairs: Mapping[str, tuple[Round, object]]) -> float | None:
+    """The spread between processes at its upper bound (`spreads.upper_rel`), for one round to
+    decide alone: the script's own config in its two search processes, and each candidate's
+    search probe against its round's (``pairs``: name -> (searched, the round's result or
+    None)), two more processes of one config. A candidate picked for a reading that ran high
+    only widens it."""
+    rels = [measured.between_rel]
+    for searched, r in pairs.values():
+        if r is not None:
+            rels.append(spreads.pair_rel(searched.samples_per_s, searched.ci_half,
+                                         r.samples_per_s, r.ci_half))
+    return spreads.upper_rel(rels)
+
+
+def looks_planned(prober: Prober, state: TuneState, entries: list[tuple[str, dict]],
+                  rounds: int, windows: Mapping[str, float], left_s: float | None,
+                  stretch: fitting.Stretch, scorer: objective.Scorer, *, turns: bool,
+                  measure_s: float) -> int:
+    """The looks the confirmation plans, before any round: two where the search ended early
+    under a budget (`fitting.Stretch.NEEDED`: its rounds are those the search's gain needs,
+    planned on one pair of processes of the script's config) and the time left holds the
+    rounds planned twice over, so that rounds that spread wider than that pair can still be
+    shown with the budget the user gave (word_lm's shape kept its defaults after three rounds
+    of 1.07x-1.19x with 214 s of 6m unspent); one otherwise. Two looks share the 5%, each at
+    97.5% (Bonferroni), so that a config without a gain switches no more often than at one."""
+    if stretch is not fitting.Stretch.NEEDED or left_s is None or scorer.objective.multi or \
+            rounds < MIN_ROUNDS or len(entries) < 2:
+        return 1
+    one = round_cost_s(prober, state, entries, list(windows.values()), measure_s, turns=turns)
+    return 2 if 2 * rounds * one <= left_s else 1
+
+
+def second_look(d: decision.Decision, results: Mapping[str, list], unmeasured: set[str],
+                took_s: float, left_s: float) -> int:
+    """The rounds a second look adds to a first that kept the baseline: those the spread of
+    its rounds asks for (`decision.Decision.rounds_needed`, at both looks' level), as many as
+    fit in ``left_s`` at what its rounds took (``took_s``); none where an entry gave no figure,
+    or no number of rounds would show the gain."""
+    if not d.kept_baseline or unmeasured or not d.rounds_needed or not d.candidate or \
+            d.candidate_speedup - 1 <= decision.MIN_GAIN_REL:
+        return 0
+    ran = len(results.get("baseline", ()))
+    if ran == 0 or took_s <= 0:
+        return 0
+    fit = int(max(left_s, 0.0) // (took_s / ran))
+    return max(0, min(d.rounds_needed - d.rounds, fit))
+
+
+def remeasure(prober: Prober, state: TuneState, entries, rounds: int,
+              windows: Mapping[str, float], *, turns: bool = False,
+              deadline: float | None = None, first: int = 1
+              ) -> tuple[TuneState, dict[str, list]]:
+    """``rounds`` rounds of ``entries``, numbered from ``first``: taking turns, or one probe
+    after another (interleaved)."""
+    if turns:
+        return _remeasure_in_turns(prober, state, entries, rounds, windows, deadline, first)
+    space = state.space
+    cfgs = dict(entries)
+    results: dict[str, list] = {name: [] for name in cfgs}  # the probes' results, or None
+    for rnd, name in decision.interleave(list(cfgs), rounds):
+        rnd += first - 1
+        cfg = cfgs[name]
+        label = f"confirm{rnd}-{name}"
+        window_s = windows[name]
+        spec = prober.spec(state, *space.trial_knobs(cfg), label, max_s=window_s,
+                           min_measure_s=0.6 * window_s, target_rel=CONFIRM_TARGET_REL)
+        state, r = prober.probe(state, spec, label=label, number=None, cfg=cfg, events=False)
+        results[name].append(r if r.ok else None)
+        prober.emit(Event.CONFIRMATION, round=rnd, trial=name, knobs=cfg,
+                    samples_per_s=r.samples_per_s if r.ok else None,
+                    ci_half=r.ci_half if r.ok else None, outcome=r.outcome.value,
+                    reason=r.reason)
+        if not r.ok:
+            prober.tell(Note.warning(f"confirmation round {rnd}, {name}: {r.outcome.value}: "
+                                     f"{r.reason}"))
+    return state, results
+
+
+def _remeasure_in_turns(prober: Prober, state: TuneState, entries, rounds: int,
+                        windows: Mapping[str, float], deadline: float | None = None,
+                        first: int = 1) -> tuple[TuneState, dict[str, list]]:
+    """Each round's probes started together and taking turns on the machine in slices
+    (`autotune.measuring.alternate`), so that its drift falls on every entry alike; each
+    probe measures for the `TURN_MEASURE_SHARE` of its window a sequential probe would take.
+    A round is not started past ``deadline`` (the budget's end, on the prober's clock) by the
+    time the longest round so far took: a script's start-up may make a round cost more than
+    the windows it was planned at."""
+    space = state.space
+    cfgs = dict(entries)
+    names = list(cfgs)
+    measure_s = TURN_MEASURE_SHARE * sum(windows.values()) / len(windows)
+    results: dict[str, list] = {name: [] for name in cfgs}
+    longest = 0.0
+    for rnd in range(first, first + rounds):
+        now = prober.clock.monotonic()
+        if deadline is not None and rnd > first and now + longest > deadline:
+            prober.tell(Note.warning(
+                f"confirmation: {rnd - first} of {rounds} rounds fit in the budget (a round "
+                f"took up to {longest:.0f} s, {max(deadline - now, 0):.0f} s were left)"))
+            break
+        order = names if rnd % 2 else names[::-1]  # who warms up first, in turn
+        specs = [(cfgs[name], prober.spec(state, *space.trial_knobs(cfgs[name]),
+                                          f"confirm{rnd}-{name}", max_s=windows[name],
+                                          min_measure_s=measure_s,
+                                          target_rel=CONFIRM_TARGET_REL))
+                 for name in order]
+        state, got = prober.probe_turns(state, specs, measure_s=measure_s)
+        longest = max(longest, prober.clock.monotonic() - now)
+        for name, r in zip(order, got):
+            results[name].append(r if r.ok else None)
+            prober.emit(Event.CONFIRMATION, round=rnd, trial=name, knobs=cfgs[name],
+                        samples_per_s=r.samples_per_s if r.ok else None,
+                        ci_half=r.ci_half if r.ok else None, outcome=r.outcome.value,
+                        reason=r.reason, slice_rates=list(r.slice_rates))
+            if not r.ok:
+                prober.tell(Note.warning(f"confirmation round {rnd}, {name}: "
+                                         f"{r.outcome.value}: {r.reason}"))
+    return state, results
+
+
+def slice_rates(results: Mapping[str, list]) -> dict[str, list]:
+    """Where the rounds took turns, each entry's probes' slice rates, which pair across
+    configs (`decision.paired_half`); ``results`` holds `TrialResult`s, the search's `Round`s
+    (an entry no round measured) or None."""
+    return {name: [getattr(r, "slice_rates", None) or None for r in rs]
+            for name, rs in results.items()
+            if any(getattr(r, "slice_rates", None) for r in rs)}
