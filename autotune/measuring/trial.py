@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import os
 import signal
 import socket
@@ -62,6 +63,13 @@ class TrialSpec:
     # three times that, its ranks idle, is hung whatever its length.
     expect_first_s: float | None = None
     grace_s: float = 5.0
+    # Past max_s, measure on at most this long while the estimate has no interval yet (fewer
+    # windows than `steady.MIN_TIGHT_WINDOWS`, its batches flowing): a figure without one
+    # decides nothing. A confirmation round's probe sized to the search's probe of its config
+    # (minGPT's shape: 7.5 s to the first batch, 1.3 s steps, 21 s in all) once ended on
+    # three windows after a slow first step, and the round, +74% beyond any spread, decided
+    # nothing.
+    overtime_s: float = 0.0
     samples_per_step: int | None = None  # when the script has no DataLoader
     metric: str | None = None  # --metric REGEX: throughput from rank 0's output (autotune.measuring.metric)
     watch_dirs: tuple[str, ...] | None = None  # writes here are reported (default: cwd, script dir)
@@ -500,11 +508,22 @@ def _loop(probe: _Probe, collector: Collector, load: ForeignLoad,
         if probe.energy is not None:
             probe.energy.read(now)
         if turn is None and now - probe.t_begin > spec.max_s:
+            if now - probe.t_begin <= spec.max_s + spec.overtime_s and \
+                    probe.first_progress is not None and not _has_interval(probe):
+                continue
             late = spec.expect_first_s is not None and \
                 now - probe.t_begin >= max(MIN_IDLE_START_S, 3 * spec.expect_first_s)
             if not any(progress) and late and probe.idle_for(MIN_IDLE_START_S, now):
                 probe.hung_s = now - probe.t_begin  # no batch, and no work towards one
             return
+
+
+def _has_interval(probe: _Probe) -> bool:
+    """Whether the probe's last estimate (brought up to date each `ESTIMATE_EVERY_S`) has an
+    interval: enough windows for one."""
+    est = probe.estimate
+    return est is not None and est.windows >= steady.MIN_TIGHT_WINDOWS and \
+        math.isfinite(est.ci_half)
 
 
 def idle(cpu_s_used: float, over_s: float) -> bool:

@@ -25,6 +25,9 @@ from autotune.tuning.state import TuneState
 from autotune.store.events import Event
 
 CONFIRM_TARGET_REL = 0.02  # tight enough that a confirmation probe measures its whole window
+# A probe one after another measures on past its window, by this share of it at most, while
+# its figure has no interval yet (`autotune.measuring.trial.TrialSpec.overtime_s`).
+OVERTIME_SHARE = 0.5
 # In turns, the time each probe measures, as a share of its sequential window: the rest of a
 # round goes on the probes' start-ups and warm-ups, which a window holds too.
 TURN_MEASURE_SHARE = 0.6
@@ -229,7 +232,8 @@ def remeasure(prober: Prober, state: TuneState, entries, rounds: int,
               deadline: float | None = None, first: int = 1
               ) -> tuple[TuneState, dict[str, list]]:
     """``rounds`` rounds of ``entries``, numbered from ``first``: taking turns, or one probe
-    after another (interleaved)."""
+    after another (interleaved), each measuring on past its window (`OVERTIME_SHARE` of it at
+    most) while its figure has no interval yet."""
     if turns:
         return _remeasure_in_turns(prober, state, entries, rounds, windows, deadline, first)
     space = state.space
@@ -241,7 +245,8 @@ def remeasure(prober: Prober, state: TuneState, entries, rounds: int,
         label = f"confirm{rnd}-{name}"
         window_s = windows[name]
         spec = prober.spec(state, *space.trial_knobs(cfg), label, max_s=window_s,
-                           min_measure_s=0.6 * window_s, target_rel=CONFIRM_TARGET_REL)
+                           min_measure_s=0.6 * window_s, target_rel=CONFIRM_TARGET_REL,
+                           overtime_s=OVERTIME_SHARE * window_s)
         state, r = prober.probe(state, spec, label=label, number=None, cfg=cfg, events=False)
         results[name].append(r if r.ok else None)
         prober.emit(Event.CONFIRMATION, round=rnd, trial=name, knobs=cfg,
