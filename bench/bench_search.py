@@ -35,7 +35,8 @@ the grid is measured by the script's own clock, not by autotune's meter.
    Then the grid's ``--judge-top`` (3) best configs by those means are measured again in
    ``--rounds`` rounds that take turns (as step 4 does), and grid-best is the best of them:
    plain runs one after another rank configs 5-10% apart by when they ran. Its time is
-   reported apart from the grid's cost.
+   reported apart from the grid's cost. ``--grid-from`` reuses the file's judging too, where it
+   judged the same configs.
 3. Tune: ``autotune tune --budget B`` as a user runs it, for each of ``--budgets`` (default
    ``6m 5m``: 10% of a one-hour run, and a fixed five minutes), each in a fresh directory.
 4. Side by side, plain processes by the script's own clock: default (the user's own run),

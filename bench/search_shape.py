@@ -163,7 +163,10 @@ def shape_mode(args) -> int:
     if grid.best is None:
         say("FAILED: no config of the grid printed its own rate; nothing was measured")
         return 1
-    judged = judge_top(args, shape, grid) if args.judge_top > 1 else None  # 2b.
+    judged = None  # 2b.
+    if args.judge_top > 1:
+        judged = reused_judging(args, sp, grid) if args.grid_from is not None else None
+        judged = judged or judge_top(args, shape, grid)
     best = judged.best if judged is not None and judged.best is not None else grid.best
     tunes = [tune_budget(args, shape, i, b, sp) for i, b in enumerate(args.budgets)]  # 3.
     entries = {"default": shapes.default_run(shape), "grid-best": grid.runs[best],
@@ -252,6 +255,33 @@ def judge_top(args, shape: shapes.Shape, grid: ClockGrid) -> Judged:
          (f" (the grid's own rounds put {fmt(grid.configs[grid.best])} first)"
           if b != grid.best else " (as the grid's own rounds)") if b is not None else
          "; no figure inside a slice, grid-best stays the grid's own"))
+    return judged
+
+
+def reused_judging(args, sp: space.Space, grid: ClockGrid) -> Judged | None:
+    """The judging an earlier run wrote beside the grid ``--grid-from`` reused, when it judged
+    the same ``--judge-top`` configs, in this grid's order of merit; None (judge afresh)
+    otherwise, saying why."""
+    try:
+        d = json.loads(args.grid_from.read_text()).get("judged")
+        knobs, rates, wall_s = d["knobs"], d["rates"], float(d["wall_s"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        say(f"# --grid-from {args.grid_from} holds no judging of the grid's top configs: "
+            f"judging them afresh")
+        return None
+    means = [mean(r) for r in grid.rates]
+    top = sorted((i for i, m in enumerate(means) if m is not None), key=lambda i: -means[i])
+    top = top[:args.judge_top]
+    if [sp.key(sp.config(dict(k))) for k in knobs] != [sp.key(grid.configs[i]) for i in top]:
+        say(f"# --grid-from {args.grid_from} judged {len(knobs)} configs, not this run's top "
+            f"{len(top)} (--judge-top {args.judge_top}): judging them afresh")
+        return None
+    judged = Judged(top, [[x if x is None else float(x) for x in r] for r in rates], wall_s)
+    b = judged.best
+    say(f"# judged (reused from {args.grid_from}): " + ", ".join(
+        f"{fmt(grid.configs[i])} {mean(r) if mean(r) is not None else math.nan:.1f}"
+        for i, r in zip(top, judged.rates)) +
+        (f"; grid-best {fmt(grid.configs[b])}" if b is not None else ""))
     return judged
 
 

@@ -276,3 +276,35 @@ def test_bench_search_refuses_a_grid_it_cannot_reuse_before_measuring(args, says
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_search.py"), *args],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and says in r.stderr, r.stderr
+
+
+def test_a_reused_grid_brings_its_judging_when_it_judged_the_same_configs(tmp_path):
+    """``--grid-from``: the earlier run's judging of the grid's top configs in turns (which
+    cost minGPT's shape 23 minutes) names grid-best again when it judged this grid's top
+    ``--judge-top``; a file without one, or one that judged other configs, is judged afresh."""
+    import argparse
+    import json
+
+    search = _bench("search_shape")
+    sp = _batch_space("batch_size=12:64")
+    configs = sp.configs()
+    rates = {12: [150.0, 160.0], 16: [170.0, 172.0], 32: [180.0, 186.0], 64: [190.0, 188.0]}
+    grid = search.ClockGrid(configs, [None] * len(configs),
+                            [rates[c["batch_size"]] for c in configs], 1.0)
+    by_batch = {c["batch_size"]: c for c in configs}
+    saved = {"judged": {"knobs": [by_batch[64], by_batch[32], by_batch[16]],
+                        "rates": [[200.0, 201.0], [230.0, None], [150.0, 151.0]],
+                        "wall_s": 600.0}}
+    path = tmp_path / "grid.json"
+    path.write_text(json.dumps(saved))
+    args = argparse.Namespace(grid_from=path, judge_top=3)
+    judged = search.reused_judging(args, sp, grid)
+    assert [configs[i]["batch_size"] for i in judged.indices] == [64, 32, 16]
+    assert configs[judged.best]["batch_size"] == 32 and judged.wall_s == 600.0
+    assert search.reused_judging(argparse.Namespace(grid_from=path, judge_top=2), sp,
+                                 grid) is None
+    path.write_text(json.dumps({"judged": {**saved["judged"],
+                                           "knobs": [by_batch[64], by_batch[16], by_batch[32]]}}))
+    assert search.reused_judging(args, sp, grid) is None
+    path.write_text(json.dumps({"grid": []}))
+    assert search.reused_judging(args, sp, grid) is None
