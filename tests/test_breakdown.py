@@ -359,13 +359,15 @@ def test_a_loader_in_the_main_process_is_tuned_to_its_bound_or_the_recipe_names_
     verdict says which share stops it. The batch is held at the script's own: data_wait.py
     computes for a fixed time per step, so a larger batch would win by amortising that, not by
     overlapping the loading; one rank, since ranks are not what this shape is about (and their
-    probe and allreduce timing cost a minute)."""
+    probe and allreduce timing cost a minute). Confirmation probes of 8 s: 320 of its 25 ms
+    steps each, and three rounds of 18 s probes made this the suite's longest test but one."""
     import tomllib
 
     from conftest import autotune
 
     p = autotune("tune", "--plain", "--foreign-limit", "1000", "--json", "--trials", "4",
-                 "--seconds", "12", "--confirm-rounds", "3", "--verdict", "--fix", "threads=1",
+                 "--seconds", "12", "--confirm-rounds", "3", "--confirm-seconds", "8",
+                 "--verdict", "--fix", "threads=1",
                  "batch_size=16", "instances=1",
                  "--recipe-dir", str(tmp_path / "recipes"), "--", str(SCRIPTS / "data_wait.py"),
                  "--item-ms", "1", "--compute-ms", "25", "--workers", "{workers}",

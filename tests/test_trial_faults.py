@@ -1,5 +1,6 @@
 """Real probes of tiny real scripts: every fault gets its own outcome, nothing is left behind."""
 
+import math
 import uuid
 
 import pytest
@@ -17,9 +18,12 @@ NEVER_TIGHT = dict(min_measure_s=60.0, max_s=60.0)
 
 
 def probe(tmp_path, script, *args, **over):
+    """A probe of ``script`` that ends tight or after 15 s (a figure either way: beside the
+    suite's other worker these tiny scripts' windows rarely tighten, and every probe here
+    used to run the whole 25 s it was given)."""
     name = f"t{uuid.uuid4().hex[:8]}"
     spec = dict(command=(str(SCRIPTS / script), *args), cwd=str(tmp_path),
-                log_dir=tmp_path / "logs", name=name, max_s=25.0, hang_s=4.0, startup_s=30.0,
+                log_dir=tmp_path / "logs", name=name, max_s=15.0, hang_s=4.0, startup_s=30.0,
                 grace_s=3.0, min_measure_s=2.0, foreign_limit_cores=1e9)
     spec.update(over)
     result = run_trial(TrialSpec.of(**spec))
@@ -139,3 +143,25 @@ def test_a_start_that_is_busy_or_not_yet_late_is_no_signal(tmp_path, busy, expec
 def test_stop_is_clean(tmp_path):
     r = probe(tmp_path, "ok.py")
     assert r.exit_code == 0  # left at a batch boundary on our request, not killed
+
+
+SLOW = ("--sample-s", "0", "--first-step-s", "0", "--per-sample-ms", "0", "--jitter", "0",
+        "--base-ms", "700")  # minGPT's shape at 0.7 s a step, from its first
+
+
+def test_a_probe_at_its_limit_without_an_interval_measures_on_into_its_overtime(tmp_path):
+    """A probe whose limit comes before its estimate has the windows an interval needs: with
+    ``overtime_s`` it measures on until it has one (a confirmation round's probe, which
+    decides nothing without); without, it ends at its limit with none. One that has an
+    interval by then ends there, overtime or not."""
+    short = probe(tmp_path, "slow_steps.py", *SLOW, max_s=6.0, min_measure_s=60.0)
+    assert not (short.samples_per_s > 0 and math.isfinite(short.ci_half)), short
+    assert short.duration_s < 6.0 + 3.0, short.duration_s
+    over = probe(tmp_path, "slow_steps.py", *SLOW, max_s=6.0, min_measure_s=60.0,
+                 overtime_s=30.0)
+    assert over.outcome == Outcome.OK and math.isfinite(over.ci_half), over
+    assert over.samples_per_s == pytest.approx(32 / 0.7, rel=0.15), over.samples_per_s
+    assert 6.0 < over.duration_s < 6.0 + 30.0, over.duration_s
+    quick = probe(tmp_path, "ok.py", max_s=8.0, overtime_s=30.0)
+    assert quick.outcome == Outcome.OK and math.isfinite(quick.ci_half), quick
+    assert quick.duration_s < 8.0 + 3.0, quick.duration_s
