@@ -18,9 +18,9 @@ NEVER_TIGHT = dict(min_measure_s=60.0, max_s=60.0)
 
 
 def probe(tmp_path, script, *args, **over):
-    """A probe of ``script`` that ends tight or after 15 s (a figure either way: beside the
-    suite's other worker these tiny scripts' windows rarely tighten, and every probe here
-    used to run the whole 25 s it was given)."""
+    """A probe of ``script`` that ends tight or after 15 s (a figure either way). In the
+    suite's full runs, beside its other worker, the probes of ok.py, orphan_maker.py and
+    no_dataloader.py ran the whole 25 s they were given."""
     name = f"t{uuid.uuid4().hex[:8]}"
     spec = dict(command=(str(SCRIPTS / script), *args), cwd=str(tmp_path),
                 log_dir=tmp_path / "logs", name=name, max_s=15.0, hang_s=4.0, startup_s=30.0,
