@@ -162,6 +162,9 @@ def test_a_probe_at_its_limit_without_an_interval_measures_on_into_its_overtime(
     assert over.outcome == Outcome.OK and math.isfinite(over.ci_half), over
     assert over.samples_per_s == pytest.approx(32 / 0.7, rel=0.15), over.samples_per_s
     assert 6.0 < over.duration_s < 6.0 + 30.0, over.duration_s
+    assert any("s past its 6 s limit, its figure having no interval yet" in n.text
+               for n in over.notes), over.notes
     quick = probe(tmp_path, "ok.py", max_s=8.0, overtime_s=30.0)
     assert quick.outcome == Outcome.OK and math.isfinite(quick.ci_half), quick
     assert quick.duration_s < 8.0 + 3.0, quick.duration_s
+    assert not any("past its" in n.text for n in quick.notes), quick.notes

@@ -244,6 +244,7 @@ class _Probe:
         self.stopped_by_us = False
         self.stop_t: float | None = None  # when we asked the ranks to stop
         self.pruned = False
+        self.overtime_at: float | None = None  # when it measured on past max_s for an interval
         self.cpu_seen = 0.0
         self.ours_at_progress = 0.0  # the ranks' CPU seconds when the counters last moved
         # (when, CPU seconds of the trial's processes so far): idle checks and core-seconds
@@ -510,6 +511,7 @@ def _loop(probe: _Probe, collector: Collector, load: ForeignLoad,
         if turn is None and now - probe.t_begin > spec.max_s:
             if now - probe.t_begin <= spec.max_s + spec.overtime_s and \
                     probe.first_progress is not None and not _has_interval(probe):
+                probe.overtime_at = probe.overtime_at or now
                 continue
             late = spec.expect_first_s is not None and \
                 now - probe.t_begin >= max(MIN_IDLE_START_S, 3 * spec.expect_first_s)
@@ -614,6 +616,13 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         probe.notes.append(Note.info(
             f"a rank failed while stopping, after the measurement (peers leave at their own "
             f"next batch): {late.get('exc_type')}: {str(late.get('message'))[:200]}"))
+    if probe.overtime_at is not None:
+        past = (probe.stop_t or time.monotonic()) - probe.overtime_at
+        probe.notes.append(Note.info(
+            f"measured {past:.0f} s past its {spec.max_s:.0f} s limit, its figure having no "
+            f"interval yet (too few windows of its batches)" +
+            ("" if has_estimate and math.isfinite(est.ci_half) else
+             f"; it had none after the {spec.overtime_s:.0f} s allowed")))
     if has_estimate and est.shift is not None:  # not tight: it measured on to its limit
         probe.notes.append(Note.warning(
             f"{est.shift_note()}; measured on to the probe's limit ({ran_s:.0f} s), and the "
