@@ -40,6 +40,12 @@ class ClockGrid:
         measured = [i for i, m in enumerate(means) if m is not None]
         return max(measured, key=lambda i: means[i]) if measured else None
 
+    def top(self, n: int) -> list[int]:
+        """The ``n`` configs with the best means, best first (those with a figure)."""
+        means = [mean(r) for r in self.rates]
+        return sorted((i for i, m in enumerate(means) if m is not None),
+                      key=lambda i: -means[i])[:n]
+
     def ratio_to_best(self, sp: space.Space, knobs: Mapping | None) -> float | None:
         """The grid's own figure for the config ``knobs`` over its best's (the script's own
         config: the grid's run of it, with the thread count autotune gives it); None when the
@@ -239,9 +245,7 @@ def judge_top(args, shape: shapes.Shape, grid: ClockGrid) -> Judged:
     that take turns, ``--final-seconds`` each: plain runs one after another rank configs 5-10%
     apart by when they ran (word_lm's sixth grid put 32 7% above 64, and every measurement in
     turns put 64 above 32)."""
-    means = [mean(r) for r in grid.rates]
-    ranked = sorted((i for i, m in enumerate(means) if m is not None), key=lambda i: -means[i])
-    top = ranked[:args.judge_top]
+    top = grid.top(args.judge_top)
     t0 = time.monotonic()
     rates = in_turns(args, shape, [grid.runs[i] for i in top],
                      lambda j: f"judge {fmt(grid.configs[top[j]])}")
@@ -269,9 +273,7 @@ def reused_judging(args, sp: space.Space, grid: ClockGrid) -> Judged | None:
         say(f"# --grid-from {args.grid_from} holds no judging of the grid's top configs: "
             f"judging them afresh")
         return None
-    means = [mean(r) for r in grid.rates]
-    top = sorted((i for i, m in enumerate(means) if m is not None), key=lambda i: -means[i])
-    top = top[:args.judge_top]
+    top = grid.top(args.judge_top)
     if [sp.key(sp.config(dict(k))) for k in knobs] != [sp.key(grid.configs[i]) for i in top]:
         say(f"# --grid-from {args.grid_from} judged {len(knobs)} configs, not this run's top "
             f"{len(top)} (--judge-top {args.judge_top}): judging them afresh")
