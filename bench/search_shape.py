@@ -80,6 +80,12 @@ class Judged:
         measured = [j for j, m in enumerate(means) if m is not None]
         return self.indices[max(measured, key=lambda j: means[j])] if measured else None
 
+    def text(self, grid: ClockGrid) -> str:
+        """Each judged config's mean over the rounds, in the grid's order of merit."""
+        return ", ".join(f"{fmt(grid.configs[i])} "
+                         f"{mean(r) if mean(r) is not None else math.nan:.1f}"
+                         for i, r in zip(self.indices, self.rates))
+
     def ratio_to_best(self, grid: ClockGrid, sp: space.Space,
                       knobs: Mapping | None) -> float | None:
         """The judging's figure for the config ``knobs`` over its best's; None when it was not
@@ -252,9 +258,7 @@ def judge_top(args, shape: shapes.Shape, grid: ClockGrid) -> Judged:
     judged = Judged(top, rates, time.monotonic() - t0)
     b = judged.best
     say(f"# judged: the grid's top {len(top)} in {args.rounds} rounds taking turns, "
-        f"{judged.wall_s:.0f} s: " + ", ".join(
-            f"{fmt(grid.configs[i])} {mean(r) if mean(r) is not None else math.nan:.1f}"
-            for i, r in zip(top, rates)) +
+        f"{judged.wall_s:.0f} s: {judged.text(grid)}" +
         (f"; grid-best {fmt(grid.configs[b])}" +
          (f" (the grid's own rounds put {fmt(grid.configs[grid.best])} first)"
           if b != grid.best else " (as the grid's own rounds)") if b is not None else
@@ -280,9 +284,7 @@ def reused_judging(args, sp: space.Space, grid: ClockGrid) -> Judged | None:
         return None
     judged = Judged(top, [[x if x is None else float(x) for x in r] for r in rates], wall_s)
     b = judged.best
-    say(f"# judged (reused from {args.grid_from}): " + ", ".join(
-        f"{fmt(grid.configs[i])} {mean(r) if mean(r) is not None else math.nan:.1f}"
-        for i, r in zip(top, judged.rates)) +
+    say(f"# judged (reused from {args.grid_from}): {judged.text(grid)}" +
         (f"; grid-best {fmt(grid.configs[b])}" if b is not None else ""))
     return judged
 
