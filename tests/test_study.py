@@ -424,16 +424,12 @@ def test_rounds_in_turns_keep_the_runner_up_only_where_the_budget_holds_what_two
     from autotune.tuning import confirm
     monkeypatch.setattr(confirm, "turns_refused", lambda *a, **kw: "")
     clock, told = FakeClock(), []
-    calls = []
 
-    def rate(knobs):  # one thread +15%, a worker +10%; the script's config read as told
-        r = 100.0 * (1.15 if knobs["threads"] == 1 else 1.0) * (1.1 if knobs["workers"] else 1.0)
-        if knobs["threads"] == 2 and knobs["workers"] == 0:
-            calls.append(1)
-            r *= {1: first, 2: second}.get(len(calls), 1.0)
-        return r
+    def modest(knobs):  # one thread +15%, a worker +10%
+        return 100.0 * (1.15 if knobs["threads"] == 1 else 1.0) * \
+            (1.1 if knobs["workers"] else 1.0)
 
-    fake = Timed(clock, rate)
+    fake = Timed(clock, apart(first, second, modest))
     report, _, _ = tune(tmp_path, fake, budget_s=260.0, clock=clock, confirm_rounds=3,
                         notify=told.append, fix_tokens=("batch_size=16", "instances=1"),
                         space_tokens=("workers=0,1",))
@@ -520,16 +516,17 @@ def level_threads(knobs):
     return 100.0 * (1.01 if knobs["threads"] == 1 else 1.0)
 
 
-def apart(first, second):
-    """`surface`, but the script's own config reads ``first`` then ``second`` (a share of its
-    figure) in its first two processes: the spread between processes the repeat measures."""
+def apart(first, second, base=surface):
+    """``base`` (`surface` unless given), but the script's own config reads ``first`` then
+    ``second`` (a share of its figure) in its first two processes: the spread between
+    processes the repeat measures."""
     calls = []
 
     def rate(knobs):
         if knobs["threads"] == 2 and knobs["workers"] == 0:
             calls.append(1)
-            return surface(knobs) * {1: first, 2: second}.get(len(calls), 1.0)
-        return surface(knobs)
+            return base(knobs) * {1: first, 2: second}.get(len(calls), 1.0)
+        return base(knobs)
     return rate
 
 
