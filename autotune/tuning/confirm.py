@@ -22,8 +22,8 @@ from autotune.measuring import alternate, bottleneck
 from autotune.tuning import decision, fitting, objective
 from autotune.tuning.confirm_rounds import (
     TURN_MEASURE_SHARE, Round, entry_probe_s, holds_all, looks_planned, one_round_rel,
-    planned_rounds, probe_windows, remeasure, second_look, slice_rates, turns_fit,
-    turns_refused)
+    planned_rounds, probe_windows, remeasure, second_look, selection_fits, slice_rates,
+    turns_fit, turns_refused)
 from autotune.tuning.decision import KEPT, MIN_ROUNDS, Choice, Measured
 from autotune.tuning.prober import Prober
 from autotune.tuning.records import Known, Scored, TuneSettings
@@ -133,6 +133,54 @@ def essential(space: Space, entries: list[tuple[str, dict]]) -> list[tuple[str, 
     return [entries[0], entries[1], *extra]
 
 
+def select_candidate(prober: Prober, state: TuneState, known: Mapping[tuple, Known],
+           entries: list[tuple[str, dict]], scorer: objective.Scorer
+           ) -> tuple[TuneState, list[tuple[str, dict]], int]:
+    """One round in turns of the baseline, the best and the runner-up (``entries[:3]``) that
+    chooses between the two candidates, and judges nothing: the entries the later rounds judge
+    (the baseline, the one that scored more in that round, and any entry past the runner-up)
+    and the rounds it took (one). The later rounds are fresh processes, so their interval is
+    one candidate's at 95%, with no allowance for the choice.
+
+    Under a budget that cannot hold rounds of all three entries (`holds_all`), neither keeping
+    the runner-up nor leaving it out is safe where the search's own probes, one after another,
+    ranked its top two on the machine's drift: nanoGPT's 5m kept it and lost a +17.8% gain to
+    two candidates' 97.5% (run 4); left it out and confirmed a best that read 330 right after
+    the baseline's 244, +3.4% in the rounds, beside a runner-up that was the grid's best
+    (run 5). A round in turns ranks the two on the same stretch of the machine."""
+    windows = probe_windows(prober, state, known, [c for _, c in entries[:3]])
+    three = entries[:3]
+    prober.tell(Note.info(
+        f"confirmation: round 1 chooses between {three[1][0]} and {three[2][0]} (the search's "
+        f"best two), taking turns with the baseline; the rounds after it judge the one "
+        f"chosen alone"))
+    state, got = remeasure(prober, state, three, 1, dict(zip([n for n, _ in three], windows)),
+                           turns=True)
+    scores = {}
+    for name, cfg in three[1:]:
+        s = _scored(scorer, cfg, got[name][0])
+        scores[name] = s.value if s is not None and s.value is not None else None
+    (best_name, best_cfg), (runner_name, runner_cfg) = three[1], three[2]
+    base = got["baseline"][0]
+
+    def said(name: str) -> str:
+        r = got[name][0]
+        if r is None:
+            return f"{name} gave no figure"
+        vs = f" ({r.samples_per_s / base.samples_per_s - 1:+.1%} over the baseline)" \
+            if base is not None and base.samples_per_s > 0 else ""
+        return f"{name} {r.samples_per_s:.1f} samples/s{vs}"
+
+    chosen = runner_name if scores[runner_name] is not None and (
+        scores[best_name] is None or scores[runner_name] > scores[best_name]) else best_name
+    other = runner_name if chosen == best_name else best_name
+    state = prober.note(state, Note.info(
+        f"confirmation: round 1 chose {said(chosen)} over {said(other)}; the rounds after it "
+        f"judge {chosen} against the baseline, one candidate at 95%"))
+    chosen_cfg = best_cfg if chosen == best_name else runner_cfg
+    return state, [entries[0], (chosen, chosen_cfg), *entries[3:]], 1
+
+
 def _probe_verdict(prober: Prober, state: TuneState, cfg: dict,
                    full: float) -> tuple[TuneState, bottleneck.Verdict]:
     space = state.space
@@ -215,6 +263,7 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
     process_rel = spread.process_rel() if spread is not None else decision.PROCESS_NOISE_REL
     few = essential(space, entries)
     refused = turns_refused(prober, scorer)
+    selected = 0  # rounds that chose between the best and the runner-up, and judge nothing
     if len(few) < len(entries) and left_s is not None:
         need = rounds  # what two candidates' interval needs to show the search's best gain
         if not scorer.objective.multi:
@@ -223,12 +272,20 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
                 spread.planning_rel() if spread is not None else process_rel,
                 len(entries) - 1)[0] or 0)
         if not holds_all(prober, state, known, entries, left_s, need, turns=not refused):
-            dropped = entries[2][0]
-            entries = few
-            state = prober.note(state, Note.info(
-                f"confirmation: the runner-up ({dropped}) is left out: under a budget its "
-                f"probes buy rounds of the best and the baseline, which decide more than a "
-                f"third config does"))
+            if not refused and not scorer.objective.multi and selection_fits(
+                    prober, state, known, entries, left_s, max(rounds, planned_rounds(
+                        searched, [n for n, _ in entries], spread.planning_rel()
+                        if spread is not None else process_rel, 1)[0] or 0)):
+                started = prober.clock.monotonic()
+                state, entries, selected = select_candidate(prober, state, known, entries, scorer)
+                left_s -= prober.clock.monotonic() - started
+            else:
+                dropped = entries[2][0]
+                entries = few
+                state = prober.note(state, Note.info(
+                    f"confirmation: the runner-up ({dropped}) is left out: under a budget its "
+                    f"probes buy rounds of the best and the baseline, which decide more than a "
+                    f"third config does"))
     names = [n for n, _ in entries]
 
     windows = dict(zip(names, probe_windows(prober, state, known, [c for _, c in entries])))
@@ -288,7 +345,7 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
         deadline = prober.clock.monotonic() + left_s if left_s is not None else None
         started = prober.clock.monotonic()
         state, results = remeasure(prober, state, entries, rounds, windows,
-                                   turns=not refused, deadline=deadline)
+                                   turns=not refused, deadline=deadline, first=selected + 1)
         took = prober.clock.monotonic() - started
         unmeasured = {name for name, ms in results.items() if all(m is None for m in ms)}
         for name, ms in results.items():
@@ -329,7 +386,7 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
             f"more its spread asks for, and a second look judges all {d.rounds + extra}"))
         state, more_results = remeasure(prober, state, entries, extra, windows,
                                         turns=not refused, deadline=deadline,
-                                        first=len(results["baseline"]) + 1)
+                                        first=selected + len(results["baseline"]) + 1)
         for name, ms in more_results.items():
             results[name] += ms
         rounds += len(more_results["baseline"])

@@ -154,6 +154,23 @@ def holds_all(prober: Prober, state: TuneState, known: Mapping[tuple, Known],
                                             turns=True)
 
 
+def selection_fits(prober: Prober, state: TuneState, known: Mapping[tuple, Known],
+                   entries: list[tuple[str, dict]], left_s: float, rounds: int) -> bool:
+    """Whether ``left_s`` holds a selection round in turns of the baseline, the best and the
+    runner-up (``entries[:3]``), then ``rounds`` (at least `decision.PLANNED_ROUNDS`) rounds in
+    turns of the baseline, the one chosen and any entry past the runner-up (the batch-keeping
+    alternative): what `autotune.tuning.confirm.finish` runs instead of leaving the runner-up
+    out, where the rounds of all three entries do not fit (`holds_all`)."""
+    three = entries[:3]
+    pair = [entries[0], entries[1], *entries[3:]]
+    cost = 0.0
+    for part, n in ((three, 1), (pair, max(rounds, decision.PLANNED_ROUNDS))):
+        windows = probe_windows(prober, state, known, [c for _, c in part])
+        measure_s = TURN_MEASURE_SHARE * sum(windows) / len(windows)
+        cost += n * round_cost_s(prober, state, part, windows, measure_s, turns=True)
+    return left_s >= cost
+
+
 def planned_rounds(searched: Callable[[str], Round], names: Sequence[str], process_rel: float,
                    candidates: int, *, one_round_rel: float | None = None
                    ) -> tuple[int | None, str]:
