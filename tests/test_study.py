@@ -484,17 +484,24 @@ def test_a_first_round_in_turns_chooses_the_runner_up_over_a_best_that_was_a_luc
         return {(2, 0): 100.0, (1, 0): 115.0, (1, 1): 105.0}[key]
 
     fake = Timed(clock, apart(1.0, 0.85, lucky))
-    report, _, _ = tune(tmp_path, fake, budget_s=260.0, clock=clock, confirm_rounds=3,
-                        notify=told.append, fix_tokens=("batch_size=16", "instances=1"),
-                        space_tokens=("workers=0,1",))
+    report, _, run_dir = tune(tmp_path, fake, budget_s=260.0, clock=clock, confirm_rounds=3,
+                              notify=told.append, fix_tokens=("batch_size=16", "instances=1"),
+                              space_tokens=("workers=0,1",))
     texts = [n.text for n in told]
     rounds = confirm_rounds(fake)
     if choose:
         chose = [t for t in texts if "confirmation: round 1 chose" in t]
         assert chose and re.search(r"chose trial-\d+ 115\.0 samples/s", chose[0]), texts
         assert not report.kept_baseline, texts
-        assert (report.best.knobs["thread_pct"], report.best.knobs["workers"]) == (50, 0), report.best
+        assert (report.best.knobs["thread_pct"], report.best.knobs["workers"]) == (50, 0), \
+            report.best
         assert report.candidates == 1 and report.rounds == len(rounds) - 1
+        # the journal and the report say which round chose and judged nothing
+        from autotune.report.html import build_html
+        events = journal(run_dir, "confirmation")
+        assert [e["round"] for e in events if e.get("chooses")] == [1, 1, 1], events
+        assert all(e["round"] > 1 for e in events if not e.get("chooses")), events
+        assert build_html(run_dir).count("1 (chose)") == 3
     else:
         assert any("is left out: under a budget" in t for t in texts), texts
         assert all(len(r) == 2 for r in rounds.values()), rounds

@@ -297,7 +297,8 @@ def _trial_pruned(s: RunState, ev: dict, t) -> None:
 
 def _confirmation(s: RunState, ev: dict, t) -> None:
     s.confirmations.append({k: ev.get(k) for k in ("round", "trial", "knobs", "samples_per_s",
-                                                   "ci_half", "outcome", "reason")})
+                                                   "ci_half", "outcome", "reason",
+                                                   "chooses")})
 
 
 def _best(s: RunState, ev: dict, t) -> None:

@@ -201,7 +201,8 @@ def _trial_pruned(ev):
 
 
 def _confirmation(ev):
-    return (f"confirm round {ev.get('round')} {ev.get('trial')}: "
+    chose = " (chooses between the best two)" if ev.get("chooses") else ""
+    return (f"confirm round {ev.get('round')}{chose} {ev.get('trial')}: "
             f"{fmt_rate(ev.get('samples_per_s'), ev.get('ci_half'))} samples/s · "
             f"{knobs_text(ev.get('knobs'))}")
 

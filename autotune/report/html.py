@@ -342,7 +342,8 @@ def confirmation_section(state: RunState) -> str:
         ci = _num(c.get("ci_half"))
         outcome = str(c.get("outcome") or (Outcome.OK.value if rate else "-"))
         why = f": {c['reason']}" if c.get("reason") else ""
-        body.append(f"<tr><td class='num'>{escape(str(c.get('round')))}</td>"
+        rnd = f"{c.get('round')} (chose)" if c.get("chooses") else str(c.get("round"))
+        body.append(f"<tr><td class='num'>{escape(rnd)}</td>"
                     f"<td>{escape(str(c.get('trial')))}</td>"
                     f"<td><code>{escape(knobs_text(c.get('knobs')))}</code></td>"
                     f"<td class='num'>{escape(fmt_rate(rate, ci))}</td>"
@@ -350,7 +351,8 @@ def confirmation_section(state: RunState) -> str:
     return ("<h2>Confirmation</h2><table class='confirmation'><tr><th>round</th><th>config</th>"
             "<th>knobs</th><th>samples/s</th><th>outcome</th></tr>" + "".join(body) +
             "</table><p class='note'>the top configs and the baseline re-measured in separate "
-            "processes, interleaved; the best above is decided on these</p>")
+            "processes, interleaved; the best above is decided on these, but for a round "
+            "marked (chose), which chose between the search's best two and judges nothing</p>")
 
 
 def _num(v):

@@ -72,7 +72,7 @@ FIELDS: dict[Event, Fields] = {
     Event.TRIAL_PRUNED: Fields(("trial", "number", "reason")),
     Event.ALLREDUCE: Fields(("candidates",), ("result", "error")),
     Event.CONFIRMATION: Fields(("round", "trial", "knobs", "samples_per_s", "ci_half", "outcome",
-                                "reason"), ("slice_rates",)),
+                                "reason"), ("slice_rates", "chooses")),
     Event.PROBE_VERDICT: Fields(("verdict",)),
     Event.BEST: Fields(("knobs", "samples_per_s", "ci_half", "baseline_samples_per_s", "speedup",
                         "kept_baseline", "reason", "speedup_low", "speedup_high", "objective",

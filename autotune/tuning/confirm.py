@@ -155,7 +155,7 @@ def select_candidate(prober: Prober, state: TuneState, known: Mapping[tuple, Kno
         f"best two), taking turns with the baseline; the rounds after it judge the one "
         f"chosen alone"))
     state, got = remeasure(prober, state, three, 1, dict(zip([n for n, _ in three], windows)),
-                           turns=True)
+                           turns=True, chooses=True)
     scores = {}
     for name, cfg in three[1:]:
         s = _scored(scorer, cfg, got[name][0])

@@ -246,13 +246,15 @@ def second_look(d: decision.Decision, results: Mapping[str, list], unmeasured: s
 
 def remeasure(prober: Prober, state: TuneState, entries, rounds: int,
               windows: Mapping[str, float], *, turns: bool = False,
-              deadline: float | None = None, first: int = 1
+              deadline: float | None = None, first: int = 1, chooses: bool = False
               ) -> tuple[TuneState, dict[str, list]]:
     """``rounds`` rounds of ``entries``, numbered from ``first``: taking turns, or one probe
     after another (interleaved), each measuring on past its window (`OVERTIME_SHARE` of it at
-    most) while its figure has no interval yet."""
+    most) while its figure has no interval yet. Rounds that ``chooses`` between candidates
+    (`autotune.tuning.confirm.select_candidate`) and judge nothing say so in their events."""
     if turns:
-        return _remeasure_in_turns(prober, state, entries, rounds, windows, deadline, first)
+        return _remeasure_in_turns(prober, state, entries, rounds, windows, deadline, first,
+                                   chooses)
     space = state.space
     cfgs = dict(entries)
     results: dict[str, list] = {name: [] for name in cfgs}  # the probes' results, or None
@@ -269,7 +271,7 @@ def remeasure(prober: Prober, state: TuneState, entries, rounds: int,
         prober.emit(Event.CONFIRMATION, round=rnd, trial=name, knobs=cfg,
                     samples_per_s=r.samples_per_s if r.ok else None,
                     ci_half=r.ci_half if r.ok else None, outcome=r.outcome.value,
-                    reason=r.reason)
+                    reason=r.reason, **({"chooses": True} if chooses else {}))
         if not r.ok:
             prober.tell(Note.warning(f"confirmation round {rnd}, {name}: {r.outcome.value}: "
                                      f"{r.reason}"))
@@ -278,7 +280,8 @@ def remeasure(prober: Prober, state: TuneState, entries, rounds: int,
 
 def _remeasure_in_turns(prober: Prober, state: TuneState, entries, rounds: int,
                         windows: Mapping[str, float], deadline: float | None = None,
-                        first: int = 1) -> tuple[TuneState, dict[str, list]]:
+                        first: int = 1, chooses: bool = False
+                        ) -> tuple[TuneState, dict[str, list]]:
     """Each round's probes started together and taking turns on the machine in slices
     (`autotune.measuring.alternate`), so that its drift falls on every entry alike; each
     probe measures for the `TURN_MEASURE_SHARE` of its window a sequential probe would take.
@@ -311,7 +314,8 @@ def _remeasure_in_turns(prober: Prober, state: TuneState, entries, rounds: int,
             prober.emit(Event.CONFIRMATION, round=rnd, trial=name, knobs=cfgs[name],
                         samples_per_s=r.samples_per_s if r.ok else None,
                         ci_half=r.ci_half if r.ok else None, outcome=r.outcome.value,
-                        reason=r.reason, slice_rates=list(r.slice_rates))
+                        reason=r.reason, slice_rates=list(r.slice_rates),
+                        **({"chooses": True} if chooses else {}))
             if not r.ok:
                 prober.tell(Note.warning(f"confirmation round {rnd}, {name}: "
                                          f"{r.outcome.value}: {r.reason}"))
