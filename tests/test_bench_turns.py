@@ -39,9 +39,11 @@ def test_runs_take_turns_and_each_is_read_from_its_own_lines_inside_its_slices(t
     spans = sorted([(a, b, "s") for a, b in small.slices] + [(a, b, "l") for a, b in large.slices])
     assert all(b1 <= a2 for (_, b1, _), (a2, _, _) in zip(spans, spans[1:])), spans
     assert [w for *_, w in spans][:4] == ["s", "l", "l", "s"], spans
-    # each figure its own lines': 8 and 32 samples every 100 ms (and the step's own work)
+    # each figure its own lines': 8 and 32 samples every 100 ms (and the step's own work,
+    # which a loaded machine stretches more at 32: 270 against 78 under the suite beside a
+    # second one), never the other's, whose figure is a quarter or four times its own
     assert 56 < small.rate <= 80 and 224 < large.rate <= 320, (small.rate, large.rate)
-    assert large.rate / small.rate == pytest.approx(4.0, rel=0.1)
+    assert 3.2 <= large.rate / small.rate <= 4.4, (small.rate, large.rate)
     # a line whose span held a hold (or the run alone before its turns) is left out: it reads
     # far slower than the rest
     for r in (small, large):
@@ -82,7 +84,7 @@ def test_the_grids_top_configs_are_judged_again_in_turns_and_grid_best_is_the_be
     assert configs[judged.best]["batch_size"] == 32, judged.rates
     ratio = judged.ratio_to_best(grid, sp, {**sp.baseline, "batch_size": 8})
     assert ratio == pytest.approx(judged.rates[0][0] / judged.rates[1][0]), judged.rates
-    assert ratio == pytest.approx(0.25, rel=0.15), judged.rates
+    assert 0.22 <= ratio <= 0.32, judged.rates  # 8's samples a step over 32's (and the load)
     assert judged.ratio_to_best(grid, sp, {**sp.baseline, "batch_size": 4}) is None
     mine = {p.pid for p in psutil.Process().children(recursive=True)
             if re.search("slow_steps", " ".join(p.cmdline()))}
