@@ -82,6 +82,26 @@ def test_everything_a_stage_learned_goes_through_tune_json_and_back(tmp_path):
     assert (tmp_path / "run" / "tune.json").read_text() == (tmp_path / "tune.json").read_text()
 
 
+def test_a_probe_in_turns_keeps_the_breakdown_an_earlier_probe_of_the_config_gave():
+    """A confirmation round in turns measures the config again, with no breakdown (its held
+    spans are no part of a step): its figures become the config's last, its breakdown stays
+    the search probe's, so the verdict still names the winner's binding share. A later probe
+    with a breakdown of its own replaces it."""
+    from autotune.tuning.learned import Learned
+
+    cfg = {"batch_size": 16, "workers": 1}
+    searched = Breakdown({"forward": (0.6, 0.05), "data": (0.3, 0.05)}, 1)
+    learned = Learned().after(cfg, cfg, trial_result(samples_per_s=500.0, breakdown=searched,
+                                                     core_s_per_sample=0.01))
+    learned = learned.after(cfg, cfg, trial_result(samples_per_s=540.0, breakdown=None,
+                                                   core_s_per_sample=0.02))
+    assert learned.facts(cfg).breakdown == searched
+    assert learned.facts(cfg).core_s_per_sample == 0.02  # the rest is the last probe's
+    again = Breakdown({"forward": (0.9, 0.05)}, 1)
+    learned = learned.after(cfg, cfg, trial_result(breakdown=again))
+    assert learned.facts(cfg).breakdown == again
+
+
 def test_a_new_state_has_no_baseline_keys_yet(tmp_path):
     s = TuneSettings(command=("t.py",), cwd="/w")
     st = TuneState.new(s, tmp_path / "run-1", warm_start={"workers": 2})

@@ -103,11 +103,19 @@ class Learned:
 
     def measured(self, cfg: Mapping, result) -> Learned:
         """With ``result`` as the last measurement of ``cfg`` when it measured (the baseline's
-        is kept under the space's config too, which names all its knobs)."""
+        is kept under the space's config too, which names all its knobs). A probe without a
+        breakdown of its step (one that took turns on the machine: its held spans are no part
+        of a step) keeps the one an earlier probe of the config gave: the verdict and the report
+        name the winner's binding share from it."""
         if not result.ok or result.mode is not Mode.FULL:
             return self
-        return dataclasses.replace(self, last={**self.last,
-                                               config_key(cfg): ProbeRecord.of(cfg, result)})
+        key = config_key(cfg)
+        record, before = ProbeRecord.of(cfg, result), self.last.get(key)
+        if record.facts.breakdown is None and before is not None and \
+                before.facts.breakdown is not None:
+            record = dataclasses.replace(record, facts=dataclasses.replace(
+                record.facts, breakdown=before.facts.breakdown))
+        return dataclasses.replace(self, last={**self.last, key: record})
 
     def of(self, cfg: Mapping) -> ProbeRecord | None:
         """The last measured probe of ``cfg``, or None."""
