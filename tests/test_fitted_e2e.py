@@ -28,7 +28,9 @@ def test_a_script_with_slow_steps_is_measured_by_every_probe_and_uses_its_budget
     """minGPT's shape: 5 s of sampling before the first step, a first step 3 s slower, then
     about a second a step at batch 32, longer with the batch. No --seconds: fitted."""
     t0 = time.monotonic()
-    p = autotune("tune", *QUIET, "--json", "--budget", "5m", "--seed", "3",
+    # 4 minutes: what the test checks (every probe measures, the budget is used and kept) a
+    # 5-minute budget shows too, with a minute more of the suite's heaviest group
+    p = autotune("tune", *QUIET, "--json", "--budget", "4m", "--seed", "3",
                  "--baseline", "batch_size=32", "workers=0", "--",
                  str(SCRIPTS / "slow_steps.py"), "--trainer.batch_size={batch_size}",
                  "--trainer.num_workers={workers}", cwd=tmp_path, timeout=420)
@@ -39,17 +41,17 @@ def test_a_script_with_slow_steps_is_measured_by_every_probe_and_uses_its_budget
     searched = [e for e in events if e["event"] == "trial_finished"
                 and str(e.get("trial", "")).startswith("trial-")]
     outcomes = [e["result"]["outcome"] for e in searched]
-    assert searched, outcomes  # (a 5-minute budget holds a few probes of such a script)
+    assert searched, outcomes  # (a 4-minute budget holds a few probes of such a script)
     assert all(o in ("ok", "pruned") for o in outcomes), \
         [(e["result"]["outcome"], e["result"]["reason"]) for e in searched]
     assert "budget" in s["stop_reason"]
     notes = " | ".join(s["notes"])
-    assert "first batch after" in notes and "budget 5m:" in notes
+    assert "first batch after" in notes and "budget 4m:" in notes
     # used: the search stops when one more probe (as the plan sized it) would not fit beside
     # the confirmation's reserve, whose probes end once tight, sooner than reserved: the run
     # ends within two probes of its budget, and not far past it
     probe_s = float(re.search(r"search probe\(s\) of ~(\d+) s", notes).group(1))
-    assert 300 - 2 * probe_s <= wall <= 300 + 45, (wall, probe_s)
+    assert 240 - 2 * probe_s <= wall <= 240 + 45, (wall, probe_s)
     assert live_children() == []
 
 
@@ -102,13 +104,13 @@ def test_a_claimed_speed_up_holds_when_the_script_measures_it(tmp_path):
     ratios = []
     for _ in range(OUTSIDE_ROUNDS):
         plain = subprocess.run([sys.executable, *script, "--batch_size", "20",
-                                "--max-seconds", "20", "--log-interval", "2"], cwd=tmp_path,
+                                "--max-seconds", "14", "--log-interval", "2"], cwd=tmp_path,
                                text=True, capture_output=True, timeout=120)
         assert plain.returncode == 0, plain.stderr[-2000:]
         default = _own_rate(plain.stdout)[1:]
         tuned = autotune("run", "--plain", "--recipe", recipe, "--runs-dir",
                          str(tmp_path / "runs"), "--", *script, "--batch_size", "{batch_size}",
-                         "--max-seconds", "20", "--log-interval", "2", cwd=tmp_path,
+                         "--max-seconds", "14", "--log-interval", "2", cwd=tmp_path,
                          timeout=120)
         assert tuned.returncode == 0, tuned.stderr[-2000:]
         ours = _own_rate(tuned.stdout)[1:]
