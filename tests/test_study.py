@@ -460,15 +460,20 @@ def confirm_rounds(fake) -> dict[int, set[str]]:
     return out
 
 
-@pytest.mark.parametrize("choose", [True, False])
+@pytest.mark.parametrize("choose, second, budget_s", [
+    (True, 0.85, 260.0), (True, 0.6, 200.0), (False, 0.85, 260.0)])
 def test_a_first_round_in_turns_chooses_the_runner_up_over_a_best_that_was_a_lucky_reading(
-        tmp_path, machine, monkeypatch, choose):
+        tmp_path, machine, monkeypatch, choose, second, budget_s):
     """The search's one probe of a worker read +40% (the machine ran fast then); every later
     process of it reads +1%. The runner-up, one thread, is +15% in every process. Under a
     budget that cannot hold rounds of all three entries, the first round in turns chooses one
     thread, and the rounds after it switch to it; without that round, the runner-up is left
     out and the lucky reading's config cannot be shown better than the defaults (nanoGPT's
-    5m: a best that read 330 right after the baseline's 244 was +3.4% in the rounds)."""
+    5m: a best that read 330 right after the baseline's 244 was +3.4% in the rounds). It
+    chooses too where the script's config read 40% apart in its two processes and the budget
+    is shorter, so that the rounds one candidate needs for the search's gain do not fit
+    (word_lm's 6m left out the grid's best then, and ran eleven rounds of a config 0.88 of
+    it)."""
     from autotune.tuning import confirm
     monkeypatch.setattr(confirm, "turns_refused", lambda *a, **kw: "")
     if not choose:
@@ -483,8 +488,8 @@ def test_a_first_round_in_turns_chooses_the_runner_up_over_a_best_that_was_a_luc
             return 140.0 if calls[key] == 1 else 101.0
         return {(2, 0): 100.0, (1, 0): 115.0, (1, 1): 105.0}[key]
 
-    fake = Timed(clock, apart(1.0, 0.85, lucky))
-    report, _, run_dir = tune(tmp_path, fake, budget_s=260.0, clock=clock, confirm_rounds=3,
+    fake = Timed(clock, apart(1.0, second, lucky))
+    report, _, run_dir = tune(tmp_path, fake, budget_s=budget_s, clock=clock, confirm_rounds=3,
                               notify=told.append, fix_tokens=("batch_size=16", "instances=1"),
                               space_tokens=("workers=0,1",))
     texts = [n.text for n in told]
@@ -506,7 +511,7 @@ def test_a_first_round_in_turns_chooses_the_runner_up_over_a_best_that_was_a_luc
         assert any("is left out: under a budget" in t for t in texts), texts
         assert all(len(r) == 2 for r in rounds.values()), rounds
         assert report.kept_baseline or report.best.knobs["workers"] == 1, report
-    assert clock.t <= 260.0 + 0.8 * 10
+    assert clock.t <= budget_s + 0.8 * 10
 
 
 class Paced(Timed):

@@ -272,10 +272,8 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
                 spread.planning_rel() if spread is not None else process_rel,
                 len(entries) - 1)[0] or 0)
         if not holds_all(prober, state, known, entries, left_s, need, turns=not refused):
-            if not refused and not scorer.objective.multi and selection_fits(
-                    prober, state, known, entries, left_s, max(rounds, planned_rounds(
-                        searched, [n for n, _ in entries], spread.planning_rel()
-                        if spread is not None else process_rel, 1)[0] or 0)):
+            if not refused and not scorer.objective.multi and \
+                    selection_fits(prober, state, known, entries, left_s, rounds):
                 started = prober.clock.monotonic()
                 state, entries, selected = select_candidate(prober, state, known, entries, scorer)
                 left_s -= prober.clock.monotonic() - started

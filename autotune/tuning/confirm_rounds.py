@@ -160,7 +160,13 @@ def selection_fits(prober: Prober, state: TuneState, known: Mapping[tuple, Known
     runner-up (``entries[:3]``), then ``rounds`` (at least `decision.PLANNED_ROUNDS`) rounds in
     turns of the baseline, the one chosen and any entry past the runner-up (the batch-keeping
     alternative): what `autotune.tuning.confirm.finish` runs instead of leaving the runner-up
-    out, where the rounds of all three entries do not fit (`holds_all`)."""
+    out, where the rounds of all three entries do not fit (`holds_all`).
+
+    ``rounds`` is what the confirmation asks for, not what the search's gain needs beside the
+    spread between processes: where that spread is wide the rounds needed rarely fit either
+    way, and the time left still buys what it holds (a second look). word_lm's 6m left out
+    its runner-up (64, the grid's best) on a plan of that kind, then ran eleven rounds of the
+    best (32, 0.88 of the grid's best) and the baseline."""
     three = entries[:3]
     pair = [entries[0], entries[1], *entries[3:]]
     cost = 0.0
