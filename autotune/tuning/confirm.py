@@ -142,12 +142,16 @@ def select_candidate(prober: Prober, state: TuneState, known: Mapping[tuple, Kno
     and the rounds it took (one). The later rounds are fresh processes, so their interval is
     one candidate's at 95%, with no allowance for the choice.
 
-    Under a budget that cannot hold rounds of all three entries (`holds_all`), neither keeping
-    the runner-up nor leaving it out is safe where the search's own probes, one after another,
+    Under a budget, where rounds take turns, this comes before keeping the runner-up or
+    leaving it out, neither of which is safe where the search's own probes, one after another,
     ranked its top two on the machine's drift: nanoGPT's 5m kept it and lost a +17.8% gain to
-    two candidates' 97.5% (run 4); left it out and confirmed a best that read 330 right after
-    the baseline's 244, +3.4% in the rounds, beside a runner-up that was the grid's best
-    (run 5). A round in turns ranks the two on the same stretch of the machine."""
+    two candidates' 97.5% (run 4), and so did word_lm's 5m, +18.9% over three rounds; nanoGPT's
+    5m left it out and confirmed a best that read 330 right after the baseline's 244, +3.4% in
+    the rounds, beside a runner-up that was the grid's best (run 5). A round in turns ranks the
+    two on the same stretch of the machine, and costs what half a round of three does more
+    than one of two: in the time of three rounds of all three entries, it and three rounds of
+    two judge at one candidate's 95% (t 4.3 over two degrees of freedom), not two candidates'
+    97.5% (t 6.2)."""
     windows = probe_windows(prober, state, known, [c for _, c in entries[:3]])
     three = entries[:3]
     prober.tell(Note.info(
@@ -265,19 +269,19 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
     refused = turns_refused(prober, scorer)
     selected = 0  # rounds that chose between the best and the runner-up, and judge nothing
     if len(few) < len(entries) and left_s is not None:
-        need = rounds  # what two candidates' interval needs to show the search's best gain
-        if not scorer.objective.multi:
-            need = max(need, planned_rounds(
-                searched, [n for n, _ in entries],
-                spread.planning_rel() if spread is not None else process_rel,
-                len(entries) - 1)[0] or 0)
-        if not holds_all(prober, state, known, entries, left_s, need, turns=not refused):
-            if not refused and not scorer.objective.multi and \
-                    selection_fits(prober, state, known, entries, left_s, rounds):
-                started = prober.clock.monotonic()
-                state, entries, selected = select_candidate(prober, state, known, entries, scorer)
-                left_s -= prober.clock.monotonic() - started
-            else:
+        if not refused and not scorer.objective.multi and \
+                selection_fits(prober, state, known, entries, left_s, rounds):
+            started = prober.clock.monotonic()
+            state, entries, selected = select_candidate(prober, state, known, entries, scorer)
+            left_s -= prober.clock.monotonic() - started
+        else:
+            need = rounds  # what two candidates' interval needs to show the search's best gain
+            if not scorer.objective.multi:
+                need = max(need, planned_rounds(
+                    searched, [n for n, _ in entries],
+                    spread.planning_rel() if spread is not None else process_rel,
+                    len(entries) - 1)[0] or 0)
+            if not holds_all(prober, state, known, entries, left_s, need, turns=not refused):
                 dropped = entries[2][0]
                 entries = few
                 state = prober.note(state, Note.info(

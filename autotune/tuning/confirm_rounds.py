@@ -130,7 +130,8 @@ def holds_all(prober: Prober, state: TuneState, known: Mapping[tuple, Known],
               entries: list[tuple[str, dict]], left_s: float, rounds: int, *,
               turns: bool = False) -> bool:
     """Whether ``left_s`` holds all of ``rounds`` (at least `decision.PLANNED_ROUNDS`) rounds
-    of every entry at full length, twice over: a search that ended well inside its budget (its
+    of every entry at full length, twice over (asked where a first round in turns cannot
+    choose between the best and the runner-up: `selection_fits`): a search that ended well inside its budget (its
     space answered, its sampler converged) can afford the runner-up, whose probes hedge
     against the best being a lucky reading. word_lm's shape stopped 117 s into 6m with its
     runner-up (64, the grid's best) left out, and 170 s unspent.
@@ -160,7 +161,7 @@ def selection_fits(prober: Prober, state: TuneState, known: Mapping[tuple, Known
     runner-up (``entries[:3]``), then ``rounds`` (at least `decision.PLANNED_ROUNDS`) rounds in
     turns of the baseline, the one chosen and any entry past the runner-up (the batch-keeping
     alternative): what `autotune.tuning.confirm.finish` runs instead of leaving the runner-up
-    out, where the rounds of all three entries do not fit (`holds_all`).
+    out or confirming all three at two candidates' interval (`holds_all`).
 
     ``rounds`` is what the confirmation asks for, not what the search's gain needs beside the
     spread between processes: where that spread is wide the rounds needed rarely fit either
