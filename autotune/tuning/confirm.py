@@ -134,8 +134,8 @@ def essential(space: Space, entries: list[tuple[str, dict]]) -> list[tuple[str, 
 
 
 def select_candidate(prober: Prober, state: TuneState, known: Mapping[tuple, Known],
-           entries: list[tuple[str, dict]], scorer: objective.Scorer
-           ) -> tuple[TuneState, list[tuple[str, dict]], int]:
+                     entries: list[tuple[str, dict]], scorer: objective.Scorer
+                     ) -> tuple[TuneState, list[tuple[str, dict]], int]:
     """One round in turns of the baseline, the best and the runner-up (``entries[:3]``) that
     chooses between the two candidates, and judges nothing: the entries the later rounds judge
     (the baseline, the one that scored more in that round, and any entry past the runner-up)
@@ -152,19 +152,19 @@ def select_candidate(prober: Prober, state: TuneState, known: Mapping[tuple, Kno
     than one of two: in the time of three rounds of all three entries, it and three rounds of
     two judge at one candidate's 95% (t 4.3 over two degrees of freedom), not two candidates'
     97.5% (t 6.2)."""
-    windows = probe_windows(prober, state, known, [c for _, c in entries[:3]])
-    three = entries[:3]
+    three = dict(entries[:3])
+    best_name, runner_name = list(three)[1:]
     prober.tell(Note.info(
-        f"confirmation: round 1 chooses between {three[1][0]} and {three[2][0]} (the search's "
+        f"confirmation: round 1 chooses between {best_name} and {runner_name} (the search's "
         f"best two), taking turns with the baseline; the rounds after it judge the one "
         f"chosen alone"))
-    state, got = remeasure(prober, state, three, 1, dict(zip([n for n, _ in three], windows)),
+    windows = probe_windows(prober, state, known, list(three.values()))
+    state, got = remeasure(prober, state, entries[:3], 1, dict(zip(three, windows)),
                            turns=True, chooses=True)
     scores = {}
-    for name, cfg in three[1:]:
-        s = _scored(scorer, cfg, got[name][0])
-        scores[name] = s.value if s is not None and s.value is not None else None
-    (best_name, best_cfg), (runner_name, runner_cfg) = three[1], three[2]
+    for name in (best_name, runner_name):
+        s = _scored(scorer, three[name], got[name][0])
+        scores[name] = s.value if s is not None else None
     base = got["baseline"][0]
 
     def said(name: str) -> str:
@@ -181,8 +181,7 @@ def select_candidate(prober: Prober, state: TuneState, known: Mapping[tuple, Kno
     state = prober.note(state, Note.info(
         f"confirmation: round 1 chose {said(chosen)} over {said(other)}; the rounds after it "
         f"judge {chosen} against the baseline, one candidate at 95%"))
-    chosen_cfg = best_cfg if chosen == best_name else runner_cfg
-    return state, [entries[0], (chosen, chosen_cfg), *entries[3:]], 1
+    return state, [entries[0], (chosen, three[chosen]), *entries[3:]], 1
 
 
 def _probe_verdict(prober: Prober, state: TuneState, cfg: dict,

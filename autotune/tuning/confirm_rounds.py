@@ -131,8 +131,9 @@ def holds_all(prober: Prober, state: TuneState, known: Mapping[tuple, Known],
               turns: bool = False) -> bool:
     """Whether ``left_s`` holds all of ``rounds`` (at least `decision.PLANNED_ROUNDS`) rounds
     of every entry at full length, twice over (asked where a first round in turns cannot
-    choose between the best and the runner-up: `selection_fits`): a search that ended well inside its budget (its
-    space answered, its sampler converged) can afford the runner-up, whose probes hedge
+    choose between the best and the runner-up: `selection_fits`): a search that ended well
+    inside its budget (its space answered, its sampler converged) can afford the runner-up,
+    whose probes hedge
     against the best being a lucky reading. word_lm's shape stopped 117 s into 6m with its
     runner-up (64, the grid's best) left out, and 170 s unspent.
 
@@ -146,13 +147,20 @@ def holds_all(prober: Prober, state: TuneState, known: Mapping[tuple, Known],
     runner-up's probes would cost the best the rounds that show it. nanoGPT's 5m, stopped by
     its budget, kept the runner-up for three cheap rounds in turns, and its +17.8% cleared
     1.0 at one candidate's 95% but not at two candidates' 97.5%."""
-    windows = probe_windows(prober, state, known, [c for _, c in entries])
     rounds = max(rounds, decision.PLANNED_ROUNDS)
     if not turns:
-        return left_s >= 2 * rounds * sum(windows)
+        return left_s >= 2 * rounds * sum(probe_windows(prober, state, known,
+                                                        [c for _, c in entries]))
+    return left_s >= rounds * _turn_round_cost_s(prober, state, known, entries)
+
+
+def _turn_round_cost_s(prober: Prober, state: TuneState, known: Mapping[tuple, Known],
+                       entries: list[tuple[str, dict]]) -> float:
+    """What one round in turns of ``entries`` at their full windows is planned to take
+    (`round_cost_s`)."""
+    windows = probe_windows(prober, state, known, [c for _, c in entries])
     measure_s = TURN_MEASURE_SHARE * sum(windows) / len(windows)
-    return left_s >= rounds * round_cost_s(prober, state, entries, windows, measure_s,
-                                            turns=True)
+    return round_cost_s(prober, state, entries, windows, measure_s, turns=True)
 
 
 def selection_fits(prober: Prober, state: TuneState, known: Mapping[tuple, Known],
@@ -168,14 +176,9 @@ def selection_fits(prober: Prober, state: TuneState, known: Mapping[tuple, Known
     way, and the time left still buys what it holds (a second look). word_lm's 6m left out
     its runner-up (64, the grid's best) on a plan of that kind, then ran eleven rounds of the
     best (32, 0.88 of the grid's best) and the baseline."""
-    three = entries[:3]
     pair = [entries[0], entries[1], *entries[3:]]
-    cost = 0.0
-    for part, n in ((three, 1), (pair, max(rounds, decision.PLANNED_ROUNDS))):
-        windows = probe_windows(prober, state, known, [c for _, c in part])
-        measure_s = TURN_MEASURE_SHARE * sum(windows) / len(windows)
-        cost += n * round_cost_s(prober, state, part, windows, measure_s, turns=True)
-    return left_s >= cost
+    return left_s >= _turn_round_cost_s(prober, state, known, entries[:3]) + \
+        max(rounds, decision.PLANNED_ROUNDS) * _turn_round_cost_s(prober, state, known, pair)
 
 
 def planned_rounds(searched: Callable[[str], Round], names: Sequence[str], process_rel: float,
