@@ -187,7 +187,13 @@ def _start() -> None:
         previous(kind, exc, tb)
 
     sys.excepthook = excepthook
-    atexit.register(lambda: meter.close(exit_code=state["exit_code"]))
+
+    def leave():
+        if state["exit_code"] == 0:
+            boot.end_group_left_open(meter)
+        meter.close(exit_code=state["exit_code"])
+
+    atexit.register(leave)
 
 
 def _not_started(exc: BaseException) -> None:

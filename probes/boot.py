@@ -72,6 +72,31 @@ def ran_out(exc: BaseException) -> bool:
         isinstance(exc, RuntimeError) and isinstance(exc.__cause__, StopIteration))
 
 
+GROUP_LEFT_OPEN = (
+    "the script ended with its torch.distributed process group still open; autotune ended it "
+    "(destroy_process_group()), as torch asks every script to: left to the interpreter's exit, "
+    "a gloo group aborts about one exit in ten (SIGABRT), which a launcher reports as the "
+    "rank's failure, so the script run without autotune should call it at its end")
+
+
+def end_group_left_open(meter: Meter) -> bool:
+    """After a script that ended well (exit 0): end the process group it left open, and say so
+    (a ``seen`` note). The script is done with it. torch asks every script to end its group:
+    one left to the interpreter's exit is torn down in C++'s static destructors, where gloo's
+    threads abort about one exit in ten ("terminate called without an active exception"),
+    and srun or torchrun then report a rank that finished its work as failed. Never imports
+    torch for a script that did not."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return False
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - the script's own exit goes on as it would have
+        return False
+    meter.send(protocol.SEEN, note=GROUP_LEFT_OPEN)
+    return True
+
+
 def _exit_code(exc: SystemExit) -> int:
     code = exc.code
     if code is None:
@@ -131,6 +156,8 @@ def run(script: str, args: list[str]) -> int:
         meter.send(protocol.ERROR, **error_report(exc))
         traceback.print_exc()
         code = 1
+    if code == 0:
+        end_group_left_open(meter)
     meter.close(exit_code=code)
     return code
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from autotune.launching.rank_command import PROJECT_ROOT
-from probes import protocol
+from conftest import SCRIPTS
+from probes import boot, protocol
 
 
 def run(script: Path, *args, env=None, cwd=None, boot=True):
@@ -122,3 +123,48 @@ def test_a_loader_the_script_lets_go_of_is_freed_as_under_python(write):
     assert plain.returncode == booted.returncode == 0, booted.stderr
     assert "alive [False, False]" in plain.stdout
     assert booted.stdout == plain.stdout
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_process_group_the_script_left_open_is_ended_once_the_script_has_finished():
+    """Plain, the script's group is still open when the interpreter exits (where gloo aborts
+    one exit in ten); booted, it was ended after the script returned, before the exit."""
+    script = SCRIPTS / "group_left_open.py"
+    one = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+    plain = run(script, "--steps", "3", env={**one, "MASTER_PORT": str(_free_port())},
+                boot=False)
+    booted = run(script, "--steps", "3", env={**one, "MASTER_PORT": str(_free_port())})
+    assert plain.returncode == booted.returncode == 0, (plain.stderr, booted.stderr)
+    assert "rank 0 trained 3 steps" in plain.stdout and "rank 0 trained 3 steps" in booted.stdout
+    assert "rank 0 group open at exit: True" in plain.stdout
+    assert "rank 0 group open at exit: False" in booted.stdout
+
+
+def test_a_full_run_ends_the_groups_its_ranks_left_open_and_says_so(tmp_path):
+    """Two ranks of a DDP script that leaves its group open: the full run ends 0, each rank's
+    group was ended before its exit, and the run's notes say why once."""
+    from autotune.launching.group import RanksSpec
+    from autotune.measuring import fullrun
+    from autotune.store.journal import Journal, read_events
+
+    ranks = RanksSpec(command=(str(SCRIPTS / "group_left_open.py"), "--steps", "5"),
+                      instances=2, cwd=str(tmp_path), log_dir=tmp_path / "logs", name="fullrun",
+                      device="cpu")
+    out = tmp_path / "out.txt"
+    with out.open("w") as f:
+        code = fullrun.run_full(fullrun.FullRunSpec(ranks=ranks, progress_every_s=1.0),
+                                Journal(tmp_path), out=f)
+    text = out.read_text()
+    assert code == 0, text
+    for rank in (0, 1):
+        assert f"rank {rank} group open at exit: False" in text, text
+    notes = [n for e in read_events(tmp_path)[0] if e["event"] == "fullrun_notes"
+             for n in e["notes"]]
+    assert notes.count(boot.GROUP_LEFT_OPEN) == 1, notes

@@ -76,12 +76,16 @@ class _Meter:
         # per rank: cumulative seconds by part, on the time they were received
         self.parts: dict[int, breakdown.PartTrail] = {}
         self.thin_s = thin_s  # points older than the last report are kept this far apart
+        self.notes: list[str] = []  # what the ranks' probes said (`seen` notes), once each
 
     def absorb(self, received) -> None:
         for r in received:
             if r.msg.get("type") == protocol.TICK:
                 self.ticks[r.conn_id] = r.msg
                 self.parts.setdefault(r.conn_id, breakdown.PartTrail()).add(r.msg, r.t)
+            elif r.msg.get("type") == protocol.SEEN and r.msg.get("note") and \
+                    str(r.msg["note"]) not in self.notes:
+                self.notes.append(str(r.msg["note"]))
             elif self.failed is None and r.failed_code() is not None:
                 self.failed = (int(r.hello.get("rank", -1)), r.failed_code())
 
@@ -248,9 +252,18 @@ def _supervise(spec: FullRunSpec, signals: _Signals, collector: Collector, journ
     held_from: tuple[float, int] | None = None  # (time, samples) once warm: the promise's span
     load = ForeignLoad()
     said_signal = False
+    said_notes = 0
+
+    def tell_notes() -> None:  # the probes' notes, each once, as they come
+        nonlocal said_notes
+        if len(meter.notes) > said_notes:
+            journal.emit(Event.FULLRUN_NOTES, notes=meter.notes[said_notes:], mps_check=None)
+            said_notes = len(meter.notes)
+
     while True:
         time.sleep(POLL_S)
         meter.absorb(collector.drain())
+        tell_notes()
         on_poll()
         if signals.first is not None and not said_signal:
             said_signal = True
@@ -294,6 +307,7 @@ def _supervise(spec: FullRunSpec, signals: _Signals, collector: Collector, journ
         if all(c is not None for c in codes):
             collector.settle()
             meter.absorb(collector.drain())
+            tell_notes()
             rate, steps, samples = meter.rate(time.monotonic())
             if samples > reported and rate:  # the last stretch, when it holds news
                 journal.emit(Event.FULLRUN_PROGRESS, samples_per_s=rate, steps=steps,
