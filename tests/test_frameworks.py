@@ -1,5 +1,5 @@
-"""Scripts built on the frameworks users train with, unmodified, under ``probe``, ``tune`` and
-``run``: the Hugging Face Trainer (transformers), PyTorch Lightning (whose ``strategy="ddp"``
+"""Scripts built on the frameworks users train with, unmodified, under ``tune`` (whose baseline
+is the trial ``probe`` runs) and ``run``: the Hugging Face Trainer (transformers), PyTorch Lightning (whose ``strategy="ddp"``
 starts its own ranks) and accelerate. The real packages on the CPU, tiny models built from
 configs, nothing downloaded. Batch size and workers reach them through their own flags, as
 placeholders.
@@ -10,7 +10,6 @@ without its package):
     .venv/bin/pip install -e '.[frameworks]' && .venv/bin/python -m pytest tests/test_frameworks.py
 """
 
-import json
 import os
 from pathlib import Path
 
@@ -55,26 +54,11 @@ CASES = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_probe_tune_and_run_an_unmodified_framework_script(tmp_path, case):
+def test_tune_and_run_an_unmodified_framework_script(tmp_path, case):
     package, name, tune_args, run_args, ranks = CASES[case]
     pytest.importorskip(package)
     script = str(SCRIPTS / name)
     env = dict(os.environ, AUTOTUNE_RUNS_DIR=str(tmp_path / "runs"))
-
-    # probe: the script as the user runs it, samples counted from its DataLoader
-    # up to 40 s: it ends once tight, but these frameworks start slowly under the suite's load
-    p = autotune("probe", "--plain", "--json", "--modes", "full", "--seconds", "40", script,
-                 *tune_args(tmp_path), cwd=tmp_path, timeout=200, env=env)
-    full = json.loads(p.stdout.strip().splitlines()[-1])["modes"]["full"]
-    assert full["outcome"] in ("ok", "foreign-load"), (full["reason"], full["log_tail"])
-    assert full["source"] == "dataloader" and full["samples_per_s"] > 0
-    if ranks == "own":  # Lightning started its second rank itself; both are counted
-        assert full["seen"]["world_size"] == 2 and full["seen"]["started_by_script"]
-    # the parts of a step add up: Lightning's closure runs forward and backward inside
-    # optimizer.step, and they are counted once
-    shares = {k: v for k, v in full["breakdown"]["shares"].items() if k != "other"}
-    assert sum(s for s, _ in shares.values()) <= 1.02 + sum(h for _, h in shares.values()), \
-        shares
 
     # tune: ranks searched where the script trains data-parallel under torchrun
     # two trials: the baseline and the two-rank probe (or one more config, for Lightning's own
@@ -85,14 +69,26 @@ def test_probe_tune_and_run_an_unmodified_framework_script(tmp_path, case):
                  "--confirm-rounds", "0", "--recipe-dir", str(tmp_path / "recipes"), script,
                  *tune_args(tmp_path), cwd=tmp_path, timeout=400, env=env)
     s = last_json(p)
+    finished = [(e["trial"], e["result"]) for e in read_events(Path(s["run_dir"]))[0]
+                if e["event"] == "trial_finished"]
+    # the baseline: the script as the user runs it (what `autotune probe` measures, the same
+    # trial), samples counted from its DataLoader
+    full = [r for t, r in finished if t == "baseline"][-1]
+    assert full["outcome"] == "ok", (full["reason"], full["log_tail"])
+    assert full["source"] == "dataloader" and full["samples_per_s"] > 0
+    if ranks == "own":  # Lightning started its second rank itself; both are counted
+        assert full["seen"]["world_size"] == 2 and full["seen"]["started_by_script"]
+    # the parts of a step add up: Lightning's closure runs forward and backward inside
+    # optimizer.step, and they are counted once
+    shares = {k: v for k, v in full["breakdown"]["shares"].items() if k != "other"}
+    assert sum(s for s, _ in shares.values()) <= 1.02 + sum(h for _, h in shares.values()), \
+        shares
     domains, notes = s["space"]["domains"], s["space"]["notes"]
     assert "batch_size" in domains and "workers" in domains, s["space"]
     if ranks == "searched":
         assert "instances" in domains and "bucket_mb" in domains, s["space"]
-        finished = [e["result"] for e in read_events(Path(s["run_dir"]))[0]
-                    if e["event"] == "trial_finished"]
         assert any(r["knobs"].get("instances") == 2 and r["outcome"] == "ok" and
-                   r["seen"].get("world_size") == 2 for r in finished)
+                   r["seen"].get("world_size") == 2 for _, r in finished)
     else:
         assert "instances" not in domains
         assert any(n.startswith("instances: fixed at 1: the script starts its own") for n in
