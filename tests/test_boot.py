@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from autotune.launching.group import RanksSpec, free_port
 from autotune.launching.rank_command import PROJECT_ROOT
+from autotune.measuring import fullrun
+from autotune.store.journal import Journal, read_events
 from conftest import SCRIPTS
 from probes import boot, protocol
 
@@ -125,22 +128,14 @@ def test_a_loader_the_script_lets_go_of_is_freed_as_under_python(write):
     assert booted.stdout == plain.stdout
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_process_group_the_script_left_open_is_ended_once_the_script_has_finished():
     """Plain, the script's group is still open when the interpreter exits (where gloo aborts
     one exit in ten); booted, it was ended after the script returned, before the exit."""
     script = SCRIPTS / "group_left_open.py"
     one = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
-    plain = run(script, "--steps", "3", env={**one, "MASTER_PORT": str(_free_port())},
+    plain = run(script, "--steps", "3", env={**one, "MASTER_PORT": str(free_port())},
                 boot=False)
-    booted = run(script, "--steps", "3", env={**one, "MASTER_PORT": str(_free_port())})
+    booted = run(script, "--steps", "3", env={**one, "MASTER_PORT": str(free_port())})
     assert plain.returncode == booted.returncode == 0, (plain.stderr, booted.stderr)
     assert "rank 0 trained 3 steps" in plain.stdout and "rank 0 trained 3 steps" in booted.stdout
     assert "rank 0 group open at exit: True" in plain.stdout
@@ -150,10 +145,6 @@ def test_a_process_group_the_script_left_open_is_ended_once_the_script_has_finis
 def test_a_full_run_ends_the_groups_its_ranks_left_open_and_says_so(tmp_path):
     """Two ranks of a DDP script that leaves its group open: the full run ends 0, each rank's
     group was ended before its exit, and the run's notes say why once."""
-    from autotune.launching.group import RanksSpec
-    from autotune.measuring import fullrun
-    from autotune.store.journal import Journal, read_events
-
     ranks = RanksSpec(command=(str(SCRIPTS / "group_left_open.py"), "--steps", "5"),
                       instances=2, cwd=str(tmp_path), log_dir=tmp_path / "logs", name="fullrun",
                       device="cpu")

@@ -1,7 +1,7 @@
 """Scripts built on the frameworks users train with, unmodified, under ``tune`` (whose baseline
-is the trial ``probe`` runs) and ``run``: the Hugging Face Trainer (transformers), PyTorch Lightning (whose ``strategy="ddp"``
-starts its own ranks) and accelerate. The real packages on the CPU, tiny models built from
-configs, nothing downloaded. Batch size and workers reach them through their own flags, as
+is the trial ``probe`` runs) and ``run``: the Hugging Face Trainer (transformers), PyTorch
+Lightning (whose ``strategy="ddp"`` starts its own ranks) and accelerate. The real packages on
+the CPU, tiny models built from configs, nothing downloaded. Batch size and workers reach them through their own flags, as
 placeholders.
 
 Each case needs its package, from the ``frameworks`` extra (CI installs it; a case is skipped
