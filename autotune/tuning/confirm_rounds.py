@@ -133,9 +133,8 @@ def holds_all(prober: Prober, state: TuneState, known: Mapping[tuple, Known],
     of every entry at full length, twice over (asked where a first round in turns cannot
     choose between the best and the runner-up: `selection_fits`): a search that ended well
     inside its budget (its space answered, its sampler converged) can afford the runner-up,
-    whose probes hedge
-    against the best being a lucky reading. word_lm's shape stopped 117 s into 6m with its
-    runner-up (64, the grid's best) left out, and 170 s unspent.
+    whose probes hedge against the best being a lucky reading. word_lm's shape stopped 117 s
+    into 6m with its runner-up (64, the grid's best) left out, and 170 s unspent.
 
     Once over where the rounds take ``turns``: their paired slices decide within the rounds
     planned, and the search's own probes, one after another, carry the machine's drift, so its
