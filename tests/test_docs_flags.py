@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 USAGE = ROOT / "docs" / "usage.md"
 # flags of scripts and engines the text shows in examples: never autotune's own
 SCRIPT_FLAGS = {"--batch-size", "--epochs", "--max_iters", "--max_steps", "--num_train_epochs",
-                "--trainer"}
+                "--trainer", "--cpus-per-task"}
 _FLAG = re.compile(r"(?<![\w-])--?[a-zA-Z][\w-]*")
 
 
