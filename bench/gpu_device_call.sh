@@ -4,7 +4,7 @@
 # tuner's recipe, then a probe if time is left; each step under its own timeout, so that what ran
 # is reported whatever stops. Everything comes back as $OUT/gp.tgz (reports and logs) and
 # $OUT/gpu_proof.md. Run from the repo root with the wheels autotune needs in .whl
-# (docs/benchmarks.md, "On a lent H100/H200"): bash bench/gpu_device_call.sh [BUDGET]
+# (docs/benchmarks.md, "GPU proof kit", "On a lent H100/H200"): bash bench/gpu_device_call.sh [BUDGET]
 cd "$(dirname "$0")/.." || exit 9
 OUT=${OUT:?the device tool sets OUT}
 if ls .whl/*.whl >/dev/null 2>&1; then

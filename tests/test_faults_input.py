@@ -36,9 +36,11 @@ def test_a_missing_dependency_disables_only_the_commands_that_need_it(tmp_path):
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text(
         "raise ModuleNotFoundError(\"No module named 'optuna'\", name='optuna')\n")
-    env = dict(os.environ, PYTHONPATH=str(shadow.parent))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [str(shadow.parent), os.environ.get("PYTHONPATH")])))
     assert autotune("env", cwd=tmp_path, env=env, timeout=60).returncode == 0
     p = autotune("tune", str(SCRIPTS / "ok.py"), cwd=tmp_path, env=env, timeout=60)
     lines = [line for line in p.stderr.splitlines() if line.strip()]
     assert p.returncode == 1 and len(lines) == 1, p.stderr
     assert lines[0].startswith("ERROR: autotune tune needs the Python package 'optuna'")
+    assert lines[0].endswith(" -m pip install optuna") and "docs/" not in lines[0], lines[0]

@@ -334,7 +334,7 @@ def test_the_batch_walks_on_the_way_it_paid_off(line, then):
         assert nxt == {**sp.baseline, "batch_size": then}
 
 
-# minGPT's shape by the script's own clock (bench/benchmarks.md): 32 -> 32.0, 64 -> 42.5, and the
+# minGPT's shape by the script's own clock (docs/runs/2026-11-26.md): 32 -> 32.0, 64 -> 42.5, and the
 # grid's 128 -> 52, 256 -> 56.7. t(b) = b / rate fitted through 32 and 64 predicts 50.9 and 56.4.
 @pytest.mark.parametrize("line, blocked, then", [
     ({32: 32.0, 16: 24.0, 64: 42.5}, (), 256),  # the gain goes on: the walk jumps to where it ends
@@ -355,7 +355,7 @@ def test_the_batch_walk_jumps_where_the_step_time_model_says_the_gain_ends(line,
                                                            key=lambda b: line[b]))) == 1
 
 
-# nanoGPT's shape, run F's 6m tune (bench/benchmarks.md): 12 read 136.9 (two processes' mean),
+# nanoGPT's shape, run F's 6m tune (docs/runs/2026-11-27.md): 12 read 136.9 (two processes' mean),
 # 8 144.5, 16 136.7, and the walk down to 4 fell; the grid read 16 at 1.09x, 32-96 at 1.15-1.18x.
 @pytest.mark.parametrize("line, blocked, then", [
     ({12: 136.9, 8: 144.5, 16: 136.7}, (), 64),  # flat: halfway from 16 to the largest, 96

@@ -51,10 +51,8 @@ def _add_missing(sub, name: str, package: str) -> None:
     p.add_argument("rest", nargs=argparse.REMAINDER)
 
     def missing(_args) -> int:
-        raise AutotuneError(f"autotune {name} needs the Python package {package!r}, which "
-                            f"{sys.executable} cannot import; install it (pip install "
-                            f"{package.replace('_', '-')}), or carry its wheel as "
-                            f"docs/benchmarks.md says")
+        raise AutotuneError(f"autotune {name} needs the Python package {package!r}: "
+                            f"{sys.executable} -m pip install {package.replace('_', '-')}")
 
     p.set_defaults(_run=missing)
 

@@ -63,10 +63,13 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
                         "baseline showed, longer for configs with longer steps)")
     s.add_argument("--space", nargs="+", action="extend", default=[], metavar="NAME=RANGE",
                    help="candidates of a knob: batch_size=16:512 (powers of two between), "
-                        "workers=0:4, threads=1,2,4 or thread_pct=25:100, instances=1:2, "
-                        "bucket_mb=5:100; end the list with '--' before the script")
+                        "workers=0:4, thread_pct=25:100 (or threads=1,2,4: threads per "
+                        "rank, on CPU), instances=1:2, bucket_mb=5:100, prefetch=2:8, "
+                        "persistent=0:1, pin_memory=0:1; end the list with '--' before "
+                        "the script")
     s.add_argument("--fix", nargs="+", action="extend", default=[], metavar="NAME=VALUE",
-                   help="hold a knob at one value: workers=2")
+                   help="hold a knob at one value, any knob --space takes: workers=2, "
+                        "thread_pct=50 (or threads=4)")
     s.add_argument("--global-batch", type=common.positive_int, metavar="N",
                    help="keep the full run's global batch at N: per-rank batch = N / world size "
                         "(instances x GPUs x hosts the full run uses), so only world sizes "

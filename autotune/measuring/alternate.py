@@ -8,7 +8,7 @@ a confirmation must show. Here the configs' processes are all started, and then 
 slices of a few seconds: the one whose turn it is runs, the others are held (SIGSTOP to their
 process groups, SIGCONT when their turn comes), in the order A B B A, so that both see the same
 stretch of the drift. The same pair alternated in 5 s slices read 1.16x, 1.22x and 1.20x in
-three rounds of new processes (docs/benchmarks.md).
+three rounds of new processes (docs/benchmarks.md, "Search"; docs/runs/ has the records).
 
 Each process first runs alone from its start to `WARM_S` past its first batch, so start-ups and
 warm-ups never overlap and never count. A slice lasts a quarter of the time each process is to
