@@ -19,11 +19,11 @@ from autotune.measuring import energy
 from autotune.monitor import console
 from autotune.monitor.text import cost_text
 from autotune.hardware import fingerprint
-from autotune.store import jsontext, rundir
+from autotune.store import controller as controllers, jsontext, rundir
 from autotune.tuning import recipes, state as states
 from autotune.launching import rank_command, engines
 from autotune.tuning import objective, space
-from autotune.commands import common
+from autotune.commands import common, detach
 from autotune import AutotuneError, Note, NoteKind, UsageError
 from autotune.store.journal import Journal
 from autotune.tuning import (TuneReport, TuneSettings, TuneState, Tuner, check_not_running,
@@ -103,9 +103,11 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
     st.add_argument("--storage", metavar="URL",
                     help="Optuna storage URL (default: SQLite in the run directory)")
     st.add_argument("--study-name", metavar="NAME", help="study name (default: from the run)")
-    st.add_argument("--resume", metavar="RUN_DIR",
-                    help="continue an interrupted tune/wrap run: finished trials are kept, "
-                         "the interrupted one is re-run")
+    st.add_argument("--resume", metavar="RUN",
+                    help="continue an interrupted tune/wrap run (its directory, id, or a "
+                         "unique prefix of its id): finished trials are kept, the interrupted "
+                         "one is re-run; with --confirm-rounds N, a finished tune's "
+                         "confirmation is extended by N rounds")
     r = p.add_argument_group("recipes")
     r.add_argument("--recipe-dir", metavar="DIR",
                    help="where recipes are saved and looked up (default ./recipes; with "
@@ -113,6 +115,7 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
     r.add_argument("--no-warm-start", action="store_true",
                    help="do not try a matching recipe's knobs first")
     engines.add_launcher_args(p.add_argument_group("ranks"))
+    detach.add_detach_arg(p)
     common.add_probe_args(p)
     common.add_script_args(p)
 
@@ -189,9 +192,8 @@ def prepare(args, kind: str) -> Prepared:
         if args.launcher or args.hostfile:
             raise UsageError("--resume starts ranks the way the run did; drop --launcher and "
                              "--hostfile")
-        run_dir = Path(args.resume).expanduser()
-        if not run_dir.is_dir():
-            raise UsageError(f"--resume: {run_dir} is not a directory")
+        run_dir = rundir.resolve(args.resume, Path(args.runs_dir).expanduser()
+                                 if args.runs_dir else None)
         state = load_state(run_dir)
         if goal is not None and goal != state.settings.objective:
             raise UsageError(f"--resume keeps the run's --objective "
@@ -269,6 +271,8 @@ def start_journal(prep: Prepared) -> None:
                       hardware=fingerprint.summary(prep.fp), resumed=prep.resume,
                       launcher=engines.describe(prep.launcher), objective=s.objective.token,
                       space={"space": saved["space_tokens"], "fix": saved["fix_tokens"]})
+    controllers.mark_controller(prep.run_dir)
+    detach.ready(prep.run_dir)
 
 
 @contextlib.contextmanager
