@@ -336,6 +336,9 @@ def test_a_killed_detached_controller_shows_as_lost(tmp_path):
                        timeout_s=60, poll_s=0.5, what="the detached run")
         wait_for(lambda: journal(runs / rid, "fullrun_progress"), timeout_s=90, poll_s=0.5,
                  what="the full run training")
+        # two commands never both control one run
+        assert_one_error_line(autotune("run", "--again", rid, "--runs-dir", str(runs),
+                                       timeout=60), "--again", "is still going")
         os.kill(row["pid"], signal.SIGKILL)
         wait_for(lambda: ps_row(tmp_path, rid)["state"] == "lost", timeout_s=20,
                  what="ps to call it lost")
@@ -383,3 +386,32 @@ def test_a_finished_tune_extended_by_more_rounds_decides_on_all_of_them(tmp_path
     assert recipes.load(summary["recipe"]).kept_baseline == best["kept_baseline"]
     assert len(journal(run_dir, "run_started")) == 2
     assert journal(run_dir, "run_ended")[-1]["exit_code"] == 0
+
+
+@pytest.mark.slow
+def test_without_d_a_hang_up_stops_the_run_and_says_d_exists(tmp_path):
+    script = copy_scripts(tmp_path)
+    recipe = ok_recipe(tmp_path, script)
+    runs = tmp_path / "runs"
+    p = subprocess.Popen([sys.executable, "-m", "autotune", "run", "--plain", "--recipe",
+                          str(recipe), "--runs-dir", str(runs), str(script)], cwd=tmp_path,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        run_dir = wait_for(lambda: next(runs.glob("*"), None) if runs.exists() else None,
+                           timeout_s=60, what="the run directory")
+        wait_for(lambda: journal(run_dir, "fullrun_progress"), timeout_s=90, poll_s=0.5,
+                 what="the full run training")
+        os.killpg(p.pid, signal.SIGHUP)  # the terminal closes
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 128 + signal.SIGHUP, err
+        assert "stopped by SIGHUP" in err
+        assert "'autotune run -d ...' starts a run that outlives its terminal" in err
+        assert journal(run_dir, "run_ended")[-1]["exit_code"] == 128 + signal.SIGHUP
+        assert wait_for(lambda: not run_processes(tmp_path), timeout_s=30,
+                        what="no process of the run left")
+    finally:
+        for proc in run_processes(tmp_path):
+            proc.kill()
+        if p.poll() is None:
+            p.kill()
