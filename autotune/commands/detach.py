@@ -115,7 +115,10 @@ def start(args, argv: list[str]) -> int:
                          f"batch job already outlives the terminal; run without -d")
     root = Path(args.runs_dir).expanduser() if getattr(args, "runs_dir", None) else \
         rundir.runs_root()
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise rundir.write_error(root, exc) from None
     temp = root / f".starting-{os.getpid()}-{time.time_ns()}.log"
     read_fd, write_fd = os.pipe()
     env = dict(os.environ)
@@ -151,7 +154,10 @@ def _wait_ready(fd: int, daemon, timeout_s: float) -> str:
             if got.endswith(b"\n"):
                 break
     else:
-        os.killpg(daemon.pid, signal.SIGTERM)  # it would run on, with nobody told of it
+        try:
+            os.killpg(daemon.pid, signal.SIGTERM)  # it would run on, with nobody told of it
+        except ProcessLookupError:
+            pass
     return got.decode(errors="replace").strip()
 
 
@@ -159,7 +165,10 @@ def _failed(daemon, temp: Path) -> int:
     try:
         code = daemon.wait(timeout=30)
     except Exception:  # noqa: BLE001 - a daemon that does not end: killed, said so below
-        os.killpg(daemon.pid, signal.SIGKILL)
+        try:
+            os.killpg(daemon.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         code = daemon.wait()
     try:
         sys.stderr.write(temp.read_text(errors="replace"))

@@ -71,11 +71,12 @@ def run(args) -> int:
         with open(path, "rb") as f:
             _copy(f, out)
             while args.follow:
-                if not info(run_dir).status.live:
+                if _copy(f, out):
+                    continue
+                if not info(run_dir).status.live:  # looked at only when nothing came
                     _copy(f, out)  # what was written before it ended
                     break
-                if not _copy(f, out):
-                    time.sleep(POLL_S)
+                time.sleep(POLL_S)
     except KeyboardInterrupt:
         return 0
     except BrokenPipeError:  # `autotune logs RUN | head`
