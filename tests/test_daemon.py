@@ -280,8 +280,10 @@ def test_a_detached_wrap_outlives_its_shell_and_stops_as_ctrl_c_does(tmp_path):
         assert row["command"] == "wrap" and row["script"] == "ok.py"
         ctl = psutil.Process(row["pid"])
         assert ctl.terminal() is None and os.getsid(ctl.pid) == ctl.pid
-        workers = [p for p in run_processes(tmp_path) if "probes.boot" in " ".join(p.cmdline())]
-        assert len(workers) >= 3, workers  # the rank and its two DataLoader workers
+        # the rank and its two DataLoader workers (started again at each epoch)
+        wait_for(lambda: len([p for p in run_processes(tmp_path)
+                              if "probes.boot" in " ".join(p.cmdline())]) >= 3,
+                 timeout_s=30, what="the rank and its DataLoader workers")
 
         stopped = autotune("stop", rid, "--runs-dir", str(runs), timeout=120)
         assert stopped.returncode == 0, stopped.stderr
