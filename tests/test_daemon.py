@@ -205,12 +205,14 @@ def test_earlier_rounds_are_read_back_for_an_extension():
 
 
 # -- real runs --------------------------------------------------------------------------------
-def run_processes(tmp_path):
-    """Live processes whose command line names this test's private copy of the scripts."""
+def run_processes(tmp_path, also: str = ""):
+    """Live processes whose command line names this test's private copy of the scripts (and
+    ``also``)."""
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         try:
-            if str(tmp_path) in " ".join(proc.info["cmdline"] or []) and \
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if str(tmp_path) in cmd and also in cmd and \
                     proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc)
         except psutil.Error:
@@ -253,7 +255,7 @@ def test_a_detached_wrap_outlives_its_shell_and_stops_as_ctrl_c_does(tmp_path):
         ["bash", "-c", f"{sys.executable} -m autotune wrap -d {' '.join(QUIET)} --trials 1 "
                        f"--seconds 8 --confirm-rounds 0 --fix instances=1 --recipe-dir "
                        f"{tmp_path / 'recipes'} --runs-dir {runs} {script} --workers 2 "
-                       f"--log-interval 100; echo LAUNCHED=$?; exec sleep 600"],
+                       f"--log-interval 20; echo LAUNCHED=$?; exec sleep 600"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     follower = None
@@ -281,10 +283,11 @@ def test_a_detached_wrap_outlives_its_shell_and_stops_as_ctrl_c_does(tmp_path):
         ctl = psutil.Process(row["pid"])
         assert ctl.terminal() is None and os.getsid(ctl.pid) == ctl.pid
         # the rank and its two DataLoader workers (started again at each epoch)
-        wait_for(lambda: len([p for p in run_processes(tmp_path)
-                              if "probes.boot" in " ".join(p.cmdline())]) >= 3,
-                 timeout_s=30, what="the rank and its DataLoader workers")
+        wait_for(lambda: len(run_processes(tmp_path, "probes.boot")) >= 3, timeout_s=30,
+                 what="the rank and its DataLoader workers")
 
+        wait_for(lambda: re.search(r"^step \d+ samples/s", (run_dir / "output.log").read_text(),
+                                   re.M), timeout_s=60, what="the script's own output")
         stopped = autotune("stop", rid, "--runs-dir", str(runs), timeout=120)
         assert stopped.returncode == 0, stopped.stderr
         assert f"run {rid} stopped, exit code 130" in stopped.stdout
