@@ -56,11 +56,14 @@ def test_monitor_attaches_to_a_detached_run_that_outlived_its_terminal(tmp_path)
         assert "ended (exit 130)" in row(end, "phase")
         assert "exit code 130" in row(end, "full run")
         assert "Traceback" not in end and "\x1b" not in end
-        assert wait_for(lambda: not run_processes(tmp_path), timeout_s=30,
+        # no rank, loader worker or controller left (the panes' own shells name the scripts too)
+        assert wait_for(lambda: not run_processes(tmp_path, "probes.boot") and
+                        not run_processes(tmp_path, "autotune run"), timeout_s=30,
                         what="no process of the run left")
     finally:
         first.kill()
         if second is not None:
             second.kill()
-        for p in run_processes(tmp_path):
+        for p in run_processes(tmp_path, "probes.boot") + \
+                run_processes(tmp_path, "autotune run"):
             p.kill()
