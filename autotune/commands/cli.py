@@ -13,7 +13,8 @@ import sys
 from autotune.monitor import console
 from autotune import AutotuneError, Terminated, UsageError
 
-COMMANDS = ("probe", "tune", "wrap", "run", "monitor", "recipes", "report", "env")
+COMMANDS = ("probe", "tune", "wrap", "run", "monitor", "recipes", "report", "env", "ps", "logs",
+            "stop")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -63,16 +64,24 @@ def _terminate(signum, frame):
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    from autotune.commands import detach
+
     # A closed terminal (SIGHUP) or a kill (SIGTERM) must clean up like Ctrl-C does; commands
-    # that forward signals to a run install their own handlers for its duration.
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    # that forward signals to a run install their own handlers for its duration. A detached
+    # controller (`autotune.commands.detach`) ignores SIGHUP instead.
+    daemon = detach.become_daemon()
+    for sig in (signal.SIGTERM,) if daemon else (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _terminate)
+    command = ""
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
+        command = getattr(args, "command", "") or ""
         if not getattr(args, "_run", None):
             parser.print_help()
             return 2
+        if getattr(args, "detach", False) and not daemon:
+            return detach.start(args, list(argv))
         return int(args._run(args) or 0)
     except AutotuneError as exc:
         console.error(str(exc))
@@ -80,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     except Terminated as exc:
         console.error(f"stopped by {signal.Signals(exc.signum).name}; every process of the run "
                       f"was stopped")
+        if exc.signum == signal.SIGHUP and command in ("tune", "wrap", "run"):
+            console.hint(f"the terminal closed; 'autotune {command} -d ...' starts a run that "
+                         f"outlives its terminal")
         return 128 + exc.signum
     except KeyboardInterrupt:
         console.error("interrupted; every process of the run was stopped")

@@ -1,4 +1,4 @@
-"""``autotune monitor [RUN_DIR]``: attach the live monitor to a running or finished run."""
+"""``autotune monitor [RUN]``: attach the live monitor to a running or finished run."""
 
 from __future__ import annotations
 
@@ -23,28 +23,34 @@ def add_parser(sub):
 
 
 def add_run_dir_args(p) -> None:
-    """``[RUN_DIR]`` and ``--runs-dir``: which run a command reads (default: the latest)."""
-    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
-                   help="the run directory (default: the latest run under --runs-dir)")
+    """``[RUN]`` and ``--runs-dir``: which run a command reads (default: the latest)."""
+    p.add_argument("run_dir", nargs="?", metavar="RUN",
+                   help="the run: its id (a unique prefix is enough; 'autotune ps' lists them) "
+                        "or its directory (default: the latest run under --runs-dir)")
+    add_runs_dir_arg(p)
+
+
+def add_runs_dir_arg(p) -> None:
     p.add_argument("--runs-dir", metavar="DIR",
                    help="where run directories are (default: $AUTOTUNE_RUNS_DIR or "
                         "~/.autotune/runs)")
 
 
+def runs_root(args) -> Path | None:
+    return Path(args.runs_dir).expanduser() if getattr(args, "runs_dir", None) else None
+
+
 def resolve_run_dir(args) -> Path:
-    """RUN_DIR as given, else the latest run; a usage error when there is none."""
+    """RUN as given (an id, its unique prefix, or a directory), else the latest run; a usage
+    error when there is none."""
+    root = runs_root(args)
     if args.run_dir:
-        path = Path(args.run_dir).expanduser()
-        if not path.is_dir():
-            raise UsageError(f"run directory {str(path)!r} not found; "
-                             f"'autotune {args.command}' without RUN_DIR picks the latest run")
-        return path
-    root = Path(args.runs_dir).expanduser() if getattr(args, "runs_dir", None) else None
+        return rundir.resolve(args.run_dir, root)
     latest = rundir.latest_run_dir(root)
     if latest is None:
         where = root or rundir.runs_root()
         raise UsageError(f"no runs under {where}; start one (autotune probe/tune/wrap) or "
-                         f"give RUN_DIR")
+                         f"give RUN")
     return latest
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.monitor import console
@@ -13,7 +14,10 @@ from autotune.store import rundir
 from autotune.measuring import fullrun
 from autotune.measuring.promise import Promise
 from autotune.launching import engines
-from autotune.commands import common, tune
+from autotune import UsageError
+from autotune.commands import common, detach, tune
+from autotune.store import controller as controllers
+from autotune.tuning.state import check_not_running, load_state
 from autotune.launching.group import RanksSpec
 from autotune.store.journal import Journal, read_events
 from autotune.store.events import Event
@@ -25,8 +29,13 @@ def add_parser(sub):
                                    "output, forward Ctrl-C and SIGTERM to every rank, and exit "
                                    "with its exit code. Throughput is still metered into the "
                                    "run's journal (autotune monitor shows it).")
-    p.add_argument("--recipe", required=True, metavar="PATH",
+    p.add_argument("--recipe", metavar="PATH",
                    help="the recipe (.toml) to apply; see 'autotune recipes list'")
+    p.add_argument("--again", metavar="RUN",
+                   help="start a stopped, failed or lost full run (of 'run' or 'wrap') again: "
+                        "its id (or a unique prefix) or directory; same recipe, command and "
+                        "directory, with any ARGS given added to the script's (its own resume "
+                        "flag, say: autotune run --again RUN -- --resume ckpt.pt)")
     p.add_argument("--keep-batch", action="store_true",
                    help="run the recipe's fastest config that keeps the script's global batch "
                         "(its [keep_batch], when its winner changes the batch) instead of the "
@@ -38,6 +47,7 @@ def add_parser(sub):
                    help="samples in one optimizer step, for scripts without a DataLoader")
     p.add_argument("--plain", action="store_true", help="plain log lines, no live display")
     engines.add_launcher_args(p)
+    detach.add_detach_arg(p)
     common.add_script_args(p)
     return p
 
@@ -54,26 +64,77 @@ def fingerprint_warnings(recipe: recipes.Recipe, fp: fingerprint.Fingerprint) ->
     return out
 
 
+@dataclass(frozen=True)
+class Again:
+    """A full run to start again (``--again``): where it was, and what it ran."""
+
+    run_dir: Path
+    recipe: str
+    target: tuple[str, ...]
+    cwd: str
+
+
+def again_of(args) -> Again:
+    """The run ``--again`` names, its recipe, command (with the ARGS given added) and cwd; a
+    `UsageError` for a run that is not a full run, or one still controlled."""
+    root = Path(args.runs_dir).expanduser() if args.runs_dir else None
+    old = rundir.resolve(args.again, root)
+    if args.recipe:
+        raise UsageError("--again runs the run's own recipe; drop --recipe")
+    check_not_running(old, "--again")
+    events = read_events(old)[0]
+    started = next((e for e in events if e["event"] == Event.RUN_STARTED), None)
+    kind = (started or {}).get("kind")
+    if kind not in ("run", "wrap"):
+        raise UsageError(f"--again: {old.name} is a {kind or 'unknown'} run, not a full run; "
+                         f"'autotune tune --resume {old.name}' continues a tuning")
+    fullrun = [e for e in events if e["event"] == Event.FULLRUN_STARTED]
+    saved = [e["path"] for e in events if e["event"] == Event.RECIPE_SAVED]
+    recipe = started.get("recipe") if kind == "run" else (saved[-1] if saved else None)
+    if not recipe or not fullrun:
+        raise UsageError(f"--again: {old.name} never started its full run (no recipe or no "
+                         f"full run in its journal); 'autotune wrap --resume {old.name}' "
+                         f"continues its tuning")
+    extra = list(args.target or [])
+    extra = extra[1:] if extra[:1] == ["--"] else extra
+    cwd = started.get("cwd") if kind == "run" else load_state(old).run_cwd
+    return Again(old, str(recipe), (*fullrun[-1]["command"], *extra), str(cwd))
+
+
 def run(args) -> int:
     from autotune.monitor import watch
 
-    recipe = chosen(recipes.load(args.recipe), keep_batch=args.keep_batch)
-    target = common.resolve_target(args)
+    again = again_of(args) if args.again else None
+    if again is None and not args.recipe:
+        raise UsageError("autotune run needs --recipe PATH (or --again RUN): see 'autotune "
+                         "recipes list'")
+    recipe = chosen(recipes.load(again.recipe if again else args.recipe),
+                    keep_batch=args.keep_batch)
+    target = again.target if again else common.resolve_target(args)
+    cwd = again.cwd if again else os.getcwd()
     launcher = engines.from_args(args)
     fp = fingerprint.current(target)
     for warning in fingerprint_warnings(recipe, fp):
         console.warning(warning)
     knobs = rank_knobs(recipe, fp, launcher)
-    root = Path(args.runs_dir).expanduser() if args.runs_dir else None
+    root = Path(args.runs_dir).expanduser() if args.runs_dir else \
+        (again.run_dir.parent if again else None)
     run_dir = rundir.new_run_dir("run", target[0], root=root)
     journal = Journal(run_dir)
-    journal.emit(Event.RUN_STARTED, kind="run", command=list(target), cwd=os.getcwd(),
+    journal.emit(Event.RUN_STARTED, kind="run", command=list(target), cwd=cwd,
                  hardware=fingerprint.summary(fp), recipe=str(recipe.path),
-                 launcher=engines.describe(launcher))
+                 launcher=engines.describe(launcher),
+                 **({"again_of": again.run_dir.name} if again else {}))
+    if again:
+        Journal(again.run_dir).emit(Event.RUN_AGAIN, run=run_dir.name)
+        console.hint(f"run {again.run_dir.name} started again as {run_dir.name}: "
+                     f"{' '.join(target)}")
+    controllers.mark_controller(run_dir)
+    detach.ready(run_dir)
     with watch(run_dir, plain=args.plain,
                title=f"autotune run · {os.path.basename(target[0])}"), \
             tune.ending(journal) as status:
-        status["code"] = full_run(recipe, target, knobs, launcher=launcher, cwd=os.getcwd(),
+        status["code"] = full_run(recipe, target, knobs, launcher=launcher, cwd=cwd,
                                   run_dir=run_dir, journal=journal,
                                   samples_per_step=args.samples_per_step, fp=fp)
     return said(status["code"], run_dir)

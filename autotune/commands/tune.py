@@ -19,13 +19,14 @@ from autotune.measuring import energy
 from autotune.monitor import console
 from autotune.monitor.text import cost_text
 from autotune.hardware import fingerprint
-from autotune.store import jsontext, rundir
+from autotune.store import controller as controllers, jsontext, rundir
 from autotune.tuning import recipes, state as states
 from autotune.launching import rank_command, engines
 from autotune.tuning import objective, space
-from autotune.commands import common
+from autotune.commands import common, detach
 from autotune import AutotuneError, Note, NoteKind, UsageError
-from autotune.store.journal import Journal
+from autotune.store.journal import Journal, read_events
+from autotune.tuning.confirm_rounds import Earlier, earlier_rounds
 from autotune.tuning import (TuneReport, TuneSettings, TuneState, Tuner, check_not_running,
                              load_state)
 from autotune.tuning.decision import claim_text
@@ -43,6 +44,9 @@ def add_parser(sub):
                                    "recipe.")
     add_tune_args(p)
     return p
+
+
+CONFIRM_ROUNDS = 3  # --confirm-rounds when not given
 
 
 def _count(text: str) -> int:
@@ -77,7 +81,7 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--baseline", nargs="+", action="extend", default=[], metavar="NAME=VALUE",
                    help="the script's own value of a knob you pass as a {placeholder}, for "
                         "the baseline probe (default: batch_size=32, workers=0)")
-    s.add_argument("--confirm-rounds", type=_count, default=3, metavar="N",
+    s.add_argument("--confirm-rounds", type=_count, default=None, metavar="N",
                    help="interleaved re-measurements of the best two and the baseline "
                         "(default 3; a budget may hold fewer, or more when the search stops "
                         "for it or ends early with a gain that needs them). The script's "
@@ -85,7 +89,8 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
                         "corrected for the candidates compared, lies above 1.0 after 2 "
                         "rounds at least, or after 1 where the spread between processes was "
                         "measured and even its upper bound cannot explain the gain; with 0 "
-                        "(no confirmation) they are kept")
+                        "(no confirmation) they are kept. With --resume of a finished tune: "
+                        "N rounds more of its confirmation, judged with those it had")
     s.add_argument("--confirm-seconds", type=common.positive_float, metavar="S",
                    help="time limit of one confirmation probe (default 1.5 x --seconds, or "
                         "each config's fitted probe)")
@@ -103,9 +108,11 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
     st.add_argument("--storage", metavar="URL",
                     help="Optuna storage URL (default: SQLite in the run directory)")
     st.add_argument("--study-name", metavar="NAME", help="study name (default: from the run)")
-    st.add_argument("--resume", metavar="RUN_DIR",
-                    help="continue an interrupted tune/wrap run: finished trials are kept, "
-                         "the interrupted one is re-run")
+    st.add_argument("--resume", metavar="RUN",
+                    help="continue an interrupted tune/wrap run (its directory, id, or a "
+                         "unique prefix of its id): finished trials are kept, the interrupted "
+                         "one is re-run; with --confirm-rounds N, a finished tune's "
+                         "confirmation is extended by N rounds")
     r = p.add_argument_group("recipes")
     r.add_argument("--recipe-dir", metavar="DIR",
                    help="where recipes are saved and looked up (default ./recipes; with "
@@ -113,6 +120,7 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
     r.add_argument("--no-warm-start", action="store_true",
                    help="do not try a matching recipe's knobs first")
     engines.add_launcher_args(p.add_argument_group("ranks"))
+    detach.add_detach_arg(p)
     common.add_probe_args(p)
     common.add_script_args(p)
 
@@ -129,6 +137,7 @@ class Prepared:
     resume: bool
     launcher: engines.Launcher = engines.Launcher()
     warm_note: str = ""
+    earlier: Earlier | None = None  # a finished confirmation that this session extends
 
     @property
     def settings(self) -> TuneSettings:
@@ -155,7 +164,8 @@ def _settings(args, target: tuple[str, ...], cwd: str, launcher: engines.Launche
         extra["foreign_limit_cores"] = args.foreign_limit
     return TuneSettings(
         command=target, cwd=cwd, seconds=args.seconds, trials=args.trials,
-        budget_s=args.budget, confirm_rounds=args.confirm_rounds,
+        budget_s=args.budget,
+        confirm_rounds=CONFIRM_ROUNDS if args.confirm_rounds is None else args.confirm_rounds,
         confirm_s=args.confirm_seconds, ranges=ranges, fixed=fixed,
         baseline_values=baseline_values, global_batch=args.global_batch,
         samples_per_step=args.samples_per_step, seed=args.seed, verdict=args.verdict,
@@ -189,9 +199,8 @@ def prepare(args, kind: str) -> Prepared:
         if args.launcher or args.hostfile:
             raise UsageError("--resume starts ranks the way the run did; drop --launcher and "
                              "--hostfile")
-        run_dir = Path(args.resume).expanduser()
-        if not run_dir.is_dir():
-            raise UsageError(f"--resume: {run_dir} is not a directory")
+        run_dir = rundir.resolve(args.resume, Path(args.runs_dir).expanduser()
+                                 if args.runs_dir else None)
         state = load_state(run_dir)
         if goal is not None and goal != state.settings.objective:
             raise UsageError(f"--resume keeps the run's --objective "
@@ -205,19 +214,20 @@ def prepare(args, kind: str) -> Prepared:
                 raise UsageError(f"--resume keeps the run's study ({flag} {own or default}); "
                                  f"drop {flag} {given}")
         check_not_running(run_dir)
-        if "recipe" in _summary(run_dir):
-            raise UsageError(f"--resume: the tuning in {run_dir} finished (see its "
-                             f"summary.json); 'autotune run --recipe' launches its recipe")
+        earlier = _extends(run_dir, args.confirm_rounds)
         over = {k: v for k, v in (("trials", args.trials), ("budget_s", args.budget),
+                                  ("confirm_rounds", args.confirm_rounds),
                                   ("recipe_dir", args.recipe_dir and os.path.abspath(
                                       os.path.expanduser(args.recipe_dir)))) if v is not None}
         state = dataclasses.replace(state, kind=kind, run_id=state.run_id or run_dir.name,
                                     settings=dataclasses.replace(state.settings, **over))
-        check_budget(run_dir, state.settings.budget_s)
+        if earlier is None:
+            check_budget(run_dir, state.settings.budget_s)
         recipe_dir = check_recipe_dir(state.settings.recipe_dir or recipes.DEFAULT_DIR)
         return Prepared(run_dir, Journal(run_dir), state,
                         fingerprint.current(state.settings.command), recipe_dir, True,
-                        engines.resolve(state.settings.launcher, state.settings.hostfile))
+                        engines.resolve(state.settings.launcher, state.settings.hostfile),
+                        earlier=earlier)
     target = common.resolve_target(args)
     launcher = engines.from_args(args)
     cwd = common.probe_cwd(args)
@@ -235,6 +245,24 @@ def prepare(args, kind: str) -> Prepared:
     state = TuneState.new(settings, run_dir, kind=kind, run_command=target, run_cwd=os.getcwd(),
                           warm_start=warm.knobs if warm else None)
     return Prepared(run_dir, Journal(run_dir), state, fp, recipe_dir, False, launcher, note)
+
+
+def _extends(run_dir: Path, rounds: int | None) -> Earlier | None:
+    """A finished tuning resumed with ``--confirm-rounds N``: the confirmation it had, which
+    N rounds more extend. None for a tuning that did not finish; a `UsageError` for a finished
+    one without N, or without a confirmation to extend."""
+    if "recipe" not in _summary(run_dir):
+        return None
+    if not rounds:
+        raise UsageError(f"--resume: the tuning in {run_dir} finished (see its summary.json); "
+                         f"'autotune run --recipe' launches its recipe, and 'autotune tune "
+                         f"--resume {run_dir.name} --confirm-rounds N' adds N rounds to its "
+                         f"confirmation")
+    earlier = earlier_rounds(read_events(run_dir)[0])
+    if earlier is None or len(earlier.entries) < 2:
+        raise UsageError(f"--resume --confirm-rounds: the tuning in {run_dir} confirmed no "
+                         f"config against the baseline, so there is no confirmation to extend")
+    return earlier
 
 
 def check_recipe_dir(path: str) -> Path:
@@ -269,6 +297,8 @@ def start_journal(prep: Prepared) -> None:
                       hardware=fingerprint.summary(prep.fp), resumed=prep.resume,
                       launcher=engines.describe(prep.launcher), objective=s.objective.token,
                       space={"space": saved["space_tokens"], "fix": saved["fix_tokens"]})
+    controllers.mark_controller(prep.run_dir)
+    detach.ready(prep.run_dir)
 
 
 @contextlib.contextmanager
@@ -297,7 +327,7 @@ def tune_in(prep: Prepared) -> tuple[TuneReport, recipes.Recipe, Path]:
         notify(Note.info(prep.warm_note) if prep.state.warm_start else
                Note.warning(prep.warm_note))
     report = Tuner(prep.state, prep.run_dir, prep.journal, notify=notify, resume=prep.resume,
-                   launcher=prep.launcher).run()
+                   launcher=prep.launcher, earlier=prep.earlier).run()
     # kept for runs on other worlds; a script that starts its own ranks has a world of its own
     recipe = build_recipe(report, prep, global_batch=None if report.space.own_ranks
                           else prep.settings.global_batch)

@@ -153,6 +153,22 @@ def start(spec: LaunchSpec, *, on_output=None) -> Launched:
     return launched
 
 
+def start_daemon(argv: tuple[str, ...], *, env: dict[str, str], cwd: str, output_path: Path,
+                 pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+    """Start a controller that outlives us (``autotune ... -d``): its own session, so no
+    controlling terminal and no hang-up from ours; stdin from /dev/null, stdout and stderr
+    appended to ``output_path``. It is not registered: nothing here stops it when we exit."""
+    fd = os.open(output_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with open(fd, "ab") as out:
+        try:
+            return subprocess.Popen(list(argv), env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True, close_fds=True,
+                                    pass_fds=pass_fds)
+        except OSError as exc:
+            raise LaunchError(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from exc
+
+
 # held while a process is created and registered: the ones the CLI turns into exceptions
 # (`autotune.commands.cli`)
 HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

@@ -198,7 +198,8 @@ def run_full(spec: FullRunSpec, journal: Journal, *, out=None) -> int:
     ranks = replace(asked, mode=Mode.FULL, marker=f"{asked.name}-{uuid.uuid4().hex[:12]}")
     journal.emit(Event.FULLRUN_STARTED, command=list(asked.command),
                  knobs=dict(spec.journal_knobs or asked.knobs), instances=asked.instances,
-                 launcher=engines.describe(asked.launcher))
+                 launcher=engines.describe(asked.launcher),
+                 **({"promised": spec.promise.samples_per_s} if spec.promise else {}))
     signals = _Signals()
     signals.install()
     code, ended, group, told = 1, {}, None, False

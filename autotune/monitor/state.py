@@ -74,6 +74,7 @@ class FullRun:
     breakdown: dict | None = None
     promise: str = ""  # the run against the recipe's figure: a shortfall, then the verdict
     below_promise: bool = False  # ...and whether the run fell below it
+    promised: float | None = None  # the recipe's samples/s the run is held against
 
 
 @dataclass
@@ -107,6 +108,8 @@ class RunState:
     events: int = 0
     sessions: int = 0  # run_started events: a resumed run has one per session
     unreadable: list = field(default_factory=list)  # byte offsets of journal lines not read
+    again_of: str = ""  # the run this one started again (`autotune run --again`)
+    again_in: str = ""  # the run that started this one again (its ``run_again`` event)
 
     # -- derived ---------------------------------------------------------------------------
     @property
@@ -242,6 +245,7 @@ def _run_started(s: RunState, ev: dict, t) -> None:
     s.space = ev.get("space")
     s.modes = list(ev.get("modes") or [])
     s.started_t = t
+    s.again_of = str(ev.get("again_of") or "")
     s.sessions += 1
     s.ended_t = s.exit_code = None  # a resumed run: only its last session's end counts
 
@@ -358,7 +362,8 @@ def _fullrun_started(s: RunState, ev: dict, t) -> None:
     instances = _num(ev.get("instances"))
     s.fullrun = FullRun(command=list(cmd) if isinstance(cmd, (list, tuple)) else [str(cmd)],
                         knobs=dict(ev.get("knobs") or {}),
-                        instances=int(instances) if instances else None, started_t=t)
+                        instances=int(instances) if instances else None, started_t=t,
+                        promised=_num(ev.get("promised")))
 
 
 def _fullrun_progress(s: RunState, ev: dict, t) -> None:
@@ -412,6 +417,10 @@ def _run_ended(s: RunState, ev: dict, t) -> None:
     s.exit_code = int(code) if code is not None else 0
 
 
+def _run_again(s: RunState, ev: dict, t) -> None:
+    s.again_in = str(ev.get("run") or "")
+
+
 HANDLERS = {
     Event.RUN_STARTED: _run_started, Event.TRIAL_STARTED: _trial_started,
     Event.TRIAL_PROGRESS: _trial_progress, Event.TRIAL_FINISHED: _trial_finished,
@@ -423,5 +432,6 @@ HANDLERS = {
     Event.FULLRUN_NOTES: _fullrun_notes, Event.FULLRUN_ENDED: _fullrun_ended,
     Event.FULLRUN_PROMISE: _fullrun_promise,
     Event.DEVICE_SAMPLE: _device_sample, Event.RUN_ENDED: _run_ended,
+    Event.RUN_AGAIN: _run_again,
 }
 IGNORED: dict[Event, str] = {}  # the state keeps something of every event

@@ -318,6 +318,7 @@ LINES = {
     Event.FULLRUN_ENDED: _fullrun_ended,
     Event.DEVICE_SAMPLE: lambda ev: f"device: {device_summary(ev)}",
     Event.RUN_ENDED: lambda ev: f"run ended: exit code {ev.get('exit_code')}",
+    Event.RUN_AGAIN: lambda ev: f"started again as run {ev.get('run')}",
 }
 IGNORED: dict[Event, str] = {}  # every event has its line
 

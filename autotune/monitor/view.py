@@ -400,4 +400,7 @@ SHOWN = {
     Event.FULLRUN_ENDED: fullrun_panel,
     Event.DEVICE_SAMPLE: device_panel,
 }
-IGNORED: dict[Event, str] = {}  # the view shows every event
+IGNORED: dict[Event, str] = {
+    Event.RUN_AGAIN: "written after the run's end, when 'autotune run --again' starts it "
+                     "again; 'autotune ps' and the plain lines name the new run",
+}

@@ -474,6 +474,8 @@ SECTIONS = {
     Event.FULLRUN_PROMISE: fullrun_section,
 }
 IGNORED = {
+    Event.RUN_AGAIN: "written after the run's end, when 'autotune run --again' starts it "
+                     "again; the new run has a report of its own",
     Event.DEVICE_SAMPLE: "the machine's readings from moment to moment; the report is of the "
                          "run's results (the hardware line reads the last one only when the run "
                          "named no hardware)",

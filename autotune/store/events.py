@@ -43,6 +43,7 @@ class Event(str, enum.Enum):
     FULLRUN_ENDED = "fullrun_ended"
     DEVICE_SAMPLE = "device_sample"
     RUN_ENDED = "run_ended"
+    RUN_AGAIN = "run_again"
 
     def __str__(self) -> str:
         return self.value
@@ -65,7 +66,7 @@ FIELDS: dict[Event, Fields] = {
     Event.RUN_STARTED: Fields(
         ("kind", "command", "cwd"),
         ("space", "budget_s", "trials", "hardware", "resumed", "launcher", "objective", "modes",
-         "recipe")),
+         "recipe", "again_of")),
     Event.TRIAL_STARTED: Fields(("trial", "number", "knobs", "mode")),
     Event.TRIAL_PROGRESS: Fields(("trial", "samples_per_s", "ci_half", "measured_s")),
     Event.TRIAL_FINISHED: Fields(("trial", "number", "mode", "result")),
@@ -84,7 +85,7 @@ FIELDS: dict[Event, Fields] = {
                               "available_bytes", "ranks", "max_batch", "text")),
     Event.BATCH_CHANGE: Fields(("text",)),
     Event.RECIPE_SAVED: Fields(("path",)),
-    Event.FULLRUN_STARTED: Fields(("command", "knobs", "instances", "launcher")),
+    Event.FULLRUN_STARTED: Fields(("command", "knobs", "instances", "launcher"), ("promised",)),
     Event.FULLRUN_PROGRESS: Fields(("samples_per_s", "steps", "samples"), ("breakdown",)),
     Event.FULLRUN_NOTES: Fields(("notes", "mps_check")),
     Event.FULLRUN_PROMISE: Fields(("samples_per_s", "promised", "ci_half", "final", "below", "text"), ()),
@@ -93,6 +94,7 @@ FIELDS: dict[Event, Fields] = {
     Event.DEVICE_SAMPLE: Fields(("cpu_pct", "mem_used_bytes", "mem_total_bytes", "gpus",
                                  "workers", "ranks")),
     Event.RUN_ENDED: Fields(("exit_code",), ("error",)),
+    Event.RUN_AGAIN: Fields(("run",)),
 }
 
 def check(name: Event | str, fields: Mapping) -> Event:

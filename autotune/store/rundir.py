@@ -1,4 +1,6 @@
-"""Run directories: one per tune/probe/run, private to the user (mode 0700)."""
+"""Run directories: one per tune/probe/run, private to the user (mode 0700), found by id.
+
+A run's id is its directory's name; a unique prefix of it is enough (`resolve`)."""
 
 from __future__ import annotations
 
@@ -8,9 +10,10 @@ import re
 import time
 from pathlib import Path
 
-from autotune import AutotuneError
+from autotune import AutotuneError, UsageError
 
 ENV_RUNS_DIR = "AUTOTUNE_RUNS_DIR"
+OUTPUT = "output.log"  # what a detached controller's terminal would have shown
 
 
 def runs_root() -> Path:
@@ -47,6 +50,58 @@ def latest_run_dir(root: Path | None = None) -> Path | None:
         return None
     runs = [p for p in root.iterdir() if p.is_dir()]
     return max(runs, key=lambda p: p.stat().st_mtime, default=None)
+
+
+def run_dirs(root: Path | None = None) -> list[Path]:
+    """The run directories under ``root`` (default `runs_root`), newest first."""
+    root = Path(root) if root else runs_root()
+    try:
+        found = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    except OSError:
+        return []
+    return sorted(found, key=lambda p: (p.name[:15], p.stat().st_mtime, p.name), reverse=True)
+
+
+def resolve(ref: str, root: Path | None = None) -> Path:
+    """The run ``ref`` names: a run directory's path, or a run id or its unique prefix under
+    ``root``. A `UsageError` (one line, exit 2) for no match, several, or another user's run."""
+    where = Path(root) if root else runs_root()
+    path = Path(ref).expanduser()
+    if os.sep in ref or ref.startswith("."):
+        if not path.is_dir():
+            raise UsageError(f"run directory {ref!r} not found")
+        return _owned(path)
+    exact = where / ref
+    if ref and exact.is_dir():
+        return _owned(exact)
+    matches = [p for p in run_dirs(where) if p.name.startswith(ref)] if ref else []
+    if not matches and path.is_dir():  # a directory named relative to here
+        return _owned(path)
+    if not matches:
+        raise UsageError(f"no run {ref!r} under {where}; 'autotune ps --all"
+                         f"{'' if root is None else f' --runs-dir {root}'}' lists them")
+    if len(matches) > 1:
+        names = ", ".join(p.name for p in matches[:3]) + (", ..." if len(matches) > 3 else "")
+        raise UsageError(f"run id {ref!r} is ambiguous: {len(matches)} runs start with it "
+                         f"({names}); give more of it")
+    return _owned(matches[0])
+
+
+def _owned(path: Path) -> Path:
+    """Another user's run is theirs to control (and its mode 0700 hides it anyway)."""
+    try:
+        uid = path.stat().st_uid
+    except OSError as exc:
+        raise UsageError(f"cannot read run directory {path}: {exc.strerror}") from None
+    if uid != os.getuid():
+        try:
+            import pwd
+            owner = pwd.getpwuid(uid).pw_name
+        except (ImportError, KeyError):
+            owner = f"uid {uid}"
+        raise UsageError(f"run {path.name} belongs to another user ({owner}); only its owner "
+                         f"can read or control it")
+    return path
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:

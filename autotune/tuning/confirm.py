@@ -21,7 +21,7 @@ from autotune import Note
 from autotune.measuring import alternate, bottleneck
 from autotune.tuning import decision, fitting, objective
 from autotune.tuning.confirm_rounds import (
-    TURN_MEASURE_SHARE, Round, entry_probe_s, holds_all, looks_planned, one_round_rel,
+    TURN_MEASURE_SHARE, Earlier, Round, entry_probe_s, holds_all, looks_planned, one_round_rel,
     planned_rounds, probe_windows, remeasure, second_look, selection_fits, slice_rates,
     turns_fit, turns_refused)
 from autotune.tuning.decision import KEPT, MIN_ROUNDS, Choice, Measured
@@ -242,16 +242,18 @@ def _mean_score(scorer: objective.Scorer, cfg: Mapping, rs: list,
 
 def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
            left_s: float | None, stretch: fitting.Stretch = fitting.Stretch.NONE,
-           scorer: objective.Scorer | None = None) -> Confirmed:
+           scorer: objective.Scorer | None = None, earlier: Earlier | None = None) -> Confirmed:
     """Confirm the best two of ``known`` by ``scorer``'s score (throughput unless given)
     against the state's baseline within ``left_s`` of the budget (None: no budget), decide,
     and journal the ``best``. What is left of the budget buys more rounds as ``stretch`` says:
-    all it holds, or those the search's best gain needs (`planned_rounds`). The result holds
-    the state with what its probes taught."""
+    all it holds, or those the search's best gain needs (`planned_rounds`). With ``earlier``
+    (a finished confirmation, extended), its entries get the settings' rounds more, and the
+    decision judges its rounds and theirs together. The result holds the state with what its
+    probes taught."""
     settings, space, baseline = state.settings, state.space, state.baseline
     scorer = scorer or objective.Scorer(settings.objective)
     began = prober.clock.monotonic()
-    entries = candidates(space, known, scorer)
+    entries = list(earlier.entries) if earlier else candidates(space, known, scorer)
     rounds = settings.confirm_rounds
     cfgs = dict(entries)
 
@@ -267,7 +269,7 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
     few = essential(space, entries)
     refused = turns_refused(prober, scorer)
     selected = 0  # rounds that chose between the best and the runner-up, and judge nothing
-    if len(few) < len(entries) and left_s is not None:
+    if len(few) < len(entries) and left_s is not None and earlier is None:
         if not refused and not scorer.objective.multi and \
                 selection_fits(prober, state, known, entries, left_s, rounds):
             started = prober.clock.monotonic()
@@ -342,12 +344,18 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
                f"turns on the machine (held with SIGSTOP between slices of "
                f"{alternate.slice_for(TURN_MEASURE_SHARE * mean_window * scale):.1f} s or "
                f"more) until each ran {TURN_MEASURE_SHARE * mean_window * scale:.0f} s")
+        if earlier is not None:
+            more += f", after the {earlier.count} round(s) it had (judged with them)"
         prober.tell(Note.info(f"confirming: {', '.join(names)}, {rounds} {how}{more}"))
         deadline = prober.clock.monotonic() + left_s if left_s is not None else None
         started = prober.clock.monotonic()
         state, results = remeasure(prober, state, entries, rounds, windows,
-                                   turns=not refused, deadline=deadline, first=selected + 1)
+                                   turns=not refused, deadline=deadline,
+                                   first=(earlier.last_round if earlier else selected) + 1)
         took = prober.clock.monotonic() - started
+        if earlier is not None:
+            results = {n: [*earlier.rounds.get(n, ()), *ms] for n, ms in results.items()}
+            rounds += earlier.count
         unmeasured = {name for name, ms in results.items() if all(m is None for m in ms)}
         for name, ms in results.items():
             if all(m is None for m in ms):  # nothing measured is never a figure: the search's

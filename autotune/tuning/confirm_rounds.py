@@ -42,6 +42,70 @@ class Round:
     energy: EnergyPerSample | None = None
 
 
+@dataclass(frozen=True)
+class EarlierRound:
+    """One round of a finished confirmation, as its journal kept it (its ``confirmation``
+    event): what a resume that extends the confirmation judges beside its new rounds."""
+
+    samples_per_s: float
+    ci_half: float
+    energy: EnergyPerSample | None = None
+    slice_rates: tuple[float, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Earlier:
+    """A finished tuning's confirmation, read back from its journal (`earlier_rounds`): the
+    entries it judged, the baseline first, and each one's rounds in order (None: a probe that
+    measured nothing). ``tune --resume RUN --confirm-rounds N`` adds N rounds to these."""
+
+    entries: tuple[tuple[str, dict], ...]
+    rounds: Mapping[str, tuple[EarlierRound | None, ...]]
+    last_round: int  # the highest round number used: the new rounds are numbered after it
+
+    @property
+    def count(self) -> int:
+        return max((len(r) for r in self.rounds.values()), default=0)
+
+
+def earlier_rounds(events: Sequence[Mapping]) -> Earlier | None:
+    """The confirmation the journal's last ``best`` was decided on: its judging rounds (not
+    those that only chose between candidates), each round the last one written under its
+    number (a session interrupted mid-confirmation wrote rounds that a later one re-ran), for
+    the entries the last session confirmed. None when it had no rounds."""
+    last_best = max((i for i, e in enumerate(events) if e.get("event") == Event.BEST),
+                    default=None)
+    if last_best is None:
+        return None
+    confirmations = [e for e in events[:last_best]
+                     if e.get("event") == Event.CONFIRMATION and not e.get("chooses")]
+    if not confirmations:
+        return None
+    last_round = max(int(e.get("round") or 0) for e in confirmations)
+    final = [e for e in confirmations if int(e.get("round") or 0) == last_round]
+    names = list(dict.fromkeys(["baseline", *(str(e["trial"]) for e in final)]))
+    by: dict[tuple[str, int], Mapping] = {}
+    knobs: dict[str, dict] = {}
+    for e in confirmations:
+        if str(e.get("trial")) in names:
+            by[(str(e["trial"]), int(e.get("round") or 0))] = e
+            knobs[str(e["trial"])] = dict(e.get("knobs") or {})
+    if "baseline" not in knobs:
+        return None
+
+    def kept(e: Mapping) -> EarlierRound | None:
+        rate = e.get("samples_per_s")
+        if not isinstance(rate, (int, float)) or rate <= 0:
+            return None
+        slices = e.get("slice_rates")
+        return EarlierRound(float(rate), float(e.get("ci_half") or 0.0),
+                            slice_rates=tuple(slices) if slices else None)
+
+    rounds = {n: tuple(kept(by[(n, r)]) for r in sorted({r for m, r in by if m == n}))
+              for n in names}
+    return Earlier(tuple((n, knobs[n]) for n in names if n in knobs), rounds, last_round)
+
+
 def entry_probe_s(prober: Prober, state: TuneState, known: Mapping[tuple, Known],
                   cfg: Mapping) -> float:
     """What a probe of ``cfg`` takes: what its own probes took where the run measured it (the

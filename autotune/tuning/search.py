@@ -127,6 +127,14 @@ class Search:
         return SearchResult(dict(self.known), self.measured, self.stop_reason, self.source,
                             self.state, tuple(self.noises))
 
+    def settled(self) -> SearchResult:
+        """What a finished search found, without a probe more (a finished tuning's
+        confirmation extended: ``tune --resume RUN --confirm-rounds N``)."""
+        self._rebuild()
+        self._use_spread()
+        return SearchResult(dict(self.known), self.measured, self._stop_reason(), self.source,
+                            self.state, tuple(self.noises))
+
     def _feed(self, number: int | None, value: float | None) -> None:
         """One measured probe's score to the convergence rule, kept so that a revised figure
         (`_pool_baseline`) can be fed again in its place."""

@@ -13,15 +13,13 @@ import dataclasses
 import json
 import os
 import secrets
-import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 
 from autotune.hardware import proc
-from autotune.store import rundir
+from autotune.store import controller as controllers, rundir
 from autotune import Note, UsageError
 from autotune.store import jsontext
 from autotune.store.events import Event
@@ -36,7 +34,7 @@ SUMMARY = "summary.json"
 # ``tune.json``'s shape; one of another version is refused on --resume, never half read.
 # 2: what the probes taught (`Learned`), typed allreduce timing and two-rank probe.
 STATE_VERSION = 2
-CONTROLLER = "controller.json"
+CONTROLLER = controllers.CONTROLLER
 LIVE = "live.json"
 
 
@@ -141,23 +139,14 @@ def load_state(run_dir: Path) -> TuneState:
         raise UsageError(f"--resume: cannot read {path}: {exc}") from None
 
 
-def check_not_running(run_dir: Path) -> None:
-    """Refuse to resume a run whose controller is still alive."""
-    try:
-        c = json.loads((Path(run_dir) / CONTROLLER).read_text())
-    except (OSError, ValueError):
-        return
-    if c.get("host") != socket.gethostname():
-        return
-    try:
-        p = psutil.Process(int(c["pid"]))
-        alive = abs(p.create_time() - float(c["create_time"])) < 1e-2 and \
-            p.status() != psutil.STATUS_ZOMBIE
-    except (psutil.Error, KeyError, ValueError, TypeError):
-        alive = False
-    if alive:
-        raise UsageError(f"--resume: the run in {run_dir} is still going (pid {c['pid']}); "
-                         f"stop it first or watch it with 'autotune monitor {run_dir}'")
+def check_not_running(run_dir: Path, flag: str = "--resume") -> None:
+    """Refuse to control a run whose controller is still alive: two commands never both
+    control one run."""
+    c = controllers.controller(run_dir)
+    if c is not None and c.here and c.alive():
+        raise UsageError(f"{flag}: the run in {run_dir} is still going (pid {c.pid}); "
+                         f"stop it first ('autotune stop {Path(run_dir).name}') or watch it "
+                         f"with 'autotune monitor {Path(run_dir).name}'")
 
 
 def sweep_orphans(run_dir: Path) -> int:
@@ -209,9 +198,7 @@ def minutes(s: float) -> str:
 
 
 def mark_controller(run_dir: Path) -> None:
-    me = psutil.Process()
-    rundir.write_atomic(Path(run_dir) / CONTROLLER, json.dumps(
-        {"pid": me.pid, "create_time": me.create_time(), "host": socket.gethostname()}))
+    controllers.mark_controller(run_dir)
 
 
 def mark_live(run_dir: Path, markers: list[str]) -> None:

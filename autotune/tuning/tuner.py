@@ -30,6 +30,7 @@ from autotune.store.journal import Journal
 from autotune import Note, UsageError
 from autotune.tuning import (baseline, confirm, decision, fitting, memory, objective, payback,
                              search)
+from autotune.tuning.confirm_rounds import Earlier
 from autotune.tuning.prober import Notify, Prober, RunTrial
 from autotune.tuning.records import Stop, TunedOn, TuneReport
 from autotune.store.events import Event
@@ -46,11 +47,14 @@ class Tuner:
     def __init__(self, state: TuneState, run_dir: Path, journal: Journal, *,
                  notify: Notify | None = None, resume: bool = False,
                  launcher: engines.Launcher | None = None,
-                 run_trial: RunTrial = trial.run_trial, clock=time):
+                 run_trial: RunTrial = trial.run_trial, clock=time,
+                 earlier: Earlier | None = None):
         settings = state.settings
         self.state = state
         self.run_dir = Path(run_dir)
         self.resume = resume
+        # a finished run's confirmation, extended by the settings' rounds (no search probes)
+        self.earlier = earlier
         self.prober = Prober(self.run_dir, journal,
                              launcher or engines.resolve(settings.launcher, settings.hostfile),
                              notify=notify, run_trial=run_trial, clock=clock)
@@ -145,7 +149,7 @@ class Tuner:
         for note in space.notes:  # kept once; a resume tells them again
             self._note(note)
         settings = self.state.settings
-        if settings.budget_s is not None:
+        if settings.budget_s is not None and self.earlier is None:
             self._tell_plan()
         if settings.confirm_rounds < decision.MIN_ROUNDS and not self.resume:
             self._note(Note.warning(
@@ -157,17 +161,20 @@ class Tuner:
         scorer, note = self._scorer(())
         if note:
             prober.tell(Note.info(note))
-        self.found = search.Search(prober, self.state, handle, elapsed=self.elapsed,
-                                   save=self._save, scorer=scorer).run()
+        searching = search.Search(prober, self.state, handle, elapsed=self.elapsed,
+                                  save=self._save, scorer=scorer)
+        self.found = searching.settled() if self.earlier else searching.run()
         self.state = self.found.state
         stop = self.found.stop_reason
         prober.tell(Note.info(f"search stopped: {stop.text if stop else 'the study ended'}"))
         if objective.Kind.GOODPUT in settings.objective.kinds:
             scorer, note = self._scorer(self.found.noises, searched=True)
             self._note(Note.warning(note) if scorer.noise_scale is None else Note.info(note))
-        left_s = settings.budget_s - self.elapsed() if settings.budget_s is not None else None
+        left_s = settings.budget_s - self.elapsed() \
+            if settings.budget_s is not None and self.earlier is None else None
         c = confirm.finish(prober, self.state, self.found.known, left_s=left_s,
-                           stretch=stretch_for(stop), scorer=scorer)
+                           stretch=fitting.Stretch.NONE if self.earlier else stretch_for(stop),
+                           scorer=scorer, earlier=self.earlier)
         self.state = c.state
         self._save(self.state)  # what the confirmation's probes taught survives a crash too
         if c.front:
