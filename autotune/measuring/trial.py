@@ -399,10 +399,10 @@ def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool]
         probe.group = group
         if turn is not None:
             turn.attach(probe.launched)
-        if asked.launcher.kind == "local" and turn is None:  # counters of this host only
+        if asked.launcher.kind is engines.Kind.LOCAL and turn is None:  # counters of this host only
             probe.energy = EnergyMeter([slot.gpu.index for slot in group.plan.slots
                                         if slot.gpu is not None])
-        if asked.launcher.kind != "local":  # ranks are the engine's children, not ours
+        if asked.launcher.kind is not engines.Kind.LOCAL:  # ranks are the engine's children, not ours
             probe.marked = proc.MarkedScan({lp.spec.marker for lp in group.launched},
                                            since=begun)
         if on_start is not None:
@@ -425,7 +425,7 @@ def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool]
                 time.sleep(0.05)
                 probe.absorb(collector.drain())
         exit_codes = [proc.stop(lp, grace_s=spec.grace_s) for lp in probe.launched]
-        if asked.launcher.kind == "srun" and -signal.SIGKILL in exit_codes:
+        if asked.launcher.kind is engines.Kind.SRUN and -signal.SIGKILL in exit_codes:
             # a killed srun leaves its step to Slurm: the next probe must not wait for it
             why = engines.wait_steps_ended(base_env)
             if why:
@@ -680,7 +680,7 @@ def _cost(probe: _Probe, est: steady.Estimate, turn: alternate.Turn | None = Non
         span = sum(min(b, est.end_t) - max(a, est.start_t) for a, b in turn.slices
                    if b > est.start_t and a < est.end_t)
     trail = list(probe.cpu_trail)
-    local = probe.spec.ranks.launcher.kind == "local"
+    local = probe.spec.ranks.launcher.kind is engines.Kind.LOCAL
     if local and span > 0 and len(trail) >= 2 and trail[0][0] <= est.start_t + POLL_S \
             and trail[-1][0] >= est.end_t - POLL_S:
         used = steady.interp(trail, est.end_t) - steady.interp(trail, est.start_t)
