@@ -13,7 +13,6 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from autotune.measuring.breakdown import Breakdown
 from autotune.measuring.outcome import USABLE, Outcome
 from autotune.monitor import text as fmt
 from autotune.monitor.state import RUNNING, RunState, TrialRow
@@ -318,7 +317,7 @@ def fullrun_panel(state: RunState, *, now: float) -> Panel | None:
             grid.add_row("note", Text(note, style="red" if note.startswith("WARNING") else ""))
         if fr.promise:
             grid.add_row("promise", Text(fr.promise, style="red" if fr.below_promise else ""))
-        parts = Breakdown.from_dict(fr.breakdown)
+        parts = fr.breakdown
         if parts is not None:
             grid.add_row("time" if fr.exit_code is None else "time (whole run)",
                          parts.describe())

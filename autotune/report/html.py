@@ -18,7 +18,7 @@ from html import escape
 from pathlib import Path
 
 from autotune.store import jsontext
-from autotune.measuring.breakdown import LABELS, Breakdown
+from autotune.measuring.breakdown import LABELS
 from autotune.tuning.memory import MemoryFit
 from autotune.measuring.outcome import Outcome
 from autotune.report import importance, svg
@@ -274,7 +274,7 @@ def breakdown_section(state: RunState) -> str:
         picks.append(("full run", state.fullrun))
     rows = []
     for label, row in picks:
-        b = Breakdown.from_dict(row.breakdown) if row is not None else None
+        b = row.breakdown if row is not None else None
         if b is not None:
             rows.append((label, [(LABELS[p], s, f"{label}: {LABELS[p]} {s:.0%} ±{h * 100:.0f} "
                                   f"points of wall time") for p, (s, h) in b.shares.items()]))

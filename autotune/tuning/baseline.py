@@ -18,6 +18,7 @@ from autotune.hardware import fingerprint
 from autotune.tuning import fitting, space, spread
 from autotune import AutotuneError, Note
 from autotune.measuring.outcome import Outcome
+from autotune.measuring.series import Source
 from autotune.tuning.prober import Prober
 from autotune.tuning.records import AllreduceTiming, BaselineRecord, RanksProbe
 from autotune.tuning.state import TuneState
@@ -111,7 +112,7 @@ def measure(prober: Prober, state: TuneState) -> TuneState:
         re-measure starts from it)."""
         state, result = probe(state, values, max_s=max_s)
         for _ in range(BASELINE_TRIES - 1):
-            no_loader = result.source == "none" and result.steps_per_s > 0  # time won't help
+            no_loader = result.source is Source.NONE and result.steps_per_s > 0  # time won't help
             if result.outcome != Outcome.NO_SIGNAL or not result.stopped or no_loader:
                 break
             # Too few batches inside the window: a slow start (imports, data, ranks of its

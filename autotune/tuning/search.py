@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from autotune import AutotuneError, Note
 from autotune.measuring.noise import NoiseEstimate
 from autotune.measuring.outcome import Outcome
+from autotune.measuring.series import Source
 from autotune.tuning import confirm, confirm_rounds, decision, fitting, objective, spread
 from autotune.tuning import study as studies
 from autotune.tuning.prober import Prober
@@ -48,7 +49,8 @@ class SearchResult:
     known: Mapping[tuple, Known]
     measured: int  # probes this run took in the search (and earlier controllers of it)
     stop_reason: StopReason | None  # None: the study ended without a stop rule
-    source: str  # how throughput was counted (the baseline's, else the first clean probe's)
+    source: Source | None  # how throughput was counted (the baseline's, else the first clean
+    # probe's)
     state: TuneState  # the run's state as the search left it
     noises: tuple[NoiseEstimate, ...] = ()  # the noise-scale readings of the probes it took
 

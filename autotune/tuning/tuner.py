@@ -192,7 +192,7 @@ class Tuner:
             run_dir=self.run_dir, space=space, baseline=c.baseline, best=c.best,
             speedup=c.speedup, kept_baseline=c.kept_baseline, reason=c.reason,
             trials_measured=self.found.measured + 1, trials_total=len(trials),
-            stop_reason=stop, source=self.found.source, verdict=c.verdict,
+            stop_reason=stop, source=str(self.found.source or ""), verdict=c.verdict,
             notes=self.state.learned.notes, best_notes=learned.notes_of(c.best.knobs),
             one_rank_samples_per_s=_one_rank_best(self.found.known, c),
             best_probe=learned.facts(c.best.knobs),
