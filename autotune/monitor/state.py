@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from autotune.measuring.breakdown import Breakdown
 from autotune.measuring.outcome import USABLE, Outcome
 from autotune.measuring.trial import TrialResult
-from autotune.store.events import Event
+from autotune.store.events import Event, RunKind
 from probes import protocol
 
 RUNNING = "running"
@@ -83,7 +83,7 @@ class FullRun:
 class RunState:
     """The run as the journal tells it so far."""
 
-    kind: str = ""
+    kind: RunKind | None = None  # None: not said, or a kind this autotune does not know
     command: list = field(default_factory=list)
     cwd: str = ""
     hardware: object = None
@@ -168,7 +168,7 @@ class RunState:
         running = [r for r in self.trials.values() if not r.finished]
         if running:
             r = running[-1]
-            if self.kind == "probe":
+            if self.kind is RunKind.PROBE:
                 return f"probing mode '{r.mode}'"
             return f"trial {r.label}"
         if self.trials:
@@ -179,7 +179,7 @@ class RunState:
         """The last finished synthetic and io probes, and the full one of a probe run."""
         return {r.mode: r for r in self.trials.values()
                 if r.finished and (r.mode in ("synthetic", "io")
-                                   or (r.mode == protocol.Mode.FULL and self.kind == "probe"))}
+                                   or (r.mode == protocol.Mode.FULL and self.kind is RunKind.PROBE))}
 
     def mode_rates(self) -> dict[str, float | None]:
         """Probe-mode throughputs (full/synthetic/io): None where a mode failed. In a tuning
@@ -236,7 +236,7 @@ def _num(value):
 
 
 def _run_started(s: RunState, ev: dict, t) -> None:
-    s.kind = str(ev.get("kind", ""))
+    s.kind = RunKind.of(ev.get("kind"))
     cmd = ev.get("command") or []
     s.command = list(cmd) if isinstance(cmd, (list, tuple)) else [str(cmd)]
     s.cwd = str(ev.get("cwd", ""))
