@@ -178,7 +178,7 @@ class RunState:
     def mode_rows(self) -> dict[str, TrialRow]:
         """The last finished synthetic and io probes, and the full one of a probe run."""
         return {r.mode: r for r in self.trials.values()
-                if r.finished and (r.mode in ("synthetic", "io")
+                if r.finished and (r.mode in (protocol.Mode.SYNTHETIC, protocol.Mode.IO)
                                    or (r.mode == protocol.Mode.FULL and self.kind is RunKind.PROBE))}
 
     def mode_rates(self) -> dict[str, float | None]:
