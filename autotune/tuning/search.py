@@ -19,7 +19,8 @@ from autotune import AutotuneError, Note
 from autotune.measuring.noise import NoiseEstimate
 from autotune.measuring.outcome import Outcome
 from autotune.measuring.series import Source
-from autotune.tuning import confirm, confirm_rounds, decision, fitting, objective, spread
+from autotune.tuning import (confirm, confirm_rounds, decision, fitting, objective,
+                             queue_policy, spread)
 from autotune.tuning import study as studies
 from autotune.tuning.prober import Prober
 from autotune.tuning.records import Known, Stop, StopReason
@@ -173,137 +174,51 @@ class Search:
                      "score_ci_half": score.ci_half})
         if self.state.warm_start:
             self.handle.enqueue(sp.choice_from_config(self.state.warm_start), {"warm_start": True})
-        parts = self._parts()
-        first = parts.moves() if parts is not None else ()
-        design = sp.initial_design(first)
-        if first and design:
-            moved = [n for n in first if n in sp.names]
-            if moved:
-                self.prober.tell(Note.info(f"the first probes move {', '.join(moved)}: what "
-                                           f"binds the baseline ({parts.binding_group()})"))
-        held = self._held_back(design)
-        for cfg in design:
-            if cfg not in held:
-                self.handle.enqueue(sp.choice_from_config(cfg), {"design": "initial"})
-        pair = self._neighbours()
-        for cfg in held:
-            if pair is not None and sp.key(cfg) == sp.key(pair[0]):
-                self.prober.tell(Note.info(
-                    f"{knobs_text(cfg)} held back until {knobs_text(pair[1])} is measured: if "
-                    f"the larger batch pays, the smaller waits for the batch walk"))
-                continue
-            gain = max(parts.most_gain(k) for k in self._moved(cfg))
-            self.prober.tell(Note.info(
-                f"{knobs_text(cfg)} held back: what it moves can take back at most "
-                f"{gain:.1%} of the baseline's step ({parts.describe()}); it is probed once "
-                f"the batch walk has nowhere to go"))
+        start = queue_policy.start(sp, self._parts())
+        for q in start.queued:
+            self.handle.enqueue(sp.choice_from_config(q.cfg), {"design": q.design})
+        for note in start.notes:
+            self.prober.tell(Note.info(note))
         self._keep(enqueued=True)
 
     def _parts(self):
         """The baseline's breakdown (`autotune.measuring.breakdown.Breakdown`), or None."""
         return self.state.baseline.breakdown if self.state.baseline is not None else None
 
-    def _moved(self, cfg: Mapping[str, int]) -> list[str]:
-        """The knobs ``cfg`` moves from the baseline."""
-        base = self.space.canonical(self.space.baseline)
-        return [k for k, v in self.space.canonical(cfg).items() if base.get(k) != v]
-
-    def _neighbours(self) -> tuple[dict[str, int], dict[str, int]] | None:
-        """The script's batch neighbours on the baseline's line, (smaller, larger), when the
-        space holds both."""
-        sp = self.space
-        if "batch_size" not in sp.domains or "batch_size" not in sp.baseline:
-            return None
-        values = sp.domains["batch_size"]
-        i = sp.index("batch_size", sp.baseline["batch_size"])
-        if i == 0 or i + 1 >= len(values):
-            return None
-        return (sp.config({**sp.baseline, "batch_size": values[i - 1]}),
-                sp.config({**sp.baseline, "batch_size": values[i + 1]}))
-
-    def _held_back(self, design: list[dict[str, int]]) -> list[dict[str, int]]:
-        """The configs of the initial design that wait (`_release_held`, once the batch walk has
-        nowhere to go):
-
-        - those that move only knobs the baseline's breakdown says cannot pay
-          (`Breakdown.most_gain` within `decision.MIN_GAIN_REL`: more workers for a script that
-          waits 0.1% of its step for data). On minGPT's shape a 6m budget spent 21 s on
-          workers=1 (data wait 0.1%) and had no room left for the walk's 128;
-        - the script's smaller batch neighbour, while the larger is not measured, and for good
-          once the larger pays beyond what processes differ by (`_maybe_release_smaller`):
-          a batch line that rises past the script's batch seldom rises below it too, and
-          minGPT's 16 (26 s, pruned) was what the walk's 128 lacked at 6m.
-        """
-        parts = self._parts()
-        if "batch_size" not in self.space.domains:
-            return []
-        out = []
-        pair = self._neighbours()
-        keys = {self.space.key(c) for c in design}
-        if pair is not None and all(self.space.key(c) in keys for c in pair):
-            out += [c for c in design if self.space.key(c) == self.space.key(pair[0])]
-        if parts is None:
-            return out
-        for cfg in design:
-            gains = [parts.most_gain(k) for k in self._moved(cfg)]
-            if gains and all(g is not None and g <= decision.MIN_GAIN_REL for g in gains):
-                out.append(cfg)
-        return out
-
-    def _held_now(self) -> list[dict[str, int]]:
-        """`_held_back` of the initial design as the state has it (deterministic: a resumed
-        run holds the same configs)."""
-        parts = self._parts()
-        return self._held_back(self.space.initial_design(parts.moves() if parts else ()))
-
     def _maybe_release_smaller(self) -> None:
-        """The smaller batch neighbour (held back: `_held_back`) queued once the larger is
-        answered and did not pay beyond the pruning margin (what processes of one config
-        differ by: `spread.ProcessSpread.margin_rel`, else `decision.PRUNE_MARGIN_REL`); a
-        larger that pays keeps it held until the batch walk has nowhere to go."""
-        pair = self._neighbours()
-        if pair is None or self.state.smaller_settled:
+        """The smaller batch neighbour's hold settled (`queue_policy.release_smaller`)."""
+        if self.state.smaller_settled:
             return
-        smaller, larger = pair
-        sp = self.space
-        if sp.key(smaller) not in {sp.key(c) for c in self._held_now()}:
+        settle = queue_policy.release_smaller(
+            self.space, self._parts(), self.known, self.ooms, self._score,
+            margin_rel=self.handle.pruner.margin_rel, in_study=self._in_study)
+        if settle is None:
             return
-        big, base = self.known.get(sp.key(larger)), self.known.get(sp.key(sp.baseline))
-        if base is None or (big is None and not decision.oom_blocks(larger, self.ooms)):
-            return
-        margin = self.handle.pruner.margin_rel
-        gain = None
-        if big is not None and not big.infeasible:
-            b, g = self._score(base).value, self._score(big).value
-            gain = g / b - 1 if b and g is not None else None
-        if gain is not None and gain > margin:
-            self.prober.tell(Note.info(
-                f"{knobs_text(smaller)} stays held back: {knobs_text(larger)} beat the script's "
-                f"batch by {gain:+.1%}, beyond the {margin:.0%} processes differ by; it is probed "
-                f"once the batch walk has nowhere to go"))
-        elif sp.key(smaller) not in {self._key_of(t) for t in self.handle.trials()}:
-            self.handle.enqueue(sp.choice_from_config(smaller), {"design": "initial"})
-            said = "failed" if gain is None else f"read {gain:+.1%}"
-            self.prober.tell(Note.info(
-                f"{knobs_text(smaller)} next: {knobs_text(larger)} {said} against the script's "
-                f"batch, not beyond the {margin:.0%} processes differ by"))
+        if settle.queued is not None:
+            self._queue(settle.queued)
+        elif settle.note:
+            self.prober.tell(Note.info(settle.note))
         self._keep(smaller_settled=True)
 
     def _release_held(self) -> None:
-        """The held-back configs (`_held_back`), queued once the batch walk has nowhere to go
-        and the initial design is measured; none the study holds already."""
-        held = self._held_now()
-        pair = self._neighbours()
-        if pair is not None and not self.state.smaller_settled:  # the larger not yet answered
-            held = [c for c in held if self.space.key(c) != self.space.key(pair[0])]
-        if not held or self.handle.trials(states=(studies.TrialState.WAITING,)):
+        """The held-back configs queued (`queue_policy.release_held`) once the batch walk has
+        nowhere to go and the initial design is measured."""
+        if self.handle.trials(states=(studies.TrialState.WAITING,)):
             return
-        had = {self._key_of(t) for t in self.handle.trials()}
-        for cfg in held:
-            if self.space.key(cfg) not in had:
-                self.handle.enqueue(self.space.choice_from_config(cfg), {"design": "held"})
-                self.prober.tell(Note.info(f"{knobs_text(cfg)} next: the batch walk has nowhere "
-                                           f"to go, so the config held back is probed"))
+        for q in queue_policy.release_held(self.space, self._parts(),
+                                           smaller_settled=self.state.smaller_settled,
+                                           in_study=self._in_study):
+            self._queue(q)
+
+    def _queue(self, q: queue_policy.Queued) -> None:
+        """Queue what the policy chose, and say why."""
+        self.handle.enqueue(self.space.choice_from_config(q.cfg), {"design": q.design})
+        if q.note:
+            self.prober.tell(Note.info(q.note))
+
+    def _in_study(self) -> set:
+        """The config keys of every trial of the study, queued, running or finished."""
+        return {self._key_of(t) for t in self.handle.trials()}
 
     def _rebuild(self) -> None:
         """What the study already knows (a resumed run): no finished trial is measured again."""
@@ -537,30 +452,18 @@ class Search:
             study.stop()
 
     def _maybe_walk(self) -> None:
-        """One more per-rank batch along the baseline's line, in the direction that paid off
-        (`Space.batch_walk`: one step, or where the step-time model says the gain ends when the
-        study's score is samples/s), queued next unless it is queued already or ruled out by
-        an OOM."""
+        """One more per-rank batch along the baseline's line (`queue_policy.walk`), queued next
+        unless it is queued already; the held-back moves once the walk has nowhere to go."""
         sp = self.space
         if "batch_size" not in sp.domains:
             return
-        line: dict[int, float | None] = {}
-        others = self._off_batch(sp.baseline)
-        for k in self.known.values():
-            if self._off_batch(k.cfg) == others:
-                line[int(sp.canonical(k.cfg)["batch_size"])] = \
-                    None if k.infeasible else self._score(k).value
         rates = self.settings.objective.kinds == (objective.Kind.THROUGHPUT,)
-        nxt = sp.batch_walk(line, min_gain_rel=decision.MIN_GAIN_REL, rates=rates,
-                            blocked=self._walk_blocks)
-        far = nxt is None
-        if far:
-            nxt = sp.batch_far(line, min_gain_rel=decision.MIN_GAIN_REL,
-                               blocked=self._walk_blocks)
-        if nxt is None or decision.oom_blocks(nxt, self.ooms):
+        q = queue_policy.walk(sp, self.known, self.ooms, self._score, rates=rates,
+                              blocked=self._walk_blocks)
+        if q is None:
             self._release_held()
             return
-        key = sp.key(nxt)
+        key = sp.key(q.cfg)
         if key in self.squeezed_keys:
             # the walk's next batch, the move most likely to pay, does not fit beside the
             # confirmation (its note said so): the rest of the budget is the confirmation's.
@@ -571,19 +474,7 @@ class Search:
         waiting = self.handle.trials(states=(studies.TrialState.WAITING,))
         if any(self._key_of(t) == key for t in waiting):
             return
-        self.handle.enqueue(sp.choice_from_config(nxt),
-                            {"design": "batch-far" if far else "batch-walk"})
-        best = max((b for b, v in line.items() if v is not None), key=lambda b: line[b])
-        steps = abs(sp.index("batch_size", nxt["batch_size"]) - sp.index("batch_size", best))
-        if far:
-            how = ("the batches measured read level, the larger neighbour with the best: "
-                   "halfway to the largest, where a gain that grows with the batch would show")
-        elif steps == 1:
-            how = "one step further the way the batch paid off"
-        else:
-            how = (f"{steps} steps past {best}: the step-time model fitted to the batches "
-                   f"measured sees the gain go on that far")
-        self.prober.tell(Note.info(f"batch: {knobs_text(nxt)} next, {how}"))
+        self._queue(q)
 
     def _walk_blocks(self, batch: int) -> bool:
         """Whether a batch walk's jump may not land on ``batch`` (the baseline's other knobs):
@@ -604,10 +495,6 @@ class Search:
         join the candidates, and what a probe of ``cfg`` takes (s)."""
         left = self.settings.budget_s - self.elapsed() - self._reserve_s(cfg)
         return left, self.prober.probe_s(self.state, *self.space.trial_knobs(cfg))
-
-    def _off_batch(self, cfg: Mapping[str, int]) -> dict[str, int]:
-        """Every knob of ``cfg`` but the per-rank batch, canonical."""
-        return {k: v for k, v in self.space.canonical(cfg).items() if k != "batch_size"}
 
     # -- the spread between processes ------------------------------------------------------------
     def _maybe_repeat(self) -> None:
@@ -745,42 +632,24 @@ class Search:
             self._requeue_misjudged()
 
     def _requeue_misjudged(self) -> None:
-        """The one-at-a-time moves pruned before the spread between processes was measured
-        whose last estimate, against the bar and margin it sets now (the baseline at the mean
-        of its two processes, `_pool_baseline`), would not have been pruned: queued once more.
-        Their pruning judged them against one figure of the script's config that a second
-        process shows was off. nanoGPT's shape read its own config at 216.4, then 141.6; batch
-        16 at 166.3 was pruned against the first, and the search never walked to the larger
-        batches the grid finds best. Once per config: one the study holds twice is not queued
-        again (so a resumed run queues none anew)."""
-        sp, pruner = self.space, self.handle.pruner
+        """The moves pruned before the spread between processes was measured that it shows
+        misjudged (`queue_policy.misjudged`), queued once more."""
         if not self.handle.prunes:
             return
+        pruner = self.handle.pruner
         floor = studies.best_floor(self.handle.trials(states=(studies.TrialState.COMPLETE,)),
                                    pruner.revised)
-        held = {self._key_of(t) for t in self.handle.trials()
-                if t.state == studies.TrialState.WAITING}
+        waiting = {self._key_of(t) for t in self.handle.trials()
+                   if t.state == studies.TrialState.WAITING}
         counts: dict[tuple | None, int] = {}
         for t in self.handle.trials():
             key = self._key_of(t)
             counts[key] = counts.get(key, 0) + 1
-        for cfg in sp.one_at_a_time():
-            key = sp.key(cfg)
-            k = self.known.get(key)
-            if k is None or k.outcome != Outcome.PRUNED or counts.get(key, 0) > 1 or \
-                    key in held:
-                continue
-            score = self._score(k)
-            if score.value is None or not math.isfinite(score.ci_half) or \
-                    decision.cannot_reach(score.value, score.ci_half, floor,
-                                          margin_rel=pruner.margin_rel):
-                continue
-            del self.known[key]
-            self.handle.enqueue(sp.choice_from_config(cfg), {"design": "again"})
-            self.prober.tell(Note.info(
-                f"{knobs_text(cfg)} probed again: pruned at {score.value:.1f} before the spread "
-                f"between processes was measured, it is within the {pruner.margin_rel:.0%} "
-                f"margin of the bar that spread sets ({floor:.1f})"))
+        for q in queue_policy.misjudged(self.space, self.known, self._score, floor=floor,
+                                        margin_rel=pruner.margin_rel, counts=counts,
+                                        waiting=waiting):
+            del self.known[self.space.key(q.cfg)]
+            self._queue(q)
 
     def _use_spread(self) -> None:
         """The pruning margin from the measured spread between processes, where there is one,
@@ -892,23 +761,13 @@ class Search:
         return count
 
     def _maybe_combine(self) -> None:
-        """Once every one-at-a-time probe is answered, queue the moves that paid off, joined.
-
-        A pruned move counts with its last estimate: it may trail the best and still beat the
-        baseline.
-        """
+        """Once every one-at-a-time probe is answered, the moves that paid off, joined, queued
+        (`queue_policy.combine`)."""
         if self.state.combined:
             return
-        sp = self.space
-        moves = sp.one_at_a_time()
-        base = self.known.get(sp.key(sp.baseline))
-        answered = [self.known.get(sp.key(c)) for c in moves]
-        if base is None or not all(a is not None or decision.oom_blocks(c, self.ooms)
-                                   for a, c in zip(answered, moves)):
+        answered, q = queue_policy.combine(self.space, self.known, self.ooms, self._score)
+        if not answered:
             return
-        combo = decision.combine(sp.baseline, self._score(base).value or 0.0, [
-            (c, self._score(a).value if a is not None and not a.infeasible else None)
-            for c, a in zip(moves, answered)])
-        if combo is not None and sp.key(combo) not in self.known:
-            self.handle.enqueue(sp.choice_from_config(combo), {"design": "combined"})
+        if q is not None:
+            self.handle.enqueue(self.space.choice_from_config(q.cfg), {"design": q.design})
         self._keep(combined=True)
