@@ -424,16 +424,13 @@ class Known:
     def of_trial(cls, t) -> Known | None:
         """The answer a finished study trial holds in its user attrs, or None: not tried for an
         OOM, spoiled by foreign load, a replay of another trial, or interrupted (failed)."""
-        attrs = t.user_attrs
-        cfg = attrs.get("knobs")
-        outcome = studies.outcome_of(t)
-        if not cfg or outcome is None or studies.not_tried(t) or \
-                attrs.get("duplicate_of") is not None or t.state.name == "FAIL":
+        attrs = studies.attrs_of(t)
+        if not attrs.knobs or attrs.outcome is None or attrs.not_tried or \
+                attrs.duplicate_of is not None or t.state.name == "FAIL":
             return None
-        sps = attrs.get("samples_per_s")
+        sps = attrs.samples_per_s
         if sps is None:  # ``t.value`` raises for a multi-objective trial: its first value
             sps = (t.values or [0.0])[0]
-        return cls(t.number, outcome, float(sps),
-                   float(attrs.get("ci_half", 0.0)), dict(cfg),
-                   EnergyPerSample.from_dict(attrs.get("energy")),
-                   float(attrs.get("probe_s") or 0.0))
+        return cls(t.number, attrs.outcome, float(sps), float(attrs.ci_half or 0.0),
+                   dict(attrs.knobs), EnergyPerSample.from_dict(attrs.energy),
+                   float(attrs.probe_s or 0.0))
