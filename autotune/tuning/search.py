@@ -11,7 +11,6 @@ Configs are compared on their score (`autotune.tuning.objective`: samples/s unle
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
