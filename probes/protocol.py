@@ -144,6 +144,19 @@ ERROR = "error"  # {kind: "oom"|"exception"|ERROR_STOP_ITERATION, exc_type, mess
 # kind of an uncaught StopIteration (or the RuntimeError a generator makes of one): the script's
 # data ran out, the way a ``while True: next(it)`` loop over a finite loader ends
 ERROR_STOP_ITERATION = "stop_iteration"
+
+
+class ErrorKind(str, enum.Enum):
+    """An `ERROR` message's ``kind``, as the controller reads it."""
+
+    OOM = "oom"
+    EXCEPTION = "exception"
+    STOP_ITERATION = ERROR_STOP_ITERATION
+
+    def __str__(self) -> str:
+        return self.value
+
+
 BYE = "bye"  # {exit_code, stopped}
 STOP = "stop"  # controller -> rank: {reason}
 

@@ -8,7 +8,7 @@ import pytest
 
 from autotune.measuring.outcome import Outcome
 from autotune.measuring.trial import TrialResult
-from autotune.tuning import decision, fitting, search
+from autotune.tuning import decision, fitting, search, search_budget
 from autotune.tuning.fitting import Pace, ScriptTiming
 from autotune.tuning.records import Stop
 from conftest import journal
@@ -489,8 +489,8 @@ def test_a_found_gain_keeps_the_rounds_its_spread_needs_before_the_search_goes_o
     def run(where, rule):
         clock, told = FakeClock(), []
         if rule == "asked":
-            planned = search.Search._planned_rounds
-            monkeypatch.setattr(search.Search, "_planned_rounds",
+            planned = search_budget.Budget.planned_rounds
+            monkeypatch.setattr(search_budget.Budget, "planned_rounds",
                                 lambda self: min(self.settings.confirm_rounds, planned(self)))
         else:
             monkeypatch.undo()
@@ -523,7 +523,7 @@ def test_the_budget_stops_the_search_when_the_cheapest_config_left_does_not_fit(
         clock = FakeClock()
         fake = Apart(clock, 0.85)
         if rule == "average":
-            monkeypatch.setattr(search.Search, "_cheapest_left_s",
+            monkeypatch.setattr(search_budget.Budget, "cheapest_left_s",
                                 lambda self: self.prober.typical_s(self.state))
         else:
             monkeypatch.undo()

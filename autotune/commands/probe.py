@@ -19,7 +19,7 @@ from autotune.monitor import watch
 from autotune.measuring.trial import TrialSpec, run_trial
 from autotune.measuring.trial_events import TrialEvents
 from autotune.tuning import baseline
-from autotune.store.events import Event
+from autotune.store.events import Event, RunKind
 from probes import protocol
 from probes.protocol import Mode
 
@@ -61,9 +61,9 @@ def run(args) -> int:
     cwd = common.probe_cwd(args)
     target = common.absolute_script(target, cwd)
     root = rundir.Path(args.runs_dir).expanduser() if args.runs_dir else None
-    run_dir = rundir.new_run_dir("probe", target[0], root=root)
+    run_dir = rundir.new_run_dir(RunKind.PROBE, target[0], root=root)
     journal = Journal(run_dir)
-    journal.emit(Event.RUN_STARTED, kind="probe", command=list(target), cwd=cwd, modes=modes,
+    journal.emit(Event.RUN_STARTED, kind=RunKind.PROBE, command=list(target), cwd=cwd, modes=modes,
                  budget_s=args.seconds * len(modes))
     say = (lambda msg: print(msg, file=sys.stderr, flush=True))
     results = {}

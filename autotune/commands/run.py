@@ -20,7 +20,7 @@ from autotune.store import controller as controllers
 from autotune.tuning.state import check_not_running, load_state
 from autotune.launching.group import RanksSpec
 from autotune.store.journal import Journal, read_events
-from autotune.store.events import Event
+from autotune.store.events import Event, RunKind
 
 
 def add_parser(sub):
@@ -121,7 +121,7 @@ def run(args) -> int:
         (again.run_dir.parent if again else None)
     run_dir = rundir.new_run_dir("run", target[0], root=root)
     journal = Journal(run_dir)
-    journal.emit(Event.RUN_STARTED, kind="run", command=list(target), cwd=cwd,
+    journal.emit(Event.RUN_STARTED, kind=RunKind.RUN, command=list(target), cwd=cwd,
                  hardware=fingerprint.summary(fp), recipe=str(recipe.path),
                  launcher=engines.describe(launcher),
                  **({"again_of": again.run_dir.name} if again else {}))

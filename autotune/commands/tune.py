@@ -32,7 +32,7 @@ from autotune.tuning import (TuneReport, TuneSettings, TuneState, Tuner, check_n
 from autotune.tuning.decision import claim_text
 from autotune.tuning.state import check_budget
 from autotune.tuning.space.parse import parse_values
-from autotune.store.events import Event
+from autotune.store.events import Event, RunKind
 
 
 def add_parser(sub):
@@ -186,7 +186,7 @@ def check_energy_readable(goal: objective.Objective) -> None:
                          f"GPU visible; CPU package: {why}); use --objective throughput")
 
 
-def prepare(args, kind: str) -> Prepared:
+def prepare(args, kind: RunKind) -> Prepared:
     """Check the input and set up the run directory; nothing runs yet."""
     ranges = space.parse_space(args.space)  # first: it names a script it swallowed by mistake
     fixed = space.parse_fix(args.fix)
@@ -486,7 +486,7 @@ def _claim(report: TuneReport) -> str:
 def run(args) -> int:
     from autotune.monitor import watch
 
-    prep = prepare(args, "tune")
+    prep = prepare(args, RunKind.TUNE)
     start_journal(prep)
     try:
         with watch(prep.run_dir, plain=args.plain or args.json,

@@ -6,6 +6,7 @@ import os
 
 from autotune.monitor import console
 from autotune.store import jsontext
+from autotune.store.events import RunKind
 from autotune.commands import run as run_command
 from autotune.commands import tune
 from autotune.tuning.space import knobs_text
@@ -26,7 +27,7 @@ def add_parser(sub):
 def run(args) -> int:
     from autotune.monitor import watch
 
-    prep = tune.prepare(args, "wrap")
+    prep = tune.prepare(args, RunKind.WRAP)
     tune.start_journal(prep)
     code = 1
     try:

@@ -15,6 +15,7 @@ whole environment and binds nothing by default.
 from __future__ import annotations
 
 import argparse
+import enum
 import os
 import re
 import sys
@@ -26,7 +27,20 @@ from dataclasses import dataclass
 from autotune.hardware.allocation import (SlurmAllocation, expand_nodelist,  # noqa: F401
                                           slurm_allocation)
 
-KINDS = ("local", "mpirun", "srun")
+
+
+class Kind(str, enum.Enum):
+    """What starts the ranks; the value is what ``--launcher``, recipes and the journal say."""
+
+    LOCAL = "local"
+    MPIRUN = "mpirun"
+    SRUN = "srun"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+KINDS = tuple(k.value for k in Kind)
 MPIRUN_ENV = "AUTOTUNE_MPIRUN"
 # Variables a rank needs from the controller; forwarded explicitly where the engine needs it.
 FORWARD_PREFIXES = ("AUTOTUNE_", "MASTER_", "OMP_", "MKL_", "OPENBLAS_", "CUDA_", "NCCL_", "GLOO_",
@@ -50,7 +64,7 @@ class MpiInfo:
 class Launcher:
     """How ranks are started. ``hosts`` empty: this host only."""
 
-    kind: str = "local"
+    kind: Kind = Kind.LOCAL
     hosts: tuple[Host, ...] = ()
     hostfile: str | None = None
     mpi: MpiInfo | None = None
@@ -59,6 +73,12 @@ class Launcher:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"launcher must be one of {', '.join(KINDS)}, but got {self.kind!r}")
+        object.__setattr__(self, "kind", Kind(self.kind))  # a kind given as its text
+
+    @property
+    def local(self) -> bool:
+        """Our own processes are the ranks (no engine starts them)."""
+        return self.kind is Kind.LOCAL
 
     @property
     def host_count(self) -> int:
@@ -267,7 +287,7 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
     return resolve(getattr(args, "launcher", None), getattr(args, "hostfile", None), env)
 
 
-def resolve(kind: str | None, hostfile: str | None = None,
+def resolve(kind: Kind | str | None, hostfile: str | None = None,
             env: Mapping[str, str] | None = None) -> Launcher:
     """A `Launcher` from its kind (None: local, or mpirun with a hostfile, or srun inside a Slurm
     allocation of several nodes) and hostfile, checked; `UsageError` says what is missing."""
@@ -276,12 +296,14 @@ def resolve(kind: str | None, hostfile: str | None = None,
     env = os.environ if env is None else env
     alloc = slurm_allocation(env)
     if kind is None:
-        kind = "mpirun" if hostfile else ("srun" if alloc and len(alloc.nodes) > 1 else "local")
+        kind = Kind.MPIRUN if hostfile else \
+            (Kind.SRUN if alloc and len(alloc.nodes) > 1 else Kind.LOCAL)
     if kind not in KINDS:
         raise UsageError(f"--launcher must be one of {', '.join(KINDS)}, but got {kind!r}")
+    kind = Kind(kind)
     hosts: tuple[Host, ...] = ()
     if hostfile:
-        if kind != "mpirun":
+        if kind is not Kind.MPIRUN:
             raise UsageError(f"--hostfile needs --launcher mpirun, not {kind}")
         try:
             with open(hostfile) as f:
@@ -292,13 +314,13 @@ def resolve(kind: str | None, hostfile: str | None = None,
             raise UsageError(f"--hostfile {hostfile!r} lists no host")
         hostfile = os.path.abspath(hostfile)  # a resumed run may start elsewhere
     mpi = None
-    if kind == "mpirun":
+    if kind is Kind.MPIRUN:
         mpi = detect_mpi(env)
         if mpi is None:
             raise UsageError("--launcher mpirun: no mpirun found beside Python or on PATH; "
                              "pip install 'autotune[mpi]' (mpi4py + mpich) or set "
                              f"{MPIRUN_ENV}")
-    if kind == "srun":
+    if kind is Kind.SRUN:
         if alloc is None:
             raise UsageError("--launcher srun: not inside a Slurm allocation (no SLURM_JOB_ID); "
                              "run under salloc/sbatch")
@@ -308,7 +330,7 @@ def resolve(kind: str | None, hostfile: str | None = None,
 
 def describe(launcher: Launcher) -> str:
     """One phrase for messages and the journal: ``mpirun (mpich) on 2 hosts``."""
-    text = launcher.kind
+    text = launcher.kind.value
     if launcher.mpi is not None:
         text += f" ({launcher.mpi.flavor})"
     if launcher.multi_host:

@@ -157,7 +157,7 @@ def plan_for(spec: RanksSpec, base: Mapping[str, str]) -> placement.Plan:
                 raise LaunchError(f"{int(wanted)} GPUs asked for, {len(gpus)} visible")
             gpus = gpus[:int(wanted)]
     knobs, cores, notes = dict(spec.knobs), host_cores(), []
-    alloc = slurm_allocation(base) if spec.launcher.kind == "srun" else None
+    alloc = slurm_allocation(base) if spec.launcher.kind is engines.Kind.SRUN else None
     if alloc is not None:
         cores = list(range(alloc.node_cpus or len(cores)))
         if knobs.pop("pin", None):
@@ -203,7 +203,7 @@ def start_group(spec: RanksSpec, *, channel: Mapping[str, str], extra_env: Mappi
     argv = rank_command.rank_argv([spec.command[0], *args])
     skip = rank_command.placeholders(spec.command[1:])
     slot_envs = [_slot_env(slot, daemon) for slot in plan.slots]
-    if spec.launcher.kind == "local":
+    if spec.launcher.kind is engines.Kind.LOCAL:
         started = _start_local(spec, plan, base, knobs, skip, argv, slot_envs, channel,
                                pipe_output, on_output)
     else:
@@ -242,7 +242,7 @@ def _start_local(spec, plan, base, knobs, skip, argv, slot_envs, channel, pipe_o
                                   channel=channel, run_id=spec.marker)
             env.update(plan.common_env)
             env.update(slot_envs[rank])
-            env[protocol.ENV_LAUNCHER] = "local"
+            env[protocol.ENV_LAUNCHER] = engines.Kind.LOCAL.value
             env.pop(protocol.ENV_PLACEMENT, None)
             path = log_path(spec, rank)
             callback = None
@@ -285,7 +285,7 @@ def engine_argv(spec: RanksSpec, plan: placement.Plan, argv, env) -> list[str]:
     lz = spec.launcher
     per_host = plan.local_world_size
     total = per_host * lz.host_count
-    if lz.kind == "mpirun":
+    if lz.kind is engines.Kind.MPIRUN:
         if lz.mpi is None:
             raise LaunchError("launcher mpirun without an mpirun; see 'autotune env'")
         forward = engines.forwarded(env) if lz.mpi.flavor == "openmpi" else ()

@@ -106,7 +106,7 @@ def ranks_per_host(ranks: int, launcher: engines.Launcher, env) -> int:
     and under ``srun`` no more on a node than the Slurm allocation can start there
     (`autotune.hardware.allocation`), as a probe's ranks."""
     per_host = max(1, -(-ranks // launcher.host_count))
-    alloc = slurm_allocation(env) if launcher.kind == "srun" else None
+    alloc = slurm_allocation(env) if launcher.kind is engines.Kind.SRUN else None
     if alloc is not None and alloc.ranks_per_node:
         per_host = min(per_host, alloc.ranks_per_node)
     return per_host
@@ -153,7 +153,7 @@ def measure(*, ranks: int = 2, log_dir: Path, cwd: str = ".",
         timed_out = group.running() and time.monotonic() >= deadline
     finally:
         codes = [proc.stop(lp, grace_s=2.0) for lp in group.launched]
-        if launcher.kind == "srun" and -signal.SIGKILL in codes:
+        if launcher.kind is engines.Kind.SRUN and -signal.SIGKILL in codes:
             engines.wait_steps_ended(base)  # the next step would wait for a killed one
     log = log_dir / "allreduce.log"
     if timed_out or any(c != 0 for c in codes) or not out.exists():

@@ -184,7 +184,7 @@ def run_full(spec: FullRunSpec, journal: Journal, *, out=None) -> int:
     lock = threading.Lock()
     # Ranks started here are streamed one by one and labelled when there are several; an engine
     # (mpirun, srun) merges its ranks' output into its own, which is passed on as it is.
-    label = asked.launcher.kind == "local" and asked.instances > 1
+    label = asked.launcher.kind is engines.Kind.LOCAL and asked.instances > 1
 
     def on_output(rank: int, line: str) -> None:
         stream = out or sys.stdout
@@ -246,7 +246,7 @@ def _supervise(spec: FullRunSpec, signals: _Signals, collector: Collector, journ
     meter.rate(last_report)
     first_failure: int | None = None
     stopping = False
-    engine = spec.ranks.launcher.kind != "local"
+    engine = spec.ranks.launcher.kind is not engines.Kind.LOCAL
     reported = 0
     watch = PromiseWatch(spec.promise, sustain_s=spec.sustain_s) \
         if spec.promise is not None else None
@@ -364,6 +364,6 @@ def _rank_said(spec: FullRunSpec, failed: tuple[int, int] | None, code: int) -> 
     rank, rank_code = failed
     if rank_code == code:
         return code, {"rank": rank}
-    if spec.ranks.launcher.kind == "local":  # our own processes' codes are the ranks' already
+    if spec.ranks.launcher.kind is engines.Kind.LOCAL:  # our own processes' codes are the ranks' already
         return code, {}
     return rank_code, {"rank": rank, "launcher_exit_code": code}

@@ -12,7 +12,7 @@ import signal
 from dataclasses import dataclass
 from enum import Enum
 
-from probes.protocol import ERROR_STOP_ITERATION, Mode
+from probes.protocol import ErrorKind, Mode
 
 
 class Outcome(str, Enum):
@@ -43,7 +43,7 @@ class Observed:
 
     exit_code: int | None  # of the first rank that failed, or of rank 0; None: still ran
     stopped_by_us: bool  # we asked it to stop (probe over, or pruned)
-    error_kind: str | None = None  # "oom" | "exception" | "stop_iteration" from the meter
+    error_kind: ErrorKind | None = None  # from the meter; None: no error, or a kind unknown
     error_text: str = ""  # "Type: message"
     batches: int = 0
     steps: int = 0
@@ -72,6 +72,12 @@ class Observed:
     # None: a probe nobody re-runs. ``last_attempt``: no re-run follows this one.
     attempt: int | None = None
     last_attempt: bool = True
+
+    def __post_init__(self):
+        # the meter's text, parsed once; a kind this autotune does not know is none it acts on
+        kind = self.error_kind
+        object.__setattr__(self, "error_kind", kind if kind is None or isinstance(
+            kind, ErrorKind) else next((k for k in ErrorKind if k.value == kind), None))
 
     @property
     def foreign_flagged(self) -> bool:
@@ -156,9 +162,9 @@ def _ended_by_itself(obs: Observed) -> str:
     stretched to its real loader's pace), so what it does at the end is the mode's doing, not a
     failure of the config. An OOM and a signal are never an end.
     """
-    if obs.stopped_by_us or obs.error_kind == "oom" or (obs.exit_code or 0) < 0:
+    if obs.stopped_by_us or obs.error_kind is ErrorKind.OOM or (obs.exit_code or 0) < 0:
         return ""
-    if obs.error_kind == ERROR_STOP_ITERATION:
+    if obs.error_kind is ErrorKind.STOP_ITERATION:
         return f"its data ran out: an uncaught {_exception(obs.error_text)}"
     if obs.exit_code == 0 and not obs.error_text:
         return "exit 0"
@@ -184,7 +190,7 @@ def _how_it_ended(obs: Observed) -> tuple[Outcome, str]:
     """(outcome, reason) from how the ranks ended and what they were counted doing alone."""
     where = f" (last log line: {obs.last_log_line})" if obs.last_log_line else ""
     after = f"{obs.batches} batches" if obs.batches else f"{obs.steps} steps"
-    if obs.error_kind == "oom":
+    if obs.error_kind is ErrorKind.OOM:
         return Outcome.OOM, f"out of memory: {obs.error_text}"
     if obs.exit_code == -signal.SIGKILL and not obs.stopped_by_us:
         return Outcome.OOM, "killed by SIGKILL from outside, most likely the kernel OOM killer"
@@ -192,7 +198,7 @@ def _how_it_ended(obs: Observed) -> tuple[Outcome, str]:
     if ended and obs.has_estimate:
         return Outcome.ENDED, (f"the script ended on its own ({ended}) after {after}; the figure "
                                f"is from the steady span before its end")
-    ran_out = obs.error_kind == ERROR_STOP_ITERATION
+    ran_out = obs.error_kind is ErrorKind.STOP_ITERATION
     if ran_out and (obs.batches or obs.steps):
         return Outcome.EXITED_EARLY, (f"the script ended on its own ({ended}) after {after}, "
                                       f"before a steady-state estimate; give it more data or "

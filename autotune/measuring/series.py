@@ -10,6 +10,7 @@ their sentences in the result's reason and notes.
 
 from __future__ import annotations
 
+import enum
 import os
 from collections.abc import Mapping, Sequence
 
@@ -23,6 +24,18 @@ from probes import protocol
 Points = list[tuple[float, float]]  # (time_s, cumulative count), in the controller's clock
 
 DISAGREE_REL = 0.25  # --metric and autotune's own count further apart than this: said
+
+
+class Source(str, enum.Enum):
+    """How a probe's throughput was counted; the value is what results and journals hold."""
+
+    DATALOADER = "dataloader"  # DataLoader samples
+    STEPS = "steps"  # steps times the samples in a step
+    METRIC = "metric"  # the script's own lines (--metric)
+    NONE = "none"  # nothing counted
+
+    def __str__(self) -> str:
+        return self.value
 
 
 def samples_per_step(command: Sequence[str], knobs: Mapping[str, float],
@@ -82,11 +95,11 @@ def metric_reason(log: MetricLog, *, batch_known: bool, ran_s: float, log_path) 
             f"print more often or allow more --seconds")
 
 
-def notes(*, source: str, step_note: str, metric_rate: float, counted_rate: float,
+def notes(*, source: Source, step_note: str, metric_rate: float, counted_rate: float,
           writes: Mapping[str, dict]) -> list[Note]:
     """What the user should know about how a probe was measured and what it touched."""
     out = []
-    if source == "steps" and step_note:
+    if source is Source.STEPS and step_note:
         out.append(Note.info(step_note))
     if metric_rate > 0 and counted_rate > 0 \
             and abs(metric_rate - counted_rate) > DISAGREE_REL * counted_rate:
@@ -139,19 +152,19 @@ def sum_series(per_rank: Sequence[Points]) -> Points:
 
 def counted_series(batch_points: Sequence[Points], step_points: Sequence[Points], *,
                    batches: int, steps: int,
-                   samples_per_step: int | None) -> tuple[Points, int, str]:
+                   samples_per_step: int | None) -> tuple[Points, int, Source]:
     """What the meters counted, summed over ranks: ``(points, count, source)``.
 
     DataLoader samples when any batch was seen, else steps times ``samples_per_step``, else
-    nothing (source "none"). ``batch_points`` and ``step_points`` hold one series per rank.
+    nothing (`Source.NONE`). ``batch_points`` and ``step_points`` hold one series per rank.
     """
     if batches:
-        return sum_series([pts for pts in batch_points if pts]), batches, "dataloader"
+        return sum_series([pts for pts in batch_points if pts]), batches, Source.DATALOADER
     if steps and samples_per_step:
         k = samples_per_step
         per_rank = [[(t, n * k) for t, n in pts] for pts in step_points if pts]
-        return sum_series(per_rank), steps, "steps"
-    return [], 0, "none"
+        return sum_series(per_rank), steps, Source.STEPS
+    return [], 0, Source.NONE
 
 
 def rate(points: Points, count: int) -> float:

@@ -102,7 +102,7 @@ class TrialResult:
     reason: str
     samples_per_s: float
     ci_half: float
-    source: str  # "dataloader" | "steps" | "metric" | "none"
+    source: series.Source  # how throughput was counted
     steps_per_s: float
     measured_s: float
     warmup_s: float
@@ -183,10 +183,12 @@ class TrialResult:
     @classmethod
     def from_dict(cls, d: Mapping) -> TrialResult:
         """From `to_dict`'s shape. Notes of earlier journals were text: "WARNING: ..." is a
-        warning, any other an info."""
+        warning, any other an info. A field a journal lacks (one of an older autotune, a
+        partial record) reads as nothing measured (`UNMEASURED`)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{**{k: v for k, v in d.items() if k in names},
+        return cls(**{**UNMEASURED, **{k: v for k, v in d.items() if k in names},
                       "outcome": Outcome(d["outcome"]), "mode": Mode(d.get("mode", "full")),
+                      "source": series.Source(d.get("source") or "none"),
                       "notes": tuple(map(note_of, d.get("notes") or ())),
                       "knobs": dict(d.get("knobs") or {}),
                       "hosts": tuple(d.get("hosts") or ()),
@@ -194,6 +196,13 @@ class TrialResult:
                       "breakdown": Breakdown.from_dict(d.get("breakdown")),
                       "energy": EnergyPerSample.from_dict(d.get("energy")),
                       "noise": NoiseEstimate.from_dict(d.get("noise"))})
+
+
+# What `TrialResult.from_dict` reads for a field without a default that a record lacks.
+UNMEASURED = {"reason": "", "samples_per_s": 0.0, "ci_half": 0.0, "steps_per_s": 0.0,
+              "measured_s": 0.0, "warmup_s": 0.0, "paused_s": 0.0, "duration_s": 0.0,
+              "peak_rss_bytes": 0, "cuda_peak_bytes": 0, "foreign_cores": 0.0,
+              "exit_code": None, "log_path": "", "log_tail": "", "seen": {}}
 
 
 def note_of(raw: Mapping | str) -> Note:
@@ -239,7 +248,7 @@ class _Probe:
         self.last_progress = (0, 0, 0)
         self.first_progress: tuple[float, int] | None = None  # (when, batches or steps)
         self.estimate: steady.Estimate | None = None
-        self.source = "none"
+        self.source = series.Source.NONE
         self.hung_s: float | None = None
         self.stopped_by_us = False
         self.stop_t: float | None = None  # when we asked the ranks to stop
@@ -350,7 +359,7 @@ class _Probe:
             factor = self.metric.metric.scale(
                 batch_size=self.samples_per_step or self.script.loader_batch, ranks=self.world_size())
             points = self.metric.series(factor) if factor else []
-            return points, len(points), "metric"
+            return points, len(points), series.Source.METRIC
         return self.counted_series()
 
     def counted_series(self) -> tuple[list[tuple[float, float]], int, str]:
@@ -399,10 +408,10 @@ def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool]
         probe.group = group
         if turn is not None:
             turn.attach(probe.launched)
-        if asked.launcher.kind == "local" and turn is None:  # counters of this host only
+        if asked.launcher.kind is engines.Kind.LOCAL and turn is None:  # counters of this host only
             probe.energy = EnergyMeter([slot.gpu.index for slot in group.plan.slots
                                         if slot.gpu is not None])
-        if asked.launcher.kind != "local":  # ranks are the engine's children, not ours
+        if asked.launcher.kind is not engines.Kind.LOCAL:  # ranks are the engine's children, not ours
             probe.marked = proc.MarkedScan({lp.spec.marker for lp in group.launched},
                                            since=begun)
         if on_start is not None:
@@ -425,7 +434,7 @@ def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool]
                 time.sleep(0.05)
                 probe.absorb(collector.drain())
         exit_codes = [proc.stop(lp, grace_s=spec.grace_s) for lp in probe.launched]
-        if asked.launcher.kind == "srun" and -signal.SIGKILL in exit_codes:
+        if asked.launcher.kind is engines.Kind.SRUN and -signal.SIGKILL in exit_codes:
             # a killed srun leaves its step to Slurm: the next probe must not wait for it
             why = engines.wait_steps_ended(base_env)
             if why:
@@ -601,7 +610,7 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         counted_s=pts[-1][0] - pts[0][0] if len(pts) > 1 else 0.0,
         paused_s=est.paused_s if est is not None and not has_estimate else 0.0,
         first_s=_pace(probe).get("first_s"),
-        io_without_loader=spec.ranks.mode is Mode.IO and probe.source != "dataloader",
+        io_without_loader=spec.ranks.mode is Mode.IO and probe.source is not series.Source.DATALOADER,
         mode=spec.ranks.mode,
         pruned=probe.pruned, foreign_cores=foreign, foreign_limit_cores=spec.foreign_limit_cores,
         attempt=spec.attempt, last_attempt=spec.last_attempt))
@@ -610,7 +619,7 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
         if step_points else None
     step_rate = step_est.samples_per_s if step_est else 0.0
     ticks = [r.tick for r in probe.ranks.values()]
-    counted = series.rate(*probe.counted_series()[:2]) if probe.source == "metric" else 0.0
+    counted = series.rate(*probe.counted_series()[:2]) if probe.source is series.Source.METRIC else 0.0
     late = next((r.teardown for r in probe.ranks.values() if r.teardown), None)
     if late is not None:
         probe.notes.append(Note.info(
@@ -640,7 +649,7 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
             f"cannot be read from here and was not read"))
     notes = list(probe.notes) + group_notes + series.notes(
         source=probe.source, step_note=probe.step_note, counted_rate=counted,
-        metric_rate=est.samples_per_s if has_estimate and probe.source == "metric" else 0.0,
+        metric_rate=est.samples_per_s if has_estimate and probe.source is series.Source.METRIC else 0.0,
         writes=probe.script.writes)
     seen = probe.script.result()
     return TrialResult(
@@ -680,7 +689,7 @@ def _cost(probe: _Probe, est: steady.Estimate, turn: alternate.Turn | None = Non
         span = sum(min(b, est.end_t) - max(a, est.start_t) for a, b in turn.slices
                    if b > est.start_t and a < est.end_t)
     trail = list(probe.cpu_trail)
-    local = probe.spec.ranks.launcher.kind == "local"
+    local = probe.spec.ranks.launcher.kind is engines.Kind.LOCAL
     if local and span > 0 and len(trail) >= 2 and trail[0][0] <= est.start_t + POLL_S \
             and trail[-1][0] >= est.end_t - POLL_S:
         used = steady.interp(trail, est.end_t) - steady.interp(trail, est.start_t)

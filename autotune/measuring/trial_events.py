@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from autotune.measuring.trial import TrialResult
 from autotune.store.events import Event
 from autotune.store.journal import Journal
+from probes.protocol import Mode
 
 
 @dataclass(frozen=True)
@@ -23,8 +24,11 @@ class TrialEvents:
     journal: Journal
     trial: str
     number: int | None
-    mode: str
+    mode: Mode
     _last: list = field(default_factory=list, compare=False, repr=False)  # the last estimate
+
+    def __post_init__(self):
+        object.__setattr__(self, "mode", Mode(self.mode))  # a mode given as its text
 
     def started(self, knobs: Mapping) -> None:
         self.journal.emit(Event.TRIAL_STARTED, trial=self.trial, number=self.number,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from autotune.monitor.state import RunState, fold
 from autotune.store import controller as controllers
+from autotune.store.events import RunKind
 from autotune.store.journal import read_events
 
 # exit codes of a run stopped as asked: Ctrl-C, SIGTERM (`autotune stop`, kill), a hang-up,
@@ -57,7 +58,7 @@ def status_of(state: RunState, *, alive: bool | None, age_s: float) -> tuple[Sta
         return (Status.STOPPED if code in STOP_CODES else Status.FAILED), code
     if alive is False or (alive is None and age_s > STARTING_GRACE_S):
         return Status.LOST, None
-    if state.fullrun is not None or (state.kind in ("run", "probe") and state.started_t):
+    if state.fullrun is not None or (state.kind in (RunKind.RUN, RunKind.PROBE) and state.started_t):
         return Status.RUNNING, None
     if state.best is not None or state.confirmations:
         return Status.CONFIRMING, None
@@ -134,7 +135,7 @@ def info(run_dir: Path, now: float | None = None) -> RunInfo:
     except OSError:
         age_s = 0.0
     status, code = status_of(state, alive=None if ctl is None else ctl.alive(), age_s=age_s)
-    kind = state.kind or _kind_from_name(run_dir.name)
+    kind = state.kind.value if state.kind else _kind_from_name(run_dir.name)
     return RunInfo(id=run_dir.name, path=run_dir, command=kind,
                    script=state.script if state.command else "?", status=status,
                    exit_code=code, pid=ctl.pid if ctl else None,

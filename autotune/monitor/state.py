@@ -12,8 +12,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from autotune.measuring.breakdown import Breakdown
 from autotune.measuring.outcome import USABLE, Outcome
-from autotune.store.events import Event
+from autotune.measuring.trial import TrialResult
+from autotune.store.events import Event, RunKind
 from probes import protocol
 
 RUNNING = "running"
@@ -39,7 +41,7 @@ class TrialRow:
     source: str = ""
     foreign_flagged: bool = False
     log_path: str = ""
-    breakdown: dict | None = None  # where its time went (`autotune.measuring.breakdown`)
+    breakdown: Breakdown | None = None  # where its time went
     # (per-rank batch, one rank's peak bytes, "host" | "gpu") when the probe measured it
     memory: tuple | None = None
 
@@ -69,9 +71,9 @@ class FullRun:
     exit_code: int | None = None
     notes: list = field(default_factory=list)  # where its ranks run, whether MPS serves them
     ended_t: float | None = None
-    # where the time went (`Breakdown.to_dict`): since the last report while it runs, over the
-    # whole run once it has ended
-    breakdown: dict | None = None
+    # where the time went: since the last report while it runs, over the whole run once it
+    # has ended
+    breakdown: Breakdown | None = None
     promise: str = ""  # the run against the recipe's figure: a shortfall, then the verdict
     below_promise: bool = False  # ...and whether the run fell below it
     promised: float | None = None  # the recipe's samples/s the run is held against
@@ -81,7 +83,7 @@ class FullRun:
 class RunState:
     """The run as the journal tells it so far."""
 
-    kind: str = ""
+    kind: RunKind | None = None  # None: not said, or a kind this autotune does not know
     command: list = field(default_factory=list)
     cwd: str = ""
     hardware: object = None
@@ -166,7 +168,7 @@ class RunState:
         running = [r for r in self.trials.values() if not r.finished]
         if running:
             r = running[-1]
-            if self.kind == "probe":
+            if self.kind is RunKind.PROBE:
                 return f"probing mode '{r.mode}'"
             return f"trial {r.label}"
         if self.trials:
@@ -176,8 +178,8 @@ class RunState:
     def mode_rows(self) -> dict[str, TrialRow]:
         """The last finished synthetic and io probes, and the full one of a probe run."""
         return {r.mode: r for r in self.trials.values()
-                if r.finished and (r.mode in ("synthetic", "io")
-                                   or (r.mode == protocol.Mode.FULL and self.kind == "probe"))}
+                if r.finished and (r.mode in (protocol.Mode.SYNTHETIC, protocol.Mode.IO)
+                                   or (r.mode == protocol.Mode.FULL and self.kind is RunKind.PROBE))}
 
     def mode_rates(self) -> dict[str, float | None]:
         """Probe-mode throughputs (full/synthetic/io): None where a mode failed. In a tuning
@@ -234,7 +236,7 @@ def _num(value):
 
 
 def _run_started(s: RunState, ev: dict, t) -> None:
-    s.kind = str(ev.get("kind", ""))
+    s.kind = RunKind.of(ev.get("kind"))
     cmd = ev.get("command") or []
     s.command = list(cmd) if isinstance(cmd, (list, tuple)) else [str(cmd)]
     s.cwd = str(ev.get("cwd", ""))
@@ -268,22 +270,23 @@ def _trial_progress(s: RunState, ev: dict, t) -> None:
 
 def _trial_finished(s: RunState, ev: dict, t) -> None:
     row = s._row(ev)
-    res = ev.get("result") or {}
+    raw = ev.get("result") or {}
+    res = TrialResult.from_dict({**raw, "outcome": raw.get("outcome") or Outcome.OK.value})
     row.finished_t = t
-    row.status = str(res.get("outcome") or Outcome.OK.value)
-    row.reason = str(res.get("reason") or "")
-    if res.get("knobs"):
-        row.knobs = dict(res["knobs"])
-    row.samples_per_s = _num(res.get("samples_per_s"))
-    row.ci_half = _num(res.get("ci_half"))
-    row.measured_s = _num(res.get("measured_s"))
-    row.duration_s = _num(res.get("duration_s"))
+    row.status = res.outcome.value
+    row.reason = str(res.reason or "")
+    if res.knobs:
+        row.knobs = dict(res.knobs)
+    # a figure the record lacks (a journal of an older autotune) is not known, not zero
+    row.samples_per_s, row.ci_half, row.measured_s, row.duration_s = (
+        _num(getattr(res, name)) if name in raw else None
+        for name in ("samples_per_s", "ci_half", "measured_s", "duration_s"))
     if row.duration_s is None and row.started_t is not None and t is not None:
         row.duration_s = t - row.started_t
-    row.source = str(res.get("source") or "")
-    row.foreign_flagged = bool(res.get("foreign_flagged"))
-    row.log_path = str(res.get("log_path") or "")
-    row.breakdown = res.get("breakdown") if isinstance(res.get("breakdown"), dict) else None
+    row.source = res.source.value if "source" in raw else ""
+    row.foreign_flagged = res.foreign_flagged
+    row.log_path = str(res.log_path or "")
+    row.breakdown = res.breakdown
     row.memory = _memory_point(res)
     if not row.ok:
         row.samples_per_s = row.samples_per_s or None
@@ -312,15 +315,15 @@ def _best(s: RunState, ev: dict, t) -> None:
                                       "rounds", "candidates")}
 
 
-def _memory_point(res: dict) -> tuple | None:
+def _memory_point(res: TrialResult) -> tuple | None:
     """(per-rank batch, one rank's peak bytes, kind) of a measured probe's result."""
-    knobs, ranks = res.get("knobs") or {}, _num(res.get("ranks_seen"))
-    batch = _num(knobs.get("batch_size")) if isinstance(knobs, dict) else None
-    if res.get("outcome") not in USABLE or not batch or not ranks:
+    batch = _num(res.knobs.get("batch_size"))
+    ranks = _num(res.ranks_seen)
+    if not res.ok or not batch or not ranks:
         return None
-    if _num(res.get("cuda_peak_bytes")):
-        return int(batch), float(res["cuda_peak_bytes"]), "gpu"
-    rss = _num(res.get("peak_rss_bytes"))
+    if _num(res.cuda_peak_bytes):
+        return int(batch), float(res.cuda_peak_bytes), "gpu"
+    rss = _num(res.peak_rss_bytes)
     return (int(batch), rss / ranks, "host") if rss else None
 
 
@@ -375,7 +378,7 @@ def _fullrun_progress(s: RunState, ev: dict, t) -> None:
     fr.steps = int(steps) if steps is not None else fr.steps
     fr.samples = int(samples) if samples is not None else fr.samples
     if isinstance(ev.get("breakdown"), dict):
-        fr.breakdown = ev["breakdown"]
+        fr.breakdown = Breakdown.from_dict(ev["breakdown"])
     if fr.samples_per_s is not None:
         fr.history.append((t, fr.samples_per_s))
         del fr.history[:-HISTORY_MAX]
@@ -388,7 +391,7 @@ def _fullrun_ended(s: RunState, ev: dict, t) -> None:
     s.fullrun.exit_code = int(code) if code is not None else 0
     s.fullrun.ended_t = t
     if isinstance(ev.get("breakdown"), dict):
-        s.fullrun.breakdown = ev["breakdown"]
+        s.fullrun.breakdown = Breakdown.from_dict(ev["breakdown"])
 
 
 def _fullrun_notes(s: RunState, ev: dict, t) -> None:

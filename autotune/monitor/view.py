@@ -13,11 +13,10 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from autotune.measuring.breakdown import Breakdown
 from autotune.measuring.outcome import USABLE, Outcome
 from autotune.monitor import text as fmt
 from autotune.monitor.state import RUNNING, RunState, TrialRow
-from autotune.store.events import Event
+from autotune.store.events import Event, RunKind
 from autotune.tuning.space.knobs import knobs_text
 from probes import protocol
 
@@ -169,9 +168,9 @@ def outcome_text(row: TrialRow) -> Text:
 
 def trials_table(state: RunState, *, now: float, max_rows: int = 12) -> Table:
     rows, hidden = visible_rows(state, max_rows)
-    best = state.best_row if state.kind != "probe" else None
+    best = state.best_row if state.kind is not RunKind.PROBE else None
     show_mode = any(r.mode != protocol.Mode.FULL for r in state.rows)
-    show_knobs = state.kind != "probe" or any(r.knobs for r in state.rows)
+    show_knobs = state.kind is not RunKind.PROBE or any(r.knobs for r in state.rows)
     caption = f"{hidden} earlier trials not shown" if hidden else None
     table = Table(title="trials", title_justify="left", caption=caption, expand=False,
                   header_style="bold")
@@ -217,7 +216,7 @@ def best_so_far(values) -> list[float | None]:
 
 
 def best_panel(state: RunState) -> Panel | None:
-    if state.kind == "probe" and state.best is None:
+    if state.kind is RunKind.PROBE and state.best is None:
         return None
     best = state.best_row
     if state.best is None and best is None:
@@ -318,7 +317,7 @@ def fullrun_panel(state: RunState, *, now: float) -> Panel | None:
             grid.add_row("note", Text(note, style="red" if note.startswith("WARNING") else ""))
         if fr.promise:
             grid.add_row("promise", Text(fr.promise, style="red" if fr.below_promise else ""))
-        parts = Breakdown.from_dict(fr.breakdown)
+        parts = fr.breakdown
         if parts is not None:
             grid.add_row("time" if fr.exit_code is None else "time (whole run)",
                          parts.describe())

@@ -18,7 +18,7 @@ from html import escape
 from pathlib import Path
 
 from autotune.store import jsontext
-from autotune.measuring.breakdown import LABELS, Breakdown
+from autotune.measuring.breakdown import LABELS
 from autotune.tuning.memory import MemoryFit
 from autotune.measuring.outcome import Outcome
 from autotune.report import importance, svg
@@ -26,7 +26,7 @@ from autotune.store.journal import read_events
 from autotune.monitor.state import RunState, TrialRow, fold
 from autotune.monitor import console
 from autotune.monitor.text import allreduce_text, fmt_duration, fmt_rate, unreadable_line
-from autotune.store.events import Event
+from autotune.store.events import Event, RunKind
 from autotune.tuning.decision import claim_text
 from autotune.tuning.space.knobs import knobs_text
 from probes import protocol
@@ -57,7 +57,7 @@ def load_state(run_dir: Path) -> RunState:
 
 
 def trial_data(state: RunState) -> list[dict]:
-    best = state.best_row if state.kind != "probe" else None
+    best = state.best_row if state.kind is not RunKind.PROBE else None
     out = []
     for r in state.rows:
         out.append({"trial": r.name, "number": r.number, "mode": r.mode, "knobs": r.knobs,
@@ -69,7 +69,7 @@ def trial_data(state: RunState) -> list[dict]:
 def search_rows(state: RunState) -> list[TrialRow]:
     """Finished trials of the search (full mode), in the order they ran."""
     return [r for r in state.rows if r.finished and r.mode == protocol.Mode.FULL
-            and (state.kind != "probe" or r.knobs)]
+            and (state.kind is not RunKind.PROBE or r.knobs)]
 
 
 def _kind(r: TrialRow, best: TrialRow | None) -> str:
@@ -161,7 +161,7 @@ def summary_section(state: RunState) -> str:
 
 
 def best_section(state: RunState) -> str:
-    if state.kind == "probe" and state.best is None:
+    if state.kind is RunKind.PROBE and state.best is None:
         return ""
     b = state.best
     best = state.best_row
@@ -264,7 +264,7 @@ def probe_section(state: RunState) -> str:
 def breakdown_section(state: RunState) -> str:
     """Where the time goes, for the baseline and the best (a probe: its full mode)."""
     picks = []
-    if state.kind == "probe":
+    if state.kind is RunKind.PROBE:
         row = state.mode_rows().get("full")
         picks = [("full", row)] if row is not None else []
     else:
@@ -274,7 +274,7 @@ def breakdown_section(state: RunState) -> str:
         picks.append(("full run", state.fullrun))
     rows = []
     for label, row in picks:
-        b = Breakdown.from_dict(row.breakdown) if row is not None else None
+        b = row.breakdown if row is not None else None
         if b is not None:
             rows.append((label, [(LABELS[p], s, f"{label}: {LABELS[p]} {s:.0%} ±{h * 100:.0f} "
                                   f"points of wall time") for p, (s, h) in b.shares.items()]))
@@ -400,7 +400,7 @@ def fullrun_section(state: RunState) -> str:
 def trials_section(state: RunState) -> str:
     if not state.rows:
         return ""
-    best = state.best_row if state.kind != "probe" else None
+    best = state.best_row if state.kind is not RunKind.PROBE else None
     head = ("<tr><th>trial</th><th>mode</th><th>knobs</th><th>samples/s</th><th>± CI</th>"
             "<th>outcome</th><th>reason</th><th>time</th></tr>")
     body = []
@@ -408,9 +408,10 @@ def trials_section(state: RunState) -> str:
         cls = "best" if r is best else ("" if r.ok or not r.finished else
                                         ("pruned" if r.status == Outcome.PRUNED else "failed"))
         ci = f"{r.ci_half:,.1f}" if r.ci_half else "-"
+        knobs = knobs_text(r.knobs) if r.knobs or state.kind is not RunKind.PROBE else ""
         body.append(
             f"<tr class='{cls}'><td>{escape(r.label)}</td><td>{escape(r.mode)}</td>"
-            f"<td><code>{escape(knobs_text(r.knobs) if r.knobs or state.kind != 'probe' else '')}"
+            f"<td><code>{escape(knobs)}"
             f"</code></td><td class='num'>{escape(fmt_rate(r.samples_per_s))}</td>"
             f"<td class='num'>{ci}</td><td class='outcome'>{escape(r.status)}</td>"
             f"<td>{escape(r.reason)}</td><td class='num'>{fmt_duration(r.duration_s)}</td></tr>")
@@ -423,7 +424,7 @@ def build_html(run_dir: Path, state: RunState | None = None) -> str:
     state = state if state is not None else load_state(run_dir)
     title = f"autotune {state.kind or 'run'} · {state.script}"
     imp, how = search_importance(state, run_dir)
-    data = {"run_dir": str(run_dir), "kind": state.kind, "command": state.command,
+    data = {"run_dir": str(run_dir), "kind": str(state.kind or ""), "command": state.command,
             "best": state.best, "baseline_samples_per_s": state.baseline_samples_per_s,
             "probe_modes": state.mode_rates(), "verdict": state.verdict,
             "trials": trial_data(state), "importance": imp, "importance_method": how,

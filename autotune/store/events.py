@@ -49,6 +49,26 @@ class Event(str, enum.Enum):
         return self.value
 
 
+class RunKind(str, enum.Enum):
+    """Which command a run directory is of: ``run_started``'s ``kind``, ``tune.json``'s."""
+
+    TUNE = "tune"
+    WRAP = "wrap"
+    PROBE = "probe"
+    RUN = "run"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def of(cls, text) -> RunKind | None:
+        """``text`` as a `RunKind`; None for one this autotune does not know (or none)."""
+        try:
+            return cls(text)
+        except ValueError:
+            return None
+
+
 @dataclass(frozen=True)
 class Fields:
     """The fields of one event besides ``t`` and ``event``: those every writer gives, and those

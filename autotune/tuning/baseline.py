@@ -18,6 +18,7 @@ from autotune.hardware import fingerprint
 from autotune.tuning import fitting, space, spread
 from autotune import AutotuneError, Note
 from autotune.measuring.outcome import Outcome
+from autotune.measuring.series import Source
 from autotune.tuning.prober import Prober
 from autotune.tuning.records import AllreduceTiming, BaselineRecord, RanksProbe
 from autotune.tuning.state import TuneState
@@ -96,58 +97,7 @@ def measure(prober: Prober, state: TuneState) -> TuneState:
         state = prober.note(state, Note.hint(
             f"baseline: {{{name}}} is a placeholder, so the script's own default is unknown; "
             f"using {name}={values[name]} (set it with --baseline {name}=N)"))
-
-    def probe(state, values, **over):
-        return prober.probe(state, prober.spec(state, values, 1, "baseline", **over),
-                            label="baseline", number=None, cfg=values, finish=False)
-
-    def finished(result):  # each attempt is journaled; the last with the space's knobs
-        prober.emit(Event.TRIAL_FINISHED, trial="baseline", number=None, mode=result.mode,
-                    result=result)
-
-    def attempt(state, values, max_s):
-        """A probe, and on too few batches more with a longer window (`longer_window`), up to
-        `BASELINE_TRIES` in all; the state, the result and the window the last try had (a
-        re-measure starts from it)."""
-        state, result = probe(state, values, max_s=max_s)
-        for _ in range(BASELINE_TRIES - 1):
-            no_loader = result.source == "none" and result.steps_per_s > 0  # time won't help
-            if result.outcome != Outcome.NO_SIGNAL or not result.stopped or no_loader:
-                break
-            # Too few batches inside the window: a slow start (imports, data, ranks of its
-            # own, a busy machine) or slow steps, not a broken script.
-            longer = longer_window(max_s, result.first_s)
-            state = prober.note(state, Note.hint(
-                f"baseline: no throughput within {max_s:.0f} s ({result.reason}); trying "
-                f"again with {longer:.0f} s" + (" (raise --seconds for slow starts)"
-                                                if settings.seconds else "")))
-            finished(result)
-            max_s = longer
-            state, result = probe(state, values, max_s=max_s)
-        return state, result, max_s
-
-    state, result, max_s = attempt(state, values, prober.spec(state, values, 1, "baseline").max_s)
-    world = own_world(result.seen, gb, devices) \
-        if result.ok or result.outcome == Outcome.FOREIGN_LOAD else devices
-    if world != devices:
-        state = prober.note(state, Note.hint(
-            f"--global-batch {gb}: the script starts its own {world} ranks, so each rank's "
-            f"batch is {gb // world}; measuring the baseline again with it"))
-        devices, values = world, {**values, "batch_size": gb // world}
-        finished(result)
-        state, result, _ = attempt(state, values, max_s)
-    if result.outcome == Outcome.FOREIGN_LOAD:  # re-measured by the prober, still spoiled
-        finished(result)
-        raise AutotuneError(
-            f"the baseline probe (the script with its own settings) cannot be the reference: "
-            f"{result.reason}; no recipe is saved. Tune when the machine is quiet, or pass "
-            f"--foreign-limit CORES (now {settings.foreign_limit_cores:g}) to compare anyway")
-    if not result.ok:
-        finished(result)
-        raise AutotuneError(
-            f"the baseline probe (the script with its own settings) did not give a "
-            f"throughput: {result.outcome.value}: {result.reason}; log: {result.log_path}"
-            + (f"\n{result.log_tail}" if result.log_tail else ""))
+    state, result, values, devices = _measured(prober, state, values, devices)
     base = space.Baseline.from_seen(
         result.seen, peak_rss_bytes=result.peak_rss_bytes,
         cuda_peak_bytes=result.cuda_peak_bytes,
@@ -163,20 +113,8 @@ def measure(prober: Prober, state: TuneState) -> TuneState:
                              placeholders=tuple(sorted(rank_command.placeholders(
                                  settings.command[1:]))), devices=devices)
     sp = space.build(machine, base, req)
-    finished(dataclasses.replace(result, knobs=dict(sp.baseline)))  # one rank: no bucket_mb
-    # the summary's baseline facts, confirmed or not, under the config that names every knob
-    learned = state.learned.measured(sp.baseline, result)
-    timing = fitting.ScriptTiming.of(result, sp.trial_knobs(sp.baseline)[0])
-    # the first of the two processes the spread between processes is measured on
-    state = dataclasses.replace(state, learned=dataclasses.replace(
-        learned, timing=timing, spread=spread.ProcessSpread(first=spread.Side.of(result))))
-    if timing is not None:
-        state = prober.note(state, Note.info(f"baseline: {timing.describe()}" + (
-            "; later probes are fitted to it" if not settings.seconds else "")))
-    parts = result.breakdown
-    if parts is not None:
-        state = prober.note(state, Note.info(f"baseline: where the time goes: "
-                                             f"{parts.describe()}; {parts.advice()}"))
+    _finished(prober, dataclasses.replace(result, knobs=dict(sp.baseline)))  # no bucket_mb
+    state = _learn(prober, state, sp, result)
     state, base, ranks_probe = discover_ranks(prober, state, machine, base, req)
     sp = space.build(machine, base, req)
     saved = None
@@ -191,6 +129,87 @@ def measure(prober: Prober, state: TuneState) -> TuneState:
                                                        result.ci_half, result.source,
                                                        result.seen, result.breakdown,
                                                        result.energy, result.noise))
+
+
+def _finished(prober: Prober, result) -> None:
+    """Journal one baseline attempt; the last with the space's knobs."""
+    prober.emit(Event.TRIAL_FINISHED, trial="baseline", number=None, mode=result.mode,
+                result=result)
+
+
+def _attempt(prober: Prober, state: TuneState, values: Mapping[str, int], max_s: float):
+    """A probe, and on too few batches more with a longer window (`longer_window`), up to
+    `BASELINE_TRIES` in all; the state, the result and the window the last try had (a
+    re-measure starts from it)."""
+    def probe(state, max_s):
+        return prober.probe(state, prober.spec(state, values, 1, "baseline", max_s=max_s),
+                            label="baseline", number=None, cfg=values, finish=False)
+
+    state, result = probe(state, max_s)
+    for _ in range(BASELINE_TRIES - 1):
+        no_loader = result.source is Source.NONE and result.steps_per_s > 0  # time won't help
+        if result.outcome != Outcome.NO_SIGNAL or not result.stopped or no_loader:
+            break
+        # Too few batches inside the window: a slow start (imports, data, ranks of its
+        # own, a busy machine) or slow steps, not a broken script.
+        longer = longer_window(max_s, result.first_s)
+        state = prober.note(state, Note.hint(
+            f"baseline: no throughput within {max_s:.0f} s ({result.reason}); trying "
+            f"again with {longer:.0f} s" + (" (raise --seconds for slow starts)"
+                                            if state.settings.seconds else "")))
+        _finished(prober, result)
+        max_s = longer
+        state, result = probe(state, max_s)
+    return state, result, max_s
+
+
+def _measured(prober: Prober, state: TuneState, values: dict[str, int], devices: int):
+    """The baseline's probe, taken again with the per-rank batch of a script that starts its
+    own ranks; (state, result, values, devices) once it gave a figure. Raises `AutotuneError`
+    when it gave none, or one under foreign load."""
+    settings, gb = state.settings, state.settings.global_batch
+    state, result, max_s = _attempt(prober, state, values,
+                                    prober.spec(state, values, 1, "baseline").max_s)
+    world = own_world(result.seen, gb, devices) \
+        if result.ok or result.outcome == Outcome.FOREIGN_LOAD else devices
+    if world != devices:
+        state = prober.note(state, Note.hint(
+            f"--global-batch {gb}: the script starts its own {world} ranks, so each rank's "
+            f"batch is {gb // world}; measuring the baseline again with it"))
+        devices, values = world, {**values, "batch_size": gb // world}
+        _finished(prober, result)
+        state, result, _ = _attempt(prober, state, values, max_s)
+    if result.outcome == Outcome.FOREIGN_LOAD:  # re-measured by the prober, still spoiled
+        _finished(prober, result)
+        raise AutotuneError(
+            f"the baseline probe (the script with its own settings) cannot be the reference: "
+            f"{result.reason}; no recipe is saved. Tune when the machine is quiet, or pass "
+            f"--foreign-limit CORES (now {settings.foreign_limit_cores:g}) to compare anyway")
+    if not result.ok:
+        _finished(prober, result)
+        raise AutotuneError(
+            f"the baseline probe (the script with its own settings) did not give a "
+            f"throughput: {result.outcome.value}: {result.reason}; log: {result.log_path}"
+            + (f"\n{result.log_tail}" if result.log_tail else ""))
+    return state, result, values, devices
+
+
+def _learn(prober: Prober, state: TuneState, sp, result) -> TuneState:
+    """The state with what the baseline's probe taught: the summary's baseline facts under
+    the config that names every knob, the script's timing, the first of the two processes
+    the spread between processes is measured on; and the notes that say so."""
+    learned = state.learned.measured(sp.baseline, result)
+    timing = fitting.ScriptTiming.of(result, sp.trial_knobs(sp.baseline)[0])
+    state = dataclasses.replace(state, learned=dataclasses.replace(
+        learned, timing=timing, spread=spread.ProcessSpread(first=spread.Side.of(result))))
+    if timing is not None:
+        state = prober.note(state, Note.info(f"baseline: {timing.describe()}" + (
+            "; later probes are fitted to it" if not state.settings.seconds else "")))
+    parts = result.breakdown
+    if parts is not None:
+        state = prober.note(state, Note.info(f"baseline: where the time goes: "
+                                             f"{parts.describe()}; {parts.advice()}"))
+    return state
 
 
 def ranks_unasked(machine: space.Machine, base: space.Baseline, req: space.SpaceRequest) -> str:

@@ -146,7 +146,7 @@ def turns_refused(prober: Prober, scorer: objective.Scorer,
     ranks this host starts, on its CPU, measured for a score that needs no energy counter."""
     if not prober.takes_turns:
         return "this run's probes are stand-ins that cannot take turns"
-    if prober.launcher.kind != "local":
+    if not prober.launcher.local:
         return f"{prober.launcher.kind} starts the ranks, and a held engine does not hold them"
     if host_gpus(os.environ if env is None else env):
         return "a held CUDA process keeps its GPU memory, so two configs may not fit at once"

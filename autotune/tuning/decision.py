@@ -454,12 +454,7 @@ def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
     pairs = [(w.samples_per_s, b.samples_per_s)
              for w, b in zip(results[name], results[baseline])
              if w is not None and b is not None and b.samples_per_s > 0]
-    paired = None
-    if slices is not None and name in slices and baseline in slices:
-        both = [(ws, bs) for w, b, ws, bs in zip(results[name], results[baseline],
-                                                  slices[name], slices[baseline])
-                if w is not None and b is not None and b.samples_per_s > 0]
-        paired = both if all(ws and bs for ws, bs in both) else None
+    paired = _paired_slices(results, slices, name, baseline)
     speedup = best.samples_per_s / base.samples_per_s if base.samples_per_s else math.inf
     n = len(pairs)
     alone = n == 1 and one_round_rel is not None  # one round may decide: the spread is bounded
@@ -482,25 +477,46 @@ def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
     needed = rounds_needed(speedup, logs, math.expm1(inside) if inside is not None
                            else math.hypot(_own_rel(best), _own_rel(base)), at,
                            min_gain_rel=min_gain_rel)
-    if n < min_rounds:
-        why = (f"{'one interleaved round' if n == 1 else f'{n} interleaved rounds'} "
-               f"({claim}): a switch needs {min_rounds} rounds at least, to see the spread "
-               f"between processes" +
-               (f" (one decides alone only when the gain is beyond processes "
-                f"±{one_round_rel:.1%} apart, the upper bound of the spread measured between "
-                f"them)" if alone else ""))
-    elif speedup - 1 <= min_gain_rel:
-        why = (f"{speedup - 1:+.1%} is not above the {min_gain_rel:.0%} a switch needs "
-               f"({claim}); more rounds would not change that")
-    else:
-        why = (f"the {claim} holds 1.0 over {n} rounds; " +
-               (f"about {needed} rounds would show the gain if it held"
-                if needed else "the spread between rounds is too wide for more rounds to "
-                               "show it"))
+    why = _kept_why(n, speedup, claim, needed, min_rounds=min_rounds, min_gain_rel=min_gain_rel,
+                    one_round_rel=one_round_rel if alone else None)
     return Decision(baseline, True, 1.0, base, base, noise,
                     f"{KEPT}{gain}, not beyond doubt: {why}",
                     rounds=n, rounds_needed=needed, candidates=k, candidate=name,
                     candidate_speedup=speedup, looks=looks)
+
+
+def _paired_slices(results: Mapping[str, Sequence[Measured | None]],
+                   slices: Mapping[str, Sequence[Slices | None]] | None, name: str,
+                   baseline: str) -> list[tuple[Slices, Slices]] | None:
+    """Where the rounds took turns: ``name``'s and the baseline's slice rates in each round
+    that measured both; None unless every such round has both (`speedup_interval`'s
+    ``paired``)."""
+    if slices is None or name not in slices or baseline not in slices:
+        return None
+    both = [(ws, bs) for w, b, ws, bs in zip(results[name], results[baseline],
+                                              slices[name], slices[baseline])
+            if w is not None and b is not None and b.samples_per_s > 0]
+    return both if all(ws and bs for ws, bs in both) else None
+
+
+def _kept_why(n: int, speedup: float, claim: str, needed: int | None, *, min_rounds: int,
+              min_gain_rel: float, one_round_rel: float | None) -> str:
+    """Why `decide` keeps the baseline after ``n`` rounds of a candidate at ``speedup``
+    (``claim``: its interval in words; ``needed``: the rounds that would show it, if any;
+    ``one_round_rel``: given where one round could have decided alone)."""
+    if n < min_rounds:
+        return (f"{'one interleaved round' if n == 1 else f'{n} interleaved rounds'} "
+                f"({claim}): a switch needs {min_rounds} rounds at least, to see the spread "
+                f"between processes" +
+                (f" (one decides alone only when the gain is beyond processes "
+                 f"±{one_round_rel:.1%} apart, the upper bound of the spread measured between "
+                 f"them)" if one_round_rel is not None else ""))
+    if speedup - 1 <= min_gain_rel:
+        return (f"{speedup - 1:+.1%} is not above the {min_gain_rel:.0%} a switch needs "
+                f"({claim}); more rounds would not change that")
+    return (f"the {claim} holds 1.0 over {n} rounds; " +
+            (f"about {needed} rounds would show the gain if it held"
+             if needed else "the spread between rounds is too wide for more rounds to show it"))
 
 
 def _own_rel(s: Summary) -> float:

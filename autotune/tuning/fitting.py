@@ -40,7 +40,8 @@ BASELINE_BUDGET_SHARE = 0.25  # ... and at most this share of a --budget
 MIN_SEARCH_PROBES = 3  # a budget that holds fewer is told so
 CONFIRM_SHARE = 0.35  # of a time budget, at most, kept for the confirmation
 # ...and at most this share for the rounds a gain the search found needs, when the spread
-# between processes measured says more than those asked show it (`Search._planned_rounds`):
+# between processes measured says more than those asked show it
+# (`search_budget.Budget.planned_rounds`):
 # nanoGPT's shape found its grid's best 87 s into 6m, searched on to 220 s, and the three rounds
 # left showed +12% at 0.976x-1.286x, where about four would have shown it
 NEEDED_SHARE = 0.5

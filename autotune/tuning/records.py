@@ -20,6 +20,7 @@ from autotune.measuring.energy import EnergyPerSample
 from autotune.measuring.noise import NoiseEstimate
 from autotune.measuring.foreign_load import FOREIGN_CORES_LIMIT
 from autotune.measuring.outcome import Outcome
+from autotune.measuring.series import Source
 from autotune.tuning import study as studies
 from autotune.tuning.decision import Choice
 from autotune.tuning.memory import MemoryAdvice
@@ -116,22 +117,28 @@ class Scored:
 class BaselineRecord(Scored):
     """The baseline probe's answer, with how it counted and what the script used."""
 
-    source: str = ""
+    source: Source | None = None  # None: not known (a record written without one)
     seen: Mapping = field(default_factory=dict)
     breakdown: Breakdown | None = None  # where its time went
     energy: EnergyPerSample | None = None  # joules per sample
     noise: NoiseEstimate | None = None  # gradient noise scale, or why its probe had none
 
+    def __post_init__(self):
+        # given as its text ("": not known)
+        object.__setattr__(self, "source", Source(self.source) if self.source else None)
+
     def to_dict(self) -> dict:
         """As ``tune.json`` holds it: each measured value in its own ``to_dict`` shape."""
         return {"knobs": dict(self.knobs), "samples_per_s": self.samples_per_s,
-                "ci_half": self.ci_half, "source": self.source, "seen": dict(self.seen),
+                "ci_half": self.ci_half, "source": self.source.value if self.source else "",
+                "seen": dict(self.seen),
                 **{name: _dict_of(getattr(self, name)) for name in _MEASURED}}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> BaselineRecord:
         return cls(dict(d["knobs"]), float(d["samples_per_s"]), float(d["ci_half"]),
-                   str(d.get("source") or ""), dict(d.get("seen") or {}),
+                   Source(d["source"]) if d.get("source") else None,
+                   dict(d.get("seen") or {}),
                    **{name: kind.from_dict(d.get(name)) for name, kind in _MEASURED.items()})
 
 
@@ -417,16 +424,13 @@ class Known:
     def of_trial(cls, t) -> Known | None:
         """The answer a finished study trial holds in its user attrs, or None: not tried for an
         OOM, spoiled by foreign load, a replay of another trial, or interrupted (failed)."""
-        attrs = t.user_attrs
-        cfg = attrs.get("knobs")
-        outcome = studies.outcome_of(t)
-        if not cfg or outcome is None or studies.not_tried(t) or \
-                attrs.get("duplicate_of") is not None or t.state.name == "FAIL":
+        attrs = studies.attrs_of(t)
+        if not attrs.knobs or attrs.outcome is None or attrs.not_tried or \
+                attrs.duplicate_of is not None or t.state.name == "FAIL":
             return None
-        sps = attrs.get("samples_per_s")
+        sps = attrs.samples_per_s
         if sps is None:  # ``t.value`` raises for a multi-objective trial: its first value
             sps = (t.values or [0.0])[0]
-        return cls(t.number, outcome, float(sps),
-                   float(attrs.get("ci_half", 0.0)), dict(cfg),
-                   EnergyPerSample.from_dict(attrs.get("energy")),
-                   float(attrs.get("probe_s") or 0.0))
+        return cls(t.number, attrs.outcome, float(sps), float(attrs.ci_half or 0.0),
+                   dict(attrs.knobs), EnergyPerSample.from_dict(attrs.energy),
+                   float(attrs.probe_s or 0.0))

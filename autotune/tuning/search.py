@@ -11,16 +11,20 @@ Configs are compared on their score (`autotune.tuning.objective`: samples/s unle
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from autotune import AutotuneError, Note
 from autotune.measuring.noise import NoiseEstimate
 from autotune.measuring.outcome import Outcome
-from autotune.tuning import confirm, confirm_rounds, decision, fitting, objective, spread
+from autotune.measuring.series import Source
+from autotune.tuning import decision, fitting, objective, spread
 from autotune.tuning import study as studies
+from autotune.tuning.answers import Answers
 from autotune.tuning.prober import Prober
+from autotune.tuning.search_budget import Budget
+from autotune.tuning.study_queue import StudyQueue
+from autotune.tuning.trial_attrs import TrialAttrs
 from autotune.tuning.records import Known, Stop, StopReason
 from autotune.tuning.state import TuneState
 from autotune.store.events import Event
@@ -48,7 +52,8 @@ class SearchResult:
     known: Mapping[tuple, Known]
     measured: int  # probes this run took in the search (and earlier controllers of it)
     stop_reason: StopReason | None  # None: the study ended without a stop rule
-    source: str  # how throughput was counted (the baseline's, else the first clean probe's)
+    source: Source | None  # how throughput was counted (the baseline's, else the first clean
+    # probe's)
     state: TuneState  # the run's state as the search left it
     noises: tuple[NoiseEstimate, ...] = ()  # the noise-scale readings of the probes it took
 
@@ -82,12 +87,15 @@ def open_study(prober: Prober, state: TuneState, *, resume: bool) -> studies.Stu
 
 
 class Search:
-    """One run's search over ``state.space`` (measured baseline included) in ``handle``.
+    """One run's search over ``state.space`` (measured baseline included) in ``handle``: the
+    Optuna adapter. Each trial is answered (`_objective`: replayed, ruled out, or probed) into
+    the run's `Answers`; after each, the queueing policy (`queue_policy`) says what to queue
+    and the stop rule whether to go on, under the run's `Budget`.
 
     ``elapsed`` gives the run's time spent so far (earlier controllers included); ``save``
     keeps each new state (what is queued in the study, what each probe taught) before the
-    search goes on. ``scorer``
-    turns a measured config into the study's value (throughput unless given).
+    search goes on. ``scorer`` turns a measured config into the study's value (throughput
+    unless given).
     """
 
     def __init__(self, prober: Prober, state: TuneState, handle: studies.StudyHandle, *,
@@ -102,221 +110,52 @@ class Search:
         self.save = save
         self.run_id = state.run_id or prober.run_dir.name
         self.size = self.space.size()
-        self.known: dict[tuple, Known] = {}
-        self.ooms: list[dict] = []
-        self.measured = 0
-        self.duplicate_streak = 0
-        self.convergence = decision.Convergence()
-        self.fed: list[tuple[int | None, float | None]] = []  # (trial, value) as convergence saw
+        self.scorer = scorer or objective.Scorer(self.settings.objective)
+        self.answers = Answers(self.space, self.scorer)
+        self.budget = Budget(prober, self.answers, state=lambda: self.state, elapsed=elapsed,
+                             margin_rel=lambda: handle.pruner.margin_rel)
+        self.queue = StudyQueue(prober, handle, self.answers, self.budget, run_id=self.run_id,
+                                state=lambda: self.state, keep=self._keep)
         self.stop_reason: StopReason | None = None
         self.source = state.baseline.source
-        self.learned: set[int] = set()  # study trials whose answer is in `known`
-        self.scorer = scorer or objective.Scorer(self.settings.objective)
-        self.noises: list[NoiseEstimate] = []
         self.squeezed = 0  # configs in a row the budget left no room to probe
         self.squeezed_keys: set[tuple] = set()  # configs the budget left out
         self.told_rounds = 0  # the rounds above those asked last said to be kept (`_tell_rounds`)
 
+    @property
+    def known(self) -> dict[tuple, Known]:
+        return self.answers.known
+
     def run(self) -> SearchResult:
-        self._enqueue_start()
-        self._rebuild()
-        self._use_spread()  # a resumed run's: after `_rebuild`, which knows the baseline
+        self.queue.start()
+        self.answers.rebuild(self.handle.trials())
+        self._use_spread()  # a resumed run's: after the rebuild, which knows the baseline
         self.stop_reason = self._stop_reason()
         if self.stop_reason is None:
             self.handle.optimize(self._objective, [self._after_trial])
-        return SearchResult(dict(self.known), self.measured, self.stop_reason, self.source,
-                            self.state, tuple(self.noises))
+        a = self.answers
+        return SearchResult(dict(a.known), a.measured, self.stop_reason, self.source,
+                            self.state, tuple(a.noises))
 
     def settled(self) -> SearchResult:
         """What a finished search found, without a probe more (a finished tuning's
         confirmation extended: ``tune --resume RUN --confirm-rounds N``)."""
-        self._rebuild()
+        self.answers.rebuild(self.handle.trials())
         self._use_spread()
-        return SearchResult(dict(self.known), self.measured, self._stop_reason(), self.source,
-                            self.state, tuple(self.noises))
-
-    def _feed(self, number: int | None, value: float | None) -> None:
-        """One measured probe's score to the convergence rule, kept so that a revised figure
-        (`_pool_baseline`) can be fed again in its place."""
-        self.fed.append((number, value))
-        self.convergence.update(value)
-
-    def _score(self, k: Known) -> objective.Score:
-        return self.scorer.score(k.value, k.ci_half, k.cfg, k.energy)
+        a = self.answers
+        return SearchResult(dict(a.known), a.measured, self._stop_reason(), self.source,
+                            self.state, tuple(a.noises))
 
     def _keep(self, **changes) -> None:
         self.state = dataclasses.replace(self.state, **changes)
         self.save(self.state)
 
-    # -- what the study already knows -----------------------------------------------------------
-    def _enqueue_start(self) -> None:
-        """A fresh run first measures the baseline, a warm start, then the initial design."""
-        sp = self.space
-        fresh = not any(t.user_attrs.get("run") == self.run_id for t in self.handle.trials())
-        if not fresh or self.state.enqueued:
-            return
-        self.handle.enqueue(sp.choice_from_config(sp.baseline), {"baseline": True})
-        ranks = self.state.ranks_probe
-        if ranks:  # measured already: in the study from the start, whatever the budget leaves
-            choice = sp.choice_from_config(ranks.knobs)
-            cfg = sp.config({n: sp.domains[n][i] for n, i in choice.items()})
-            score = self.scorer.score(ranks.samples_per_s, ranks.ci_half, cfg, ranks.energy)
-            value = self.scorer.values(score)
-            if sp.key(cfg) == sp.key(ranks.knobs) and value is not None:  # in the space
-                self.handle.add_answered(
-                    choice, {n: len(sp.domains[n]) for n in choice}, value,
-                    {"run": self.run_id, "knobs": cfg, "ranks_probe": True,
-                     **studies.outcome_attrs(Outcome.OK), "samples_per_s": ranks.samples_per_s,
-                     "ci_half": ranks.ci_half, "energy": ranks.energy and ranks.energy.to_dict(),
-                     "score_ci_half": score.ci_half})
-        if self.state.warm_start:
-            self.handle.enqueue(sp.choice_from_config(self.state.warm_start), {"warm_start": True})
-        parts = self._parts()
-        first = parts.moves() if parts is not None else ()
-        design = sp.initial_design(first)
-        if first and design:
-            moved = [n for n in first if n in sp.names]
-            if moved:
-                self.prober.tell(Note.info(f"the first probes move {', '.join(moved)}: what "
-                                           f"binds the baseline ({parts.binding_group()})"))
-        held = self._held_back(design)
-        for cfg in design:
-            if cfg not in held:
-                self.handle.enqueue(sp.choice_from_config(cfg), {"design": "initial"})
-        pair = self._neighbours()
-        for cfg in held:
-            if pair is not None and sp.key(cfg) == sp.key(pair[0]):
-                self.prober.tell(Note.info(
-                    f"{knobs_text(cfg)} held back until {knobs_text(pair[1])} is measured: if "
-                    f"the larger batch pays, the smaller waits for the batch walk"))
-                continue
-            gain = max(parts.most_gain(k) for k in self._moved(cfg))
-            self.prober.tell(Note.info(
-                f"{knobs_text(cfg)} held back: what it moves can take back at most "
-                f"{gain:.1%} of the baseline's step ({parts.describe()}); it is probed once "
-                f"the batch walk has nowhere to go"))
-        self._keep(enqueued=True)
-
-    def _parts(self):
-        """The baseline's breakdown (`autotune.measuring.breakdown.Breakdown`), or None."""
-        return self.state.baseline.breakdown if self.state.baseline is not None else None
-
-    def _moved(self, cfg: Mapping[str, int]) -> list[str]:
-        """The knobs ``cfg`` moves from the baseline."""
-        base = self.space.canonical(self.space.baseline)
-        return [k for k, v in self.space.canonical(cfg).items() if base.get(k) != v]
-
-    def _neighbours(self) -> tuple[dict[str, int], dict[str, int]] | None:
-        """The script's batch neighbours on the baseline's line, (smaller, larger), when the
-        space holds both."""
-        sp = self.space
-        if "batch_size" not in sp.domains or "batch_size" not in sp.baseline:
-            return None
-        values = sp.domains["batch_size"]
-        i = sp.index("batch_size", sp.baseline["batch_size"])
-        if i == 0 or i + 1 >= len(values):
-            return None
-        return (sp.config({**sp.baseline, "batch_size": values[i - 1]}),
-                sp.config({**sp.baseline, "batch_size": values[i + 1]}))
-
-    def _held_back(self, design: list[dict[str, int]]) -> list[dict[str, int]]:
-        """The configs of the initial design that wait (`_release_held`, once the batch walk has
-        nowhere to go):
-
-        - those that move only knobs the baseline's breakdown says cannot pay
-          (`Breakdown.most_gain` within `decision.MIN_GAIN_REL`: more workers for a script that
-          waits 0.1% of its step for data). On minGPT's shape a 6m budget spent 21 s on
-          workers=1 (data wait 0.1%) and had no room left for the walk's 128;
-        - the script's smaller batch neighbour, while the larger is not measured, and for good
-          once the larger pays beyond what processes differ by (`_maybe_release_smaller`):
-          a batch line that rises past the script's batch seldom rises below it too, and
-          minGPT's 16 (26 s, pruned) was what the walk's 128 lacked at 6m.
-        """
-        parts = self._parts()
-        if "batch_size" not in self.space.domains:
-            return []
-        out = []
-        pair = self._neighbours()
-        keys = {self.space.key(c) for c in design}
-        if pair is not None and all(self.space.key(c) in keys for c in pair):
-            out += [c for c in design if self.space.key(c) == self.space.key(pair[0])]
-        if parts is None:
-            return out
-        for cfg in design:
-            gains = [parts.most_gain(k) for k in self._moved(cfg)]
-            if gains and all(g is not None and g <= decision.MIN_GAIN_REL for g in gains):
-                out.append(cfg)
-        return out
-
-    def _held_now(self) -> list[dict[str, int]]:
-        """`_held_back` of the initial design as the state has it (deterministic: a resumed
-        run holds the same configs)."""
-        parts = self._parts()
-        return self._held_back(self.space.initial_design(parts.moves() if parts else ()))
-
-    def _maybe_release_smaller(self) -> None:
-        """The smaller batch neighbour (held back: `_held_back`) queued once the larger is
-        answered and did not pay beyond the pruning margin (what processes of one config
-        differ by: `spread.ProcessSpread.margin_rel`, else `decision.PRUNE_MARGIN_REL`); a
-        larger that pays keeps it held until the batch walk has nowhere to go."""
-        pair = self._neighbours()
-        if pair is None or self.state.smaller_settled:
-            return
-        smaller, larger = pair
-        sp = self.space
-        if sp.key(smaller) not in {sp.key(c) for c in self._held_now()}:
-            return
-        big, base = self.known.get(sp.key(larger)), self.known.get(sp.key(sp.baseline))
-        if base is None or (big is None and not decision.oom_blocks(larger, self.ooms)):
-            return
-        margin = self.handle.pruner.margin_rel
-        gain = None
-        if big is not None and not big.infeasible:
-            b, g = self._score(base).value, self._score(big).value
-            gain = g / b - 1 if b and g is not None else None
-        if gain is not None and gain > margin:
-            self.prober.tell(Note.info(
-                f"{knobs_text(smaller)} stays held back: {knobs_text(larger)} beat the script's "
-                f"batch by {gain:+.1%}, beyond the {margin:.0%} processes differ by; it is probed "
-                f"once the batch walk has nowhere to go"))
-        elif sp.key(smaller) not in {self._key_of(t) for t in self.handle.trials()}:
-            self.handle.enqueue(sp.choice_from_config(smaller), {"design": "initial"})
-            said = "failed" if gain is None else f"read {gain:+.1%}"
-            self.prober.tell(Note.info(
-                f"{knobs_text(smaller)} next: {knobs_text(larger)} {said} against the script's "
-                f"batch, not beyond the {margin:.0%} processes differ by"))
-        self._keep(smaller_settled=True)
-
-    def _release_held(self) -> None:
-        """The held-back configs (`_held_back`), queued once the batch walk has nowhere to go
-        and the initial design is measured; none the study holds already."""
-        held = self._held_now()
-        pair = self._neighbours()
-        if pair is not None and not self.state.smaller_settled:  # the larger not yet answered
-            held = [c for c in held if self.space.key(c) != self.space.key(pair[0])]
-        if not held or self.handle.trials(states=(studies.TrialState.WAITING,)):
-            return
-        had = {self._key_of(t) for t in self.handle.trials()}
-        for cfg in held:
-            if self.space.key(cfg) not in had:
-                self.handle.enqueue(self.space.choice_from_config(cfg), {"design": "held"})
-                self.prober.tell(Note.info(f"{knobs_text(cfg)} next: the batch walk has nowhere "
-                                           f"to go, so the config held back is probed"))
-
-    def _rebuild(self) -> None:
-        """What the study already knows (a resumed run): no finished trial is measured again."""
-        for t in self.handle.trials():
-            key = self._learn(t)
-            if key is not None and not t.user_attrs.get("baseline"):
-                self.measured += 1
-                k = self.known[key]
-                self._feed(k.number, self._score(k).value if k.outcome.usable else None)
-
+    # -- what other tuners answer ---------------------------------------------------------------
     def _learn_from_others(self) -> None:
         """Answers other tuners sharing the storage found since: not measured here again."""
         for t in self.handle.trials():
-            if t.number not in self.learned and t.user_attrs.get("run") != self.run_id:
-                self._learn(t)
+            if t.number not in self.answers.learned and studies.attrs_of(t).run != self.run_id:
+                self.answers.learn(t)
 
     def _wait_for_others(self, number: int, key: tuple) -> None:
         """Another tuner sharing the study already measures this config (an earlier trial, still
@@ -326,68 +165,36 @@ class Search:
         deadline = clock.monotonic() + WAIT_FOR_OTHERS_S
         while clock.monotonic() < deadline:
             running = [t for t in self.handle.trials(states=(studies.TrialState.RUNNING,))
-                       if t.number < number and t.user_attrs.get("run") != self.run_id
-                       and self._key_of(t) == key]
+                       if t.number < number and studies.attrs_of(t).run != self.run_id
+                       and self.queue.key_of(t) == key]
             if not running:
                 break
             clock.sleep(1.0)
             self.handle.fail_stale()
         self._learn_from_others()
 
-    def _key_of(self, t) -> tuple | None:
-        """The config key of a trial of the study, running or not; None when it has no config
-        yet (a sampled trial before its suggestions)."""
-        cfg = t.user_attrs.get("knobs")
-        if cfg is None:
-            params = self.handle.fixed_params(t)
-            if not all(n in params for n in self.space.names):
-                return None
-            try:
-                cfg = self.space.config({n: self.space.domains[n][int(params[n])]
-                                         for n in self.space.names})
-            except (IndexError, ValueError, TypeError):
-                return None
-        return self.space.key(cfg)
-
-    def _learn(self, t) -> tuple | None:
-        """Take a finished trial's answer into `known`; its key, or None when it has none."""
-        if not t.state.is_finished():
-            return None  # still running (here or in another tuner): not an answer yet
-        self.learned.add(t.number)
-        noise = NoiseEstimate.from_dict(t.user_attrs.get("noise"))
-        if noise is not None:  # a resumed run (or another tuner) measured B_noise
-            self.noises.append(noise)
-        known = Known.of_trial(t)
-        if known is None:
-            return None
-        key = self.space.key(known.cfg)
-        self.known[key] = known
-        if known.outcome == Outcome.OOM:
-            self.ooms.append(dict(known.cfg))
-        return key
-
     # -- one trial ------------------------------------------------------------------------------
     def _objective(self, trial: studies.Trial) -> float | list[float]:
         """The trial's value: its score (`objective.Scorer.values`; two for two objectives)."""
-        sp = self.space
-        trial.set_user_attr("run", self.run_id)
+        sp, a = self.space, self.answers
+        studies.write(trial, TrialAttrs(run=self.run_id))
         choice = {n: sp.domains[n][trial.suggest_int(n, 0, len(sp.domains[n]) - 1)]
                   for n in sp.names}
         cfg = sp.config(choice)
         key = sp.key(cfg)
-        trial.set_user_attr("knobs", cfg)
-        if key not in self.known:
+        studies.write(trial, TrialAttrs(knobs=cfg))
+        if key not in a.known:
             self._learn_from_others()
-        if key not in self.known:
+        if key not in a.known:
             self._wait_for_others(trial.number, key)
         label = f"trial-{trial.number}"
-        if key == sp.key(sp.baseline) and key not in self.known:
+        if key == sp.key(sp.baseline) and key not in a.known:
             return self._record_baseline(trial, cfg)
-        if key in self.known:
-            return self._replay(trial, self.known[key])
-        blocker = decision.oom_blocks(cfg, self.ooms)
+        if key in a.known:
+            return self._replay(trial, a.known[key])
+        blocker = decision.oom_blocks(cfg, a.ooms)
         if blocker is not None:
-            self.duplicate_streak += 1
+            a.duplicate_streak += 1
             studies.record_outcome(trial, Outcome.OOM, not_tried=True)
             reason = (f"not tried: batch_size {cfg.get('batch_size')} with "
                       f"{cfg.get('instances', 1)} ranks is at or above one that ran out of "
@@ -396,33 +203,32 @@ class Search:
                              mode=Mode.FULL)
             self.prober.emit(Event.TRIAL_PRUNED, trial=label, number=trial.number, reason=reason)
             return self.scorer.failed()
-        self.duplicate_streak = 0
+        a.duplicate_streak = 0
         return self._measure(trial, cfg, key, label)
 
     def _record_baseline(self, trial, cfg) -> float | list[float]:
         b = self.state.baseline
         known = Known(trial.number, Outcome.OK, b.samples_per_s, b.ci_half, dict(cfg), b.energy)
-        score = self._score(known)
-        trial.set_user_attr("baseline", True)
+        score = self.answers.score(known)
+        studies.write(trial, TrialAttrs(baseline=True))
         studies.record_outcome(trial, Outcome.OK)
-        trial.set_user_attr("samples_per_s", b.samples_per_s)
-        trial.set_user_attr("ci_half", b.ci_half)
-        trial.set_user_attr("energy", b.energy and b.energy.to_dict())
-        trial.set_user_attr("score_ci_half", score.ci_half)
+        studies.write(trial, TrialAttrs(samples_per_s=b.samples_per_s, ci_half=b.ci_half,
+                                        energy=b.energy and b.energy.to_dict(),
+                                        score_ci_half=score.ci_half))
         value = self.scorer.values(score)
         if value is None:  # the tuner checks the baseline's energy before the search
             raise AutotuneError(f"the baseline has no energy reading: "
                                 f"{objective.energy_why(b.energy)}")
         self.known[self.space.key(cfg)] = known
-        self._feed(trial.number, score.value)
+        self.answers.feed(trial.number, score.value)
         return value
 
     def _replay(self, trial, known: Known) -> float | list[float]:
         """A config already answered: the same answer, without a probe."""
-        self.duplicate_streak += 1
-        trial.set_user_attr("duplicate_of", known.number)
+        self.answers.duplicate_streak += 1
+        studies.write(trial, TrialAttrs(duplicate_of=known.number))
         studies.record_outcome(trial, known.outcome)
-        score = self._score(known)
+        score = self.answers.score(known)
         if known.outcome == Outcome.PRUNED:
             if self.handle.prunes:
                 trial.report(score.value, 0)
@@ -436,6 +242,7 @@ class Search:
         return value
 
     def _measure(self, trial, cfg, key, label) -> float | list[float]:
+        """Probe ``cfg`` (in what the budget leaves: `_fitted`) and record its answer."""
         reported: list[float] = []
         pruner = self.handle.pruner
         factor = self.scorer.factor(cfg)  # goodput's efficiency: the interval scales alike
@@ -448,71 +255,83 @@ class Search:
             reported.append(est.samples_per_s)
             return trial.should_prune()
 
-        knobs, instances = self.space.trial_knobs(cfg)
-        spec = self.prober.spec(self.state, knobs, instances, label)
-        if self.settings.budget_s is not None and not self.settings.seconds:
-            # a config longer than the typical one ends where the budget's search part does
-            left, need_s = self._room(cfg)
-            least_s = self.prober.least_s(self.state, knobs, instances)
-            if left < max(SQUEEZE_LEAST * need_s, least_s):
-                # it would end before it measured, or measure too little to tell: left out, the
-                # search goes on with configs that fit (a larger batch's probes are longer)
-                # until a few in a row did not
-                self.squeezed += 1
-                self.squeezed_keys.add(key)
-                short = (f"under the ~{least_s:.0f} s its probe needs to measure at all"
-                         if least_s > SQUEEZE_LEAST * need_s else
-                         f"under half the ~{need_s:.0f} s its probe takes")
-                why = (f"not probed: {max(left, 0):.0f} s of the budget is left beside the "
-                       f"confirmation, {short}")
-                self.prober.tell(Note.info(f"{label} {knobs_text(cfg)}: {why}"))
-                if self.squeezed >= SQUEEZE_STREAK:
-                    self.stop_reason = StopReason(Stop.BUDGET, reserved=True)
-                    self.handle.stop()
-                raise studies.NotComparable(why)
-            self.squeezed = 0
-            left = max(fitting.MIN_PROBE_S, left)
-            if left < spec.max_s:
-                spec = self.prober.spec(self.state, knobs, instances, label, max_s=left)
+        spec = self._fitted(cfg, key, label)
         try:
             learned, result = self.prober.probe(self.state, spec, label=label,
                                                 number=trial.number, cfg=cfg,
                                                 on_progress=on_progress)
         except (KeyboardInterrupt, AutotuneError):  # Ctrl-C, a write that failed: retried
-            trial.set_user_attr("interrupted", True)  # by --resume (a storage that fails
-            raise  # here leaves it RUNNING: retried alike)
+            studies.write(trial, TrialAttrs(interrupted=True))  # by --resume (a storage that
+            raise  # fails here leaves it RUNNING: retried alike)
         self._keep(learned=learned.learned)
-        self.measured += 1
+        self.answers.measured += 1
         if not self.source and result.ok:
             self.source = result.source
-        trial.set_user_attr("samples_per_s", result.samples_per_s)
-        trial.set_user_attr("ci_half", result.ci_half)
-        trial.set_user_attr("reason", result.reason)
-        trial.set_user_attr("probe_s", result.duration_s)
+        return self._answer(trial, cfg, key, label, result, reported)
+
+    def _fitted(self, cfg, key, label):
+        """The probe's spec, its window cut to what the budget's search part has left (a config
+        longer than the typical one ends there). Raises `studies.NotComparable` for a config the
+        budget leaves no room to measure; a few in a row stop the search."""
+        knobs, instances = self.space.trial_knobs(cfg)
+        spec = self.prober.spec(self.state, knobs, instances, label)
+        if self.settings.budget_s is None or self.settings.seconds:
+            return spec
+        left, need_s = self.budget.room(cfg)
+        least_s = self.prober.least_s(self.state, knobs, instances)
+        if left < max(SQUEEZE_LEAST * need_s, least_s):
+            # it would end before it measured, or measure too little to tell: left out, the
+            # search goes on with configs that fit (a larger batch's probes are longer) until a
+            # few in a row did not
+            self.squeezed += 1
+            self.squeezed_keys.add(key)
+            short = (f"under the ~{least_s:.0f} s its probe needs to measure at all"
+                     if least_s > SQUEEZE_LEAST * need_s else
+                     f"under half the ~{need_s:.0f} s its probe takes")
+            why = (f"not probed: {max(left, 0):.0f} s of the budget is left beside the "
+                   f"confirmation, {short}")
+            self.prober.tell(Note.info(f"{label} {knobs_text(cfg)}: {why}"))
+            if self.squeezed >= SQUEEZE_STREAK:
+                self.stop_reason = StopReason(Stop.BUDGET, reserved=True)
+                self.handle.stop()
+            raise studies.NotComparable(why)
+        self.squeezed = 0
+        left = max(fitting.MIN_PROBE_S, left)
+        if left < spec.max_s:
+            spec = self.prober.spec(self.state, knobs, instances, label, max_s=left)
+        return spec
+
+    def _answer(self, trial, cfg, key, label, result, reported) -> float | list[float]:
+        """A probe's result as the trial's answer: recorded, then its value (pruned, spoiled or
+        not comparable: raised as the study ends such a trial)."""
+        a = self.answers
+        studies.write(trial, TrialAttrs(samples_per_s=result.samples_per_s,
+                                        ci_half=result.ci_half, reason=result.reason,
+                                        probe_s=result.duration_s))
         studies.record_outcome(trial, result.outcome)
-        trial.set_user_attr("energy", result.energy and result.energy.to_dict())
+        studies.write(trial, TrialAttrs(energy=result.energy and result.energy.to_dict()))
         if result.noise is not None:
-            trial.set_user_attr("noise", result.noise.to_dict())
-            self.noises.append(result.noise)
+            studies.write(trial, TrialAttrs(noise=result.noise.to_dict()))
+            a.noises.append(result.noise)
         if result.outcome == Outcome.FOREIGN_LOAD:
-            self._feed(trial.number, None)
+            a.feed(trial.number, None)
             raise studies.NotComparable(result.reason)
         value = result.samples_per_s
         if result.outcome == Outcome.PRUNED:
             value = result.samples_per_s or (reported[-1] if reported else 0.0)
         known = Known(trial.number, result.outcome, value, result.ci_half, dict(cfg),
                       result.energy, result.duration_s)
-        self.known[key] = known
-        score = self._score(known)
-        trial.set_user_attr("score_ci_half", score.ci_half)
-        self._feed(trial.number, score.value if known.outcome.usable else None)
+        a.known[key] = known
+        score = a.score(known)
+        studies.write(trial, TrialAttrs(score_ci_half=score.ci_half))
+        a.feed(trial.number, score.value if known.outcome.usable else None)
         if known.outcome == Outcome.PRUNED:
             self.prober.emit(Event.TRIAL_PRUNED, trial=label, number=trial.number,
                              reason=result.reason)
             raise studies.TrialPruned(result.reason)
         if known.infeasible:
             if known.outcome == Outcome.OOM:
-                self.ooms.append(dict(cfg))
+                a.ooms.append(dict(cfg))
             self.prober.tell(Note.warning(f"{label} {knobs_text(cfg)}: {result.outcome.value}: "
                                           f"{result.reason} (log: {result.log_path})"))
             return self.scorer.failed()
@@ -522,118 +341,38 @@ class Search:
                                         f"{objective.energy_why(result.energy)}")
         return values
 
-    # -- when to stop ---------------------------------------------------------------------------
+    # -- after each trial: what to queue, when to stop -------------------------------------------
     def _after_trial(self, study, frozen) -> None:
-        self._maybe_combine()
+        self.queue.combine()
         self._maybe_repeat()  # first: the walk's room depends on the rounds its spread plans
         self._tell_rounds()
-        self._maybe_walk()
-        self._maybe_release_smaller()
+        if self.queue.walk(self.squeezed_keys):
+            self.stop_reason = StopReason(Stop.BUDGET, reserved=True)
+            self.handle.stop()
+        self.queue.release_smaller()
         reason = self._stop_reason()
         if reason is not None:
             self.stop_reason = reason
             study.stop()
-
-    def _maybe_walk(self) -> None:
-        """One more per-rank batch along the baseline's line, in the direction that paid off
-        (`Space.batch_walk`: one step, or where the step-time model says the gain ends when the
-        study's score is samples/s), queued next unless it is queued already or ruled out by
-        an OOM."""
-        sp = self.space
-        if "batch_size" not in sp.domains:
-            return
-        line: dict[int, float | None] = {}
-        others = self._off_batch(sp.baseline)
-        for k in self.known.values():
-            if self._off_batch(k.cfg) == others:
-                line[int(sp.canonical(k.cfg)["batch_size"])] = \
-                    None if k.infeasible else self._score(k).value
-        rates = self.settings.objective.kinds == (objective.Kind.THROUGHPUT,)
-        nxt = sp.batch_walk(line, min_gain_rel=decision.MIN_GAIN_REL, rates=rates,
-                            blocked=self._walk_blocks)
-        far = nxt is None
-        if far:
-            nxt = sp.batch_far(line, min_gain_rel=decision.MIN_GAIN_REL,
-                               blocked=self._walk_blocks)
-        if nxt is None or decision.oom_blocks(nxt, self.ooms):
-            self._release_held()
-            return
-        key = sp.key(nxt)
-        if key in self.squeezed_keys:
-            # the walk's next batch, the move most likely to pay, does not fit beside the
-            # confirmation (its note said so): the rest of the budget is the confirmation's.
-            # Queued again, it would be left out again, once per proposal, until the streak.
-            self.stop_reason = StopReason(Stop.BUDGET, reserved=True)
-            self.handle.stop()
-            return
-        waiting = self.handle.trials(states=(studies.TrialState.WAITING,))
-        if any(self._key_of(t) == key for t in waiting):
-            return
-        self.handle.enqueue(sp.choice_from_config(nxt),
-                            {"design": "batch-far" if far else "batch-walk"})
-        best = max((b for b, v in line.items() if v is not None), key=lambda b: line[b])
-        steps = abs(sp.index("batch_size", nxt["batch_size"]) - sp.index("batch_size", best))
-        if far:
-            how = ("the batches measured read level, the larger neighbour with the best: "
-                   "halfway to the largest, where a gain that grows with the batch would show")
-        elif steps == 1:
-            how = "one step further the way the batch paid off"
-        else:
-            how = (f"{steps} steps past {best}: the step-time model fitted to the batches "
-                   f"measured sees the gain go on that far")
-        self.prober.tell(Note.info(f"batch: {knobs_text(nxt)} next, {how}"))
-
-    def _walk_blocks(self, batch: int) -> bool:
-        """Whether a batch walk's jump may not land on ``batch`` (the baseline's other knobs):
-        at or above one that ran out of memory, or, under a budget, a probe longer than what
-        the budget left beside the confirmation holds (a larger batch's probe is longer; cut
-        short, it measures nothing)."""
-        sp, s = self.space, self.settings
-        cfg = sp.config({**sp.baseline, "batch_size": batch})
-        if decision.oom_blocks(cfg, self.ooms) is not None:
-            return True
-        if s.budget_s is None or s.seconds:
-            return False
-        left, need_s = self._room(cfg)
-        return left < need_s
-
-    def _room(self, cfg: Mapping[str, int]) -> tuple[float, float]:
-        """Under a budget: what is left of it beside the confirmation's reserve should ``cfg``
-        join the candidates, and what a probe of ``cfg`` takes (s)."""
-        left = self.settings.budget_s - self.elapsed() - self._reserve_s(cfg)
-        return left, self.prober.probe_s(self.state, *self.space.trial_knobs(cfg))
-
-    def _off_batch(self, cfg: Mapping[str, int]) -> dict[str, int]:
-        """Every knob of ``cfg`` but the per-rank batch, canonical."""
-        return {k: v for k, v in self.space.canonical(cfg).items() if k != "batch_size"}
 
     # -- the spread between processes ------------------------------------------------------------
     def _maybe_repeat(self) -> None:
         """After the first two search probes (by then what probes really cost, and so the
         plan, is known), the script's own config once more in a new process: the spread
         between processes (`autotune.tuning.spread`), which the pruning margin, a one-round
-        speed-up and the confirmation's planned rounds (`_planned_rounds`) use from then on.
-        Under a budget it comes at once after a first gain that processes alike would show in
-        fewer rounds (`_repeat_may_save_a_round`). Otherwise not taken when the search expects
-        too few configs for one probe to be worth it; that is said, and the assumed figure
-        stands."""
-        s, sp = self.settings, self.space
+        speed-up and the confirmation's planned rounds (`Budget.planned_rounds`) use from then
+        on. Under a budget it comes at once after a first gain that processes alike would show
+        in fewer rounds (`Budget.repeat_may_save_a_round`). Otherwise not taken when the search
+        expects too few configs for one probe to be worth it; that is said, and the assumed
+        figure stands."""
+        sp = self.space
         pending = self.state.learned.spread
         if pending is None or not pending.pending:
             return
-        early = self._repeat_may_save_a_round()
-        if self.measured < REPEAT_AFTER and early is None:
+        early = self.budget.repeat_may_save_a_round()
+        if self.answers.measured < REPEAT_AFTER and early is None:
             return
-        probe_s = self.prober.probe_s(self.state, *sp.trial_knobs(sp.baseline))
-        why = ""
-        if s.max_trials is not None and not spread.worth_repeating(s.max_trials - self.measured):
-            why = f"--trials {s.max_trials} leaves too few probes to spend one on it"
-        elif s.budget_s is not None and early is None:
-            expect = budget_plan(self.prober, self.state,
-                                 s.budget_s - self.elapsed() - probe_s).probes
-            if not spread.worth_repeating(expect):
-                why = (f"the budget left holds {expect} more search probe(s), too few to spend "
-                       f"one on it")
+        why = self._repeat_not_worth(early)
         if why:
             self._keep_spread(dataclasses.replace(pending, why=why))
             return
@@ -654,85 +393,35 @@ class Search:
             return
         self._keep_spread(spread.measure(pending.first, spread.Side.of(result)))
 
-    def _best_gain(self) -> tuple[float, float] | None:
-        """The search's best config over the script's own, by score: (speed-up, the two
-        figures' own relative intervals together); None while no config beats it."""
-        sp = self.space
-        top = confirm.best(sp, self.known, self.scorer, 1)
-        base = self.known.get(sp.key(sp.baseline))
-        if not top or base is None:
-            return None
-        b, t = self._score(base), self._score(top[0])
-        if not b.value or t.value is None or t.value <= b.value:
-            return None
-        return decision.gain_of(t.value, t.ci_half, b.value, b.ci_half)
-
-    def _planned_rounds(self) -> int:
-        """The confirmation rounds the budget keeps time for: those asked (``--confirm-rounds``),
-        unless the spread between processes is measured and another number would show the
-        search's best gain beyond doubt (`decision.rounds_planned`, at the spread a round's
-        ratio is planned with: `spread.ProcessSpread.planning_rel`; the confirmation itself
-        still decides on its rounds, and time left over buys more):
-        - fewer, down to `decision.MIN_ROUNDS`: minGPT's shape moves ~1% between processes,
-          two rounds show its +32%, and the third round's ~70 s is a probe of the batch the
-          walk goes to next;
-        - one, for a gain that even the spread's upper bound from its one pair cannot
-          explain (`spread.ProcessSpread.upper_rel`, `decision.rounds_planned`): the round
-          then decides alone (`confirm_rounds.one_round_rel`), and time left over still buys more;
-        - under a budget, more, up to `fitting.MAX_CONFIRM_ROUNDS` (and `fitting.NEEDED_SHARE`
-          of the budget: `_reserve_of`): a gain found is worth showing before the search goes
-          on for another. None are added for a gain that even those cannot show (the search
-          may yet find a larger one, which fewer rounds would show)."""
-        s = self.settings
-        measured = self.state.learned.spread
-        best = self._best_gain()
-        if best is None or measured is None or not measured.measured:
-            return s.confirm_rounds
-        n = decision.rounds_planned(best[0], measured.planning_rel(), best[1], 1,
-                                    one_round_rel=measured.upper_rel())
-        if n is None:
-            return s.confirm_rounds
-        if n > s.confirm_rounds:
-            more = s.budget_s is not None and s.confirm_rounds > 0 and \
-                n <= fitting.MAX_CONFIRM_ROUNDS
-            return n if more else s.confirm_rounds
-        return min(s.confirm_rounds, n)
+    def _repeat_not_worth(self, early) -> str:
+        """Why the second process of the script's config is not worth its probe ("": it is):
+        too few probes left after it, by --trials or by the budget (unless it comes ``early``)."""
+        s, sp, measured = self.settings, self.space, self.answers.measured
+        if s.max_trials is not None and not spread.worth_repeating(s.max_trials - measured):
+            return f"--trials {s.max_trials} leaves too few probes to spend one on it"
+        if s.budget_s is not None and early is None:
+            probe_s = self.prober.probe_s(self.state, *sp.trial_knobs(sp.baseline))
+            expect = budget_plan(self.prober, self.state,
+                                 s.budget_s - self.elapsed() - probe_s).probes
+            if not spread.worth_repeating(expect):
+                return (f"the budget left holds {expect} more search probe(s), too few to spend "
+                        f"one on it")
+        return ""
 
     def _tell_rounds(self) -> None:
         """Say when the rounds kept for the confirmation rise above those asked
-        (`_planned_rounds`), each time their number changes."""
+        (`Budget.planned_rounds`), each time their number changes."""
         s = self.settings
-        n = self._planned_rounds()
+        n = self.budget.planned_rounds()
         if n <= s.confirm_rounds or n == self.told_rounds:
             return
         self.told_rounds = n
-        best, measured = self._best_gain(), self.state.learned.spread
+        best, measured = self.budget.best_gain(), self.state.learned.spread
         self.prober.tell(Note.info(
             f"the search's best measured {best[0] - 1:+.1%}; at the spread between processes of "
             f"±{measured.planning_rel():.1%}, about {n} confirmation rounds show it, so the budget "
             f"keeps time for {n} (more than --confirm-rounds {s.confirm_rounds}, at most "
             f"{fitting.NEEDED_SHARE:.0%} of it) before the search goes on"))
-
-    def _repeat_may_save_a_round(self) -> tuple[float, int] | None:
-        """Under a budget, once the search's best beats the script's config beyond the pruning
-        margin: that gain and the rounds that would show it were processes as alike as
-        `spread.BETWEEN_FLOOR`, when those are fewer than the budget plans for
-        (`_planned_rounds`), so that the spread, measured now, may free a round for the search;
-        None otherwise."""
-        s = self.settings
-        best = self._best_gain()
-        if s.budget_s is None or best is None or s.confirm_rounds <= 1 or \
-                best[0] - 1 <= self.handle.pruner.margin_rel:
-            return None
-        n = decision.rounds_planned(best[0], spread.BETWEEN_FLOOR, best[1], 1,
-                                    one_round_rel=spread.upper_rel([spread.BETWEEN_FLOOR]))
-        if n is None or n >= s.confirm_rounds:
-            return None
-        # it pays for itself only if, the rounds cut, the search still has room for a probe
-        sp = self.space
-        repeat_s = self.prober.probe_s(self.state, *sp.trial_knobs(sp.baseline))
-        left = s.budget_s - self.elapsed() - repeat_s - self._reserve_s() * n / s.confirm_rounds
-        return (best[0], n) if left >= self.prober.typical_s(self.state) else None
 
     def _keep_spread(self, measured: spread.ProcessSpread) -> None:
         self._keep(learned=dataclasses.replace(self.state.learned, spread=measured))
@@ -740,173 +429,32 @@ class Search:
         self.save(self.state)
         self._use_spread()
         if measured.measured:
-            self._requeue_misjudged()
-
-    def _requeue_misjudged(self) -> None:
-        """The one-at-a-time moves pruned before the spread between processes was measured
-        whose last estimate, against the bar and margin it sets now (the baseline at the mean
-        of its two processes, `_pool_baseline`), would not have been pruned: queued once more.
-        Their pruning judged them against one figure of the script's config that a second
-        process shows was off. nanoGPT's shape read its own config at 216.4, then 141.6; batch
-        16 at 166.3 was pruned against the first, and the search never walked to the larger
-        batches the grid finds best. Once per config: one the study holds twice is not queued
-        again (so a resumed run queues none anew)."""
-        sp, pruner = self.space, self.handle.pruner
-        if not self.handle.prunes:
-            return
-        floor = studies.best_floor(self.handle.trials(states=(studies.TrialState.COMPLETE,)),
-                                   pruner.revised)
-        held = {self._key_of(t) for t in self.handle.trials()
-                if t.state == studies.TrialState.WAITING}
-        counts: dict[tuple | None, int] = {}
-        for t in self.handle.trials():
-            key = self._key_of(t)
-            counts[key] = counts.get(key, 0) + 1
-        for cfg in sp.one_at_a_time():
-            key = sp.key(cfg)
-            k = self.known.get(key)
-            if k is None or k.outcome != Outcome.PRUNED or counts.get(key, 0) > 1 or \
-                    key in held:
-                continue
-            score = self._score(k)
-            if score.value is None or not math.isfinite(score.ci_half) or \
-                    decision.cannot_reach(score.value, score.ci_half, floor,
-                                          margin_rel=pruner.margin_rel):
-                continue
-            del self.known[key]
-            self.handle.enqueue(sp.choice_from_config(cfg), {"design": "again"})
-            self.prober.tell(Note.info(
-                f"{knobs_text(cfg)} probed again: pruned at {score.value:.1f} before the spread "
-                f"between processes was measured, it is within the {pruner.margin_rel:.0%} "
-                f"margin of the bar that spread sets ({floor:.1f})"))
+            self.queue.requeue_misjudged()
 
     def _use_spread(self) -> None:
         """The pruning margin from the measured spread between processes, where there is one,
-        and the script's own config at the mean of its two processes (`_pool_baseline`)."""
+        and the script's own config at the mean of its two processes
+        (`Answers.pool_baseline`)."""
         measured = self.state.learned.spread
         if measured is not None and measured.measured:
             self.handle.pruner.margin_rel = measured.margin_rel()
-            self._pool_baseline(measured)
-
-    def _pool_baseline(self, measured: spread.ProcessSpread) -> None:
-        """From its second process on, the script's own config stands at the mean of its two
-        figures wherever the search judges a move against it: the batch walk, the joined moves,
-        the confirmation's candidates and the pruner's bar. Its interval is at least half
-        their difference: two processes cannot say more. (The study keeps the first figure as
-        the trial's value, which Optuna never changes; its sampler sees that one.) A first
-        figure that was a lucky high no longer hides a real gain: nanoGPT's shape read 202.6
-        then 179.0 samples/s, and a move 5% above their mean stood 1% below the first."""
-        key = self.space.key(self.space.baseline)
-        k = self.known.get(key)
-        if k is None or measured.first is None or measured.second is None:
-            return
-        a, b = measured.first, measured.second
-        value = (a.samples_per_s + b.samples_per_s) / 2
-        ci_half = max(math.hypot(a.ci_half, b.ci_half) / 2,
-                      abs(a.samples_per_s - b.samples_per_s) / 2)
-        pooled = dataclasses.replace(k, value=value, ci_half=ci_half)
-        self.known[key] = pooled
-        score = self._score(pooled)
-        self.handle.pruner.revised[k.number] = score.value - score.ci_half
-        # the convergence rule counts gains over the mean too: nanoGPT's shape read its
-        # baseline at 144.0 then 129.7, and a batch at 144.5 (+5.6% on the mean) counted as no
-        # gain over the first; the search converged six probes in with most of its budget left
-        self.convergence = decision.Convergence()
-        self.fed = [(n, score.value if n == k.number else v) for n, v in self.fed]
-        for _, v in self.fed:
-            self.convergence.update(v)
-
-    def _reserve_s(self, joining: Mapping[str, int] | None = None) -> float:
-        """Time kept for the confirmation (`fitting.confirm_reserve`); none while no config but
-        the baseline measured (nothing to confirm: the search may use it). With ``joining``,
-        a config about to be probed: the most it keeps should that config become a candidate
-        (its probes may be longer than the candidates' so far); the first config to be
-        measured keeps nothing back, as there is nothing to confirm yet."""
-        entries = confirm.candidates(self.space, self.known, self.scorer)
-        if joining is not None and len(entries) >= 2:
-            also = [entries[0], ("joining", dict(joining)), *entries[1:2]]  # as the best
-            return max(self._reserve_of(entries), self._reserve_of(also))
-        return self._reserve_of(entries)
-
-    def _reserve_of(self, entries: list[tuple[str, dict]]) -> float:
-        """All the confirmation's rounds of the `confirm.essential` ``entries`` (under a budget
-        the runner-up is left out: `confirm.finish`) within its share of the budget, and at the
-        least `decision.PLANNED_ROUNDS` rounds of them."""
-        s = self.settings
-        entries = confirm.essential(self.space, entries)  # what a budget confirms
-        if len(entries) < 2 or s.confirm_rounds == 0:
-            return 0.0
-        cfgs = [c for _, c in entries]
-        windows = confirm_rounds.probe_windows(self.prober, self.state, self.known, cfgs)
-        floor = dict(zip((n for n, _ in entries), windows))
-        one_round = sum(min(confirm_rounds.entry_probe_s(self.prober, self.state, self.known, c),
-                            floor[n]) for n, c in entries)
-        rounds = self._planned_rounds()
-        share = fitting.NEEDED_SHARE if rounds > s.confirm_rounds else fitting.CONFIRM_SHARE
-        return fitting.confirm_reserve(s.budget_s, rounds * sum(windows), one_round,
-                                       rounds=rounds, share=share)
+            self.answers.pool_baseline(measured, self.handle.pruner.revised)
 
     def _stop_reason(self) -> StopReason | None:
-        s = self.settings
-        if s.max_trials is not None and self.measured + 1 >= s.max_trials:
+        s, a = self.settings, self.answers
+        if s.max_trials is not None and a.measured + 1 >= s.max_trials:
             return StopReason(Stop.TRIALS, count=s.max_trials)
         if s.budget_s is not None:
-            reserve = self._reserve_s()
-            if self.elapsed() + self._cheapest_left_s() + reserve > s.budget_s:
+            reserve = self.budget.reserve_s()
+            if self.elapsed() + self.budget.cheapest_left_s() + reserve > s.budget_s:
                 return StopReason(Stop.BUDGET, reserved=bool(reserve))
-        answered = len(self.known) + (self._blocked_count() if self.ooms else 0)
+        answered = len(a.known) + (a.blocked_count() if a.ooms else 0)
         if answered >= self.size:
             return StopReason(Stop.EXHAUSTED, count=self.size)
-        if self.duplicate_streak >= DUPLICATE_STREAK:
+        if a.duplicate_streak >= DUPLICATE_STREAK:
             return StopReason(Stop.DUPLICATES)
         young = s.budget_s is not None and self.elapsed() < CONVERGE_AFTER_SHARE * s.budget_s
-        if self.convergence.since_best >= self.convergence.patience and \
-                self.convergence.seen >= self.convergence.min_trials and not young:
-            return StopReason(Stop.CONVERGED, count=self.convergence.patience,
-                              rel=self.convergence.rel)
+        c = a.convergence
+        if c.since_best >= c.patience and c.seen >= c.min_trials and not young:
+            return StopReason(Stop.CONVERGED, count=c.patience, rel=c.rel)
         return None
-
-    def _cheapest_left_s(self) -> float:
-        """The shortest probe a config not yet answered would take (`Prober.probe_s`), ruled
-        out by an OOM or not; a typical probe when none is left. The stop rule weighs the
-        budget against it: one config that does not fit is left out by itself (`_measure`),
-        and a few in a row end the search. Weighed against the space's average probe, nanoGPT's
-        shape stopped 152 s into 6m, with configs of ~15 s still fitting, once one probe of
-        batch 96 at half the threads (54 s) had raised that average."""
-        sp = self.space
-        left = [c for c in sp.configs() if sp.key(c) not in self.known
-                and not decision.oom_blocks(c, self.ooms)]
-        if not left:
-            return self.prober.typical_s(self.state)
-        return min(self.prober.probe_s(self.state, *sp.trial_knobs(c)) for c in left)
-
-    def _blocked_count(self) -> int:
-        """Configs of the space ruled out by an OOM and not measured."""
-        sp = self.space
-        count = 0
-        for cfg in sp.configs():
-            if sp.key(cfg) not in self.known and decision.oom_blocks(cfg, self.ooms):
-                count += 1
-        return count
-
-    def _maybe_combine(self) -> None:
-        """Once every one-at-a-time probe is answered, queue the moves that paid off, joined.
-
-        A pruned move counts with its last estimate: it may trail the best and still beat the
-        baseline.
-        """
-        if self.state.combined:
-            return
-        sp = self.space
-        moves = sp.one_at_a_time()
-        base = self.known.get(sp.key(sp.baseline))
-        answered = [self.known.get(sp.key(c)) for c in moves]
-        if base is None or not all(a is not None or decision.oom_blocks(c, self.ooms)
-                                   for a, c in zip(answered, moves)):
-            return
-        combo = decision.combine(sp.baseline, self._score(base).value or 0.0, [
-            (c, self._score(a).value if a is not None and not a.infeasible else None)
-            for c, a in zip(moves, answered)])
-        if combo is not None and sp.key(combo) not in self.known:
-            self.handle.enqueue(sp.choice_from_config(combo), {"design": "combined"})
-        self._keep(combined=True)

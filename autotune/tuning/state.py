@@ -22,7 +22,7 @@ from autotune.hardware import proc
 from autotune.store import controller as controllers, rundir
 from autotune import Note, UsageError
 from autotune.store import jsontext
-from autotune.store.events import Event
+from autotune.store.events import Event, RunKind
 from autotune.store.journal import read_events
 from autotune.tuning.learned import Learned
 from autotune.tuning.records import (AllreduceTiming, BaselineRecord, RanksProbe, TuneReport,
@@ -42,7 +42,7 @@ LIVE = "live.json"
 class TuneState:
     """What a tuning run has settled so far; a resume starts from it."""
 
-    kind: str  # tune | wrap
+    kind: RunKind  # tune | wrap
     settings: TuneSettings
     run_id: str  # the run directory's name and a random part: unique on a shared storage
     run_command: tuple[str, ...]  # the full run's command, as the user typed it
@@ -59,8 +59,11 @@ class TuneState:
     # the smaller batch neighbour's hold is settled: queued, or held for the walk's end
     smaller_settled: bool = False
 
+    def __post_init__(self):
+        object.__setattr__(self, "kind", RunKind(self.kind))  # a kind given as its text
+
     @classmethod
-    def new(cls, settings: TuneSettings, run_dir: Path, *, kind: str = "tune",
+    def new(cls, settings: TuneSettings, run_dir: Path, *, kind: RunKind = RunKind.TUNE,
             run_command: Sequence[str] | None = None, run_cwd: str | None = None,
             warm_start: Mapping[str, int] | None = None) -> TuneState:
         # Two tuners started in the same second on one script get run directories of the same
@@ -99,7 +102,7 @@ class TuneState:
                              f"reads version {STATE_VERSION}; start a new tuning, or resume "
                              f"with the autotune that began it")
         s = TuneSettings.from_dict(d["settings"])
-        return cls(kind=d.get("kind", "tune"), settings=s, run_id=d.get("run_id", ""),
+        return cls(kind=RunKind(d.get("kind", "tune")), settings=s, run_id=d.get("run_id", ""),
                    run_command=tuple(d.get("run_command") or s.command),
                    run_cwd=d.get("run_cwd") or s.cwd,
                    warm_start=dict(d["warm_start"]) if d.get("warm_start") else None,

@@ -6,6 +6,8 @@ default), or samples/s and samples/J together in a multi-objective study, which 
 gives any Optuna storage URL (several tuners may share one, e.g. PostgreSQL). Trial parameters
 are each knob's *position* in its ordered candidate list (`autotune.tuning.space`), so TPE sees the order
 of uneven values like batch sizes; the knob values themselves are in ``user_attrs["knobs"]``.
+What a trial records beside its value goes through one typed record, its schema checked on
+write and read (`autotune.tuning.trial_attrs.TrialAttrs`: `write`, `attrs_of`).
 
 Every trial records its `Outcome` in ``user_attrs["outcome"]``, the value itself, whatever it is
 (`record_outcome`; read back by `outcome_of`, equal); a config not tried because a known OOM rules
@@ -36,17 +38,14 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from autotune import AutotuneError, UsageError
 from autotune.tuning import decision
 from autotune.measuring.outcome import Outcome
+from autotune.tuning.trial_attrs import LEGACY_OUTCOMES, TrialAttrs
 
 __all__ = ["StudyHandle", "IntervalPruner", "Trial", "FrozenTrial", "TrialState", "TrialPruned",
            "open_study", "sqlite_url", "comparable", "best_comparable", "best_floor",
-           "importances", "record_outcome", "outcome_attrs", "outcome_of", "not_tried"]
+           "importances", "record_outcome", "outcome_attrs", "outcome_of", "not_tried",
+           "TrialAttrs", "attrs_of", "write", "LEGACY_OUTCOMES"]
 
 TrialPruned = optuna.TrialPruned
-OUTCOME_ATTR = "outcome"  # user_attrs key: the trial's `Outcome` value
-NOT_TRIED_ATTR = "not_tried"  # user_attrs key: True when a known OOM ruled the config out
-# What studies written before this version recorded instead of an outcome: a failure of any
-# kind ("failed": its kind is lost, read as a crash) and an OOM-ruled-out config.
-LEGACY_OUTCOMES = {"failed": Outcome.CRASHED, "oom-skipped": Outcome.OOM}
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 logging.getLogger("alembic").setLevel(logging.WARNING)
@@ -64,16 +63,26 @@ def comparable(t: FrozenTrial) -> bool:
             and all(v <= 0 for v in t.constraints.values()) and t.values is not None)
 
 
-def outcome_attrs(outcome: Outcome, *, not_tried: bool = False) -> dict:
-    """The user attrs that record ``outcome`` (``not_tried``: a known OOM ruled it out)."""
-    return {OUTCOME_ATTR: Outcome(outcome).value, **({NOT_TRIED_ATTR: True} if not_tried else {})}
+def write(trial: Trial, attrs: TrialAttrs) -> None:
+    """Record ``attrs`` (the fields given, checked: `TrialAttrs.to_attrs`) in a live trial."""
+    for key, value in attrs.to_attrs().items():
+        trial.set_user_attr(key, value)
+
+
+def attrs_of(t: FrozenTrial) -> TrialAttrs:
+    """What a trial recorded (`TrialAttrs.of`)."""
+    return TrialAttrs.of(t.user_attrs)
+
+
+def outcome_attrs(outcome: Outcome, *, not_tried: bool = False) -> TrialAttrs:
+    """The attrs that record ``outcome`` (``not_tried``: a known OOM ruled it out)."""
+    return TrialAttrs(outcome=Outcome(outcome), not_tried=not_tried)
 
 
 def record_outcome(trial: Trial, outcome: Outcome, *, not_tried: bool = False) -> None:
     """Record ``outcome`` in a live trial; an infeasible one (an OOM, a failure) also gets a
     positive constraint of its name. A pruned or spoiled trial ends otherwise (pruned, FAIL)."""
-    for key, value in outcome_attrs(outcome, not_tried=not_tried).items():
-        trial.set_user_attr(key, value)
+    write(trial, outcome_attrs(outcome, not_tried=not_tried))
     if not (Outcome(outcome).usable or outcome in (Outcome.PRUNED, Outcome.FOREIGN_LOAD)):
         trial.set_constraint(outcome.value, 1.0)
 
@@ -81,19 +90,12 @@ def record_outcome(trial: Trial, outcome: Outcome, *, not_tried: bool = False) -
 def outcome_of(t: FrozenTrial) -> Outcome | None:
     """The `Outcome` a trial recorded; None when it recorded none (still running, enqueued).
     A legacy tag is read as `LEGACY_OUTCOMES` says."""
-    raw = t.user_attrs.get(OUTCOME_ATTR)
-    if raw in LEGACY_OUTCOMES:
-        return LEGACY_OUTCOMES[raw]
-    try:
-        return Outcome(raw)
-    except ValueError:
-        return None
+    return attrs_of(t).outcome
 
 
 def not_tried(t: FrozenTrial) -> bool:
     """The trial answered without a probe: a known OOM ruled its config out."""
-    attrs = t.user_attrs
-    return bool(attrs.get(NOT_TRIED_ATTR)) or attrs.get(OUTCOME_ATTR) == "oom-skipped"  # legacy
+    return attrs_of(t).not_tried
 
 
 def best_comparable(trials: list[FrozenTrial]) -> FrozenTrial | None:
@@ -113,8 +115,9 @@ def best_floor(trials: list[FrozenTrial], revised: Mapping[int, float] | None = 
         if t.number in revised:
             floors.append(revised[t.number])
         elif comparable(t):
-            ci = t.user_attrs.get("score_ci_half", t.user_attrs.get("ci_half"))
-            if isinstance(ci, (int, float)) and ci == ci and ci != float("inf"):
+            attrs = attrs_of(t)
+            ci = attrs.score_ci_half if attrs.score_ci_half is not None else attrs.ci_half
+            if ci is not None and ci == ci and ci != float("inf"):
                 floors.append(t.values[0] - ci)  # a two-objective study: its samples/s
     return max(floors, default=None)
 
@@ -172,16 +175,17 @@ class StudyHandle:
         """Fail the trials whose tuner stopped beating (killed), so a waiter is not held."""
         optuna.storages.fail_stale_trials(self.study)
 
-    def enqueue(self, params: dict, user_attrs: dict | None = None) -> None:
-        self.study.enqueue_trial(params, user_attrs=user_attrs, skip_if_exists=False)
+    def enqueue(self, params: dict, attrs: TrialAttrs | None = None) -> None:
+        self.study.enqueue_trial(params, user_attrs=attrs.to_attrs() if attrs else None,
+                                 skip_if_exists=False)
 
     def add_answered(self, params: dict[str, int], sizes: dict[str, int],
-                     value: float | list[float], user_attrs: dict) -> None:
+                     value: float | list[float], attrs: TrialAttrs) -> None:
         """A config measured outside the study (the two-rank probe of the baseline stage) as a
         finished trial: ``params`` are candidate positions, ``sizes`` each knob's number of
         candidates (the distributions the objective suggests from)."""
         self.study.add_trial(optuna.trial.create_trial(
-            params=params, user_attrs=user_attrs,
+            params=params, user_attrs=attrs.to_attrs(),
             **({"values": value} if isinstance(value, list) else {"value": value}),
             distributions={n: optuna.distributions.IntDistribution(0, sizes[n] - 1)
                            for n in params}))
@@ -287,10 +291,11 @@ def _fail_interrupted(storage, name: str, run_id: str) -> list[FrozenTrial]:
         return []
     running = [t for t in storage.get_all_trials(study_id, deepcopy=False,
                                                  states=(TrialState.RUNNING,))
-               if t.user_attrs.get("run") == run_id]
+               if attrs_of(t).run == run_id]
     for t in running:
         trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
-        storage.set_trial_user_attr(trial_id, "interrupted", True)
+        for key, value in TrialAttrs(interrupted=True).to_attrs().items():
+            storage.set_trial_user_attr(trial_id, key, value)
         storage.set_trial_state_values(trial_id, TrialState.FAIL)
     return running
 
@@ -332,18 +337,19 @@ def open_study(url: str, name: str, *, run_id: str, seed: int | None = None,
     if requeue:
         # Also trials stopped by Ctrl-C: optimize() marks those FAIL, the objective tags them.
         stopped = [t for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
-                   if t.user_attrs.get("run") == run_id and t.user_attrs.get("interrupted")]
-        retried = {t.user_attrs.get("retry_of") for t in study.get_trials(deepcopy=False)}
+                   if attrs_of(t).run == run_id and attrs_of(t).interrupted]
+        retried = {attrs_of(t).retry_of for t in study.get_trials(deepcopy=False)}
         waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
         queue = [(t.system_attrs.get("fixed_params", {}), t.user_attrs) for t in waiting]
         for t in {t.number: t for t in [*interrupted, *stopped]}.values():
             if t.number in retried or not t.params:
                 continue
-            queue.insert(len(handle.recovered), (dict(t.params), {"retry_of": t.number}))
+            queue.insert(len(handle.recovered),
+                         (dict(t.params), TrialAttrs(retry_of=t.number).to_attrs()))
             handle.recovered.append(t.number)
         _requeue(storage, storage.get_study_id_from_name(name), waiting, queue)
-        for params, attrs in queue[len(waiting):]:
-            handle.enqueue(params, attrs)
+        for params, attrs in queue[len(waiting):]:  # as they were recorded
+            study.enqueue_trial(params, user_attrs=dict(attrs), skip_if_exists=False)
     return handle
 
 

@@ -34,6 +34,7 @@ from autotune.tuning.confirm_rounds import Earlier
 from autotune.tuning.prober import Notify, Prober, RunTrial
 from autotune.tuning.records import Stop, TunedOn, TuneReport
 from autotune.store.events import Event
+from autotune.tuning.study import StudyHandle
 from autotune.tuning.state import (TuneState, mark_controller, minutes, save, spent_s,
                                    sweep_orphans, write_summary)
 
@@ -126,7 +127,10 @@ class Tuner:
                                  f"never more than the run); --budget or --trials sets "
                                  f"another"))
 
-    def run(self) -> TuneReport:
+    def _start(self) -> StudyHandle:
+        """Everything before the search: a resumed run's leftovers swept, the study opened
+        (before any probe), the baseline measured once, and what the space and the budget
+        hold said. Returns the study's handle."""
         prober = self.prober
         mark_controller(self.run_dir)
         if self.resume:
@@ -157,6 +161,12 @@ class Tuner:
                 f"defaults only after {decision.MIN_ROUNDS} interleaved confirmation rounds at "
                 f"least, so this tuning keeps them whatever it finds; --confirm-rounds "
                 f"{decision.MIN_ROUNDS} or more can switch"))
+        return handle
+
+    def run(self) -> TuneReport:
+        prober = self.prober
+        handle = self._start()
+        settings, space = self.state.settings, self.state.space
         self._check_energy()
         scorer, note = self._scorer(())
         if note:
@@ -185,14 +195,29 @@ class Tuner:
                         points=[p.to_dict() for p in confirm.pareto_points(
                             space, self.found.known, scorer)],
                         within_rel=objective.PICK_WITHIN_REL)
+        report = self._report(handle, c, note)
+        if report.payback:
+            prober.emit(Event.PAYBACK, **report.payback.to_dict())
+        if report.memory is not None:
+            prober.emit(Event.MEMORY_FIT, **report.memory.to_dict())
+        if report.batch_note:  # said once: the event (the live view), the summary's field
+            prober.emit(Event.BATCH_CHANGE, text=report.batch_note)
+        write_summary(self.run_dir, report)
+        return report
+
+    def _report(self, handle: StudyHandle, c: confirm.Confirmed, note: str) -> TuneReport:
+        """The run's `TuneReport`, from the search and its confirmation ``c``; ``note``: how
+        the score was made (a goodput objective's)."""
+        settings, space = self.state.settings, self.state.space
         trials = [t for t in handle.trials() if t.state.is_finished()]
         learned = self.state.learned
         run = self._run_length()
-        report = TuneReport(
+        return TuneReport(
             run_dir=self.run_dir, space=space, baseline=c.baseline, best=c.best,
             speedup=c.speedup, kept_baseline=c.kept_baseline, reason=c.reason,
             trials_measured=self.found.measured + 1, trials_total=len(trials),
-            stop_reason=stop, source=self.found.source, verdict=c.verdict,
+            stop_reason=self.found.stop_reason, source=str(self.found.source or ""),
+            verdict=c.verdict,
             notes=self.state.learned.notes, best_notes=learned.notes_of(c.best.knobs),
             one_rank_samples_per_s=_one_rank_best(self.found.known, c),
             best_probe=learned.facts(c.best.knobs),
@@ -208,14 +233,6 @@ class Tuner:
             tuned_on=TunedOn.of(self.prober.launcher.host_count, self.state.allreduce),
             payback=payback.payback(self.elapsed(), run, c.baseline.samples_per_s,
                                     c.best.samples_per_s) if run else None)
-        if report.payback:
-            prober.emit(Event.PAYBACK, **report.payback.to_dict())
-        if report.memory is not None:
-            prober.emit(Event.MEMORY_FIT, **report.memory.to_dict())
-        if report.batch_note:  # said once: the event (the live view), the summary's field
-            prober.emit(Event.BATCH_CHANGE, text=report.batch_note)
-        write_summary(self.run_dir, report)
-        return report
 
     def _check_energy(self) -> None:
         """An energy objective needs the baseline's joules: without them, one line and exit

@@ -98,7 +98,7 @@ class Space:
         one that runs faster per sample at a smaller size is found only by looking there;
         `Space.batch_walk` goes on in the direction that paid off. The larger comes first
         because a larger batch that pays says where the walk goes, and the search then holds
-        the smaller back (`autotune.tuning.search.Search._maybe_release_smaller`).
+        the smaller back (`autotune.tuning.queue_policy.release_smaller`).
 
         With a handful of noisy probes, learning each knob's direction first beats random
         starting points; `autotune.tuning.decision.combine` then joins the moves that paid off.

@@ -1,0 +1,175 @@
+"""What a budget holds for the search beside the confirmation: its reserve, its rounds, the
+room left for one more probe.
+
+The search (`autotune.tuning.search`) asks `Budget` before each probe and after each trial:
+how much time the confirmation keeps (`Budget.reserve_s`: its rounds of the candidates so far,
+within its share of the budget), how many rounds that is (`Budget.planned_rounds`: those asked,
+or as many as the spread between processes says would show the search's best gain), whether
+one more probe of a config fits (`Budget.room`), and the cheapest probe left (the stop rule).
+It reads the search's `autotune.tuning.answers.Answers` and the run's state; it queues and
+probes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from autotune.tuning import confirm, confirm_rounds, decision, fitting, spread
+from autotune.tuning.answers import Answers
+from autotune.tuning.prober import Prober
+from autotune.tuning.records import TuneSettings
+from autotune.tuning.state import TuneState
+
+
+class Budget:
+    """The search's time under its settings; ``state`` gives the run's state as it is now,
+    ``elapsed`` the run's time spent so far, ``margin_rel`` the pruning margin now."""
+
+    def __init__(self, prober: Prober, answers: Answers, *, state: Callable[[], TuneState],
+                 elapsed: Callable[[], float], margin_rel: Callable[[], float]):
+        self.prober = prober
+        self.answers = answers
+        self._state = state
+        self.elapsed = elapsed
+        self.margin_rel = margin_rel
+
+    @property
+    def state(self) -> TuneState:
+        return self._state()
+
+    @property
+    def settings(self) -> TuneSettings:
+        return self._state().settings
+
+    @property
+    def space(self):
+        return self.answers.space
+
+    def room(self, cfg: Mapping[str, int]) -> tuple[float, float]:
+        """Under a budget: what is left of it beside the confirmation's reserve should ``cfg``
+        join the candidates, and what a probe of ``cfg`` takes (s)."""
+        left = self.settings.budget_s - self.elapsed() - self.reserve_s(cfg)
+        return left, self.prober.probe_s(self.state, *self.space.trial_knobs(cfg))
+
+    def walk_blocks(self, batch: int) -> bool:
+        """Whether a batch walk's jump may not land on ``batch`` (the baseline's other knobs):
+        at or above one that ran out of memory, or, under a budget, a probe longer than what
+        the budget left beside the confirmation holds (a larger batch's probe is longer; cut
+        short, it measures nothing)."""
+        sp, s = self.space, self.settings
+        cfg = sp.config({**sp.baseline, "batch_size": batch})
+        if decision.oom_blocks(cfg, self.answers.ooms) is not None:
+            return True
+        if s.budget_s is None or s.seconds:
+            return False
+        left, need_s = self.room(cfg)
+        return left < need_s
+
+    def best_gain(self) -> tuple[float, float] | None:
+        """The search's best config over the script's own, by score: (speed-up, the two
+        figures' own relative intervals together); None while no config beats it."""
+        sp, known = self.space, self.answers.known
+        top = confirm.best(sp, known, self.answers.scorer, 1)
+        base = known.get(sp.key(sp.baseline))
+        if not top or base is None:
+            return None
+        b, t = self.answers.score(base), self.answers.score(top[0])
+        if not b.value or t.value is None or t.value <= b.value:
+            return None
+        return decision.gain_of(t.value, t.ci_half, b.value, b.ci_half)
+
+    def planned_rounds(self) -> int:
+        """The confirmation rounds the budget keeps time for: those asked (``--confirm-rounds``),
+        unless the spread between processes is measured and another number would show the
+        search's best gain beyond doubt (`decision.rounds_planned`, at the spread a round's
+        ratio is planned with: `spread.ProcessSpread.planning_rel`; the confirmation itself
+        still decides on its rounds, and time left over buys more):
+        - fewer, down to `decision.MIN_ROUNDS`: minGPT's shape moves ~1% between processes,
+          two rounds show its +32%, and the third round's ~70 s is a probe of the batch the
+          walk goes to next;
+        - one, for a gain that even the spread's upper bound from its one pair cannot
+          explain (`spread.ProcessSpread.upper_rel`, `decision.rounds_planned`): the round
+          then decides alone (`confirm_rounds.one_round_rel`), and time left over still buys more;
+        - under a budget, more, up to `fitting.MAX_CONFIRM_ROUNDS` (and `fitting.NEEDED_SHARE`
+          of the budget: `reserve_of`): a gain found is worth showing before the search goes
+          on for another. None are added for a gain that even those cannot show (the search
+          may yet find a larger one, which fewer rounds would show)."""
+        s = self.settings
+        measured = self.state.learned.spread
+        best = self.best_gain()
+        if best is None or measured is None or not measured.measured:
+            return s.confirm_rounds
+        n = decision.rounds_planned(best[0], measured.planning_rel(), best[1], 1,
+                                    one_round_rel=measured.upper_rel())
+        if n is None:
+            return s.confirm_rounds
+        if n > s.confirm_rounds:
+            more = s.budget_s is not None and s.confirm_rounds > 0 and \
+                n <= fitting.MAX_CONFIRM_ROUNDS
+            return n if more else s.confirm_rounds
+        return min(s.confirm_rounds, n)
+
+    def repeat_may_save_a_round(self) -> tuple[float, int] | None:
+        """Under a budget, once the search's best beats the script's config beyond the pruning
+        margin: that gain and the rounds that would show it were processes as alike as
+        `spread.BETWEEN_FLOOR`, when those are fewer than the budget plans for
+        (`planned_rounds`), so that the spread, measured now, may free a round for the search;
+        None otherwise."""
+        s = self.settings
+        best = self.best_gain()
+        if s.budget_s is None or best is None or s.confirm_rounds <= 1 or \
+                best[0] - 1 <= self.margin_rel():
+            return None
+        n = decision.rounds_planned(best[0], spread.BETWEEN_FLOOR, best[1], 1,
+                                    one_round_rel=spread.upper_rel([spread.BETWEEN_FLOOR]))
+        if n is None or n >= s.confirm_rounds:
+            return None
+        # it pays for itself only if, the rounds cut, the search still has room for a probe
+        sp = self.space
+        repeat_s = self.prober.probe_s(self.state, *sp.trial_knobs(sp.baseline))
+        left = s.budget_s - self.elapsed() - repeat_s - self.reserve_s() * n / s.confirm_rounds
+        return (best[0], n) if left >= self.prober.typical_s(self.state) else None
+
+    def reserve_s(self, joining: Mapping[str, int] | None = None) -> float:
+        """Time kept for the confirmation (`fitting.confirm_reserve`); none while no config but
+        the baseline measured (nothing to confirm: the search may use it). With ``joining``,
+        a config about to be probed: the most it keeps should that config become a candidate
+        (its probes may be longer than the candidates' so far); the first config to be
+        measured keeps nothing back, as there is nothing to confirm yet."""
+        entries = confirm.candidates(self.space, self.answers.known, self.answers.scorer)
+        if joining is not None and len(entries) >= 2:
+            also = [entries[0], ("joining", dict(joining)), *entries[1:2]]  # as the best
+            return max(self.reserve_of(entries), self.reserve_of(also))
+        return self.reserve_of(entries)
+
+    def reserve_of(self, entries: list[tuple[str, dict]]) -> float:
+        """All the confirmation's rounds of the `confirm.essential` ``entries`` (under a budget
+        the runner-up is left out: `confirm.finish`) within its share of the budget, and at the
+        least `decision.PLANNED_ROUNDS` rounds of them."""
+        s, state, known = self.settings, self.state, self.answers.known
+        entries = confirm.essential(self.space, entries)  # what a budget confirms
+        if len(entries) < 2 or s.confirm_rounds == 0:
+            return 0.0
+        cfgs = [c for _, c in entries]
+        windows = confirm_rounds.probe_windows(self.prober, state, known, cfgs)
+        floor = dict(zip((n for n, _ in entries), windows))
+        one_round = sum(min(confirm_rounds.entry_probe_s(self.prober, state, known, c),
+                            floor[n]) for n, c in entries)
+        rounds = self.planned_rounds()
+        share = fitting.NEEDED_SHARE if rounds > s.confirm_rounds else fitting.CONFIRM_SHARE
+        return fitting.confirm_reserve(s.budget_s, rounds * sum(windows), one_round,
+                                       rounds=rounds, share=share)
+
+    def cheapest_left_s(self) -> float:
+        """The shortest probe a config not yet answered would take (`Prober.probe_s`), ruled
+        out by an OOM or not; a typical probe when none is left. The stop rule weighs the
+        budget against it: one config that does not fit is left out by itself (the search's
+        probe), and a few in a row end the search. Weighed against the space's average probe,
+        nanoGPT's shape stopped 152 s into 6m, with configs of ~15 s still fitting, once one
+        probe of batch 96 at half the threads (54 s) had raised that average."""
+        sp, known, ooms = self.space, self.answers.known, self.answers.ooms
+        left = [c for c in sp.configs() if sp.key(c) not in known
+                and not decision.oom_blocks(c, ooms)]
+        if not left:
+            return self.prober.typical_s(self.state)
+        return min(self.prober.probe_s(self.state, *sp.trial_knobs(c)) for c in left)
