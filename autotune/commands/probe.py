@@ -9,7 +9,7 @@ import sys
 
 from autotune.monitor import console
 from autotune.store import jsontext, rundir
-from autotune.launching import engines
+from autotune.launching import engines, reach
 from autotune.measuring import bottleneck
 from autotune.monitor.text import cost_text
 from autotune.commands import common
@@ -52,7 +52,9 @@ def run(args) -> int:
         from autotune import UsageError
         raise UsageError(f"--modes: unknown mode {bad[0] if bad else args.modes!r}; "
                          f"choose from {','.join(protocol.MODES)}")
-    launcher = engines.from_args(args)
+    launcher, reached = reach.settle(engines.from_args(args))
+    if reached:
+        print(f"autotune: {reached.text()}", file=sys.stderr, flush=True)
     knobs, guessed = baseline.placeholder_values(target[1:])
     for name in guessed:
         print(f"autotune: placeholder {{{name}}} = {knobs[name]} (its conventional value; "

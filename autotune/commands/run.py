@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from autotune.monitor import console
@@ -12,7 +13,7 @@ from autotune.tuning.space import knobs_text
 from autotune.store import rundir
 from autotune.measuring import fullrun
 from autotune.measuring.promise import Promise
-from autotune.launching import engines
+from autotune.launching import engines, reach
 from autotune.commands import common, tune
 from autotune.launching.group import RanksSpec
 from autotune.store.journal import Journal, read_events
@@ -59,7 +60,9 @@ def run(args) -> int:
 
     recipe = chosen(recipes.load(args.recipe), keep_batch=args.keep_batch)
     target = common.resolve_target(args)
-    launcher = engines.from_args(args)
+    launcher, reached = reach.settle(engines.from_args(args))
+    if reached:
+        print(f"autotune: {reached.text()}", file=sys.stderr, flush=True)
     fp = fingerprint.current(target)
     for warning in fingerprint_warnings(recipe, fp):
         console.warning(warning)
