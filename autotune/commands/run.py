@@ -60,13 +60,14 @@ def run(args) -> int:
 
     recipe = chosen(recipes.load(args.recipe), keep_batch=args.keep_batch)
     target = common.resolve_target(args)
-    launcher, reached = reach.settle(engines.from_args(args))
-    if reached:
-        print(f"autotune: {reached.text()}", file=sys.stderr, flush=True)
+    launcher = engines.from_args(args)
     fp = fingerprint.current(target)
     for warning in fingerprint_warnings(recipe, fp):
         console.warning(warning)
     knobs = rank_knobs(recipe, fp, launcher)
+    launcher, reached = reach.settle(launcher)  # once the recipe fits this run
+    if reached:
+        print(f"autotune: {reached.text()}", file=sys.stderr, flush=True)
     root = Path(args.runs_dir).expanduser() if args.runs_dir else None
     run_dir = rundir.new_run_dir("run", target[0], root=root)
     journal = Journal(run_dir)

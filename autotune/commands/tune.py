@@ -228,7 +228,7 @@ def prepare(args, kind: str) -> Prepared:
                         fingerprint.current(state.settings.command), recipe_dir, True,
                         launcher, reach_note=reached.text() if reached else "")
     target = common.resolve_target(args)
-    launcher, reached = reach.settle(engines.from_args(args))
+    launcher = engines.from_args(args)
     cwd = common.probe_cwd(args)
     probe_target = common.absolute_script(target, cwd)
     settings = _settings(args, probe_target, cwd, launcher, ranges, fixed, baseline_values,
@@ -239,6 +239,7 @@ def prepare(args, kind: str) -> Prepared:
     warm, note = (None, "")
     if not args.no_warm_start and rank_command.is_python_script(target[0]):
         warm, note = recipes.warm_start_candidate(recipe_dir, target, fp)
+    launcher, reached = reach.settle(launcher)  # once the input is checked, before any run
     root = Path(args.runs_dir).expanduser() if args.runs_dir else None
     run_dir = rundir.new_run_dir(kind, target[0], root=root)
     state = TuneState.new(settings, run_dir, kind=kind, run_command=target, run_cwd=os.getcwd(),
