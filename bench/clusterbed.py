@@ -16,7 +16,12 @@ namespace and Hydra's ``mpirun -launcher ssh`` starts ranks on every host. Every
 keys, state, spool, logs, pid files) lives under the bed's own work dir. docs/cluster.md says
 why each setting is what it is.
 
-    python bench/clusterbed.py up [--nodes 2] [--rate 1gbit] [--delay-ms 0] [--workdir DIR]
+With ``--loopback-names`` each host's own name resolves to ``127.0.1.1`` in its own view (the
+other hosts still find it at its address), as Debian's installer leaves ``/etc/hosts``: a host
+can then not learn its address from its name, which is what a controller on it must not rely on.
+
+    python bench/clusterbed.py up [--nodes 2] [--rate 1gbit] [--delay-ms 0] [--loopback-names]
+                                  [--workdir DIR]
     python bench/clusterbed.py status [--workdir DIR]
     python bench/clusterbed.py down [--workdir DIR]
 
@@ -95,6 +100,7 @@ class BedSpec:
     delay_ms: float = 0.0
     prefix: str = ""  # per-bed unique; empty: f"atb{pid}"
     workdir: Path = DEFAULT_WORKDIR
+    loopback_names: bool = False  # each host's own name is 127.0.1.1 in its own /etc/hosts
 
     def __post_init__(self):
         if not 1 <= self.nodes <= 8:
@@ -133,6 +139,7 @@ class BedFacts:
     hostfile: str  # one host name a line, for mpirun -f
     ssh: str  # an ssh wrapper that uses the bed's config (Hydra: -launcher-exec)
     ssh_config: str
+    loopback_names: bool = False  # each host's own name resolves to 127.0.1.1 on that host
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2)
@@ -147,10 +154,14 @@ class BedFacts:
 
 
 def hosts_file(hosts: list[str], addresses: list[str], controller: str,
-               controller_addr: str) -> str:
-    """``/etc/hosts`` for every namespace: localhost, each host, the controller on the bridge."""
-    lines = ["127.0.0.1\tlocalhost", f"{controller_addr}\t{controller}"]
-    lines += [f"{a}\t{h}" for h, a in zip(hosts, addresses)]
+               controller_addr: str, own: str | None = None) -> str:
+    """``/etc/hosts`` for a namespace: localhost, each host, the controller on the bridge; with
+    ``own``, that host's name on ``127.0.1.1`` instead of its address, as Debian leaves it."""
+    lines = ["127.0.0.1\tlocalhost"]
+    if own:
+        lines.append(f"127.0.1.1\t{own}")
+    lines.append(f"{controller_addr}\t{controller}")
+    lines += [f"{a}\t{h}" for h, a in zip(hosts, addresses) if h != own]
     return "\n".join(lines) + "\n"
 
 
@@ -386,7 +397,8 @@ class ClusterBed:
         state = json.loads((Path(workdir) / "bed.json").read_text())
         s = state["spec"]
         bed = cls(BedSpec(nodes=s["nodes"], rate=s["rate"], delay_ms=s["delay_ms"],
-                          prefix=s["prefix"], workdir=Path(s["workdir"])))
+                          prefix=s["prefix"], workdir=Path(s["workdir"]),
+                          loopback_names=bool(s.get("loopback_names"))))
         if state.get("facts"):
             bed.facts = BedFacts.from_dict(state["facts"])
         return bed
@@ -511,7 +523,8 @@ class ClusterBed:
             _run(["ip", "netns", "add", ns], what=f"creating namespace {ns}")
             etc = Path("/etc/netns") / ns
             etc.mkdir(parents=True, exist_ok=True)
-            _write(etc / "hosts", hosts_file(hosts, addresses, controller, ctl_addr))
+            _write(etc / "hosts", hosts_file(hosts, addresses, controller, ctl_addr,
+                                             own=h if self.spec.loopback_names else None))
             uts = self.workdir / "uts" / h
             uts.touch()
             _run(["unshare", f"--uts={uts}", "hostname", h], what=f"making {h}'s UTS namespace")
@@ -538,7 +551,7 @@ class ClusterBed:
             delay_ms=self.spec.delay_ms if netem else 0.0, netem_available=netem,
             partition="bed", slurm_conf=str(self.workdir / "slurm/etc/slurm.conf"),
             hostfile=str(self.workdir / "hostfile"), ssh=str(self.workdir / "bin/ssh"),
-            ssh_config=str(self.workdir / "ssh/config"))
+            ssh_config=str(self.workdir / "ssh/config"), loopback_names=self.spec.loopback_names)
 
     @staticmethod
     def _free_subnet() -> str:
@@ -798,6 +811,8 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--rate", default="1gbit", help="tbf rate of each link (1gbit, 100mbit...)")
     up.add_argument("--delay-ms", type=float, default=0.0, help="netem delay, where available")
     up.add_argument("--prefix", default="", help="namespace/link name prefix (default atb<pid>)")
+    up.add_argument("--loopback-names", action="store_true",
+                    help="each host's own name resolves to 127.0.1.1 on it, as Debian leaves it")
     for p in (up, sub.add_parser("down", help="tear the bed down (idempotent)"),
               sub.add_parser("status", help="what of the bed is up")):
         p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
@@ -805,7 +820,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "up":
             spec = BedSpec(nodes=args.nodes, rate=args.rate, delay_ms=args.delay_ms,
-                           prefix=args.prefix, workdir=args.workdir.resolve())
+                           prefix=args.prefix, workdir=args.workdir.resolve(),
+                           loopback_names=args.loopback_names)
             print(ClusterBed(spec).up().to_json())
         elif not (args.workdir / "bed.json").exists():
             print(json.dumps({"workdir": str(args.workdir), "up": False}))

@@ -62,6 +62,11 @@ def test_ssh_and_hosts_files_name_every_host():
     hosts = clusterbed.hosts_file(["node1", "node2"], ["10.0.0.11", "10.0.0.12"], "vm", "10.0.0.1")
     assert hosts.splitlines() == ["127.0.0.1\tlocalhost", "10.0.0.1\tvm", "10.0.0.11\tnode1",
                                   "10.0.0.12\tnode2"]
+    # --loopback-names: each host's own name is 127.0.1.1 in its own view, as Debian leaves it
+    own = clusterbed.hosts_file(["node1", "node2"], ["10.0.0.11", "10.0.0.12"], "vm", "10.0.0.1",
+                                own="node1")
+    assert own.splitlines() == ["127.0.0.1\tlocalhost", "127.0.1.1\tnode1", "10.0.0.1\tvm",
+                                "10.0.0.12\tnode2"]
     sshd = clusterbed.sshd_config(address="10.0.0.11", host_key=Path("/h"),
                                   authorized_keys=Path("/a"), pid_file=Path("/p"))
     assert "PermitRootLogin prohibit-password" in sshd and "PasswordAuthentication no" in sshd

@@ -1,5 +1,6 @@
 """The measurement channel: authenticated, survives a dead rank, carries stop requests."""
 
+import dataclasses
 import json
 import socket
 import time
@@ -169,18 +170,21 @@ def test_ranks_on_other_hosts_get_a_routable_address():
     multi = engines.Launcher(kind="mpirun", hosts=hosts,
                                mpi=engines.MpiInfo("/x/mpirun", "mpich", "4"))
     named = for_launcher(multi, env={"AUTOTUNE_COLLECTOR_HOST": "localhost"})
+    settled = for_launcher(dataclasses.replace(multi, controller_host="127.0.0.1"), env={})
     try:
         assert local.addr.startswith("127.0.0.1:")
         assert named.addr.startswith("localhost:")
         assert named._server.getsockname()[0] == "0.0.0.0"
+        assert settled.addr.startswith("127.0.0.1:")  # the launcher's own, found once
         ch = Channel(named.addr, named.token)  # reached by its advertised name
         assert ch.open(rank=0, pid=1)
         wait_for(lambda: named.drain())
         ch.close()
-        # without the variable: this host's name (`advertised_host`, tested below)
+        # without the variable: what `reach.find` finds (tests/test_reach.py)
     finally:
         local.close()
         named.close()
+        settled.close()
 
 
 def test_settle_waits_for_everything_a_closed_rank_sent():
@@ -235,30 +239,3 @@ def test_a_send_racing_close_is_a_silent_no_op(monkeypatch):
         assert ch.sock is None and not ch.alive
     finally:
         col.close()
-
-
-@pytest.mark.parametrize("fqdn, short, want", [
-    ("node1.cluster", "node1", "node1.cluster"),
-    ("localhost", "node1", "node1"),  # a Debian /etc/hosts: getfqdn() says localhost
-    ("localhost", "vm", None),  # and the short name is 127.0.1.1 too: nothing to advertise
-])
-def test_the_advertised_name_never_resolves_to_loopback(monkeypatch, fqdn, short, want):
-    """Ranks on other hosts are never told a name that is loopback here (on another host it is
-    that host): the full name, else the short one, else one line saying what to set."""
-    from autotune import LaunchError
-    from autotune.launching import collector
-
-    table = {"node1.cluster": "10.0.0.5", "node1": "10.0.0.5", "vm": "127.0.1.1",
-             "localhost": "127.0.0.1"}
-    monkeypatch.setattr(collector.socket, "getfqdn", lambda: fqdn)
-    monkeypatch.setattr(collector.socket, "gethostname", lambda: short)
-    monkeypatch.setattr(collector.socket, "getaddrinfo",
-                        lambda name, port: [(2, 1, 6, "", (table[name], 0))])
-    if want is not None:
-        assert collector.advertised_host({}) == want
-    else:
-        with pytest.raises(LaunchError) as e:
-            collector.advertised_host({})
-        assert "'vm' resolves to a loopback address here" in str(e.value)
-        assert "set AUTOTUNE_COLLECTOR_HOST" in str(e.value)
-    assert collector.advertised_host({"AUTOTUNE_COLLECTOR_HOST": "10.1.2.3"}) == "10.1.2.3"

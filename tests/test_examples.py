@@ -54,3 +54,20 @@ def test_compute_example_as_two_ddp_ranks(tmp_path):
 def test_bad_flag_is_a_usage_error():
     r = run(EXAMPLES / "compute_bound" / "train.py", "--batch-size", "0")
     assert r.returncode == 2 and "--batch-size must be >= 1" in r.stderr
+
+
+def test_image_example_data_is_prepared_before_training(tmp_path):
+    """``prepare_data.py`` makes the dataset ``train.py`` would make on first use (so that no
+    probe times it), and says so; a second call finds it there and writes nothing."""
+    data = tmp_path / "data"
+    args = ("--num-images", "12", "--data-dir", str(data))
+    r = run(EXAMPLES / "image_classifier" / "prepare_data.py", *args)
+    assert r.returncode == 0, r.stderr
+    assert "data: generating 12 images" in r.stdout and f"data: ready in {data}" in r.stdout
+    assert len(list(data.glob("*.png"))) == 12 and (data / "labels.csv").exists()
+    again = run(EXAMPLES / "image_classifier" / "prepare_data.py", *args)
+    assert again.returncode == 0 and "already in" in again.stdout, again.stderr
+    trained = run(EXAMPLES / "image_classifier" / "train.py", *args, "--batch-size", "4",
+                  "--log-interval", "1")
+    assert trained.returncode == 0, trained.stderr
+    assert "generating" not in trained.stdout and "done: 3 steps" in trained.stdout

@@ -9,7 +9,7 @@ import sys
 
 from autotune.monitor import console
 from autotune.store import jsontext, rundir
-from autotune.launching import engines
+from autotune.launching import engines, reach
 from autotune.measuring import bottleneck
 from autotune.monitor.text import cost_text
 from autotune.commands import common
@@ -52,7 +52,9 @@ def run(args) -> int:
         from autotune import UsageError
         raise UsageError(f"--modes: unknown mode {bad[0] if bad else args.modes!r}; "
                          f"choose from {','.join(protocol.MODES)}")
-    launcher = engines.from_args(args)
+    launcher, reached = reach.settle(engines.from_args(args))
+    if reached:
+        print(f"autotune: {reached.text()}", file=sys.stderr, flush=True)
     knobs, guessed = baseline.placeholder_values(target[1:])
     for name in guessed:
         print(f"autotune: placeholder {{{name}}} = {knobs[name]} (its conventional value; "
@@ -93,16 +95,7 @@ def run(args) -> int:
                 if not result.ok:
                     console.error(f"mode '{mode}' {result.outcome.value}: {result.reason} "
                                   f"(log: {result.log_path})")
-            # A probe flagged for foreign load still measured something: the verdict uses it and
-            # says so, rather than giving none on a busy machine.
-            rate = {m: (r.samples_per_s if _measured(r) else None) for m, r in results.items()}
-            full = results.get("full")
-            parts = full.breakdown if full is not None and _measured(full) else None
-            v = bottleneck.decide(rate.get("full"), rate.get("synthetic"), rate.get("io"),
-                                  parts)
-            if any(r.outcome == Outcome.FOREIGN_LOAD for r in results.values()):
-                v = dataclasses.replace(v, text=v.text + " (WARNING: measured while other "
-                                        "programs loaded the CPU; re-run on a quiet machine)")
+            v = _verdict(results)
             summary = {
                 "command": list(target), "run_dir": str(run_dir),
                 "modes": {m: r.to_dict() for m, r in results.items()},
@@ -124,6 +117,20 @@ def run(args) -> int:
         _print_table(results, v, run_dir, plain=args.plain)
         _print_allreduce(summary.get("allreduce"), plain=args.plain)
     return code
+
+
+def _verdict(results: dict):
+    """The bottleneck verdict from the modes measured. A probe flagged for foreign load still
+    measured something: the verdict uses it and says so, rather than giving none on a busy
+    machine."""
+    rate = {m: (r.samples_per_s if _measured(r) else None) for m, r in results.items()}
+    full = results.get("full")
+    parts = full.breakdown if full is not None and _measured(full) else None
+    v = bottleneck.decide(rate.get("full"), rate.get("synthetic"), rate.get("io"), parts)
+    if any(r.outcome == Outcome.FOREIGN_LOAD for r in results.values()):
+        v = dataclasses.replace(v, text=v.text + " (WARNING: measured while other programs "
+                                "loaded the CPU; re-run on a quiet machine)")
+    return v
 
 
 def _measured(r) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+import sys
 from pathlib import Path
 
 from autotune.monitor import console
@@ -13,7 +14,7 @@ from autotune.tuning.space import knobs_text
 from autotune.store import rundir
 from autotune.measuring import fullrun
 from autotune.measuring.promise import Promise
-from autotune.launching import engines
+from autotune.launching import engines, reach
 from autotune import UsageError
 from autotune.commands import common, detach, tune
 from autotune.store import controller as controllers
@@ -117,6 +118,9 @@ def run(args) -> int:
     for warning in fingerprint_warnings(recipe, fp):
         console.warning(warning)
     knobs = rank_knobs(recipe, fp, launcher)
+    launcher, reached = reach.settle(launcher)  # once the recipe fits this run
+    if reached:
+        print(f"autotune: {reached.text()}", file=sys.stderr, flush=True)
     root = Path(args.runs_dir).expanduser() if args.runs_dir else \
         (again.run_dir.parent if again else None)
     run_dir = rundir.new_run_dir("run", target[0], root=root)

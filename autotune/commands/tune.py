@@ -21,8 +21,8 @@ from autotune.monitor.text import cost_text
 from autotune.hardware import fingerprint
 from autotune.store import controller as controllers, jsontext, rundir
 from autotune.tuning import recipes, state as states
-from autotune.launching import rank_command, engines
-from autotune.tuning import objective, space
+from autotune.launching import rank_command, engines, reach
+from autotune.tuning import objective, payback, records, space
 from autotune.commands import common, detach
 from autotune import AutotuneError, Note, NoteKind, UsageError
 from autotune.store.journal import Journal, read_events
@@ -56,10 +56,19 @@ def _count(text: str) -> int:
 def add_tune_args(p: argparse.ArgumentParser) -> None:
     s = p.add_argument_group("search")
     s.add_argument("--trials", type=common.positive_int, metavar="N",
-                   help="probes in the search, baseline included (default: "
-                        "20 without --budget, else as many as the budget allows)")
+                   help=f"probes in the search, baseline included (default: as many as the "
+                        f"budget allows; with neither --trials nor --budget, "
+                        f"{records.DEFAULT_TRIALS} when the script's arguments do not give the "
+                        f"run's length, else the default budget decides; --trials alone sets "
+                        f"no time limit)")
     s.add_argument("--budget", type=space.parse_duration, metavar="TIME",
-                   help="wall time for the whole tuning, confirmation included: 90s, 10m, 1h")
+                   help=f"wall time for the whole tuning, confirmation included: 90s, 10m, 1h "
+                        f"(default, without --trials: {payback.SHARE * 100:.0f}%% of the full "
+                        f"run at the baseline's speed when the script's arguments give its length, "
+                        f"--epochs or --max-steps and the like, at least "
+                        f"{payback.minutes(payback.MIN_BUDGET_S)} and at most "
+                        f"{payback.minutes(payback.MAX_BUDGET_S)}; said before the search "
+                        f"starts)")
     s.add_argument("--seconds", type=common.positive_float, default=None, metavar="S",
                    help="time limit of one probe, start-up included (default: fitted to the "
                         "script: the baseline runs until its interval is tight, and every "
@@ -137,6 +146,7 @@ class Prepared:
     resume: bool
     launcher: engines.Launcher = engines.Launcher()
     warm_note: str = ""
+    reach_note: str = ""  # where ranks on other hosts reach the controller, and why there
     earlier: Earlier | None = None  # a finished confirmation that this session extends
 
     @property
@@ -224,9 +234,11 @@ def prepare(args, kind: RunKind) -> Prepared:
         if earlier is None:
             check_budget(run_dir, state.settings.budget_s)
         recipe_dir = check_recipe_dir(state.settings.recipe_dir or recipes.DEFAULT_DIR)
+        launcher, reached = reach.settle(engines.resolve(state.settings.launcher,
+                                                         state.settings.hostfile))
         return Prepared(run_dir, Journal(run_dir), state,
                         fingerprint.current(state.settings.command), recipe_dir, True,
-                        engines.resolve(state.settings.launcher, state.settings.hostfile),
+                        launcher, reach_note=reached.text() if reached else "",
                         earlier=earlier)
     target = common.resolve_target(args)
     launcher = engines.from_args(args)
@@ -240,11 +252,13 @@ def prepare(args, kind: RunKind) -> Prepared:
     warm, note = (None, "")
     if not args.no_warm_start and rank_command.is_python_script(target[0]):
         warm, note = recipes.warm_start_candidate(recipe_dir, target, fp)
+    launcher, reached = reach.settle(launcher)  # once the input is checked, before any run
     root = Path(args.runs_dir).expanduser() if args.runs_dir else None
     run_dir = rundir.new_run_dir(kind, target[0], root=root)
     state = TuneState.new(settings, run_dir, kind=kind, run_command=target, run_cwd=os.getcwd(),
                           warm_start=warm.knobs if warm else None)
-    return Prepared(run_dir, Journal(run_dir), state, fp, recipe_dir, False, launcher, note)
+    return Prepared(run_dir, Journal(run_dir), state, fp, recipe_dir, False, launcher, note,
+                    reached.text() if reached else "")
 
 
 def _extends(run_dir: Path, rounds: int | None) -> Earlier | None:
@@ -323,6 +337,8 @@ def ending(journal: Journal):
 
 def tune_in(prep: Prepared) -> tuple[TuneReport, recipes.Recipe, Path]:
     """Run the tuning, save the recipe; returns (report, recipe, its path)."""
+    if prep.reach_note:
+        notify(Note.info(prep.reach_note))
     if prep.warm_note:  # a recipe that cannot be used is a warning; one that can, news
         notify(Note.info(prep.warm_note) if prep.state.warm_start else
                Note.warning(prep.warm_note))

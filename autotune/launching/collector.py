@@ -8,8 +8,8 @@ autotune install), with a warning and an ``error`` saying why queued in its name
 
 Ranks on this host reach us on loopback. Ranks on other hosts (mpirun with a hostfile, srun on
 several nodes) need an address they can route to: `for_launcher` then listens on every interface
-and tells the ranks ``$AUTOTUNE_COLLECTOR_HOST`` or this host's name, never one that resolves
-to loopback here (`advertised_host`).
+and tells the ranks the address `autotune.launching.reach` finds, never one that is loopback
+here.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from autotune.launching import reach
 from probes import protocol
 
 HELLO_TIMEOUT_S = 5.0
-HOST_ENV = "AUTOTUNE_COLLECTOR_HOST"  # the address remote ranks use to reach the controller
 VERSION_MISMATCH = "ProtocolVersionMismatch"  # exc_type of the error queued for a refused rank
 
 log = logging.getLogger(__name__)
@@ -256,53 +256,9 @@ class Collector:
 
 def for_launcher(launcher, env=None) -> Collector:
     """A collector the ranks of ``launcher`` can reach: loopback when they all run here, else
-    every interface, advertised as `advertised_host`."""
+    every interface, advertised as ``launcher.controller_host`` or what `reach.find` finds."""
     if not launcher.multi_host:
         return Collector()
-    return Collector(host="0.0.0.0", advertise=advertised_host(os.environ if env is None
-                                                               else env))
-
-
-def advertised_host(env) -> str:
-    """What ranks on other hosts are told to connect to: ``$AUTOTUNE_COLLECTOR_HOST``, else
-    this host's full name, else its short name, whichever does not resolve to a loopback
-    address here (a Debian host's own name often does: ``127.0.1.1``, and ``getfqdn()`` may
-    then say ``localhost``, which on another host is that host). None left: a
-    `autotune.LaunchError` saying what to set, with this host's other addresses."""
-    given = env.get(HOST_ENV)
-    if given:
-        return given
-    for name in (socket.getfqdn(), socket.gethostname()):
-        if name and not _loopback(name):
-            return name
-    from autotune import LaunchError
-
-    others = _addresses()
-    raise LaunchError(
-        f"ranks on other hosts cannot reach this controller by its name: "
-        f"{socket.gethostname()!r} resolves to a loopback address here; set {HOST_ENV} to "
-        f"this host's address on the network the nodes share"
-        + (f" (this host has {', '.join(others)})" if others else ""))
-
-
-def _loopback(name: str) -> bool:
-    """Whether ``name`` is localhost or resolves only to loopback addresses here (a name
-    that does not resolve here may still resolve on the nodes: not ruled out)."""
-    import ipaddress
-
-    if name.split(".")[0] == "localhost":
-        return True
-    try:
-        infos = socket.getaddrinfo(name, None)
-    except OSError:
-        return False
-    return bool(infos) and all(ipaddress.ip_address(i[4][0].split("%")[0]).is_loopback
-                               for i in infos)
-
-
-def _addresses() -> list[str]:
-    """This host's IPv4 addresses but loopback ones."""
-    import psutil
-
-    return sorted({a.address for addrs in psutil.net_if_addrs().values() for a in addrs
-                   if a.family == socket.AF_INET and not a.address.startswith("127.")})
+    host = launcher.controller_host or reach.find(
+        os.environ if env is None else env, [h.name for h in launcher.hosts]).host
+    return Collector(host="0.0.0.0", advertise=host)

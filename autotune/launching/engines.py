@@ -69,6 +69,9 @@ class Launcher:
     hostfile: str | None = None
     mpi: MpiInfo | None = None
     extra_args: tuple[str, ...] = ()
+    # what ranks on other hosts reach the controller at (`autotune.launching.reach.settle`);
+    # "": found when a collector is opened
+    controller_host: str = ""
 
     def __post_init__(self):
         if self.kind not in KINDS:

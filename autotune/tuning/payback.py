@@ -5,7 +5,7 @@ The run's length comes from the script's own arguments and what the baseline saw
 (``--epochs 90``) over the dataset's length when its DataLoader knows it, or optimizer steps
 (``--max_steps 5000``) times the script's own global batch. At the baseline's throughput that
 is the run's projected time; without ``--budget`` (or ``--trials``) tuning gets `SHARE` of it,
-at least `MIN_BUDGET_S` and never more than the run itself.
+at least `MIN_BUDGET_S`, at most `MAX_BUDGET_S` and never more than the run itself.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from autotune.launching import script_flags
 SHARE = 0.1  # of the projected run, what tuning may take when no budget is given
 MIN_BUDGET_S = 180.0  # ...but no less than this (a baseline and a few probes), unless the
 # run itself is shorter
+MAX_BUDGET_S = 900.0  # ...nor more (90 epochs of a real job would give hours): --budget says more
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,32 @@ def project(args: Sequence[str], seen: Mapping, global_batch: int | None) -> Run
 
 def budget_for(run_s: float) -> float:
     """The tuning budget for a run of ``run_s`` seconds (see the module's docstring)."""
-    return min(run_s, max(SHARE * run_s, MIN_BUDGET_S))
+    return min(run_s, MAX_BUDGET_S, max(SHARE * run_s, MIN_BUDGET_S))
+
+
+def budget_text(budget_s: float, run_s: float) -> str:
+    """Where a default budget came from and how to set another: one line, said before the
+    search starts."""
+    if run_s <= MIN_BUDGET_S:
+        return (f"tuning budget {minutes(budget_s)}, the whole projected run: a run this short "
+                f"cannot pay for tuning; --budget TIME or --trials N tunes anyway")
+    share = f"{SHARE:.0%} of the projected run ({duration(run_s)})"
+    if budget_s >= MAX_BUDGET_S and SHARE * run_s > MAX_BUDGET_S:
+        why = f"{share} is {duration(SHARE * run_s)}, capped at {minutes(MAX_BUDGET_S)}"
+    elif budget_s <= MIN_BUDGET_S and SHARE * run_s < MIN_BUDGET_S:
+        why = f"{share} is {duration(SHARE * run_s)}, raised to the least, " \
+              f"{minutes(MIN_BUDGET_S)}"
+    else:
+        why = share
+    return f"tuning budget {minutes(budget_s)}: {why}; --budget TIME sets another"
+
+
+def default_text(trials: int) -> str:
+    """What a tuning without --budget or --trials will take, said before its baseline."""
+    return (f"no --budget: once the baseline has run, tuning takes {SHARE:.0%} of the full run "
+            f"when the script's arguments give its length (--epochs, --max-steps; at least "
+            f"{minutes(MIN_BUDGET_S)}, at most {minutes(MAX_BUDGET_S)}), else {trials} "
+            f"probes; --budget TIME sets one")
 
 
 @dataclass(frozen=True)
@@ -87,6 +113,12 @@ class Payback:
 def payback(tuning_s: float, run: RunLength, baseline_rate: float,
             best_rate: float) -> Payback:
     return Payback(tuning_s, run, run.seconds_at(baseline_rate), run.seconds_at(best_rate))
+
+
+def minutes(s: float) -> str:
+    """``6m12s``, ``3m``, ``12s``: a budget, as ``--budget`` takes it."""
+    m, s = divmod(int(s), 60)
+    return f"{m}m{s:02d}s" if m and s else f"{m}m" if m else f"{s}s"
 
 
 def duration(s: float) -> str:

@@ -28,6 +28,7 @@ from autotune.tuning.learned import Learned
 from autotune.tuning.records import (AllreduceTiming, BaselineRecord, RanksProbe, TuneReport,
                                      TuneSettings)
 from autotune.tuning.space import Space
+from autotune.tuning.payback import minutes  # noqa: F401  (callers import it from here)
 
 STATE = "tune.json"
 SUMMARY = "summary.json"
@@ -192,12 +193,6 @@ def check_budget(run_dir: Path, budget_s: float | None) -> None:
     if budget_s is not None and spent >= budget_s:
         raise UsageError(f"--resume: budget {minutes(budget_s)} already spent "
                          f"({minutes(spent)}); give a larger --budget to go on")
-
-
-def minutes(s: float) -> str:
-    """``6m12s``, ``3m``, ``12s``."""
-    m, s = divmod(int(s), 60)
-    return f"{m}m{s:02d}s" if m and s else f"{m}m" if m else f"{s}s"
 
 
 def mark_controller(run_dir: Path) -> None:

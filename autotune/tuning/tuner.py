@@ -117,15 +117,8 @@ class Tuner:
         budget = payback.budget_for(run_s)
         self.state = dataclasses.replace(self.state,
                                          settings=dataclasses.replace(s, budget_s=budget))
-        if run_s < payback.MIN_BUDGET_S:
-            self._note(Note.warning(f"tuning budget {payback.duration(budget)}, the whole "
-                                    f"projected run: a run this short cannot pay for tuning; "
-                                    f"--budget or --trials tunes anyway"))
-        else:
-            self._note(Note.info(f"tuning budget {minutes(budget)}: {payback.SHARE:.0%} of the "
-                                 f"projected run (at least {minutes(payback.MIN_BUDGET_S)}, "
-                                 f"never more than the run); --budget or --trials sets "
-                                 f"another"))
+        text = payback.budget_text(budget, run_s)
+        self._note(Note.warning(text) if run_s <= payback.MIN_BUDGET_S else Note.info(text))
 
     def _start(self) -> StudyHandle:
         """Everything before the search: a resumed run's leftovers swept, the study opened
@@ -146,6 +139,9 @@ class Tuner:
             self._save(self.state)
         handle = search.open_study(prober, self.state, resume=self.resume)  # before any probe
         if self.state.space is None:
+            s = self.state.settings
+            if s.budget_s is None and s.trials is None:
+                self._note(Note.info(payback.default_text(s.max_trials)))
             self.state = baseline.measure(prober, self.state)
             self._budget_from_run()
             self._save(self.state)
