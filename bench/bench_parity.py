@@ -91,9 +91,16 @@ class Config:
 
     @property
     def recipe_knobs(self) -> dict[str, int]:
-        """What the recipe holds: the knobs, the ranks, the share (all cores on the CPU: the
-        ranks split them, as torchrun's one thread each does on a host of ranks' cores)."""
-        return {**self.knobs, "instances": self.ranks, "thread_pct": self.share}
+        """What the recipe holds: the knobs, the ranks, and the threads a plain start gives: on
+        the CPU one rank's own (all cores), else torchrun's one each (the share of one core);
+        on a GPU each rank's MPS share (its threads: torchrun's rule, autotune's too)."""
+        if self.device == "gpu":
+            return {**self.knobs, "instances": self.ranks, "thread_pct": self.share}
+        from autotune.tuning import space
+
+        cores = len(os.sched_getaffinity(0))
+        pct = 100 if self.ranks == 1 else space.pct_for_threads(1, cores)
+        return {**self.knobs, "instances": self.ranks, "thread_pct": pct}
 
     def args(self) -> list[str]:
         """The script's arguments with the knobs' values in: what a user types."""
