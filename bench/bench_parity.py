@@ -155,6 +155,7 @@ class Ctx:
     seconds: float  # the most one run may take, start-up included
     env: dict[str, str]
     lines: int = 6  # a run stops once the script printed this many rate lines after its first
+    probe_min_s: float = 10.0  # a probe measures at least this long (the tuner's: 5)
     mps_binary: str | None = None
     recipes: dict[str, Path] = field(default_factory=dict)
 
@@ -250,7 +251,7 @@ def lines_run(argv: list[str], rate: re.Pattern, ctx: Ctx, env: Mapping[str, str
 def one_probe(c: Config, ctx: Ctx) -> str:
     """The probe in its own process (`probe_main`), and rank 0's log."""
     spec = {"config": c.name, "device": c.device, "seconds": ctx.seconds,
-            "log_dir": str(ctx.work / "probes")}
+            "min_s": ctx.probe_min_s, "log_dir": str(ctx.work / "probes")}
     argv = [sys.executable, str(Path(__file__).resolve()), "--probe-one", json.dumps(spec)]
     out = timed_run(argv, ctx.work, ctx.seconds + 60.0, ctx.env)
     last = out.strip().splitlines()[-1] if out.strip() else ""
@@ -278,7 +279,8 @@ def probe_main(spec_text: str) -> int:
     result = run_trial(TrialSpec.of(
         command=(*c.script, *c.placeholders), knobs=knobs, instances=instances, cwd=os.getcwd(),
         log_dir=Path(tempfile.mkdtemp(prefix=f"{c.name}-", dir=spec["log_dir"])),
-        name=f"parity-{c.name}", max_s=seconds, min_measure_s=min(10.0, 0.6 * seconds)))
+        name=f"parity-{c.name}", max_s=seconds,
+        min_measure_s=min(float(spec.get("min_s", 10.0)), 0.6 * seconds)))
     print(json.dumps({"log_path": result.log_path, "meter": result.samples_per_s,
                       "outcome": result.outcome.value}), flush=True)
     return 0
@@ -440,9 +442,14 @@ def device_name() -> str:
     return torch.cuda.get_device_name(0)
 
 
-def measure(configs: Sequence[Config], ctx: Ctx, rounds: int) -> list[dict]:
+def measure(configs: Sequence[Config], ctx: Ctx, rounds: int,
+            after_round=lambda rows: None) -> list[dict]:
+    """Every config's ways over ``rounds`` rounds; ``after_round`` gets the rows so far (a
+    report written each round survives a run cut short)."""
     rates = {c.name: {w: [] for w in WAYS} for c in configs}
     for rnd, order in enumerate(rotations(rounds), start=1):
+        if rnd > 1:
+            after_round([summarise(c, rates[c.name]) for c in configs])
         for c in configs:
             for way in order:
                 t0 = time.monotonic()
@@ -479,6 +486,8 @@ def main(argv=None) -> int:
                    help="the most one run takes, start-up included; a probe's limit (60)")
     p.add_argument("--configs", nargs="+", default=None, help="names (default: the host's)")
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
+    p.add_argument("--probe-min-s", type=float, default=10.0,
+                   help="a probe measures at least this long before it may end tight (10)")
     p.add_argument("--min-ratio", type=float, default=MIN_RATIO)
     p.add_argument("--out", type=Path, default=None, help="the JSON report (default "
                    "bench/results/parity-DATE-HOST-KIND.json)")
@@ -498,7 +507,7 @@ def main(argv=None) -> int:
     if not configs:
         p.error(f"--configs: none of {args.configs} is one of {[c.name for c in every]}")
     work = Path(tempfile.mkdtemp(prefix="bench_parity-"))
-    ctx = Ctx(work=work, seconds=args.seconds, lines=args.lines,
+    ctx = Ctx(work=work, seconds=args.seconds, lines=args.lines, probe_min_s=args.probe_min_s,
               env={**user_env(os.environ), "PYTHONUNBUFFERED": "1",
                    "AUTOTUNE_RUNS_DIR": str(work / "runs")})
     if any(c.mps for c in configs):
@@ -518,16 +527,21 @@ def main(argv=None) -> int:
         say(f"# the meter's cost per step, us: {meter}")
     for c in configs:
         ctx.recipes[c.name] = write_recipe(c, work)
-    _warm(configs, ctx)
-    rows = measure(configs, ctx, args.rounds)
-    say(table(rows))
-    report = {"device": name, "host": platform.node(), "cores": os.cpu_count(),
-              "commit": commit, "when": datetime.datetime.now().isoformat(timespec="seconds"),
-              "rounds": args.rounds, "lines": args.lines, "seconds": args.seconds, "min_ratio": args.min_ratio,
-              "meter_us": meter, "configs": rows}
     out = args.out or _out_path(name)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+
+    def write(rows: list[dict], complete: bool) -> None:
+        report = {"device": name, "host": platform.node(), "cores": os.cpu_count(),
+                  "commit": commit, "when": datetime.datetime.now().isoformat(timespec="seconds"),
+                  "rounds": args.rounds, "lines": args.lines, "seconds": args.seconds,
+                  "min_ratio": args.min_ratio, "complete": complete, "meter_us": meter,
+                  "configs": rows}
+        out.write_text(json.dumps(report, indent=2) + "\n")
+
+    _warm(configs, ctx)
+    rows = measure(configs, ctx, args.rounds, after_round=lambda r: write(r, False))
+    say(table(rows))
+    write(rows, True)
     say(f"# report: {out}")
     bad = failures(rows, args.min_ratio)
     if bad:
