@@ -469,11 +469,9 @@ def _warm(configs: Sequence[Config], ctx: Ctx) -> None:
                   min(ctx.seconds, 15.0), ctx.env)
 
 
-def _out_path(device: str) -> Path:
+def _out_path() -> Path:
     host = re.sub(r"[^A-Za-z0-9_.-]+", "-", platform.node() or "host")
-    kind = "cpu" if device == "cpu" else "gpu"
-    return ROOT / "bench" / "results" / \
-        f"parity-{datetime.date.today():%Y-%m-%d}-{host}-{kind}.json"
+    return ROOT / "bench" / "results" / f"parity-{datetime.date.today():%Y-%m-%d}-{host}.json"
 
 
 def main(argv=None) -> int:
@@ -490,7 +488,7 @@ def main(argv=None) -> int:
                    help="a probe measures at least this long before it may end tight (10)")
     p.add_argument("--min-ratio", type=float, default=MIN_RATIO)
     p.add_argument("--out", type=Path, default=None, help="the JSON report (default "
-                   "bench/results/parity-DATE-HOST-KIND.json)")
+                   "bench/results/parity-DATE-HOST.json)")
     p.add_argument("--no-meter", action="store_true", help="skip the meter's micro-benchmark")
     p.add_argument("--probe-one", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -527,7 +525,7 @@ def main(argv=None) -> int:
         say(f"# the meter's cost per step, us: {meter}")
     for c in configs:
         ctx.recipes[c.name] = write_recipe(c, work)
-    out = args.out or _out_path(name)
+    out = args.out or _out_path()
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def write(rows: list[dict], complete: bool) -> None:
