@@ -84,6 +84,7 @@ class Config:
     device: str = "cpu"
     share: int = 100  # on a GPU: each rank's MPS share (thread_pct)
     rate: re.Pattern = EXAMPLE_RATE
+    threads: int | None = None  # OMP_NUM_THREADS as the user writes it (None: not set)
 
     @property
     def mps(self) -> bool:
@@ -99,7 +100,8 @@ class Config:
         from autotune.tuning import space
 
         cores = len(os.sched_getaffinity(0))
-        pct = 100 if self.ranks == 1 else space.pct_for_threads(1, cores)
+        threads = self.threads or (None if self.ranks == 1 else 1)  # torchrun's: 1 for several
+        pct = 100 if threads is None else space.pct_for_threads(threads, cores)
         return {**self.knobs, "instances": self.ranks, "thread_pct": pct}
 
     def args(self) -> list[str]:
@@ -142,10 +144,14 @@ def _cuda(ranks: int, share: int) -> Config:
                   {"batch_size": 64, "workers": 4}, ranks, "gpu", share)
 
 
-def configs_for(device: str) -> list[Config]:
+def configs_for(device: str, threads: int | None = None) -> list[Config]:
+    """The host's configs; ``threads``: the ``OMP_NUM_THREADS`` a user writes for every one of
+    them (on a busy machine one thread a rank keeps OpenMP from spinning on a core another
+    program holds, which swings a two-thread rank's rate severalfold)."""
     if device == "gpu":
         return [_cuda(1, 100), _cuda(2, 50), _cuda(4, 25)]
-    return [_compute(1), _compute(2), _images(1), _images(2), _nanogpt()]
+    return [replace(c, threads=threads) for c in
+            (_compute(1), _compute(2), _images(1), _images(2), _nanogpt())]
 
 
 # -- the three ways --------------------------------------------------------------------------
@@ -200,6 +206,8 @@ def write_recipe(c: Config, work: Path) -> Path:
 
 def one_plain(c: Config, ctx: Ctx) -> str:
     env = dict(ctx.env)
+    if c.threads:
+        env.update({var: str(c.threads) for var in THREAD_VARS})
     daemon = None
     if c.mps:
         from gpuproof import mpsd
@@ -250,7 +258,7 @@ def lines_run(argv: list[str], rate: re.Pattern, ctx: Ctx, env: Mapping[str, str
 
 def one_probe(c: Config, ctx: Ctx) -> str:
     """The probe in its own process (`probe_main`), and rank 0's log."""
-    spec = {"config": c.name, "device": c.device, "seconds": ctx.seconds,
+    spec = {"config": c.name, "device": c.device, "threads": c.threads, "seconds": ctx.seconds,
             "min_s": ctx.probe_min_s, "log_dir": str(ctx.work / "probes")}
     argv = [sys.executable, str(Path(__file__).resolve()), "--probe-one", json.dumps(spec)]
     out = timed_run(argv, ctx.work, ctx.seconds + 60.0, ctx.env)
@@ -270,7 +278,8 @@ def probe_main(spec_text: str) -> int:
     from autotune.tuning import space
 
     spec = json.loads(spec_text)
-    c = next(x for x in configs_for(spec["device"]) if x.name == spec["config"])
+    c = next(x for x in configs_for(spec["device"], spec.get("threads"))
+             if x.name == spec["config"])
     fp = fingerprint.current([sys.executable, *c.script])
     knobs, instances = space.rank_knobs(c.recipe_knobs, cores=fp.cores, device=c.device,
                                         devices=max(1, fp.gpu_count) if c.device == "gpu" else 1)
@@ -489,6 +498,9 @@ def main(argv=None) -> int:
     p.add_argument("--min-ratio", type=float, default=MIN_RATIO)
     p.add_argument("--out", type=Path, default=None, help="the JSON report (default "
                    "bench/results/parity-DATE-HOST.json)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="OMP_NUM_THREADS for every CPU config, as a user writes it (default: "
+                        "not set: torch's own for one rank, torchrun's one each for several)")
     p.add_argument("--no-meter", action="store_true", help="skip the meter's micro-benchmark")
     p.add_argument("--probe-one", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -500,7 +512,7 @@ def main(argv=None) -> int:
     device = "gpu" if name != "cpu" and args.device != "cpu" else "cpu"
     if args.device == "gpu" and device != "gpu":
         p.error("--device gpu: torch sees no CUDA device here")
-    every = configs_for(device)
+    every = configs_for(device, args.threads)
     configs = [c for c in every if args.configs is None or c.name in args.configs]
     if not configs:
         p.error(f"--configs: none of {args.configs} is one of {[c.name for c in every]}")
@@ -532,6 +544,7 @@ def main(argv=None) -> int:
         report = {"device": name, "host": platform.node(), "cores": os.cpu_count(),
                   "commit": commit, "when": datetime.datetime.now().isoformat(timespec="seconds"),
                   "rounds": args.rounds, "lines": args.lines, "seconds": args.seconds,
+                  "threads": args.threads,
                   "min_ratio": args.min_ratio, "complete": complete, "meter_us": meter,
                   "configs": rows}
         out.write_text(json.dumps(report, indent=2) + "\n")

@@ -33,6 +33,9 @@ def test_the_recipe_gives_the_ranks_the_threads_a_plain_start_gives(monkeypatch)
         knobs, instances = space.rank_knobs(bp._images(ranks).recipe_knobs, cores=2,
                                             device="cpu")
         assert instances == ranks and knobs["threads"] == threads  # torchrun's one each
+    # OMP_NUM_THREADS=1 written by the user: the recipe's rank gets one thread too
+    one = next(c for c in bp.configs_for("cpu", threads=1) if c.name == "data-1r")
+    assert space.rank_knobs(one.recipe_knobs, cores=2, device="cpu")[0]["threads"] == 1
     gpu = {c.name: c for c in bp.configs_for("gpu")}
     assert [(c.ranks, c.mps, c.share) for c in gpu.values()] == \
         [(1, False, 100), (2, True, 50), (4, True, 25)]
