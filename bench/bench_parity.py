@@ -123,7 +123,7 @@ def _compute(ranks: int) -> Config:
 def _images(ranks: int) -> Config:
     return Config(f"data-{ranks}r", "a small CNN on PNG files decoded in DataLoader workers",
                   (str(EXAMPLES / "image_classifier" / "train.py"), "--num-images", "512",
-                   "--epochs", "100000", "--log-interval", "4"),
+                   "--epochs", "100000", "--log-interval", "2"),
                   ("--batch-size", "{batch_size}", "--workers", "{workers}"),
                   {"batch_size": 32, "workers": 2 // ranks}, ranks)
 
