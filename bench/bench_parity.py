@@ -261,7 +261,7 @@ def one_probe(c: Config, ctx: Ctx) -> str:
     spec = {"config": c.name, "device": c.device, "threads": c.threads, "seconds": ctx.seconds,
             "min_s": ctx.probe_min_s, "log_dir": str(ctx.work / "probes")}
     argv = [sys.executable, str(Path(__file__).resolve()), "--probe-one", json.dumps(spec)]
-    out = timed_run(argv, ctx.work, ctx.seconds + 60.0, ctx.env)
+    out = _run_to_end(argv, ctx, ctx.seconds + 60.0)
     last = out.strip().splitlines()[-1] if out.strip() else ""
     try:
         log = json.loads(last)["log_path"]
@@ -269,6 +269,25 @@ def one_probe(c: Config, ctx: Ctx) -> str:
     except (ValueError, KeyError, OSError):
         say(f"  probe of {c.name} said: {out[-600:]}")
         return ""
+
+
+def _run_to_end(argv: list[str], ctx: Ctx, limit_s: float) -> str:
+    """``argv`` to its end (at most ``limit_s``); its group stopped however this returns, a
+    Ctrl-C of the bench included (it runs in a session of its own)."""
+    p = start(argv, ctx.work, ctx.env)
+    try:
+        out, _ = p.communicate(timeout=limit_s)
+        return out
+    except subprocess.TimeoutExpired:
+        return ""
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGINT)
+            try:
+                p.wait(timeout=STOP_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
 
 
 def probe_main(spec_text: str) -> int:
