@@ -91,7 +91,8 @@ def test_thinning_keeps_the_warm_up_and_the_figure():
 @pytest.mark.slow
 def test_a_full_run_that_exits_slowly_is_judged_by_its_steps(tmp_path):
     """A real run whose script sleeps 6 s after its last step: the verdict's figure is the
-    script's own steady figure (within 15%), not the 6 s of exit averaged in."""
+    script's own steady figure (within 15%), not the 6 s of exit averaged in (which read some
+    30% low: 6 s more on 15 s of steps)."""
     ranks = RanksSpec(command=(str(SCRIPTS / "ok.py"), "--steps", "400", "--step-sleep-ms", "15",
                                "--log-interval", "50", "--exit-sleep-s", "6"),
                       cwd=str(tmp_path), log_dir=tmp_path / "logs", name="fullrun")
@@ -103,7 +104,7 @@ def test_a_full_run_that_exits_slowly_is_judged_by_its_steps(tmp_path):
     own = [float(x) for x in re.findall(r"^step \d+ samples/s ([0-9.]+)", out.read_text(),
                                         re.M)][1:]
     assert len(own) >= 3, out.read_text()
-    script = sum(own) / len(own)
+    script = len(own) / sum(1 / r for r in own)  # its lines hold 50 steps each: samples / time
     final, = [e for e in journal(tmp_path, "fullrun_promise") if e["final"]]
     assert final["samples_per_s"] == pytest.approx(script, rel=0.15), (final, own)
     ended, = journal(tmp_path, "fullrun_ended")
