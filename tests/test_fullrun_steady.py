@@ -10,6 +10,7 @@ from autotune.launching.collector import Received
 from autotune.launching.group import RanksSpec
 from autotune.measuring import fullrun
 from autotune.measuring.promise import Promise
+from autotune.store.events import Event
 from autotune.store.journal import Journal
 from conftest import SCRIPTS, journal
 
@@ -109,3 +110,11 @@ def test_a_full_run_that_exits_slowly_is_judged_by_its_steps(tmp_path):
     assert final["samples_per_s"] == pytest.approx(script, rel=0.15), (final, own)
     ended, = journal(tmp_path, "fullrun_ended")
     assert ended["samples_per_s"] == pytest.approx(script, rel=0.15)
+
+
+def test_the_end_line_gives_the_steady_figure():
+    from autotune.monitor import text
+
+    line = text.LINES[Event.FULLRUN_ENDED]({"exit_code": 0, "samples_per_s": 164.0,
+                                            "steady_s": 8.0})
+    assert line.startswith("full run ended: exit code 0; steady 164")
