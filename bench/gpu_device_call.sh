@@ -1,12 +1,20 @@
 #!/bin/bash
-# The GPU proof kit in one device call of under ten minutes (a session is lent 15 minutes of
-# device time, machine start included): env and the gpu tests, a tune, the side by side with the
-# tuner's recipe, then a probe if time is left; each step under its own timeout, so that what ran
-# is reported whatever stops. Everything comes back as $OUT/gp.tgz (reports and logs) and
-# $OUT/gpu_proof.md. Run from the repo root with the wheels autotune needs in .whl
-# (docs/benchmarks.md, "GPU proof kit", "On a lent H100/H200"): bash bench/gpu_device_call.sh [BUDGET]
+# The GPU checks in one device call of under ten minutes (a session is lent 15 minutes of device
+# time, machine start included); each step under its own timeout, so that what ran is reported
+# whatever stops. Run from the repo root with the wheels autotune needs in .whl (docs/benchmarks.md,
+# "On a lent H100/H200"):
+#
+#   bash bench/gpu_device_call.sh [parity]        the default: the kit's env and gpu tests, then
+#                                                 the parity bench's GPU configs (1 rank, 2 and 4
+#                                                 ranks under MPS: plain, autotune run, probe)
+#   bash bench/gpu_device_call.sh tune [BUDGET]   the kit's env and tests, a tune, the side by side
+#                                                 with the tuner's recipe, a probe if time is left
+#
+# Everything comes back in $OUT: gpu_proof.json and gpu_proof.md (the kit's reports), parity.json
+# and parity.log (the bench's), and gp.tgz (the logs).
 cd "$(dirname "$0")/.." || exit 9
 OUT=${OUT:?the device tool sets OUT}
+mode=${1:-parity}
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl || exit 9
@@ -16,18 +24,27 @@ export PYTHONUNBUFFERED=1
 kit=(python3 bench/gpu_proof.py --out /tmp/gp --work /tmp/gpw)
 t0=$(date +%s)
 at() { echo "== $1 rc $2 at $(( $(date +%s) - t0 )) s"; }
+left() { echo $(( 560 - ($(date +%s) - t0) )); }
 nvidia-smi --query-gpu=name,driver_version,memory.used,utilization.gpu --format=csv
-timeout 75 "${kit[@]}" --steps env,tests; at env,tests $?
-timeout 210 "${kit[@]}" --steps tune --budget "${1:-150s}" --tune-space instances=1:4 thread_pct=25:100
-at tune $?
-timeout 270 "${kit[@]}" --steps measure --seconds 10 --rounds 2 --instances 4 --time-sliced none
-at measure $?
-left=$(( 560 - ($(date +%s) - t0) ))
-if [ "$left" -gt 55 ]; then
-    timeout "$left" "${kit[@]}" --steps probe --probe-seconds 15; at probe $?
+timeout 90 "${kit[@]}" --steps env,tests; at env,tests $?
+if [ "$mode" = tune ]; then
+    timeout 210 "${kit[@]}" --steps tune --budget "${2:-150s}" \
+        --tune-space instances=1:4 thread_pct=25:100
+    at tune $?
+    timeout 270 "${kit[@]}" --steps measure --seconds 10 --rounds 2 --instances 4 --time-sliced none
+    at measure $?
+    if [ "$(left)" -gt 55 ]; then
+        timeout "$(left)" "${kit[@]}" --steps probe --probe-seconds 15; at probe $?
+    fi
+else
+    # 3 configs x 3 ways x 3 rounds; a run stops after 4 of the script's lines past its first.
+    # The report is rewritten after every round: a run cut short still leaves its rounds.
+    timeout "$(left)" python3 bench/bench_parity.py --device gpu --rounds 3 --lines 4 \
+        --seconds 45 --probe-min-s 5 --out "$OUT/parity.json" 2>&1 | tee "$OUT/parity.log"
+    at parity "${PIPESTATUS[0]}"
 fi
 echo "== left behind:"; ps -eo pid,etimes,args | grep -E "train.py|mps-" | grep -v grep
-cp /tmp/gp/gpu_proof.md "$OUT/" 2>/dev/null
+cp /tmp/gp/gpu_proof.md /tmp/gp/gpu_proof.json "$OUT/" 2>/dev/null
 logs=$(cd /tmp && find gpw -type f -size -3M \( -name '*.log' -o -name '*.jsonl' -o -name '*.json' \
        -o -name '*.toml' -o -name '*.xml' \) | head -400)
 # shellcheck disable=SC2086  # the list is word-split on purpose: the names are the kit's own

@@ -147,7 +147,8 @@ class Meter:
         self.steps = 0
         self.backwards = 0
         # where the training time goes (probes.parts); on the host's clock alone if asked
-        self.clock = StepClock(events=self.env.get(protocol.ENV_STEP_CLOCK, "") != "host")
+        self.clock = StepClock.from_env(self.env.get(protocol.ENV_STEP_CLOCK))
+        self.clock_said = False  # the clock's choice, said once as a note
         self.noise = GradNorms()  # gradient norms for the noise scale (probes.noise)
         self.last_batch_t = 0.0
         self.last_step_t = 0.0
@@ -223,6 +224,9 @@ class Meter:
         fields[protocol.TICK_RSS_PEAK_BYTES] = _read_vm_hwm_bytes()
         fields[protocol.TICK_CUDA_PEAK_BYTES] = _cuda_peak_bytes()
         self.channel.send(protocol.TICK, **fields)
+        if self.clock.choice and not self.clock_said:
+            self.clock_said = True
+            self.channel.send(protocol.SEEN, what="step_clock", note=self.clock.choice)
 
     def send(self, kind: str, /, **fields) -> None:
         if self._ours():

@@ -32,16 +32,50 @@ forward, backward, exposed communication and the optimizer are the device's time
 events, read with ``elapsed_time`` once ``query()`` says the later one has completed (at the
 next tick; nothing waits for the GPU). The data wait stays the host's: it is the host that waits
 for the loader. `clock` says which the sums are.
+
+The events are not free: each is a host call into the driver, and reading them back takes the
+clock's lock from the ticker. Under MPS, with several ranks feeding one GPU from few cores, that
+may be a share of a short step. So the clock measures its own cost (``AUTOTUNE_STEP_CLOCK``
+unset or ``auto``): over its first `CALIBRATE_STEPS` steps with CUDA up it times every event it
+records and every read-back, against the steps' own wall time, then keeps the cheapest timing
+whose cost is within `COST_BUDGET` of a step (`choose_every`):
+
+- events on every step, when they cost that little;
+- else events on one step in ``every`` (sampled steps: a sampled step records all of its
+  boundaries, the others none), the device's sums scaled by all steps over sampled steps; a step
+  is sampled at least `MIN_SAMPLED_PER_S` times a second, so that each tick's window of the
+  breakdown still holds sampled steps and its interval stays what it states;
+- else the host's clock alone (``host``), said as such.
+
+``AUTOTUNE_STEP_CLOCK=host`` keeps the host's clock from the start, ``events`` times every step
+with events (no measurement). `choice` says what was chosen and why, in one line (the meter
+passes it on as a note).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
 from probes.protocol import PARTS
 
 HOST, CUDA = "host", "cuda-events"
+AUTO, EVENTS = "auto", "events"  # AUTOTUNE_STEP_CLOCK: measured choice, or events every step
+CALIBRATE_STEPS = 20  # steps timed with events on every boundary before the choice
+COST_BUDGET = 0.005  # the events' host cost may be this share of a step
+MAX_EVERY = 16  # sampled: one step in at most this many...
+MIN_SAMPLED_PER_S = 4.0  # ...and at least this many sampled steps a second (one a tick)
+
+
+def choose_every(cost_s: float, step_s: float) -> int:
+    """Pure: record events on one step in this many (1: every step; 0: none, the host's clock)
+    for events costing ``cost_s`` of host time a step, in steps of ``step_s`` wall time."""
+    if step_s <= 0 or cost_s <= COST_BUDGET * step_s:
+        return 1
+    need = math.ceil(cost_s / (COST_BUDGET * step_s))
+    most = min(MAX_EVERY, max(1, int(1.0 / (MIN_SAMPLED_PER_S * step_s))))
+    return need if need <= most else 0
 
 
 def _torch_cuda():
@@ -60,8 +94,17 @@ class StepClock:
     host's clock only: ``AUTOTUNE_STEP_CLOCK=host``).
     """
 
-    def __init__(self, cuda=None, *, events: bool = True):
+    def __init__(self, cuda=None, *, events: bool = True, mode: str = AUTO):
         self.events = events
+        self.mode = mode if events else HOST
+        self.every = 1  # events on one step in this many (`choose_every`)
+        self.choice = ""  # what was chosen and why, once chosen
+        self._timed = True  # this step records its events
+        self._steps = 0  # steps ended since the first event
+        self._sampled = 0  # ...of which recorded events
+        self._step_t = 0.0  # when the latest step ended (host)
+        self._cost_s = 0.0  # host seconds in event calls and read-backs while calibrating
+        self._calib_s = 0.0  # wall seconds of the calibration steps
         self.lock = threading.Lock()
         self.total = dict.fromkeys(PARTS, 0.0)  # host seconds
         self.device = dict.fromkeys(PARTS, 0.0)  # CUDA event seconds (all but data)
@@ -86,18 +129,60 @@ class StepClock:
         """Now, on the host and (once CUDA is up) on the current stream."""
         return time.monotonic(), self._event()
 
-    def _event(self):
-        if not self.events:
+    @classmethod
+    def from_env(cls, value: str | None) -> StepClock:
+        """``AUTOTUNE_STEP_CLOCK``: ``host``, ``events``, or the measured choice (else)."""
+        value = (value or "").strip().lower()
+        return cls(events=value != HOST, mode=EVENTS if value == EVENTS else AUTO)
+
+    def _event(self, force: bool = False):
+        if not self.events or not (self._timed or force):
             return None
         cuda = self._cuda if self._cuda is not None else _torch_cuda()
         try:
             if cuda is None or not cuda.is_initialized():
                 return None
+            t0 = time.perf_counter()
             event = cuda.Event(enable_timing=True)
             event.record()
         except Exception:  # noqa: BLE001 - timing never breaks a training step
             return None
+        if self._steps < CALIBRATE_STEPS:
+            self._cost_s += time.perf_counter() - t0
         return event
+
+    def _step_ended(self, end: float, timed_next: bool) -> None:
+        """A step ended at ``end`` (host): counted, and the choice made once calibrated."""
+        if self._step_t and self._any_event:
+            self._steps += 1
+            self._sampled += self._timed
+            if self._steps <= CALIBRATE_STEPS:
+                self._calib_s += end - self._step_t
+            if self._steps == CALIBRATE_STEPS and self.mode == AUTO:
+                self._choose()
+        self._step_t = end
+        self._timed = timed_next
+
+    @property
+    def _any_event(self) -> bool:
+        return self.clock == CUDA or bool(self._pending)
+
+    def _next_timed(self) -> bool:
+        return self.events and (self.every <= 1 or (self._steps + 1) % self.every == 0)
+
+    def _choose(self) -> None:
+        cost = self._cost_s / CALIBRATE_STEPS
+        step = self._calib_s / CALIBRATE_STEPS
+        self.every = choose_every(cost, step)
+        said = f"its events cost {cost * 1e6:.0f} us of a {step * 1e3:.1f} ms step"
+        if self.every == 1:
+            self.choice = f"step clock: CUDA events on every step ({said})"
+        elif self.every:
+            self.choice = f"step clock: CUDA events on 1 step in {self.every} ({said})"
+        else:
+            self.events, self.mode = False, HOST
+            self.choice = (f"step clock: the host's ({said}: over {COST_BUDGET:.1%} of a step "
+                           f"even on 1 step in {MAX_EVERY}, or sampled too rarely)")
 
     def data(self, start: float, end: float) -> None:
         """The loader's ``__next__`` ran from ``start`` to ``end`` (host) for a training batch."""
@@ -150,8 +235,11 @@ class StepClock:
             self._in_optimizer, self._nested, self._nested_events = True, 0.0, []
 
     def optimizer_end(self) -> None:
-        end, end_ev = self._mark()
+        timed_next = self._next_timed()
+        # the next sampled step's forward runs from this end: recorded when it is sampled
+        end, end_ev = time.monotonic(), self._event(force=timed_next)
         start, start_ev = self._optimizer
+        self._step_ended(end, timed_next)
         with self.lock:
             self.total["optimizer"] += max(0.0, (end - start) - self._nested)
             self._settled = (end, end_ev)
@@ -166,11 +254,18 @@ class StepClock:
 
     # -- reading ------------------------------------------------------------------------------
     def snapshot(self) -> dict[str, float]:
-        """The sums so far: the device's where CUDA events timed the step, else the host's."""
+        """The sums so far: the device's where CUDA events timed the step (scaled from the
+        sampled steps to all), else the host's."""
+        t0 = time.perf_counter()
         with self.lock:
             self._resolve()
-            if self.clock == CUDA:
-                return {p: self.total[p] if p == "data" else self.device[p] for p in PARTS}
+            if self._steps < CALIBRATE_STEPS:  # the read-back is the events' cost too
+                self._cost_s += time.perf_counter() - t0
+            if self.clock == CUDA and self.mode != HOST:
+                scale = self._steps / self._sampled if self._sampled and self.every > 1 else 1.0
+                return {p: self.total[p] if p == "data" else self.device[p] * scale
+                        for p in PARTS}
+            self.clock = HOST
             return dict(self.total)
 
     def _resolve(self) -> None:

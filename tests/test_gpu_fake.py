@@ -39,6 +39,8 @@ def host(tmp_path):
     env = fake_gpu_env(write_nvml_config(tmp_path, gpus=2, energy_mj=5_000_000,
                                          energy_since=time.time()), mps_dir)
     env["FAKE_RANK_OUT"] = str(out)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env.pop(var, None)  # the user sets none: torchrun's rule holds
     yield {"env": env, "mps_dir": Path(mps_dir), "out": out, "result": tmp_path / "result.json"}
     shutil.rmtree(mps_dir, ignore_errors=True)
 
@@ -109,6 +111,7 @@ def test_success_six_ranks_placed_and_daemon_stopped(host):
         assert rec["CUDA_MPS_PIPE_DIRECTORY"] == str(pipe)
         assert rec["mps_client"] is True
         assert rec["OMP_NUM_THREADS"] == rec["AUTOTUNE_THREADS"] == str(rec["torch_threads"])
+        assert rec["OMP_NUM_THREADS"] == "1"  # torchrun's rule for a host of several ranks
         assert rec["HOROVOD_FUSION_THRESHOLD"] == str(8 * 2**20)
         assert rec["backend"] == "gloo"  # the script asked for nccl
     assert any("NCCL refuses two ranks on one GPU" in n["text"] for n in result["notes"])

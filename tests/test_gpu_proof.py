@@ -55,9 +55,13 @@ def test_plan_uses_the_tuners_shares_else_fixed_ones():
 
 
 def test_the_recipes_ranks_also_run_plain_with_autotunes_thread_count():
-    recipe = {"path": "r.toml", "knobs": {"instances": 4, "thread_pct": 100, "batch_size": 64}}
+    # co-located ranks get torchrun's one thread each (issue 39): nothing to tell apart...
+    plain = {"instances": 4, "thread_pct": 100, "batch_size": 64}
+    assert measure.autotune_threads(plain, 16) == 1
+    # ...unless the recipe's host_threads gives them more: then the same ranks run plain with it
+    recipe = {"path": "r.toml", "knobs": {**plain, "host_threads": 4}}
     threads = measure.autotune_threads(recipe["knobs"], 16)
-    assert threads == 4  # autotune's placement: the cores split between the ranks
+    assert threads == 4
     configs = measure.plan(instances=(4,), mps_ok=True, time_sliced=(), shares={},
                            recipe=recipe, recipe_threads=threads)
     assert [c.key for c in configs] == ["1x100", "4xmps25", "4xmps100-t4", "recipe-hostclock",

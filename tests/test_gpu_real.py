@@ -58,3 +58,35 @@ def test_two_ranks_share_gpu0_through_real_mps(tmp_path):
     daemon = group.mps
     mps.stop_shared()
     assert not daemon.running()
+
+
+def test_the_step_clock_chooses_its_timing_on_a_real_gpu():
+    """The step clock's calibration on real CUDA events (issue 39): it chooses within its first
+    steps, says what and why, and its sums stay each part's time: the device's for the choice of
+    events (scaled from sampled steps), the host's otherwise."""
+    _gpu_or_skip()
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    from probes.parts import CALIBRATE_STEPS, CUDA, HOST, StepClock
+
+    torch.zeros(1, device="cuda")
+    clock = StepClock()
+    x = torch.randn(512, 512, device="cuda", requires_grad=True)
+    t0 = time.monotonic()
+    for _ in range(CALIBRATE_STEPS + 40):
+        clock.data(time.monotonic(), time.monotonic())
+        loss = (x @ x).sum()
+        clock.backward_begin()
+        loss.backward()
+        clock.backward_end()
+        clock.optimizer_begin()
+        with torch.no_grad():
+            x -= 1e-6 * x.grad
+        clock.optimizer_end()
+    torch.cuda.synchronize()
+    wall = time.monotonic() - t0
+    snap = clock.snapshot()
+    assert clock.choice.startswith("step clock:"), clock.choice
+    assert clock.clock == (HOST if clock.every == 0 else CUDA)
+    assert 0 < sum(snap.values()) <= 1.5 * wall, (snap, wall, clock.choice)

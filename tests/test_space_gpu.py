@@ -50,7 +50,11 @@ def test_ddp_script_with_mps_searches_clients_and_shares():
     assert sp.domains["bucket_mb"] == space.knobs.BUCKET_MB
     assert sp.domains["workers"] == tuple(range(9))
     # The baseline is the script as it ran: one rank with the whole GPU.
-    assert sp.baseline == {"batch_size": 32, "workers": 0, "thread_pct": 100, "instances": 1}
+    # The baseline is the script as it ran: one rank with the whole GPU, torch's own threads.
+    assert sp.baseline == {"batch_size": 32, "workers": 0, "thread_pct": 100, "instances": 1,
+                           "host_threads": 0}
+    # ...and the host side of co-located ranks: their threads, their own cores (issue 39)
+    assert sp.domains["host_threads"] == (0, 2, 4) and sp.domains["pin"] == (0, 1)
     assert not any(n.text.startswith(("instances", "thread_pct")) for n in sp.notes)
     assert sp.ranks_why == ""
 
@@ -105,7 +109,7 @@ def test_initial_design_tries_two_clients_at_half_the_gpu():
     sp = build()
     design = sp.initial_design()
     assert design[:len(sp.one_at_a_time())] == sp.one_at_a_time()
-    shared = {**sp.baseline, "instances": 2, "thread_pct": 50, "bucket_mb": 25}
+    shared = {**sp.baseline, "instances": 2, "thread_pct": 50, "bucket_mb": 25, "pin": 0}
     assert shared in design
     assert build(gpu_machine(mps=False)).initial_design() == \
         build(gpu_machine(mps=False)).one_at_a_time()
@@ -355,11 +359,11 @@ def test_first_moves_on_a_gpu_add_ranks_before_they_cut_a_lone_ranks_share():
     # on a lone rank at 25%, which ran 21% slower).
     sp = build()
     moves = sp.one_at_a_time(("thread_pct", "batch_size", "instances"))
-    assert moves[0] == {**sp.baseline, "instances": 4, "bucket_mb": 25}
+    assert moves[0] == {**sp.baseline, "instances": 4, "bucket_mb": 25, "pin": 0}
     assert not any(m["thread_pct"] != 100 and m["instances"] == 1 for m in moves)
     assert [m["batch_size"] for m in moves[1:3]] == [64, 16]  # the larger neighbour first
     # The share still comes with more ranks (two clients at half the GPU).
-    assert {**sp.baseline, "instances": 2, "thread_pct": 50, "bucket_mb": 25} in \
+    assert {**sp.baseline, "instances": 2, "thread_pct": 50, "bucket_mb": 25, "pin": 0} in \
         sp.initial_design(("thread_pct", "batch_size", "instances"))
     # A data wait is still named first; the rank count keeps its place after it otherwise.
     assert sp.one_at_a_time(("workers", "batch_size"))[0]["workers"] == 8

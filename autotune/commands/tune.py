@@ -78,8 +78,8 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
                    help="candidates of a knob: batch_size=16:512 (powers of two between), "
                         "workers=0:4, thread_pct=25:100 (or threads=1,2,4: threads per "
                         "rank, on CPU), instances=1:2, bucket_mb=5:100, prefetch=2:8, "
-                        "persistent=0:1, pin_memory=0:1; end the list with '--' before "
-                        "the script")
+                        "persistent=0:1, pin_memory=0:1, on GPU hosts host_threads=0,2,4 and "
+                        "pin=0:1; end the list with '--' before the script")
     s.add_argument("--fix", nargs="+", action="extend", default=[], metavar="NAME=VALUE",
                    help="hold a knob at one value, any knob --space takes: workers=2, "
                         "thread_pct=50 (or threads=4)")

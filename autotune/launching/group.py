@@ -197,8 +197,9 @@ def start_group(spec: RanksSpec, *, channel: Mapping[str, str], extra_env: Mappi
         daemon = mps.shared(env=base)
     knobs = dict(spec.knobs)
     knobs["instances"] = plan.instances
-    if plan.threads:
-        knobs["threads"] = plan.threads
+    threads = placement.rank_threads(plan, base, rank_command.THREAD_VARS)
+    if threads:
+        knobs["threads"] = threads
     args = rank_command.substitute(spec.command[1:], knobs)
     argv = rank_command.rank_argv([spec.command[0], *args])
     skip = rank_command.placeholders(spec.command[1:])

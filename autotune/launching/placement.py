@@ -9,7 +9,10 @@ knobs"):
   torch loads; its DataLoader workers inherit the same cores).
 * **GPU**: ``instances`` ranks (MPS clients) per GPU, ranks placed in blocks (ranks 0..k-1 on the
   first GPU); ``thread_pct`` becomes ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (the sum over a GPU
-  may exceed 100). CPU threads are the cores split over all ranks of the host.
+  may exceed 100). CPU threads follow torchrun's rule: one per rank where the host has several
+  ranks, torch's own for one, unless the ``host_threads`` knob (``threads`` here) gives a count
+  or the user's environment sets ``OMP_NUM_THREADS`` (their value stands, as under torchrun).
+  With ``pin=1`` each rank gets the host's cores split evenly, disjoint.
 
 Device selection. Every GPU rank gets ``CUDA_VISIBLE_DEVICES`` as GPU UUIDs (the MPS guide
 recommends UUIDs: indices are remapped by the MPS server). When a GPU holds one rank, every rank
@@ -66,6 +69,8 @@ class Plan:
     common_env: dict[str, str]  # the same for every rank
     notes: tuple[str, ...] = ()
     cores: int = 1  # how many cores the host gives its ranks
+    # the threads are torchrun's rule, not a knob: thread variables the user set win over them
+    threads_by_rule: bool = False
 
     @property
     def local_world_size(self) -> int:
@@ -169,10 +174,13 @@ def _cpu_plan(instances, pct, explicit_threads, pin, cores, common) -> Plan:
 def _gpu_plan(instances, pct, explicit_threads, pin, cores, gpus, common) -> Plan:
     world = instances * len(gpus)
     n = max(1, len(cores))
-    threads = max(1, int(explicit_threads)) if explicit_threads else max(1, n // world)
+    # torchrun's rule: one thread each where a host has several ranks, torch's own for one
+    threads = max(1, int(explicit_threads)) if explicit_threads else 1 if world > 1 else None
     colocated = instances > 1
     needs_mps = colocated or (pct is not None and pct < 100)
-    cpus = pin_sets(cores, world, threads) if pin else [() for _ in range(world)]
+    # pinned: each rank the host's cores split evenly (its loader workers run there too)
+    cpus = pin_sets(cores, world, max(threads or 1, n // world)) if pin \
+        else [() for _ in range(world)]
     all_uuids = ",".join(g.uuid for g in gpus)
     notes = []
     common = dict(common)
@@ -194,7 +202,19 @@ def _gpu_plan(instances, pct, explicit_threads, pin, cores, gpus, common) -> Pla
         slots.append(Slot(local_rank=r, gpu=gpu, threads=threads, cpus=cpus[r],
                           thread_pct=pct, env=env))
     return Plan(device="gpu", instances=instances, slots=tuple(slots), needs_mps=needs_mps,
-                common_env=common, notes=tuple(notes), cores=n)
+                common_env=common, notes=tuple(notes), cores=n,
+                threads_by_rule=not explicit_threads)
+
+
+def rank_threads(plan: Plan, env: Mapping[str, str], thread_vars: Sequence[str]) -> int | None:
+    """The threads each rank of ``plan`` is given, in an environment ``env``: None where they
+    are left to torch, or to the user: torchrun's rule (`Plan.threads_by_rule`) yields to
+    thread variables the user set, as torchrun does; a knob's count does not."""
+    if not plan.threads:
+        return None
+    if plan.threads_by_rule and any(env.get(v) for v in thread_vars):
+        return None
+    return plan.threads
 
 
 def _rank_env(host_local_rank: int, cpus: Sequence[int]) -> dict[str, str]:

@@ -31,7 +31,7 @@ from autotune.launching import engines
 
 from autotune.hardware import proc
 from autotune.launching.collector import Collector, for_launcher
-from autotune.measuring import breakdown, series
+from autotune.measuring import breakdown, series, steady
 from autotune.measuring.foreign_load import ForeignLoad
 from autotune.measuring.promise import SUSTAIN_S, Promise, PromiseWatch, Reading
 from autotune.store.journal import Journal
@@ -65,13 +65,52 @@ def exit_status(code: int | None) -> int:
     return 128 - code if code < 0 else code
 
 
+@dataclass
+class _Counts:
+    """One rank's cumulative counts as the probes keep them (`series.tick_points`): on its own
+    clock, brought to ours, so that a span runs from a batch to a batch."""
+
+    offset: float | None = None  # our clock minus the rank's
+    tick: dict = field(default_factory=dict)
+    batch_points: list = field(default_factory=list)  # (t, cumulative samples)
+    step_points: list = field(default_factory=list)  # (t, cumulative steps)
+
+    def add(self, msg: dict, t_recv: float) -> None:
+        offset = t_recv - float(msg.get(protocol.TICK_T, t_recv))
+        self.offset = offset if self.offset is None else min(self.offset, offset)
+        batch_points, step_points = series.tick_points(self.tick, msg, self.offset)
+        self.tick = msg
+        self.batch_points.extend(batch_points)
+        self.step_points.extend(step_points)
+
+    def thin(self, keep_from: float, keep_after: float, apart_s: float) -> None:
+        """Points between ``keep_from`` and ``keep_after`` kept ``apart_s`` apart: a long
+        run's memory stays small, and its start (the warm-up) and latest stretch stay whole."""
+        for name in ("batch_points", "step_points"):
+            kept: list[tuple[float, float]] = []
+            for p in getattr(self, name):
+                if p[0] < keep_from or p[0] >= keep_after or not kept or \
+                        p[0] - kept[-1][0] >= apart_s:
+                    kept.append(p)
+            setattr(self, name, kept)
+
+
 class _Meter:
-    """Live samples/s of the run from the ranks' cumulative ticks, and where the time goes."""
+    """Live samples/s of the run from the ranks' cumulative ticks, and where the time goes.
+
+    Its figures are the probes': the samples the ranks counted, on the span from a batch to a
+    batch (`span_rate`), and over the whole run the steady estimate (`steady`: warm-up and
+    pauses left out), never the start-up before the first batch nor the exit after the last.
+    """
+
+    KEEP_START_S = 120.0  # the run's first seconds of counts are kept whole (its warm-up)
+    KEEP_LATEST_S = 60.0  # ...and its latest; in between, points `POINTS_APART_S` apart
+    POINTS_APART_S = 1.0
 
     def __init__(self, samples_per_step: int | None, thin_s: float = 5.0):
         self.samples_per_step = samples_per_step
         self.ticks: dict[int, dict] = {}
-        self.last: tuple[float, int] | None = None
+        self.counts: dict[int, _Counts] = {}
         self.failed: tuple[int, int] | None = None  # (rank, exit code) of the first to fail
         # per rank: cumulative seconds by part, on the time they were received
         self.parts: dict[int, breakdown.PartTrail] = {}
@@ -82,6 +121,7 @@ class _Meter:
         for r in received:
             if r.msg.get("type") == protocol.TICK:
                 self.ticks[r.conn_id] = r.msg
+                self.counts.setdefault(r.conn_id, _Counts()).add(r.msg, r.t)
                 self.parts.setdefault(r.conn_id, breakdown.PartTrail()).add(r.msg, r.t)
             elif r.msg.get("type") == protocol.SEEN and r.msg.get("note") and \
                     str(r.msg["note"]) not in self.notes:
@@ -108,6 +148,37 @@ class _Meter:
                 if p[0] >= before_t or not kept or p[0] - kept[-1][0] >= self.thin_s:
                     kept.append(p)
             trail.points = kept
+        begun = self.series()[0]
+        if begun:
+            for counts in self.counts.values():
+                counts.thin(begun[0][0] + self.KEEP_START_S, before_t - self.KEEP_LATEST_S,
+                            self.POINTS_APART_S)
+
+    def series(self) -> tuple[list[tuple[float, float]], int, str]:
+        """The samples counted, summed over ranks (`series.counted_series`, as a probe's)."""
+        batches = sum(int(c.tick.get(protocol.TICK_BATCHES, 0)) for c in self.counts.values())
+        steps = sum(series.step_count(c.tick) for c in self.counts.values())
+        return series.counted_series([c.batch_points for c in self.counts.values()],
+                                     [c.step_points for c in self.counts.values()],
+                                     batches=batches, steps=steps,
+                                     samples_per_step=self.samples_per_step)
+
+    def span_rate(self, start_t: float, end_t: float) -> float | None:
+        """Samples/s over ``[start_t, end_t]`` cut to the batches inside it: from the first
+        batch at the earliest, to the latest at the last (None: no time between them)."""
+        points = self.series()[0]
+        if len(points) < 2:
+            return None
+        lo, hi = max(start_t, points[0][0]), min(end_t, points[-1][0])
+        if hi <= lo:
+            return None
+        return (steady.interp(points, hi) - steady.interp(points, lo)) / (hi - lo)
+
+    def steady(self) -> steady.Estimate | None:
+        """The whole run's steady samples/s, as a probe's (`steady.estimate`)."""
+        points, count, _ = self.series()
+        est = steady.estimate(points, batches=count) if points else None
+        return est if est is not None and est.samples_per_s > 0 else None
 
     def totals(self) -> tuple[int, int]:
         """(samples over every rank, the job's steps)."""
@@ -124,12 +195,10 @@ class _Meter:
                  if t is not None]
         return min(begun, default=None)
 
-    def rate(self, now: float) -> tuple[float | None, int, int]:
+    def rate(self, since_t: float, now: float) -> tuple[float | None, int, int]:
+        """(samples/s since ``since_t``, `span_rate`; the job's steps; samples so far)."""
         samples, steps = self.totals()
-        prev, self.last = self.last, (now, samples)
-        if prev is None or now <= prev[0]:
-            return None, steps, samples
-        return (samples - prev[1]) / (now - prev[0]), steps, samples
+        return self.span_rate(since_t, now), steps, samples
 
 
 def _first_work(points: list[tuple[float, dict]]) -> float | None:
@@ -233,24 +302,64 @@ def run_full(spec: FullRunSpec, journal: Journal, *, out=None) -> int:
     return code
 
 
+@dataclass
+class _Held:
+    """The full run against its promise (`PromiseWatch`): from `FullRunSpec.warmup_s` of
+    training on, each report's rate is seen; at the end the whole run's steady figure."""
+
+    spec: FullRunSpec
+    watch: PromiseWatch | None = None
+    from_t: float | None = None  # when the run was warm: from then on it is held
+
+    @classmethod
+    def of(cls, spec: FullRunSpec) -> _Held:
+        return cls(spec, PromiseWatch(spec.promise, sustain_s=spec.sustain_s)
+                   if spec.promise is not None else None)
+
+    def see(self, meter: _Meter, now: float, rate: float, parts, load: ForeignLoad,
+            journal: Journal) -> None:
+        begun = meter.started()
+        if self.watch is None or begun is None or now - begun < self.spec.warmup_s:
+            return
+        self.from_t = self.from_t or now
+        said = self.watch.see(Reading(now, rate, parts, load.cores()))
+        if said:
+            self._emit(journal, rate, final=False, below=True, text=said)
+
+    def end(self, meter: _Meter, whole, journal: Journal) -> None:
+        """The verdict on the whole run's steady samples/s, as a probe's: warm-up, pauses and
+        the exit after the last batch left out (`_Meter.steady`)."""
+        if self.watch is None or self.from_t is None:
+            return
+        est = meter.steady()
+        if est is None:
+            return
+        mean = est.samples_per_s
+        self._emit(journal, mean, final=True, below=mean < self.spec.promise.low,
+                   text=self.watch.verdict(mean, whole))
+
+    def _emit(self, journal: Journal, rate: float, **fields) -> None:
+        journal.emit(Event.FULLRUN_PROMISE, samples_per_s=rate,
+                     promised=self.spec.promise.samples_per_s,
+                     ci_half=self.spec.promise.ci_half, **fields)
+
+
 def _supervise(spec: FullRunSpec, signals: _Signals, collector: Collector, journal: Journal,
                *, on_poll=lambda: None) -> tuple[int, dict]:
     """Waits for every process; returns the run's exit status and what ``fullrun_ended`` adds:
     ``rank`` (the first to fail, when a rank said so), ``launcher_exit_code`` (an engine's
-    own status, when it differs from the rank's or from 128 + the signal) and ``signal`` (the
-    run was stopped on the SIGINT or SIGTERM we were sent: `_stopped_by`)."""
+    own status, when it differs from the rank's or from 128 + the signal), ``signal`` (the
+    run was stopped on the SIGINT or SIGTERM we were sent: `_stopped_by`), and the run's
+    steady ``samples_per_s`` with the seconds it stands on."""
     meter = _Meter(spec.samples_per_step, thin_s=spec.progress_every_s)
     launched = signals.launched
     last_report = time.monotonic()
     next_report = last_report + spec.progress_every_s
-    meter.rate(last_report)
     first_failure: int | None = None
     stopping = False
     engine = spec.ranks.launcher.kind is not engines.Kind.LOCAL
     reported = 0
-    watch = PromiseWatch(spec.promise, sustain_s=spec.sustain_s) \
-        if spec.promise is not None else None
-    held_from: tuple[float, int] | None = None  # (time, samples) once warm: the promise's span
+    held = _Held.of(spec)
     load = ForeignLoad()
     said_signal = False
     said_notes = 0
@@ -273,22 +382,7 @@ def _supervise(spec: FullRunSpec, signals: _Signals, collector: Collector, journ
         now = time.monotonic()
         if now >= next_report:
             next_report = now + spec.progress_every_s
-            rate, steps, samples = meter.rate(now)
-            if rate is not None and samples:
-                parts = meter.breakdown(last_report, now)
-                journal.emit(Event.FULLRUN_PROGRESS, samples_per_s=rate, steps=steps,
-                             samples=samples, breakdown=parts)
-                reported = samples
-                begun = meter.started()
-                if watch is not None and begun is not None and \
-                        now - begun >= spec.warmup_s:
-                    held_from = held_from or (now, samples)
-                    said = watch.see(Reading(now, rate, parts, load.cores()))
-                    if said:
-                        journal.emit(Event.FULLRUN_PROMISE, samples_per_s=rate,
-                                     promised=spec.promise.samples_per_s,
-                                     ci_half=spec.promise.ci_half, final=False, below=True,
-                                     text=said)
+            reported = _report(meter, last_report, now, held, load, journal) or reported
             load = ForeignLoad()  # the next report's span
             meter.thin(last_report)
             last_report = now
@@ -309,25 +403,45 @@ def _supervise(spec: FullRunSpec, signals: _Signals, collector: Collector, journ
             collector.settle()
             meter.absorb(collector.drain())
             tell_notes()
-            rate, steps, samples = meter.rate(time.monotonic())
-            if samples > reported and rate:  # the last stretch, when it holds news
-                journal.emit(Event.FULLRUN_PROGRESS, samples_per_s=rate, steps=steps,
-                             samples=samples)
-            code = exit_status(first_failure if first_failure is not None
-                               else next((c for c in codes if c != 0), 0))
-            code, ended = _rank_said(spec, meter.failed, code)
-            if signals.first is not None and code != 0:
-                code, ended = _stopped_by(signals.first, code, ended)
-            end = time.monotonic()
-            whole = meter.breakdown(None, end)
-            if watch is not None and held_from is not None and code == 0 and \
-                    end > held_from[0] and samples > held_from[1]:
-                mean = (samples - held_from[1]) / (end - held_from[0])  # warm, to the end
-                journal.emit(Event.FULLRUN_PROMISE, samples_per_s=mean,
-                             promised=spec.promise.samples_per_s,
-                             ci_half=spec.promise.ci_half, final=True,
-                             below=mean < spec.promise.low, text=watch.verdict(mean, whole))
-            return code, {**ended, **({"breakdown": whole} if whole else {})}
+            return _finish(spec, signals, meter, held, journal, codes, first_failure,
+                           since_t=last_report, reported=reported)
+
+
+def _report(meter: _Meter, since_t: float, now: float, held: _Held, load: ForeignLoad,
+            journal: Journal) -> int:
+    """One ``fullrun_progress`` over the batches since ``since_t``, seen against the promise;
+    the samples it reported (0: nothing to report yet)."""
+    rate, steps, samples = meter.rate(since_t, now)
+    if rate is None or not samples:
+        return 0
+    parts = meter.breakdown(since_t, now)
+    journal.emit(Event.FULLRUN_PROGRESS, samples_per_s=rate, steps=steps, samples=samples,
+                 breakdown=parts)
+    held.see(meter, now, rate, parts, load, journal)
+    return samples
+
+
+def _finish(spec: FullRunSpec, signals: _Signals, meter: _Meter, held: _Held,
+            journal: Journal, codes: list, first_failure: int | None, *, since_t: float,
+            reported: int) -> tuple[int, dict]:
+    """Every process has ended: the last stretch, the verdict, and the run's exit status with
+    what ``fullrun_ended`` adds (`_supervise`)."""
+    end = time.monotonic()
+    rate, steps, samples = meter.rate(since_t, end)
+    if samples > reported and rate:  # the last stretch, when it holds news
+        journal.emit(Event.FULLRUN_PROGRESS, samples_per_s=rate, steps=steps, samples=samples)
+    code = exit_status(first_failure if first_failure is not None
+                       else next((c for c in codes if c != 0), 0))
+    code, ended = _rank_said(spec, meter.failed, code)
+    if signals.first is not None and code != 0:
+        code, ended = _stopped_by(signals.first, code, ended)
+    whole = meter.breakdown(None, end)
+    if code == 0:
+        held.end(meter, whole, journal)
+    est = meter.steady()
+    if est is not None:
+        ended = {**ended, "samples_per_s": est.samples_per_s, "steady_s": est.measured_s}
+    return code, {**ended, **({"breakdown": whole} if whole else {})}
 
 
 def _say_signal(signum: int, journal: Journal) -> None:

@@ -262,6 +262,8 @@ def _fullrun_ended(ev):
     if why:
         engine = ev.get("launcher_exit_code")
         line += f" ({why}" + (f"; the launcher returned {engine})" if engine is not None else ")")
+    if ev.get("samples_per_s"):  # the steady span's, as a probe's: no start-up, no exit
+        line += f"; steady {fmt_rate(ev['samples_per_s'])} samples/s"
     b = Breakdown.from_dict(ev.get("breakdown"))
     return line + (f"; where the time went: {b.describe()}" if b is not None else "")
 

@@ -110,7 +110,7 @@ FIELDS: dict[Event, Fields] = {
     Event.FULLRUN_NOTES: Fields(("notes", "mps_check")),
     Event.FULLRUN_PROMISE: Fields(("samples_per_s", "promised", "ci_half", "final", "below", "text"), ()),
     Event.FULLRUN_ENDED: Fields(("exit_code",), ("rank", "launcher_exit_code", "breakdown",
-                                                "signal")),
+                                                "signal", "samples_per_s", "steady_s")),
     Event.DEVICE_SAMPLE: Fields(("cpu_pct", "mem_used_bytes", "mem_total_bytes", "gpus",
                                  "workers", "ranks")),
     Event.RUN_ENDED: Fields(("exit_code",), ("error",)),

@@ -243,10 +243,12 @@ def autotune_threads(knobs: dict, cores: int) -> int | None:
     try:
         from autotune.hardware.host import Gpu
         from autotune.launching import placement
+        from autotune.tuning import space
     except ImportError:
         return None
 
-    laid = placement.plan(knobs=knobs, instances=int(knobs.get("instances", 1)),
+    ranks_knobs, instances = space.rank_knobs(knobs, cores=cores, device="gpu")
+    laid = placement.plan(knobs=ranks_knobs, instances=instances,
                           cores=tuple(range(cores)), gpus=(Gpu(0, "GPU-0"),), device="gpu")
     return laid.slots[0].threads
 

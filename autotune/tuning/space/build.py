@@ -285,6 +285,9 @@ def rank_knobs(cfg: Mapping[str, int], *, cores: int, device: str,
     for name, value in c.items():
         if name == "thread_pct" and device != "gpu":
             knobs["threads"] = threads_per_rank(value, cores)
+        elif name == "host_threads":  # a GPU rank's threads; 0 (and on CPU): the rule's
+            if value and device == "gpu":
+                knobs["threads"] = value
         else:
             knobs[name] = value
     return knobs, c.get("instances", 1)
@@ -327,13 +330,14 @@ def canonical(cfg: Mapping[str, int], global_batch: int | None = None,
               devices: int = 1, *, own_ranks: bool = False) -> dict[str, int]:
     """Derived knobs filled in (with a global batch, the per-rank batch for a world of
     ``instances x devices`` ranks); knobs without effect dropped (bucket_mb on one rank,
-    prefetch and persistent without DataLoader workers)."""
+    prefetch and persistent without DataLoader workers, pin on one rank)."""
     out = {n: int(cfg[n]) for n in ORDER if n in cfg}
     instances = out.get("instances", 1)
     if global_batch:
         out["batch_size"] = global_batch // (instances * devices)
     if instances * devices <= 1 and not own_ranks:
         out.pop("bucket_mb", None)
+        out.pop("pin", None)  # one rank: no other rank's cores to keep apart from
     if out.get("workers", 1) == 0:  # torch takes them only with workers
         for name in WITH_WORKERS:
             out.pop(name, None)

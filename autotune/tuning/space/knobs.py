@@ -16,7 +16,7 @@ from autotune.hardware.host import Machine
 from autotune.launching import placement
 
 ORDER = ("batch_size", "workers", "thread_pct", "instances", "bucket_mb", "prefetch",
-         "persistent", "pin_memory")
+         "persistent", "pin_memory", "host_threads", "pin")
 # DataLoader knobs torch takes only with workers: without, they have no effect (dropped)
 WITH_WORKERS = ("prefetch", "persistent")
 PREFETCH = (2, 4, 8)  # batches each worker loads ahead; torch's default is 2
@@ -27,6 +27,10 @@ DDP_DEFAULT_BUCKET_MB = placement.DDP_DEFAULT_BUCKET_MB
 # of ~30% each.
 GPU_THREAD_PCT = (25, 50, 75, 100)
 GPU_MAX_INSTANCES = 4
+# Host threads per GPU rank: 0 is the rule (torchrun's: one each when a host has several ranks,
+# torch's own for one), the others a count. Peers that co-locate ranks under MPS found the host
+# side decides as much as the GPU's: ranks need their own cores (`pin`), and threads to use them.
+GPU_HOST_THREADS = (0, 2, 4)
 MEMORY_HEADROOM = 0.7  # share of available memory a batch-size guess may plan to use
 
 
@@ -63,6 +67,12 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
           "gpu": "DataLoader persistent_workers (with workers)"}),
     Knob("pin_memory", "batches in page-locked host memory (0 or 1)", "linear", 0,
          {"gpu": "DataLoader pin_memory: faster, asynchronous copies to the GPU"}),
+    Knob("host_threads", "torch/OpenMP threads of each GPU rank (0: torchrun's rule)", "linear",
+         0, {"gpu": "OMP_NUM_THREADS and the like per rank; 0: one each when a host has "
+                    "several ranks (torchrun's rule), torch's own for one"}),
+    Knob("pin", "each rank on cores of its own (0 or 1)", "linear", 0,
+         {"cpu": "disjoint cores per rank (its DataLoader workers inherit them)",
+          "gpu": "disjoint cores per rank: the host's cores split evenly over its ranks"}),
 )}
 
 
@@ -216,6 +226,22 @@ def _gpu_instances(m: Machine, b: Baseline) -> tuple[int, ...]:
     return linear(1, GPU_MAX_INSTANCES) if b.distributed else (1,)
 
 
+def _gpu_host_threads(m: Machine, b: Baseline) -> tuple[int, ...]:
+    """Searched where ranks may share a GPU (MPS, a distributed script): the rule and counts
+    that fit the cores of the host's ranks at their most."""
+    if not (m.mps and b.distributed):
+        return ()
+    most = max(1, m.cores // max(1, m.gpus or 1))
+    return tuple(v for v in GPU_HOST_THREADS if v <= most)
+
+
+def _gpu_pin(m: Machine, b: Baseline) -> tuple[int, ...]:
+    """Disjoint cores per rank, where ranks may share a GPU and the host has a core for each."""
+    if not (m.mps and b.distributed) or m.cores < 2 * max(1, m.gpus or 1):
+        return ()
+    return (0, 1)
+
+
 def _bucket_mb(m: Machine, b: Baseline) -> tuple[int, ...]:
     own = int(b.bucket_mb) if b.bucket_mb else None
     if m.bucket_mb_range is not None:
@@ -257,6 +283,8 @@ DOMAIN_RULES: dict[tuple[str, str], Callable[[Machine, Baseline], tuple[int, ...
     ("persistent", "cpu"): _persistent,
     ("persistent", "gpu"): _persistent,
     ("pin_memory", "gpu"): _pin_memory,
+    ("host_threads", "gpu"): _gpu_host_threads,
+    ("pin", "gpu"): _gpu_pin,
 }
 
 

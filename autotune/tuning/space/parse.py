@@ -48,11 +48,12 @@ def _int(text: str, flag: str, token: str) -> int:
         raise UsageError(f"{flag}: {text!r} in {token!r} is not a whole number") from None
 
 
-_SWITCHES = ("persistent", "pin_memory")  # 0 (off) or 1 (on)
+_SWITCHES = ("persistent", "pin_memory", "pin")  # 0 (off) or 1 (on)
+_ZERO_OK = ("workers", "host_threads")  # 0: none (workers), torchrun's rule (host_threads)
 
 
 def _check_value(name: str, alias: str, value: int, flag: str, token: str) -> None:
-    least = 0 if name == "workers" or name in _SWITCHES else 1
+    least = 0 if name in _ZERO_OK or name in _SWITCHES else 1
     if value < least:
         raise UsageError(f"{flag}: {alias} must be >= {least}, but got {value} in {token!r}")
     if name in _SWITCHES and value > 1:

@@ -1,0 +1,583 @@
+"""Parity: is a config as fast under autotune as started plain, by the script's own clock?
+
+For each config (a script, its batch and workers, its ranks, on the GPU its MPS share), three
+ways of starting it, each its own processes, interleaved over rounds (plain, run, probe, then
+again, the order rotated each round):
+
+- ``plain``: as a user starts it without autotune: ``python SCRIPT ARGS`` for one rank,
+  ``python -m torch.distributed.run --standalone --nproc_per_node N SCRIPT ARGS`` for N (its
+  environment: one thread per rank unless the user set one); on a GPU under MPS, a private MPS
+  daemon and ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` in the ranks' environment.
+- ``run``: ``autotune run --recipe R -- SCRIPT ARGS``, the recipe holding exactly that config
+  (its knobs through the script's ``{placeholders}``).
+- ``probe``: autotune's probe of the same config, as the tuner runs one (`run_trial` with the
+  knobs `space.rank_knobs` gives them), the script's output read from the probe's rank 0 log.
+
+Each figure is the script's own: the mean of its printed samples/s lines after the first (the
+first holds start-up). A plain run and a run through ``autotune run`` stop once the script has
+printed ``--lines`` lines after its first (so that each measures as much of its steady stretch,
+whatever its start-up took); a probe ends as the tuner's do, within ``--seconds``. A config's ``run_ratio`` and ``probe_ratio`` are the medians of the
+per-round ratios to the plain run of the same round; the spread is their min-max. Exits 1 when
+any ratio is below ``--min-ratio`` (0.97) or a config gave no figure.
+
+Beside it, a micro-benchmark of the meter's own cost per step, in microseconds: the counting
+hooks, the step clock (host; CUDA events on a GPU) and the channel's tick.
+
+Writes ``bench/results/parity-<date>-<host>.json`` (``--out`` to change it)::
+
+    {"device": "<NVML's name, or 'cpu'>", "configs": [{"config", "ranks", "mps", "plain", "run",
+     "probe", "run_ratio", "probe_ratio", ...}], "meter_us": {...}, ...}
+
+    .venv/bin/python bench/bench_parity.py [--rounds 3] [--lines 6] [--seconds 60]
+                                           [--configs NAME...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+for _p in (str(ROOT), str(ROOT / "bench")):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+from bench.common import say  # noqa: E402
+from bench.shapes import STOP_S, THREAD_VARS, own_rate, start, timed_run  # noqa: E402
+
+EXAMPLES = ROOT / "examples"
+WAYS = ("plain", "run", "probe")
+MIN_RATIO = 0.97
+# the examples' own line: "epoch 1 step 40 loss 2.2893 samples/s 1319.3"
+EXAMPLE_RATE = re.compile(r"^(?:\[rank 0\] )?epoch \d+ step \d+ loss [0-9.naif]+ .*?samples/s "
+                          r"([0-9.]+)", re.M)
+NANOGPT_RATE = re.compile(r"^iter \d+: loss [0-9.]+, time [0-9.]+ms, ([0-9.]+) samples/s", re.M)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One config: a script with ``{placeholders}`` for its knobs, and the knobs' values."""
+
+    name: str
+    what: str
+    script: tuple[str, ...]  # the script and its fixed arguments
+    placeholders: tuple[str, ...]  # the knob arguments, {batch_size} and the like
+    knobs: Mapping[str, int]  # batch_size, workers (what the placeholders take)
+    ranks: int = 1
+    device: str = "cpu"
+    share: int = 100  # on a GPU: each rank's MPS share (thread_pct)
+    rate: re.Pattern = EXAMPLE_RATE
+    threads: int | None = None  # OMP_NUM_THREADS as the user writes it (None: not set)
+
+    @property
+    def mps(self) -> bool:
+        return self.device == "gpu" and (self.ranks > 1 or self.share < 100)
+
+    @property
+    def recipe_knobs(self) -> dict[str, int]:
+        """What the recipe holds: the knobs, the ranks, and the threads a plain start gives: on
+        the CPU one rank's own (all cores), else torchrun's one each (the share of one core);
+        on a GPU each rank's MPS share (its threads: torchrun's rule, autotune's too)."""
+        if self.device == "gpu":
+            return {**self.knobs, "instances": self.ranks, "thread_pct": self.share}
+        from autotune.tuning import space
+
+        cores = len(os.sched_getaffinity(0))
+        threads = self.threads or (None if self.ranks == 1 else 1)  # torchrun's: 1 for several
+        pct = 100 if threads is None else space.pct_for_threads(threads, cores)
+        return {**self.knobs, "instances": self.ranks, "thread_pct": pct}
+
+    def args(self) -> list[str]:
+        """The script's arguments with the knobs' values in: what a user types."""
+        from autotune.launching import rank_command
+
+        return [*self.script, *rank_command.substitute(self.placeholders, self.knobs)]
+
+
+def _compute(ranks: int) -> Config:
+    return Config(f"short-{ranks}r", "a small MLP on in-memory tensors: steps of a few ms",
+                  (str(EXAMPLES / "compute_bound" / "train.py"), "--features", "64",
+                   "--hidden", "128", "--num-samples", "4096", "--epochs", "100000",
+                   "--log-interval", "25"),
+                  ("--batch-size", "{batch_size}", "--workers", "{workers}"),
+                  {"batch_size": 16, "workers": 0}, ranks)
+
+
+def _images(ranks: int) -> Config:
+    return Config(f"data-{ranks}r", "a small CNN on PNG files decoded in DataLoader workers",
+                  (str(EXAMPLES / "image_classifier" / "train.py"), "--num-images", "512",
+                   "--epochs", "100000", "--log-interval", "2"),
+                  ("--batch-size", "{batch_size}", "--workers", "{workers}"),
+                  {"batch_size": 32, "workers": 2 // ranks}, ranks)
+
+
+def _nanogpt() -> Config:
+    return Config("nanogpt-1r", "nanoGPT's train.py shape: get_batch(), no DataLoader",
+                  (str(ROOT / "bench" / "scripts" / "nanogpt_shape.py"), "--eval_interval=0",
+                   "--log_interval=5"),
+                  ("--batch_size={batch_size}",), {"batch_size": 12}, 1, rate=NANOGPT_RATE)
+
+
+def _cuda(ranks: int, share: int) -> Config:
+    return Config(f"cuda-{ranks}r" + (f"-mps{share}" if ranks > 1 else ""),
+                  "the bundled CUDA example (a small CNN, images made on the CPU in workers)",
+                  (str(EXAMPLES / "cuda_small" / "train.py"), "--epochs", "100000",
+                   "--backend", "gloo" if ranks > 1 else "auto", "--log-interval", "20"),
+                  ("--batch-size", "{batch_size}", "--workers", "{workers}"),
+                  {"batch_size": 64, "workers": 4}, ranks, "gpu", share)
+
+
+def configs_for(device: str, threads: int | None = None) -> list[Config]:
+    """The host's configs; ``threads``: the ``OMP_NUM_THREADS`` a user writes for every one of
+    them (on a busy machine one thread a rank keeps OpenMP from spinning on a core another
+    program holds, which swings a two-thread rank's rate severalfold)."""
+    if device == "gpu":
+        return [_cuda(1, 100), _cuda(2, 50), _cuda(4, 25)]
+    return [replace(c, threads=threads) for c in
+            (_compute(1), _compute(2), _images(1), _images(2), _nanogpt())]
+
+
+# -- the three ways --------------------------------------------------------------------------
+@dataclass
+class Ctx:
+    work: Path
+    seconds: float  # the most one run may take, start-up included
+    env: dict[str, str]
+    lines: int = 6  # a run stops once the script printed this many rate lines after its first
+    probe_min_s: float = 10.0  # a probe measures at least this long (the tuner's: 5)
+    mps_binary: str | None = None
+    recipes: dict[str, Path] = field(default_factory=dict)
+
+
+def user_env(base: Mapping[str, str]) -> dict[str, str]:
+    """The environment a user starts from: theirs, without thread variables (the examples and
+    torchrun set their own) and without autotune's."""
+    return {k: v for k, v in base.items()
+            if k not in THREAD_VARS and not k.startswith("AUTOTUNE_")}
+
+
+def plain_argv(c: Config, python: str) -> list[str]:
+    """Pure: the command a user types for ``c``."""
+    if c.ranks == 1:
+        return [python, *c.args()]
+    return [python, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc_per_node={c.ranks}", *c.args()]
+
+
+def run_argv(c: Config, python: str, recipe: Path, runs_dir: Path) -> list[str]:
+    """Pure: ``autotune run`` of ``recipe`` on the script with its placeholders."""
+    return [python, "-m", "autotune", "run", "--plain", "--recipe", str(recipe), "--runs-dir",
+            str(runs_dir), "--", *c.script, *c.placeholders]
+
+
+def write_recipe(c: Config, work: Path) -> Path:
+    """A recipe holding exactly ``c``'s knobs, as ``autotune tune`` would save it (its figure:
+    none, so the run is not held to one)."""
+    from autotune.hardware import fingerprint
+    from autotune.tuning import recipes
+
+    target = (sys.executable, *c.script, *c.placeholders)
+    fp = fingerprint.current(target)
+    r = recipes.Recipe(name=f"parity-{c.name}", knobs=c.recipe_knobs, samples_per_s=0.0,
+                       ci_half=0.0, baseline_samples_per_s=0.0, speedup=1.0, kept_baseline=True,
+                       fingerprint=fp, script_path=c.script[0],
+                       script_args=tuple([*c.script[1:], *c.placeholders]),
+                       baseline_knobs=c.recipe_knobs, source="bench_parity",
+                       reason="the config under test")
+    return recipes.save(r, work / "recipes")
+
+
+def one_plain(c: Config, ctx: Ctx) -> str:
+    env = dict(ctx.env)
+    if c.threads:
+        env.update({var: str(c.threads) for var in THREAD_VARS})
+    daemon = None
+    if c.mps:
+        from gpuproof import mpsd
+
+        daemon = mpsd.Daemon(ctx.mps_binary, env=env, work=ctx.work).start()
+        env.update(daemon.client_env(c.share))
+    try:
+        return lines_run(plain_argv(c, sys.executable), c.rate, ctx, env)
+    finally:
+        if daemon is not None:
+            daemon.stop()
+
+
+def one_run(c: Config, ctx: Ctx) -> str:
+    argv = run_argv(c, sys.executable, ctx.recipes[c.name], ctx.work / "runs")
+    return lines_run(argv, c.rate, ctx, ctx.env)
+
+
+def lines_run(argv: list[str], rate: re.Pattern, ctx: Ctx, env: Mapping[str, str]) -> str:
+    """``argv`` until the script printed ``ctx.lines`` rate lines after its first (each run
+    measures as much of its own steady stretch, whatever its start-up took), at most
+    ``ctx.seconds``; then SIGINT to its group (SIGKILL `shapes.STOP_S` later). Its output."""
+    p = start(argv, ctx.work, env)
+    got: list[str] = []
+    deadline = time.monotonic() + ctx.seconds
+
+    def read() -> None:
+        for line in p.stdout:
+            got.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        while p.poll() is None and time.monotonic() < deadline and \
+                len(rate.findall("".join(got))) < ctx.lines + 1:
+            time.sleep(0.1)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGINT)
+            try:
+                p.wait(timeout=STOP_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        reader.join(timeout=STOP_S)
+    return "".join(got)
+
+
+def one_probe(c: Config, ctx: Ctx) -> str:
+    """The probe in its own process (`probe_main`), and rank 0's log."""
+    spec = {"config": c.name, "device": c.device, "threads": c.threads, "seconds": ctx.seconds,
+            "min_s": ctx.probe_min_s, "log_dir": str(ctx.work / "probes")}
+    argv = [sys.executable, str(Path(__file__).resolve()), "--probe-one", json.dumps(spec)]
+    out = _run_to_end(argv, ctx, ctx.seconds + 60.0)
+    last = out.strip().splitlines()[-1] if out.strip() else ""
+    try:
+        log = json.loads(last)["log_path"]
+        return Path(log).read_text(errors="replace")
+    except (ValueError, KeyError, OSError):
+        say(f"  probe of {c.name} said: {out[-600:]}")
+        return ""
+
+
+def _run_to_end(argv: list[str], ctx: Ctx, limit_s: float) -> str:
+    """``argv`` to its end (at most ``limit_s``); its group stopped however this returns, a
+    Ctrl-C of the bench included (it runs in a session of its own)."""
+    p = start(argv, ctx.work, ctx.env)
+    try:
+        out, _ = p.communicate(timeout=limit_s)
+        return out
+    except subprocess.TimeoutExpired:
+        return ""
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGINT)
+            try:
+                p.wait(timeout=STOP_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def probe_main(spec_text: str) -> int:
+    """One probe of a config, as the tuner's prober runs it; prints {"log_path", "meter"}."""
+    from autotune.hardware import fingerprint
+    from autotune.measuring.trial import TrialSpec, run_trial
+    from autotune.tuning import space
+
+    spec = json.loads(spec_text)
+    c = next(x for x in configs_for(spec["device"], spec.get("threads"))
+             if x.name == spec["config"])
+    fp = fingerprint.current([sys.executable, *c.script])
+    knobs, instances = space.rank_knobs(c.recipe_knobs, cores=fp.cores, device=c.device,
+                                        devices=max(1, fp.gpu_count) if c.device == "gpu" else 1)
+    seconds = float(spec["seconds"])
+    Path(spec["log_dir"]).mkdir(parents=True, exist_ok=True)
+    result = run_trial(TrialSpec.of(
+        command=(*c.script, *c.placeholders), knobs=knobs, instances=instances, cwd=os.getcwd(),
+        log_dir=Path(tempfile.mkdtemp(prefix=f"{c.name}-", dir=spec["log_dir"])),
+        name=f"parity-{c.name}", max_s=seconds,
+        min_measure_s=min(float(spec.get("min_s", 10.0)), 0.6 * seconds)))
+    print(json.dumps({"log_path": result.log_path, "meter": result.samples_per_s,
+                      "outcome": result.outcome.value}), flush=True)
+    return 0
+
+
+RUNNERS = {"plain": one_plain, "run": one_run, "probe": one_probe}
+
+
+# -- figures ----------------------------------------------------------------------------------
+def rotations(rounds: int) -> list[tuple[str, ...]]:
+    """Pure: round r starts the ways rotated by r (plain run probe, run probe plain, ...)."""
+    return [tuple(WAYS[(i + r) % len(WAYS)] for i in range(len(WAYS))) for r in range(rounds)]
+
+
+def summarise(c: Config, rates: Mapping[str, Sequence[float | None]]) -> dict:
+    """Pure: the medians of each way's figures and of the per-round ratios to plain, with the
+    ratios' min and max."""
+    row: dict = {"config": c.name, "ranks": c.ranks, "mps": c.mps, "knobs": dict(c.knobs),
+                 "rounds": {w: list(rates.get(w, ())) for w in WAYS}}
+    for w in WAYS:
+        got = [r for r in rates.get(w, ()) if r]
+        row[w] = statistics.median(got) if got else None
+    for w in ("run", "probe"):
+        ratios = [a / p for a, p in zip(rates.get(w, ()), rates.get("plain", ())) if a and p]
+        row[f"{w}_ratios"] = ratios
+        row[f"{w}_ratio"] = statistics.median(ratios) if ratios else None
+        row[f"{w}_spread"] = [min(ratios), max(ratios)] if ratios else None
+    return row
+
+
+def failures(rows: Sequence[dict], min_ratio: float) -> list[str]:
+    """Pure: what fails the bench: a ratio below ``min_ratio``, or none measured."""
+    out = []
+    for row in rows:
+        for w in ("run", "probe"):
+            r = row.get(f"{w}_ratio")
+            if r is None:
+                out.append(f"{row['config']} {w}: no figure")
+            elif r < min_ratio:
+                out.append(f"{row['config']} {w}: {r:.3f} < {min_ratio}")
+    return out
+
+
+def _f(v, d=3) -> str:
+    return "n/a" if v is None else f"{v:.{d}f}"
+
+
+def table(rows: Sequence[dict]) -> str:
+    lines = [f"{'config':<14}{'ranks':>6}{'mps':>5}{'plain':>10}{'run':>10}{'probe':>10}"
+             f"{'run/plain':>22}{'probe/plain':>22}"]
+    for r in rows:
+        spread = {w: (f" ({_f(r[f'{w}_spread'][0], 2)}-{_f(r[f'{w}_spread'][1], 2)})"
+                      if r.get(f"{w}_spread") else "") for w in ("run", "probe")}
+        lines.append(f"{r['config']:<14}{r['ranks']:>6}{'yes' if r['mps'] else 'no':>5}"
+                     f"{_f(r['plain'], 1):>10}{_f(r['run'], 1):>10}{_f(r['probe'], 1):>10}"
+                     f"{_f(r['run_ratio']) + spread['run']:>22}"
+                     f"{_f(r['probe_ratio']) + spread['probe']:>22}")
+    return "\n".join(lines)
+
+
+# -- the meter's own cost ---------------------------------------------------------------------
+def meter_cost_us(steps: int = 20000) -> dict:
+    """Microseconds per step the meter adds in the training thread: its counting hooks (a batch,
+    a backward, a step), the step clock's marks (host; with CUDA events where CUDA is up), and
+    one tick on a real socket divided by the steps between ticks at 1-5 ms steps."""
+    from probes import protocol
+    from probes.meter import Meter
+    from probes.parts import StepClock
+
+    def per_step(fn, n=steps) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - t0) / n * 1e6
+
+    import torch
+
+    m = Meter(env={protocol.ENV_STEP_CLOCK: "host"})
+    batch = (torch.zeros(16, 8), torch.zeros(16))  # what a DataLoader hands over
+
+    def hooks():
+        m.count_batch(batch, training=True)
+        m.count_backward()
+        m.close_backward()
+        m.count_step()
+
+    def clock_steps(clock: StepClock):
+        def step():
+            t = time.monotonic()
+            clock.data(t, t)
+            clock.backward_begin()
+            clock.backward_end()
+            clock.optimizer_begin()
+            clock.optimizer_end()
+        return step
+
+    out = {"hooks": per_step(hooks), "clock_host": per_step(clock_steps(StepClock(events=False)))}
+    try:
+        if torch.cuda.is_available():
+            torch.cuda.init()
+            torch.zeros(1, device="cuda")
+            clock = StepClock()
+            out["clock_cuda_events"] = per_step(clock_steps(clock), 2000)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            clock.snapshot()
+            out["clock_cuda_resolve_per_step"] = (time.perf_counter() - t0) / 2000 * 1e6
+    except Exception as exc:  # noqa: BLE001 - a reading, not the bench's verdict
+        out["clock_cuda_error"] = str(exc)
+    out["tick_us"] = _tick_us(m)
+    out["tick_s"] = protocol.DEFAULT_TICK_S
+    out["channel_per_step_at_1ms"] = out["tick_us"] * 0.001 / protocol.DEFAULT_TICK_S
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}
+
+
+def _tick_us(m, ticks: int = 500) -> float:
+    """One tick's cost (snapshot, JSON, a socket write) on a local socket pair."""
+    from probes.channel import Channel
+
+    a, b = socket.socketpair()
+    ch = Channel("127.0.0.1:0", "")
+    ch.sock, ch.alive = a, True
+    m.channel = ch
+    drain = threading.Thread(target=_drain, args=(b,), daemon=True)
+    drain.start()
+    try:
+        t0 = time.perf_counter()
+        for _ in range(ticks):
+            m.send_tick()
+        return (time.perf_counter() - t0) / ticks * 1e6
+    finally:
+        m.channel = None
+        a.close()
+
+
+def _drain(sock) -> None:
+    try:
+        while sock.recv(1 << 16):
+            pass
+    except OSError:
+        pass
+
+
+# -- the bench --------------------------------------------------------------------------------
+def device_name() -> str:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return "cpu"
+    except ImportError:
+        return "cpu"
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        p = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader", "-i", "0"],
+                           capture_output=True, text=True)
+        if p.returncode == 0 and p.stdout.strip():
+            return p.stdout.strip().splitlines()[0]
+    return torch.cuda.get_device_name(0)
+
+
+def measure(configs: Sequence[Config], ctx: Ctx, rounds: int,
+            after_round=lambda rows: None) -> list[dict]:
+    """Every config's ways over ``rounds`` rounds; ``after_round`` gets the rows so far (a
+    report written each round survives a run cut short)."""
+    rates = {c.name: {w: [] for w in WAYS} for c in configs}
+    for rnd, order in enumerate(rotations(rounds), start=1):
+        if rnd > 1:
+            after_round([summarise(c, rates[c.name]) for c in configs])
+        for c in configs:
+            for way in order:
+                t0 = time.monotonic()
+                rate = own_rate(RUNNERS[way](c, ctx), c.rate)
+                rates[c.name][way].append(rate)
+                say(f"round {rnd} {c.name:<12} {way:<6} "
+                    + (f"{rate:9.1f} samples/s" if rate else "no figure")
+                    + f" ({time.monotonic() - t0:.0f} s)")
+    return [summarise(c, rates[c.name]) for c in configs]
+
+
+def _warm(configs: Sequence[Config], ctx: Ctx) -> None:
+    """One short plain run of each script: datasets made, caches warm, before any round."""
+    for script in dict.fromkeys(c.script[0] for c in configs):
+        c = next(x for x in configs if x.script[0] == script)
+        timed_run(plain_argv(replace(c, ranks=1), sys.executable), ctx.work,
+                  min(ctx.seconds, 15.0), ctx.env)
+
+
+def _out_path() -> Path:
+    host = re.sub(r"[^A-Za-z0-9_.-]+", "-", platform.node() or "host")
+    return ROOT / "bench" / "results" / f"parity-{datetime.date.today():%Y-%m-%d}-{host}.json"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (3)")
+    p.add_argument("--lines", type=int, default=6,
+                   help="a run stops once the script printed this many of its own rate lines "
+                        "after its first (6)")
+    p.add_argument("--seconds", type=float, default=60.0,
+                   help="the most one run takes, start-up included; a probe's limit (60)")
+    p.add_argument("--configs", nargs="+", default=None, help="names (default: the host's)")
+    p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
+    p.add_argument("--probe-min-s", type=float, default=10.0,
+                   help="a probe measures at least this long before it may end tight (10)")
+    p.add_argument("--min-ratio", type=float, default=MIN_RATIO)
+    p.add_argument("--out", type=Path, default=None, help="the JSON report (default "
+                   "bench/results/parity-DATE-HOST.json)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="OMP_NUM_THREADS for every CPU config, as a user writes it (default: "
+                        "not set: torch's own for one rank, torchrun's one each for several)")
+    p.add_argument("--no-meter", action="store_true", help="skip the meter's micro-benchmark")
+    p.add_argument("--probe-one", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.probe_one:
+        return probe_main(args.probe_one)
+    if args.rounds < 1 or args.seconds <= 0:
+        p.error("--rounds >= 1 and --seconds > 0 must hold")
+    name = device_name() if args.device != "cpu" else "cpu"
+    device = "gpu" if name != "cpu" and args.device != "cpu" else "cpu"
+    if args.device == "gpu" and device != "gpu":
+        p.error("--device gpu: torch sees no CUDA device here")
+    every = configs_for(device, args.threads)
+    configs = [c for c in every if args.configs is None or c.name in args.configs]
+    if not configs:
+        p.error(f"--configs: none of {args.configs} is one of {[c.name for c in every]}")
+    work = Path(tempfile.mkdtemp(prefix="bench_parity-"))
+    ctx = Ctx(work=work, seconds=args.seconds, lines=args.lines, probe_min_s=args.probe_min_s,
+              env={**user_env(os.environ), "PYTHONUNBUFFERED": "1",
+                   "AUTOTUNE_RUNS_DIR": str(work / "runs")})
+    if any(c.mps for c in configs):
+        from gpuproof import mpsd
+
+        ctx.mps_binary = mpsd.find(ctx.env)
+        if not ctx.mps_binary:
+            p.error("configs under MPS need nvidia-cuda-mps-control on PATH")
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    say(f"# bench_parity {datetime.datetime.now():%Y-%m-%d %H:%M} on {platform.node()} "
+        f"({os.cpu_count()} cores, {name}), commit {commit}: {args.rounds} rounds; a run stops "
+        f"after {args.lines} of the script's lines past its first, or {args.seconds:g} s; work "
+        f"dir {work}")
+    meter = {} if args.no_meter else meter_cost_us()
+    if meter:
+        say(f"# the meter's cost per step, us: {meter}")
+    for c in configs:
+        ctx.recipes[c.name] = write_recipe(c, work)
+    out = args.out or _out_path()
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(rows: list[dict], complete: bool) -> None:
+        report = {"device": name, "host": platform.node(), "cores": os.cpu_count(),
+                  "commit": commit, "when": datetime.datetime.now().isoformat(timespec="seconds"),
+                  "rounds": args.rounds, "lines": args.lines, "seconds": args.seconds,
+                  "threads": args.threads,
+                  "min_ratio": args.min_ratio, "complete": complete, "meter_us": meter,
+                  "configs": rows}
+        out.write_text(json.dumps(report, indent=2) + "\n")
+
+    _warm(configs, ctx)
+    rows = measure(configs, ctx, args.rounds, after_round=lambda r: write(r, False))
+    say(table(rows))
+    write(rows, True)
+    say(f"# report: {out}")
+    bad = failures(rows, args.min_ratio)
+    if bad:
+        say("FAILED: " + "; ".join(bad))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

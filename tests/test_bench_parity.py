@@ -1,0 +1,69 @@
+"""bench/bench_parity.py's pure parts (issue 39): the three ways one config is started, the
+recipe that holds exactly it, the ratios and what fails the bench. The bench itself runs real
+training for minutes; it is run by hand and on the device (bench/gpu_device_call.sh)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+
+from bench import bench_parity as bp  # noqa: E402
+
+
+def test_a_plain_start_is_what_a_user_types():
+    one, two = bp._compute(1), bp._compute(2)
+    assert bp.plain_argv(one, "py")[:2] == ["py", one.script[0]]
+    assert "--batch-size" in one.args() and "16" in one.args()
+    argv = bp.plain_argv(two, "py")
+    assert argv[:5] == ["py", "-m", "torch.distributed.run", "--standalone",
+                        "--nproc_per_node=2"]
+    run = bp.run_argv(two, "py", Path("r.toml"), Path("runs"))
+    assert run[:4] == ["py", "-m", "autotune", "run"] and "{batch_size}" in run
+    assert bp.user_env({"OMP_NUM_THREADS": "4", "AUTOTUNE_RUNS_DIR": "x", "PATH": "/bin"}) == \
+        {"PATH": "/bin"}
+
+
+def test_the_recipe_gives_the_ranks_the_threads_a_plain_start_gives(monkeypatch):
+    monkeypatch.setattr(bp.os, "sched_getaffinity", lambda pid: set(range(2)))
+    from autotune.tuning import space
+
+    for ranks, threads in ((1, 2), (2, 1)):
+        knobs, instances = space.rank_knobs(bp._images(ranks).recipe_knobs, cores=2,
+                                            device="cpu")
+        assert instances == ranks and knobs["threads"] == threads  # torchrun's one each
+    # OMP_NUM_THREADS=1 written by the user: the recipe's rank gets one thread too
+    one = next(c for c in bp.configs_for("cpu", threads=1) if c.name == "data-1r")
+    assert space.rank_knobs(one.recipe_knobs, cores=2, device="cpu")[0]["threads"] == 1
+    gpu = {c.name: c for c in bp.configs_for("gpu")}
+    assert [(c.ranks, c.mps, c.share) for c in gpu.values()] == \
+        [(1, False, 100), (2, True, 50), (4, True, 25)]
+    assert gpu["cuda-4r-mps25"].recipe_knobs["thread_pct"] == 25
+    assert "gloo" in gpu["cuda-4r-mps25"].script  # NCCL refuses two ranks on one GPU
+
+
+def test_the_rounds_rotate_and_the_ratios_are_per_round_medians():
+    assert bp.rotations(3) == [("plain", "run", "probe"), ("run", "probe", "plain"),
+                               ("probe", "plain", "run")]
+    row = bp.summarise(bp._compute(1), {"plain": [100.0, 200.0, 100.0],
+                                        "run": [99.0, 190.0, None], "probe": [97.0, 210.0, 90.0]})
+    assert row["plain"] == 100.0 and row["run"] == pytest.approx(144.5)
+    assert row["run_ratios"] == pytest.approx([0.99, 0.95])  # the round without a figure: out
+    assert row["run_ratio"] == pytest.approx(0.97)
+    assert row["probe_spread"] == pytest.approx([0.9, 1.05])
+    assert bp.failures([row], 0.97) == []  # 0.97 itself passes
+    low = bp.summarise(bp._compute(1), {"plain": [100.0], "run": [90.0], "probe": []})
+    assert bp.failures([low], 0.97) == ["short-1r run: 0.900 < 0.97", "short-1r probe: no figure"]
+
+
+def test_the_script_lines_are_read_not_autotunes():
+    text = ("autotune: full run: 51.2 samples/s\n[rank 0] epoch 1 step 25 loss 2.3 samples/s "
+            "100.0\nepoch 1 step 50 loss 2.2 samples/s 120.0\n")
+    assert [float(x) for x in bp.EXAMPLE_RATE.findall(text)] == [100.0, 120.0]
+    assert bp.NANOGPT_RATE.findall("iter 5: loss 2.1, time 12.0ms, 99.5 samples/s\n") == ["99.5"]
+
+
+def test_the_meter_costs_a_few_microseconds_a_step():
+    cost = bp.meter_cost_us(steps=500)
+    assert 0 < cost["hooks"] < 1000 and 0 < cost["clock_host"] < 1000 and cost["tick_us"] > 0

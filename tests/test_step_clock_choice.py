@@ -1,0 +1,152 @@
+"""The step clock times itself (issue 39): on a GPU its CUDA events cost host time in every step,
+which under MPS, with several ranks on few cores, may be a share of a short step. Over its first
+steps the clock measures that cost against the steps and keeps the cheapest timing whose cost
+stays within its budget: events on every step, on sampled steps (the device's sums scaled to all
+steps), or the host's clock. Against a fake torch.cuda whose events cost what the test says."""
+
+import pytest
+
+import probes.parts as parts
+from probes import protocol
+from probes.meter import Meter
+from probes.parts import CALIBRATE_STEPS, StepClock, choose_every
+
+
+class Clocks:
+    """time.monotonic and time.perf_counter for `probes.parts`, moved by hand."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+@pytest.fixture
+def clocks(monkeypatch):
+    c = Clocks()
+    monkeypatch.setattr(parts.time, "monotonic", c)
+    monkeypatch.setattr(parts.time, "perf_counter", c)
+    return c
+
+
+def fake_cuda(clocks, record_s):
+    """torch.cuda whose device keeps pace with the host; recording an event takes
+    ``record_s`` of host time."""
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.device_t = None
+
+        def record(self):
+            clocks.t += record_s
+            self.device_t = clocks.t
+            Cuda.recorded += 1
+
+        def query(self):
+            return True
+
+        def elapsed_time(self, end):
+            return (end.device_t - self.device_t) * 1000.0
+
+    class Cuda:
+        recorded = 0
+
+        def is_initialized(self):
+            return True
+
+    Cuda.Event = Event
+    return Cuda()
+
+
+def steps(clock, clocks, n, *, forward_s=0.004, backward_s=0.004, optimizer_s=0.002):
+    """``n`` training steps through the hooks the interceptor calls."""
+    for _ in range(n):
+        clock.data(clocks.t, clocks.t)
+        clocks.t += forward_s
+        clock.backward_begin()
+        clocks.t += backward_s
+        clock.backward_end()
+        clock.optimizer_begin()
+        clocks.t += optimizer_s
+        clock.optimizer_end()
+
+
+@pytest.mark.parametrize("cost_s, step_s, every", [
+    (10e-6, 0.010, 1),  # 0.1% of a step: every step
+    (120e-6, 0.010, 3),  # 1.2%: one step in 3 is within 0.5%
+    (120e-6, 0.200, 1),
+    (2e-3, 0.010, 0),  # 20%: even 1 in 16 costs over the budget: the host's clock
+    (1e-3, 0.100, 2),  # 1%: 1 in 2, still 5 sampled steps a second
+    (2e-3, 0.100, 0),  # 1 in 4 would do, but 100 ms steps 1 in 4 are not 4 a second
+])
+def test_the_cheapest_timing_within_the_budget_is_chosen(cost_s, step_s, every):
+    assert choose_every(cost_s, step_s) == every
+
+
+def test_events_that_cost_a_share_of_a_short_step_are_recorded_on_sampled_steps(clocks):
+    """Six events a step at 20 us each: 1.2% of a 10 ms step, so after calibrating the clock
+    records one step in 3 (within 0.5%), and its sums, scaled, are still each part's time."""
+    cuda = fake_cuda(clocks, 20e-6)
+    clock = StepClock(cuda=cuda)
+    steps(clock, clocks, CALIBRATE_STEPS + 1)
+    assert clock.every == 3 and "1 step in 3" in clock.choice, clock.choice
+    before = type(cuda).recorded
+    steps(clock, clocks, 60)
+    assert type(cuda).recorded - before <= 60 * 6 / 3 + 6  # a third of the steps' events
+    snap = clock.snapshot()
+    n = CALIBRATE_STEPS + 61
+    assert clock.clock == parts.CUDA
+    assert snap["forward"] == pytest.approx(0.004 * n, rel=0.05)
+    assert snap["backward"] == pytest.approx(0.004 * n, rel=0.05)
+    assert snap["optimizer"] == pytest.approx(0.002 * n, rel=0.05)
+
+
+def test_cheap_events_stay_on_every_step(clocks):
+    cuda = fake_cuda(clocks, 1e-6)
+    clock = StepClock(cuda=cuda)
+    steps(clock, clocks, CALIBRATE_STEPS + 10)
+    assert clock.every == 1 and clock.choice.startswith("step clock: CUDA events on every step")
+    assert clock.snapshot()["backward"] == pytest.approx(0.004 * (CALIBRATE_STEPS + 10),
+                                                         rel=0.02)
+
+
+def test_events_too_costly_to_sample_give_the_hosts_clock(clocks):
+    cuda = fake_cuda(clocks, 500e-6)  # 3 ms of a 13 ms step
+    clock = StepClock(cuda=cuda)
+    steps(clock, clocks, CALIBRATE_STEPS + 1)
+    assert clock.every == 0 and "the host's" in clock.choice
+    before = type(cuda).recorded
+    steps(clock, clocks, 10)
+    assert type(cuda).recorded == before  # no event any more
+    snap = clock.snapshot()
+    assert clock.clock == parts.HOST and snap["optimizer"] > 0
+
+
+def test_events_asked_for_are_kept_on_every_step_and_host_records_none(clocks):
+    cuda = fake_cuda(clocks, 500e-6)
+    clock = StepClock.from_env("events")
+    clock._cuda = cuda
+    steps(clock, clocks, CALIBRATE_STEPS + 5)
+    assert clock.every == 1 and clock.choice == ""
+    assert Meter(env={protocol.ENV_STEP_CLOCK: "host"}).clock.events is False
+    assert Meter(env={}).clock.mode == parts.AUTO
+
+
+def test_the_meter_says_the_choice_once_as_a_note(clocks):
+    sent = []
+
+    class Channel:
+        alive = True
+
+        def send(self, kind, **fields):
+            sent.append((kind, fields))
+
+    m = Meter(env={})
+    m.clock = StepClock(cuda=fake_cuda(clocks, 20e-6))
+    steps(m.clock, clocks, CALIBRATE_STEPS + 1)
+    m.channel = Channel()
+    m.send_tick()
+    m.send_tick()
+    notes = [f["note"] for k, f in sent if k == protocol.SEEN]
+    assert len(notes) == 1 and "1 step in 3" in notes[0]
