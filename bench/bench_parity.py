@@ -245,13 +245,7 @@ def lines_run(argv: list[str], rate: re.Pattern, ctx: Ctx, env: Mapping[str, str
                 len(rate.findall("".join(got))) < ctx.lines + 1:
             time.sleep(0.1)
     finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGINT)
-            try:
-                p.wait(timeout=STOP_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        _stop_group(p)
         reader.join(timeout=STOP_S)
     return "".join(got)
 
@@ -281,13 +275,18 @@ def _run_to_end(argv: list[str], ctx: Ctx, limit_s: float) -> str:
     except subprocess.TimeoutExpired:
         return ""
     finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGINT)
-            try:
-                p.wait(timeout=STOP_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        _stop_group(p)
+
+
+def _stop_group(p: subprocess.Popen) -> None:
+    """A process group still running stopped as Ctrl-C would, then killed after the grace."""
+    if p.poll() is None:
+        os.killpg(p.pid, signal.SIGINT)
+        try:
+            p.wait(timeout=STOP_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
 
 
 def probe_main(spec_text: str) -> int:
