@@ -227,11 +227,7 @@ MAX_CLASS_LINES = 400
 
 # Over the limit and being split by other work now; each entry names the work that owns it.
 # Drop an entry once its piece is split: the test fails on an entry that no longer needs it.
-OVERSIZE_ALLOWED = {
-    ("autotune/tuning/confirm.py", "finish"),  # issue 41 item 2: the racing loop replaces it
-    ("autotune/measuring/trial.py", "_loop"),  # split by the trial work (issue 41)
-    ("autotune/measuring/trial.py", "_result"),  # split by the trial work (issue 41)
-}
+OVERSIZE_ALLOWED: set[tuple[str, str]] = set()
 
 
 def _oversize() -> set[tuple[str, str, str, int]]:

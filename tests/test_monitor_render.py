@@ -301,3 +301,15 @@ def test_a_run_stopped_on_a_signal_ends_as_a_shell_reports_it_and_says_so():
     line = event_line({"t": 0.0, "event": "fullrun_ended", "exit_code": 143, **{
         "signal": "SIGTERM", "launcher_exit_code": 15}})
     assert "exit code 143 (stopped on SIGTERM; the launcher returned 15)" in line, line
+
+
+def test_a_finished_trial_line_tells_a_figure_not_recorded_from_zero():
+    """The plain line reads the result through `TrialResult.from_dict`; a figure an older
+    journal lacks is shown as "-", one recorded as 0 as 0."""
+    old = event_line({"t": 1.0, "event": "trial_finished", "trial": "trial-3", "number": 3,
+                      "result": {"outcome": "ok"}})
+    assert old == "trial #3 ok: - samples/s in - · (script defaults)"
+    zero = event_line({"t": 1.0, "event": "trial_finished", "trial": "trial-3", "number": 3,
+                       "result": {"outcome": "ok", "samples_per_s": 0.0, "ci_half": 0.0,
+                                  "duration_s": 0.0, "knobs": {"batch_size": 8}}})
+    assert zero == "trial #3 ok: 0.0 samples/s in 0:00 · batch_size=8"

@@ -29,7 +29,7 @@ from autotune import Note
 from autotune.measuring.breakdown import Breakdown
 from autotune.measuring.energy import EnergyMeter, EnergyPerSample
 from autotune.measuring.noise import NoiseEstimate
-from autotune.measuring.foreign_load import FOREIGN_CORES_LIMIT, ForeignLoad, cpu_s
+from autotune.measuring.foreign_load import FOREIGN_CORES_LIMIT, ForeignLoad, Unowned, cpu_s
 from autotune.measuring.metric import MetricLog, parse_metric
 from autotune.measuring.outcome import Observed, Outcome, classify, script_exit_code
 from autotune.launching.group import RanksSpec, start_group
@@ -370,6 +370,16 @@ class _Probe:
                                       [r.step_points for r in ranks], batches=batches,
                                       steps=steps, samples_per_step=self.samples_per_step)
 
+    def skip(self, held_s: float) -> None:
+        """Let the probe's clocks skip ``held_s`` more seconds the turn held it: its first
+        batch and time per batch are the running time's, holds left out."""
+        self.t_begin += held_s
+        self.t_start += held_s
+        self.last_progress_t += held_s
+        if self.first_progress is not None:
+            t, n = self.first_progress
+            self.first_progress = (t + held_s, n)
+
     def update_estimate(self) -> None:
         points, count, source = self.series()
         self.source = source
@@ -447,6 +457,8 @@ def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool]
 
 def _loop(probe: _Probe, collector: Collector, load: ForeignLoad,
           turn: alternate.Turn | None = None) -> None:
+    """Poll the ranks until the probe ends: a rank failed or all ended, it hung, its figure is
+    tight (or it trains alone, or was pruned), its time is up; in turns, the turns ended."""
     spec = probe.spec
     next_estimate = time.monotonic() + ESTIMATE_EVERY_S
     held = 0.0  # seconds the turn held it so far: its clocks skip them
@@ -460,12 +472,7 @@ def _loop(probe: _Probe, collector: Collector, load: ForeignLoad,
                 return
             skip = turn.held_s() - held
             held += skip
-            probe.t_begin += skip
-            probe.t_start += skip
-            probe.last_progress_t += skip
-            if probe.first_progress is not None:  # its first batch and time per batch are
-                t, n = probe.first_progress  # the running time's, holds left out
-                probe.first_progress = (t + skip, n)
+            probe.skip(skip)
             if not turn.running():
                 if any(lp.poll() is not None for lp in probe.launched):
                     return  # killed while held (the OOM killer): nothing else ends it
@@ -480,53 +487,84 @@ def _loop(probe: _Probe, collector: Collector, load: ForeignLoad,
                 or all(c is not None for c in codes):
             return
         progress = probe.progress()
-        if progress != probe.last_progress:
-            probe.last_progress = progress
-            probe.last_progress_t = now
-            probe.ours_at_progress = load.ours_s()
-            if probe.first_progress is None and any(progress):
-                probe.first_progress = (now, progress[0] or progress[1])
-            if turn is not None:
-                turn.saw(now, progress[0] or progress[1] or progress[2])
-        elif any(progress):
-            still = now - probe.last_progress_t
-            if still > spec.hang_s or (spec.idle_hang_s is not None and still > spec.idle_hang_s
-                                       and idle(load.ours_s() - probe.ours_at_progress, still)):
-                probe.hung_s = still
-                return
-        elif now - probe.t_start > spec.startup_s:
-            cpu = cpu_s(tree)
-            if cpu - probe.cpu_seen < IDLE_CORES * spec.startup_s:
-                probe.hung_s = now - probe.t_start
-                return
-            probe.cpu_seen = cpu
-            probe.t_start = now  # busy, just slow: give it another start-up period
+        if _hung(probe, progress, now, tree, load, turn):
+            return
         if turn is None and now >= next_estimate:  # in turns, the turns end it
             next_estimate = now + ESTIMATE_EVERY_S
             probe.update_estimate()
-            est = probe.estimate
-            if est is not None:
-                if est.tight(spec.target_rel, spec.min_measure_s):
-                    return
-                if spec.alone_after_s is not None and est.measured_s >= spec.alone_after_s \
-                        and est.windows >= 3 and not probe.script.facts.get("backend"):
-                    return
-                if probe.on_progress is not None and probe.on_progress(est):
-                    probe.pruned = True
-                    return
+            if _measured_enough(probe):
+                return
         probe.cpu_trail.append((now, load.ours_s()))
         if probe.energy is not None:
             probe.energy.read(now)
-        if turn is None and now - probe.t_begin > spec.max_s:
-            if now - probe.t_begin <= spec.max_s + spec.overtime_s and \
-                    probe.first_progress is not None and not _has_interval(probe):
-                probe.overtime_at = probe.overtime_at or now
-                continue
-            late = spec.expect_first_s is not None and \
-                now - probe.t_begin >= max(MIN_IDLE_START_S, 3 * spec.expect_first_s)
-            if not any(progress) and late and probe.idle_for(MIN_IDLE_START_S, now):
-                probe.hung_s = now - probe.t_begin  # no batch, and no work towards one
+        if turn is None and now - probe.t_begin > spec.max_s and \
+                _ends_at_limit(probe, progress, now):
             return
+
+
+def _hung(probe: _Probe, progress: tuple[int, int, int], now: float, tree: list,
+          load: ForeignLoad, turn: alternate.Turn | None) -> bool:
+    """Take in the probe's ``progress``, and tell whether it hung (``probe.hung_s`` then says
+    how long): no progress for `TrialSpec.hang_s` after its first batch (or, its ranks idle,
+    for `TrialSpec.idle_hang_s`), or none and no CPU use for `TrialSpec.startup_s` from the
+    start (a busy start-up, just slow, gets another such period)."""
+    spec = probe.spec
+    if progress != probe.last_progress:
+        probe.last_progress = progress
+        probe.last_progress_t = now
+        probe.ours_at_progress = load.ours_s()
+        if probe.first_progress is None and any(progress):
+            probe.first_progress = (now, progress[0] or progress[1])
+        if turn is not None:
+            turn.saw(now, progress[0] or progress[1] or progress[2])
+    elif any(progress):
+        still = now - probe.last_progress_t
+        if still > spec.hang_s or (spec.idle_hang_s is not None and still > spec.idle_hang_s
+                                   and idle(load.ours_s() - probe.ours_at_progress, still)):
+            probe.hung_s = still
+            return True
+    elif now - probe.t_start > spec.startup_s:
+        cpu = cpu_s(tree)
+        if cpu - probe.cpu_seen < IDLE_CORES * spec.startup_s:
+            probe.hung_s = now - probe.t_start
+            return True
+        probe.cpu_seen = cpu
+        probe.t_start = now  # busy, just slow: give it another start-up period
+    return False
+
+
+def _measured_enough(probe: _Probe) -> bool:
+    """Whether the probe's estimate (just brought up to date) ends it: tight, or showing ranks
+    that train alone where that was asked (`TrialSpec.alone_after_s`), or pruned by its
+    ``on_progress`` (``probe.pruned`` then says so)."""
+    spec, est = probe.spec, probe.estimate
+    if est is None:
+        return False
+    if est.tight(spec.target_rel, spec.min_measure_s):
+        return True
+    if spec.alone_after_s is not None and est.measured_s >= spec.alone_after_s \
+            and est.windows >= 3 and not probe.script.facts.get("backend"):
+        return True
+    if probe.on_progress is not None and probe.on_progress(est):
+        probe.pruned = True
+        return True
+    return False
+
+
+def _ends_at_limit(probe: _Probe, progress: tuple[int, int, int], now: float) -> bool:
+    """Past its `TrialSpec.max_s`: whether the probe ends now, or measures on (within
+    `TrialSpec.overtime_s`) while its batches flow and its figure has no interval yet. One
+    ending with no batch, late by its baseline's first batch and its ranks idle, hung."""
+    spec = probe.spec
+    if now - probe.t_begin <= spec.max_s + spec.overtime_s and \
+            probe.first_progress is not None and not _has_interval(probe):
+        probe.overtime_at = probe.overtime_at or now
+        return False
+    late = spec.expect_first_s is not None and \
+        now - probe.t_begin >= max(MIN_IDLE_START_S, 3 * spec.expect_first_s)
+    if not any(progress) and late and probe.idle_for(MIN_IDLE_START_S, now):
+        probe.hung_s = now - probe.t_begin  # no batch, and no work towards one
+    return True
 
 
 def _has_interval(probe: _Probe) -> bool:
@@ -566,106 +604,83 @@ def _stall(probe: _Probe) -> dict:
             "step_s": step_s}
 
 
+@dataclass(frozen=True)
+class _Ending:
+    """How the script ended: its exit code as the script's own (`script_exit_code`), whether
+    autotune stopped it before it failed by itself, and the first error a rank reported."""
+
+    exit_code: int | None
+    stopped: bool
+    error: dict | None
+
+    @classmethod
+    def of(cls, probe: _Probe, exit_codes: list[int | None]) -> _Ending:
+        error = next((r.error for r in probe.ranks.values() if r.error), None)
+        ranks = probe.ranks.values()
+        own = probe.failed if probe.failed is not None else probe.exited_first
+        stopped = probe.stopped_by_us and own is None
+        exit_code = script_exit_code(
+            exit_codes, own=own, stopped_by_us=probe.stopped_by_us, error=error is not None,
+            stopped_clean=bool(ranks) and (any(r.teardown for r in ranks)
+                                           or all(r.bye and r.bye.get("stopped")
+                                                  for r in ranks)))
+        return cls(exit_code, stopped, error)
+
+
+@dataclass(frozen=True)
+class _Span:
+    """What the probe's figure stands on: its last estimate (in turns, read from its own
+    slices), whether that is a figure (three windows or more, some samples/s), each slice's
+    (samples, seconds) in turns, how long the probe ran, and the other load over the figure's
+    span (over the whole probe where there is no figure)."""
+
+    est: steady.Estimate | None
+    has_estimate: bool
+    parts: list
+    ran_s: float
+    foreign_cores: float
+    unowned: Unowned
+
+    @classmethod
+    def of(cls, probe: _Probe, load: ForeignLoad, est: steady.Estimate | None,
+           parts: list) -> _Span:
+        ran_s = time.monotonic() - probe.t_begin
+        has_estimate = est is not None and est.windows >= 3 and est.samples_per_s > 0
+        # judged over the span the figure stands on; the whole probe when there is none
+        foreign = load.cores_over(est.start_t, est.end_t) if has_estimate else load.cores()
+        unowned = load.unowned_over(est.start_t, est.end_t) if has_estimate else \
+            load.unowned_over(probe.t_begin, time.monotonic())
+        return cls(est, has_estimate, parts, ran_s, foreign, unowned)
+
+
 def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
             log_path: Path, turn: alternate.Turn | None = None) -> TrialResult:
-    probe.read_log(final=True)
-    probe.update_estimate()
-    parts: list = []  # in turns, what each slice ran: (samples, seconds), or None
-    if turn is not None:  # the figure is its slices'; what lay between was another's turn
-        points = probe.series()[0]
-        parts = steady.slice_parts(points, turn.slices)
-        probe.estimate = steady.slices_estimate(points, turn.slices, parts)
-    est = probe.estimate
-    batches, steps = probe.totals()
-    error = next((r.error for r in probe.ranks.values() if r.error), None)
-    ranks = probe.ranks.values()
-    own = probe.failed if probe.failed is not None else probe.exited_first
-    stopped = probe.stopped_by_us and own is None
-    exit_code = script_exit_code(
-        exit_codes, own=own, stopped_by_us=probe.stopped_by_us, error=error is not None,
-        stopped_clean=bool(ranks) and (any(r.teardown for r in ranks)
-                                       or all(r.bye and r.bye.get("stopped") for r in ranks)))
+    """What the ended probe measured (`TrialResult`), and how it ended (`classify`)."""
+    est, parts = _final_estimate(probe, turn)
+    ending = _Ending.of(probe, exit_codes)
     tail = logs.tail(log_path)
     for path in {Path(lp.spec.stdout_path) for lp in probe.launched if lp.spec.stdout_path}:
         logs.cap(path)  # read: the tail above and --metric; its processes are gone
-    ran_s = time.monotonic() - probe.t_begin
-    has_estimate = est is not None and est.windows >= 3 and est.samples_per_s > 0
-    pts = probe.series()[0] if not has_estimate else []
-    # judged over the span the figure stands on; the whole probe when there is none
-    foreign = load.cores_over(est.start_t, est.end_t) if has_estimate else load.cores()
-    unowned = load.unowned_over(est.start_t, est.end_t) if has_estimate else \
-        load.unowned_over(probe.t_begin, time.monotonic())
-    spec = probe.spec
-    outcome, reason = classify(Observed(
-        exit_code=exit_code, stopped_by_us=stopped,
-        error_kind=error.get("kind") if error else None,
-        error_text=f"{error.get('exc_type')}: {error.get('message')}" if error else "",
-        batches=batches, steps=steps, has_estimate=has_estimate, hung_s=probe.hung_s,
-        ran_s=ran_s, last_log_line=logs.last_line(tail),
-        needs_batch_size=not probe.samples_per_step, **_stall(probe),
-        stalled_idle=_idle_stall(probe, load),
-        metric_reason=series.metric_reason(
-            probe.metric, batch_known=bool(probe.samples_per_step or probe.script.loader_batch),
-            ran_s=ran_s, log_path=log_path) if probe.metric is not None else "",
-        counted_s=pts[-1][0] - pts[0][0] if len(pts) > 1 else 0.0,
-        paused_s=est.paused_s if est is not None and not has_estimate else 0.0,
-        first_s=_pace(probe).get("first_s"),
-        io_without_loader=spec.ranks.mode is Mode.IO and probe.source is not series.Source.DATALOADER,
-        mode=spec.ranks.mode,
-        pruned=probe.pruned, foreign_cores=foreign, foreign_limit_cores=spec.foreign_limit_cores,
-        attempt=spec.attempt, last_attempt=spec.last_attempt))
-    step_points = [r.step_points for r in probe.ranks.values() if r.step_points]
-    step_est = steady.estimate(series.sum_series(step_points), batches=steps) \
-        if step_points else None
-    step_rate = step_est.samples_per_s if step_est else 0.0
+    span = _Span.of(probe, load, est, parts)
+    has_estimate = span.has_estimate
+    outcome, reason = classify(_observed(probe, ending, span, load, tail, log_path))
     ticks = [r.tick for r in probe.ranks.values()]
     counted = series.rate(*probe.counted_series()[:2]) if probe.source is series.Source.METRIC else 0.0
-    late = next((r.teardown for r in probe.ranks.values() if r.teardown), None)
-    if late is not None:
-        probe.notes.append(Note.info(
-            f"a rank failed while stopping, after the measurement (peers leave at their own "
-            f"next batch): {late.get('exc_type')}: {str(late.get('message'))[:200]}"))
-    if probe.overtime_at is not None:
-        past = (probe.stop_t or time.monotonic()) - probe.overtime_at
-        probe.notes.append(Note.info(
-            f"measured {past:.0f} s past its {spec.max_s:.0f} s limit, its figure having no "
-            f"interval yet (too few windows of its batches)" +
-            ("" if has_estimate and math.isfinite(est.ci_half) else
-             f"; it had none after the {spec.overtime_s:.0f} s allowed")))
-    if has_estimate and est.shift is not None:  # not tight: it measured on to its limit
-        probe.notes.append(Note.warning(
-            f"{est.shift_note()}; measured on to the probe's limit ({ran_s:.0f} s), and the "
-            f"figure is the whole window's: a longer --seconds settles it"))
-    group_notes = probe.group.notes() if probe.group is not None else []
-    if unowned.cores > spec.foreign_limit_cores:
-        group_notes.append(Note.info(unowned.note()))
-    launcher = spec.ranks.launcher
-    if launcher.multi_host:
-        here = socket.gethostname()
-        others = [h.name for h in launcher.hosts if h.name.split(".")[0] != here.split(".")[0]]
-        group_notes.append(Note.info(
-            f"foreign load: read on this host ({here}) only, where the trial's processes used "
-            f"{load.ours_cores():.2f} cores; the load on {', '.join(others) or 'the other hosts'} "
-            f"cannot be read from here and was not read"))
-    notes = list(probe.notes) + group_notes + series.notes(
-        source=probe.source, step_note=probe.step_note, counted_rate=counted,
-        metric_rate=est.samples_per_s if has_estimate and probe.source is series.Source.METRIC else 0.0,
-        writes=probe.script.writes)
-    seen = probe.script.result()
+    spec = probe.spec
     return TrialResult(
         outcome=outcome, reason=reason,
         samples_per_s=est.samples_per_s if has_estimate else 0.0,
         ci_half=est.ci_half if has_estimate else 0.0,
-        source=probe.source, steps_per_s=step_rate,
+        source=probe.source, steps_per_s=_steps_per_s(probe),
         measured_s=est.measured_s if est else 0.0, warmup_s=est.warmup_s if est else 0.0,
-        paused_s=est.paused_s if est else 0.0, duration_s=ran_s,
+        paused_s=est.paused_s if est else 0.0, duration_s=span.ran_s,
         peak_rss_bytes=sum(t.get(protocol.TICK_RSS_PEAK_BYTES, 0) for t in ticks),
         cuda_peak_bytes=max((t.get(protocol.TICK_CUDA_PEAK_BYTES, 0) for t in ticks), default=0),
-        foreign_cores=foreign, exit_code=exit_code, log_path=str(log_path),
-        log_tail="" if outcome == Outcome.OK else tail, seen=seen,
-        notes=tuple(notes), knobs=dict(probe.spec.ranks.knobs), mode=probe.spec.ranks.mode,
-        stopped=stopped,
-        foreign_limit_cores=probe.spec.foreign_limit_cores, counted_samples_per_s=counted,
+        foreign_cores=span.foreign_cores, exit_code=ending.exit_code, log_path=str(log_path),
+        log_tail="" if outcome == Outcome.OK else tail, seen=probe.script.result(),
+        notes=_notes(probe, span, load, counted), knobs=dict(spec.ranks.knobs),
+        mode=spec.ranks.mode, stopped=ending.stopped,
+        foreign_limit_cores=spec.foreign_limit_cores, counted_samples_per_s=counted,
         window_start_t=est.start_t if est else 0.0, window_end_t=est.end_t if est else 0.0,
         # in turns, a step in flight when its rank was held timed the hold as its own
         breakdown=_breakdown(probe, est) if has_estimate and turn is None else None,
@@ -676,9 +691,102 @@ def _result(probe: _Probe, exit_codes: list[int | None], load: ForeignLoad,
                                        (est.end_t - est.start_t))
         if has_estimate and probe.energy is not None else None,
         noise=_noise(probe, est) if has_estimate and turn is None else None,
-        kernel_cores=unowned.kernel_cores, steal_cores=unowned.steal_cores,
+        kernel_cores=span.unowned.kernel_cores, steal_cores=span.unowned.steal_cores,
         slice_rates=tuple(None if part is None else part[0] / part[1] for part in parts),
         **(_cost(probe, est, turn) if has_estimate else {}), **_pace(probe))
+
+
+def _final_estimate(probe: _Probe, turn: alternate.Turn | None
+                    ) -> tuple[steady.Estimate | None, list]:
+    """The probe's estimate over all it measured (rank 0's log read to its end), and in turns
+    what each slice ran, (samples, seconds) or None: there the figure is its slices', what lay
+    between them being another's turn."""
+    probe.read_log(final=True)
+    probe.update_estimate()
+    parts: list = []
+    if turn is not None:
+        points = probe.series()[0]
+        parts = steady.slice_parts(points, turn.slices)
+        probe.estimate = steady.slices_estimate(points, turn.slices, parts)
+    return probe.estimate, parts
+
+
+def _observed(probe: _Probe, ending: _Ending, span: _Span, load: ForeignLoad, tail: str,
+              log_path: Path) -> Observed:
+    """What `classify` judges the ended probe on."""
+    spec, est, error = probe.spec, span.est, ending.error
+    batches, steps = probe.totals()
+    pts = probe.series()[0] if not span.has_estimate else []
+    return Observed(
+        exit_code=ending.exit_code, stopped_by_us=ending.stopped,
+        error_kind=error.get("kind") if error else None,
+        error_text=f"{error.get('exc_type')}: {error.get('message')}" if error else "",
+        batches=batches, steps=steps, has_estimate=span.has_estimate, hung_s=probe.hung_s,
+        ran_s=span.ran_s, last_log_line=logs.last_line(tail),
+        needs_batch_size=not probe.samples_per_step, **_stall(probe),
+        stalled_idle=_idle_stall(probe, load),
+        metric_reason=series.metric_reason(
+            probe.metric, batch_known=bool(probe.samples_per_step or probe.script.loader_batch),
+            ran_s=span.ran_s, log_path=log_path) if probe.metric is not None else "",
+        counted_s=pts[-1][0] - pts[0][0] if len(pts) > 1 else 0.0,
+        paused_s=est.paused_s if est is not None and not span.has_estimate else 0.0,
+        first_s=_pace(probe).get("first_s"),
+        io_without_loader=spec.ranks.mode is Mode.IO and probe.source is not series.Source.DATALOADER,
+        mode=spec.ranks.mode,
+        pruned=probe.pruned, foreign_cores=span.foreign_cores,
+        foreign_limit_cores=spec.foreign_limit_cores,
+        attempt=spec.attempt, last_attempt=spec.last_attempt)
+
+
+def _steps_per_s(probe: _Probe) -> float:
+    """Optimizer steps per second over the ranks, 0 when no rank counted its steps."""
+    step_points = [r.step_points for r in probe.ranks.values() if r.step_points]
+    if not step_points:
+        return 0.0
+    step_est = steady.estimate(series.sum_series(step_points), batches=probe.totals()[1])
+    return step_est.samples_per_s if step_est else 0.0
+
+
+def _notes(probe: _Probe, span: _Span, load: ForeignLoad,
+           counted: float) -> tuple[Note, ...]:
+    """What the result tells beside its figure: the probe's own notes; a rank that failed
+    while stopping; time measured past the limit for an interval; a figure that shifted while
+    it measured; where its ranks ran; load no program carries; other hosts' load, unread; and
+    how its throughput was counted (`series.notes`)."""
+    spec, est, has_estimate = probe.spec, span.est, span.has_estimate
+    notes = list(probe.notes)
+    late = next((r.teardown for r in probe.ranks.values() if r.teardown), None)
+    if late is not None:
+        notes.append(Note.info(
+            f"a rank failed while stopping, after the measurement (peers leave at their own "
+            f"next batch): {late.get('exc_type')}: {str(late.get('message'))[:200]}"))
+    if probe.overtime_at is not None:
+        past = (probe.stop_t or time.monotonic()) - probe.overtime_at
+        notes.append(Note.info(
+            f"measured {past:.0f} s past its {spec.max_s:.0f} s limit, its figure having no "
+            f"interval yet (too few windows of its batches)" +
+            ("" if has_estimate and math.isfinite(est.ci_half) else
+             f"; it had none after the {spec.overtime_s:.0f} s allowed")))
+    if has_estimate and est.shift is not None:  # not tight: it measured on to its limit
+        notes.append(Note.warning(
+            f"{est.shift_note()}; measured on to the probe's limit ({span.ran_s:.0f} s), and "
+            f"the figure is the whole window's: a longer --seconds settles it"))
+    if probe.group is not None:
+        notes += probe.group.notes()
+    if span.unowned.cores > spec.foreign_limit_cores:
+        notes.append(Note.info(span.unowned.note()))
+    launcher = spec.ranks.launcher
+    if launcher.multi_host:
+        here = socket.gethostname()
+        others = [h.name for h in launcher.hosts if h.name.split(".")[0] != here.split(".")[0]]
+        notes.append(Note.info(
+            f"foreign load: read on this host ({here}) only, where the trial's processes used "
+            f"{load.ours_cores():.2f} cores; the load on {', '.join(others) or 'the other hosts'} "
+            f"cannot be read from here and was not read"))
+    return tuple(notes) + tuple(series.notes(
+        source=probe.source, step_note=probe.step_note, counted_rate=counted,
+        metric_rate=est.samples_per_s if has_estimate and probe.source is series.Source.METRIC else 0.0,
+        writes=probe.script.writes))
 
 
 def _cost(probe: _Probe, est: steady.Estimate, turn: alternate.Turn | None = None) -> dict:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Mapping
 
 from autotune.measuring.breakdown import Breakdown
 from autotune.measuring.energy import EnergyPerSample
 from autotune.measuring.noise import NoiseEstimate
-from autotune.measuring.outcome import USABLE, Outcome
+from autotune.measuring.outcome import Outcome
+from autotune.measuring.trial import TrialResult
 from autotune.store.events import Event
 from autotune.tuning.decision import claim_text
 from autotune.tuning.space.knobs import knobs_text
@@ -177,23 +179,29 @@ def _trial_progress(ev):
 
 
 def _trial_finished(ev):
-    r = ev.get("result") or {}
-    outcome = r.get("outcome", "?")
-    head = f"{_trial_label(ev)} {outcome}"
+    raw = ev.get("result") or {}
+    r = TrialResult.from_dict(raw)
+    head = f"{_trial_label(ev)} {r.outcome.value}"
     if ev.get("mode") and ev.get("mode") != "full":
         head += f" (mode {ev['mode']})"
-    knobs = _knobs_part(r.get("knobs"), ev.get("mode") or r.get("mode"))
+    knobs = _knobs_part(r.knobs, ev.get("mode") or r.mode.value)
     knobs = f" · {knobs}" if knobs else ""
-    dur = fmt_duration(r.get("duration_s"))
-    if outcome in USABLE:
-        flag = " [foreign load: not comparable]" if r.get("foreign_flagged") else ""
-        parts = Breakdown.from_dict(r.get("breakdown"))
+    dur = fmt_duration(_recorded(raw, r, "duration_s"))
+    if r.ok:
+        flag = " [foreign load: not comparable]" if r.foreign_flagged else ""
+        parts = r.breakdown
         time_goes = f" · time: {parts.short()}" if parts is not None and parts.short() else ""
-        ended = f" · {r['reason']}" if outcome == Outcome.ENDED and r.get("reason") else ""
-        return (f"{head}: {fmt_rate(r.get('samples_per_s'), r.get('ci_half'))} samples/s "
-                f"in {dur}{knobs}{time_goes}{flag}{ended}")
-    log = f" (log: {r['log_path']})" if r.get("log_path") else ""
-    return f"{head}: {r.get('reason') or 'no reason given'}{knobs} · {dur}{log}"
+        ended = f" · {r.reason}" if r.outcome is Outcome.ENDED and r.reason else ""
+        rate = fmt_rate(_recorded(raw, r, "samples_per_s"), _recorded(raw, r, "ci_half"))
+        return f"{head}: {rate} samples/s in {dur}{knobs}{time_goes}{flag}{ended}"
+    log = f" (log: {r.log_path})" if r.log_path else ""
+    return f"{head}: {r.reason or 'no reason given'}{knobs} · {dur}{log}"
+
+
+def _recorded(raw: Mapping, r: TrialResult, name: str) -> float | None:
+    """A figure of the result ``r`` read from ``raw``; None where the record lacks it (a
+    journal of an older autotune): not recorded, shown as "-", not as 0."""
+    return getattr(r, name) if name in raw else None
 
 
 def _trial_pruned(ev):

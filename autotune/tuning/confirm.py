@@ -26,7 +26,8 @@ from autotune.tuning.confirm_rounds import (
     turns_fit, turns_refused)
 from autotune.tuning.decision import KEPT, MIN_ROUNDS, Choice, Measured
 from autotune.tuning.prober import Prober
-from autotune.tuning.records import Known, Scored, TuneSettings
+from autotune.tuning.records import BaselineRecord, Known, Scored, TuneSettings
+from autotune.tuning.spread import ProcessSpread
 from autotune.tuning.space import Space
 from autotune.tuning.state import TuneState, minutes
 from autotune.store.events import Event
@@ -240,6 +241,137 @@ def _mean_score(scorer: objective.Scorer, cfg: Mapping, rs: list,
                            sum(js) / len(js) if js else None)
 
 
+@dataclass(frozen=True)
+class _Frame:
+    """What every stage of one confirmation reads and none changes: the run's settings, space
+    and baseline, the search's measurements, the scorer, every entry's config by name, and the
+    spread between processes (as measured when the confirmation began)."""
+
+    settings: TuneSettings
+    space: Space
+    baseline: BaselineRecord
+    known: Mapping[tuple, Known]
+    scorer: objective.Scorer
+    cfgs: Mapping[str, dict]
+    spread: ProcessSpread | None
+    process_rel: float  # what one process adds to a figure's spread
+
+    @classmethod
+    def of(cls, state: TuneState, known: Mapping[tuple, Known], scorer: objective.Scorer,
+           entries: list[tuple[str, dict]]) -> _Frame:
+        spread = state.learned.spread
+        return cls(state.settings, state.space, state.baseline, known, scorer, dict(entries),
+                   spread,
+                   spread.process_rel() if spread is not None else decision.PROCESS_NOISE_REL)
+
+    @property
+    def multi(self) -> bool:
+        """Throughput and energy together (the Pareto front's pick), not one score."""
+        return self.scorer.objective.multi
+
+    def planning_rel(self) -> float:
+        """The spread the rounds are planned on (`ProcessSpread.planning_rel`)."""
+        return self.spread.planning_rel() if self.spread is not None else self.process_rel
+
+    def searched(self, name: str) -> Round:
+        """What the search measured of an entry (the baseline: the mean of its two processes,
+        if measured)."""
+        key = self.space.key(self.cfgs[name])
+        if name == "baseline" and key not in self.known:
+            return Round(self.baseline.samples_per_s, self.baseline.ci_half,
+                         self.baseline.energy)
+        k = self.known[key]
+        return Round(k.value, k.ci_half, k.energy)
+
+
+@dataclass(frozen=True)
+class _Lineup:
+    """The entries the rounds judge, once a choosing round or the budget had its say."""
+
+    entries: tuple[tuple[str, dict], ...]  # the baseline first
+    left_s: float | None  # the budget left after any choosing round (None: no budget)
+    selected: int = 0  # rounds that chose between the best and the runner-up, judging nothing
+    refused: str = ""  # why the rounds cannot take turns on the machine; "" when they can
+
+    @property
+    def names(self) -> list[str]:
+        return [n for n, _ in self.entries]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The rounds planned: whether any are run (else the search's own probes decide), how
+    many, each entry's probe window, why they run one after another ("" when they take
+    turns), the looks, and what the announcement tells of them."""
+
+    remeasures: bool
+    rounds: int
+    windows: dict[str, float]
+    refused: str
+    looks: int = 1
+    asked: int = 0  # --confirm-rounds
+    why_more: str = ""  # why the rounds are more than asked
+    window_s: float = 0.0  # the probes' mean window as fitted, and as first sized
+    mean_window_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What the rounds measured: each entry's figures, round after round (where none of its
+    probes measured, or no round ran: the search's own, as one round), the rounds, the
+    entries none of them measured, what they took and the budget's deadline."""
+
+    results: dict[str, list]
+    rounds: int
+    unmeasured: frozenset[str] = frozenset()
+    took_s: float = 0.0
+    deadline: float | None = None
+
+
+@dataclass(frozen=True)
+class _Judge:
+    """The decision's statistic over these rounds: the candidates its interval allows for
+    picking among, the spread under which one round decides (where measured), the looks."""
+
+    multi: bool
+    candidates: int
+    process_rel: float
+    one_round_rel: float | None
+    looks: int
+
+    @classmethod
+    def of(cls, frame: _Frame, lineup: _Lineup, plan: _Plan, run: _Run) -> _Judge:
+        bound = None
+        if run.rounds == 1 and frame.spread is not None and frame.spread.measured and \
+                not frame.multi:
+            bound = one_round_rel(frame.spread, {
+                n: (frame.searched(n), run.results[n][0]) for n in lineup.names
+                if n != "baseline" and n not in run.unmeasured})
+        return cls(frame.multi, len(lineup.entries) - 1, frame.process_rel, bound, plan.looks)
+
+    def decide(self, by_objective: list[dict[str, list]],
+               slices: dict[str, list]) -> decision.Decision:
+        """Judge the entries of ``by_objective`` (`_by_objective`) against the baseline."""
+        if self.multi:
+            return decision.decide_pair(*by_objective, "baseline", candidates=self.candidates,
+                                        process_rel=self.process_rel)
+        return decision.decide(by_objective[0], "baseline", candidates=self.candidates,
+                               process_rel=self.process_rel, one_round_rel=self.one_round_rel,
+                               slices=slices or None, looks=self.looks)
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """The decision of the rounds' last look, the rounds it stood on, each entry's rounds as
+    scores per objective (`_by_objective`) and as slices, and the statistic that judged."""
+
+    decided: decision.Decision
+    run: _Run
+    by: list[dict[str, list]]
+    slices: dict[str, list]
+    judge: _Judge
+
+
 def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
            left_s: float | None, stretch: fitting.Stretch = fitting.Stretch.NONE,
            scorer: objective.Scorer | None = None, earlier: Earlier | None = None) -> Confirmed:
@@ -250,52 +382,69 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
     (a finished confirmation, extended), its entries get the settings' rounds more, and the
     decision judges its rounds and theirs together. The result holds the state with what its
     probes taught."""
-    settings, space, baseline = state.settings, state.space, state.baseline
-    scorer = scorer or objective.Scorer(settings.objective)
+    scorer = scorer or objective.Scorer(state.settings.objective)
     began = prober.clock.monotonic()
-    entries = list(earlier.entries) if earlier else candidates(space, known, scorer)
-    rounds = settings.confirm_rounds
-    cfgs = dict(entries)
+    entries = list(earlier.entries) if earlier else candidates(state.space, known, scorer)
+    frame = _Frame.of(state, known, scorer, entries)
+    state, lineup = _line_up(prober, state, frame, entries, left_s, earlier)
+    state, plan = _plan_rounds(prober, state, frame, lineup, stretch)
+    if plan.remeasures:
+        state, run = _run_rounds(prober, state, frame, lineup, plan, earlier)
+    else:  # no re-measurement: the search's own probes, one round each; they cannot switch
+        run = _Run({name: [frame.searched(name)] for name in lineup.names}, 0)
+    state, judged = _judge_rounds(prober, state, frame, lineup, plan, run)
+    d = _settle(prober, frame, lineup, plan, judged, began)
+    return _declare(prober, state, frame, lineup, judged, d)
 
-    def searched(name: str) -> Round:  # what the search measured of an entry (the
-        key = space.key(cfgs[name])  # baseline: the mean of its two processes, if measured)
-        if name == "baseline" and key not in known:
-            return Round(baseline.samples_per_s, baseline.ci_half, baseline.energy)
-        k = known[key]
-        return Round(k.value, k.ci_half, k.energy)
 
-    spread = state.learned.spread
-    process_rel = spread.process_rel() if spread is not None else decision.PROCESS_NOISE_REL
-    few = essential(space, entries)
-    refused = turns_refused(prober, scorer)
-    selected = 0  # rounds that chose between the best and the runner-up, and judge nothing
-    if len(few) < len(entries) and left_s is not None and earlier is None:
-        if not refused and not scorer.objective.multi and \
-                selection_fits(prober, state, known, entries, left_s, rounds):
-            started = prober.clock.monotonic()
-            state, entries, selected = select_candidate(prober, state, known, entries, scorer)
-            left_s -= prober.clock.monotonic() - started
-        else:
-            need = rounds  # what two candidates' interval needs to show the search's best gain
-            if not scorer.objective.multi:
-                need = max(need, planned_rounds(
-                    searched, [n for n, _ in entries],
-                    spread.planning_rel() if spread is not None else process_rel,
-                    len(entries) - 1)[0] or 0)
-            if not holds_all(prober, state, known, entries, left_s, need, turns=not refused):
-                dropped = entries[2][0]
-                entries = few
-                state = prober.note(state, Note.info(
-                    f"confirmation: the runner-up ({dropped}) is left out: under a budget its "
-                    f"probes buy rounds of the best and the baseline, which decide more than a "
-                    f"third config does"))
-    names = [n for n, _ in entries]
+def _line_up(prober: Prober, state: TuneState, frame: _Frame, entries: list[tuple[str, dict]],
+             left_s: float | None, earlier: Earlier | None) -> tuple[TuneState, _Lineup]:
+    """The entries the rounds judge: all of ``entries``, but under a budget, where the
+    runner-up is not the batch-keeping alternative (`essential`) and no ``earlier``
+    confirmation is extended, a round in turns that chooses between the best and the runner-up
+    where it fits (`select_candidate`), else the runner-up left out where the budget does not
+    hold the rounds of all three (`holds_all`)."""
+    rounds = frame.settings.confirm_rounds
+    few = essential(frame.space, entries)
+    refused = turns_refused(prober, frame.scorer)
+    if not (len(few) < len(entries) and left_s is not None and earlier is None):
+        return state, _Lineup(tuple(entries), left_s, 0, refused)
+    if not refused and not frame.multi and \
+            selection_fits(prober, state, frame.known, entries, left_s, rounds):
+        started = prober.clock.monotonic()
+        state, entries, selected = select_candidate(prober, state, frame.known, entries,
+                                                    frame.scorer)
+        left_s -= prober.clock.monotonic() - started
+        return state, _Lineup(tuple(entries), left_s, selected, refused)
+    need = rounds  # what two candidates' interval needs to show the search's best gain
+    if not frame.multi:
+        need = max(need, planned_rounds(frame.searched, [n for n, _ in entries],
+                                        frame.planning_rel(), len(entries) - 1)[0] or 0)
+    if not holds_all(prober, state, frame.known, entries, left_s, need, turns=not refused):
+        dropped = entries[2][0]
+        entries = few
+        state = prober.note(state, Note.info(
+            f"confirmation: the runner-up ({dropped}) is left out: under a budget its "
+            f"probes buy rounds of the best and the baseline, which decide more than a "
+            f"third config does"))
+    return state, _Lineup(tuple(entries), left_s, 0, refused)
 
-    windows = dict(zip(names, probe_windows(prober, state, known, [c for _, c in entries])))
+
+def _plan_rounds(prober: Prober, state: TuneState, frame: _Frame, lineup: _Lineup,
+                 stretch: fitting.Stretch) -> tuple[TuneState, _Plan]:
+    """Each entry's probe window (`probe_windows`), and the rounds: none where there is one
+    entry, --confirm-rounds 0, or a budget left short of `TOO_SHORT_SHARE` of one round; else
+    those asked or more as ``stretch`` says, fitted to the budget left with their windows
+    (`fitting.confirm_fit`), taking turns where they fit (`turns_fit`), and the looks
+    (`looks_planned`)."""
+    entries, names, left_s = lineup.entries, lineup.names, lineup.left_s
+    rounds = frame.settings.confirm_rounds
+    windows = dict(zip(names, probe_windows(prober, state, frame.known,
+                                            [c for _, c in entries])))
     mean_window = sum(windows.values()) / len(windows)
     # no entry's probe shorter than its search probe (nor longer than its own window: a
     # --confirm-seconds shorter than that is the user's limit): the windows shrink together
-    least = sum(min(entry_probe_s(prober, state, known, c), windows[n])
+    least = sum(min(entry_probe_s(prober, state, frame.known, c), windows[n])
                 for n, c in entries) / len(entries)
     if len(entries) > 1 and rounds > 0 and left_s is not None and \
             left_s < TOO_SHORT_SHARE * len(entries) * least:
@@ -304,149 +453,191 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
             f"round of {len(entries)} probes of ~{least:.0f} s; the search's own probes "
             f"decide, and the speed-up's interval allows for new processes"))
         rounds = 0
-    if len(entries) > 1 and rounds > 0:
-        asked, why_more = rounds, ""
-        stretch_to = None
-        if stretch is fitting.Stretch.ALL:
-            stretch_to = fitting.MAX_CONFIRM_ROUNDS
-            why_more = "the search stopped for its budget, and what it kept buys them"
-        planned, why = None, ""  # the rounds the search's best gain needs (one may do)
-        if not scorer.objective.multi:
-            planned, why = planned_rounds(
-                searched, names, spread.planning_rel() if spread is not None else process_rel,
-                len(entries) - 1, one_round_rel=spread.upper_rel() if spread is not None else None)
-        if stretch is fitting.Stretch.NEEDED and not scorer.objective.multi:
-            stretch_to, why_more = planned, why
-        rounds, window_s = fitting.confirm_fit(rounds, mean_window, len(entries), left_s,
-                                               least, stretch_to=stretch_to,
-                                               one_decides=planned == 1)
-        scale = window_s / mean_window
-        windows = {n: w * scale for n, w in windows.items()}
-        if not refused and left_s is not None:
-            refused = turns_fit(prober, state, entries, rounds, TURN_MEASURE_SHARE * window_s,
-                                 left_s)
-            if refused:
-                state = prober.note(state, Note.info(
-                    f"confirmation: the rounds run one probe after another: {refused}"))
-        looks = looks_planned(prober, state, entries, rounds, windows, left_s, stretch,
-                              scorer, turns=not refused, measure_s=TURN_MEASURE_SHARE * window_s)
-        more = (f" ({rounds - asked} more than --confirm-rounds {asked}: {why_more}; "
-                f"{max(left_s or 0.0, 0.0):.0f} s of the budget were left)"
-                if rounds > asked else "")
-        if looks > 1:
-            more += (f"; should they not show the gain, the budget left buys the rounds their "
-                     f"spread asks for and a second look judges all of them, each look's "
-                     f"interval at {decision.level_for(2 * max(1, len(entries) - 1)) * 100:g}% so "
-                     f"that the two together hold 95%")
-        how = (f"interleaved round(s) of {', '.join(f'{w:.0f}' for w in windows.values())} s "
-               f"probes" if refused else
-               f"round(s), each starting every config's processes and letting them take "
-               f"turns on the machine (held with SIGSTOP between slices of "
-               f"{alternate.slice_for(TURN_MEASURE_SHARE * mean_window * scale):.1f} s or "
-               f"more) until each ran {TURN_MEASURE_SHARE * mean_window * scale:.0f} s")
-        if earlier is not None:
-            more += f", after the {earlier.count} round(s) it had (judged with them)"
-        prober.tell(Note.info(f"confirming: {', '.join(names)}, {rounds} {how}{more}"))
-        deadline = prober.clock.monotonic() + left_s if left_s is not None else None
-        started = prober.clock.monotonic()
-        state, results = remeasure(prober, state, entries, rounds, windows,
-                                   turns=not refused, deadline=deadline,
-                                   first=(earlier.last_round if earlier else selected) + 1)
-        took = prober.clock.monotonic() - started
-        if earlier is not None:
-            results = {n: [*earlier.rounds.get(n, ()), *ms] for n, ms in results.items()}
-            rounds += earlier.count
-        unmeasured = {name for name, ms in results.items() if all(m is None for m in ms)}
-        for name, ms in results.items():
-            if all(m is None for m in ms):  # nothing measured is never a figure: the search's
-                results[name] = [searched(name)]
-                state = prober.note(state, Note.warning(
-                    f"confirmation: no probe of {name} could be compared; using what the "
-                    f"search measured: {results[name][0].samples_per_s:.1f} ± "
-                    f"{results[name][0].ci_half:.1f} samples/s"))
-    else:
-        # No re-measurement: the search's own probes, one round each; they cannot switch.
-        results = {name: [searched(name)] for name in names}
-        rounds, unmeasured, looks = 0, set(), 1
-    by = _by_objective(scorer, cfgs, results)
-    slices = slice_rates(results)
-    k = len(entries) - 1  # the interval allows for picking the best of these
-    bound = None  # the spread's upper bound that lets one round decide, where measured
-    if rounds == 1 and spread is not None and spread.measured and not scorer.objective.multi:
-        bound = one_round_rel(spread, {n: (searched(n), results[n][0]) for n in names
-                                       if n != "baseline" and n not in unmeasured})
+    if not (len(entries) > 1 and rounds > 0):
+        return state, _Plan(False, 0, windows, lineup.refused)
+    asked, why_more = rounds, ""
+    stretch_to = None
+    if stretch is fitting.Stretch.ALL:
+        stretch_to = fitting.MAX_CONFIRM_ROUNDS
+        why_more = "the search stopped for its budget, and what it kept buys them"
+    planned, why = None, ""  # the rounds the search's best gain needs (one may do)
+    if not frame.multi:
+        planned, why = planned_rounds(
+            frame.searched, names, frame.planning_rel(), len(entries) - 1,
+            one_round_rel=frame.spread.upper_rel() if frame.spread is not None else None)
+    if stretch is fitting.Stretch.NEEDED and not frame.multi:
+        stretch_to, why_more = planned, why
+    rounds, window_s = fitting.confirm_fit(rounds, mean_window, len(entries), left_s,
+                                           least, stretch_to=stretch_to,
+                                           one_decides=planned == 1)
+    scale = window_s / mean_window
+    windows = {n: w * scale for n, w in windows.items()}
+    refused = lineup.refused
+    if not refused and left_s is not None:
+        refused = turns_fit(prober, state, list(entries), rounds,
+                            TURN_MEASURE_SHARE * window_s, left_s)
+        if refused:
+            state = prober.note(state, Note.info(
+                f"confirmation: the rounds run one probe after another: {refused}"))
+    looks = looks_planned(prober, state, list(entries), rounds, windows, left_s, stretch,
+                          frame.scorer, turns=not refused,
+                          measure_s=TURN_MEASURE_SHARE * window_s)
+    return state, _Plan(True, rounds, windows, refused, looks, asked, why_more, window_s,
+                        mean_window)
 
-    def judge(by_objective: list[dict[str, list]]) -> decision.Decision:
-        if scorer.objective.multi:
-            return decision.decide_pair(*by_objective, "baseline", candidates=k,
-                                        process_rel=process_rel)
-        return decision.decide(by_objective[0], "baseline", candidates=k,
-                               process_rel=process_rel, one_round_rel=bound,
-                               slices=slices or None, looks=looks)
 
-    d = judge(by)
-    extra = second_look(d, results, unmeasured, took, deadline - prober.clock.monotonic()) \
-        if looks > 1 else 0
+def _announcement(lineup: _Lineup, plan: _Plan, earlier: Earlier | None) -> str:
+    """What the planned rounds will measure and how, and why they are more than asked."""
+    rounds, asked, left_s = plan.rounds, plan.asked, lineup.left_s
+    more = (f" ({rounds - asked} more than --confirm-rounds {asked}: {plan.why_more}; "
+            f"{max(left_s or 0.0, 0.0):.0f} s of the budget were left)"
+            if rounds > asked else "")
+    if plan.looks > 1:
+        more += (f"; should they not show the gain, the budget left buys the rounds their "
+                 f"spread asks for and a second look judges all of them, each look's "
+                 f"interval at "
+                 f"{decision.level_for(2 * max(1, len(lineup.entries) - 1)) * 100:g}% so "
+                 f"that the two together hold 95%")
+    scale = plan.window_s / plan.mean_window_s
+    how = (f"interleaved round(s) of {', '.join(f'{w:.0f}' for w in plan.windows.values())} s "
+           f"probes" if plan.refused else
+           f"round(s), each starting every config's processes and letting them take "
+           f"turns on the machine (held with SIGSTOP between slices of "
+           f"{alternate.slice_for(TURN_MEASURE_SHARE * plan.mean_window_s * scale):.1f} s or "
+           f"more) until each ran {TURN_MEASURE_SHARE * plan.mean_window_s * scale:.0f} s")
+    if earlier is not None:
+        more += f", after the {earlier.count} round(s) it had (judged with them)"
+    return f"confirming: {', '.join(lineup.names)}, {rounds} {how}{more}"
+
+
+def _run_rounds(prober: Prober, state: TuneState, frame: _Frame, lineup: _Lineup, plan: _Plan,
+                earlier: Earlier | None) -> tuple[TuneState, _Run]:
+    """Announce and run the planned rounds within the budget left, after ``earlier``'s (its
+    rounds and theirs together); an entry none of them measured stands on the search's own
+    figure."""
+    prober.tell(Note.info(_announcement(lineup, plan, earlier)))
+    deadline = prober.clock.monotonic() + lineup.left_s if lineup.left_s is not None else None
+    started = prober.clock.monotonic()
+    state, results = remeasure(prober, state, lineup.entries, plan.rounds, plan.windows,
+                               turns=not plan.refused, deadline=deadline,
+                               first=(earlier.last_round if earlier else lineup.selected) + 1)
+    took = prober.clock.monotonic() - started
+    rounds = plan.rounds
+    if earlier is not None:
+        results = {n: [*earlier.rounds.get(n, ()), *ms] for n, ms in results.items()}
+        rounds += earlier.count
+    unmeasured = frozenset(name for name, ms in results.items() if all(m is None for m in ms))
+    for name, ms in results.items():
+        if all(m is None for m in ms):  # nothing measured is never a figure: the search's
+            results[name] = [frame.searched(name)]
+            state = prober.note(state, Note.warning(
+                f"confirmation: no probe of {name} could be compared; using what the "
+                f"search measured: {results[name][0].samples_per_s:.1f} ± "
+                f"{results[name][0].ci_half:.1f} samples/s"))
+    return state, _Run(results, rounds, unmeasured, took, deadline)
+
+
+def _judge_rounds(prober: Prober, state: TuneState, frame: _Frame, lineup: _Lineup,
+                  plan: _Plan, run: _Run) -> tuple[TuneState, _Judged]:
+    """Judge the rounds; where a first look of two kept the baseline and the budget left holds
+    the rounds its spread asks for (`second_look`), run those and judge all at the second."""
+    judge = _Judge.of(frame, lineup, plan, run)
+    by = _by_objective(frame.scorer, frame.cfgs, run.results)
+    slices = slice_rates(run.results)
+    d = judge.decide(by, slices)
+    extra = second_look(d, run.results, run.unmeasured, run.took_s,
+                        run.deadline - prober.clock.monotonic()) if plan.looks > 1 else 0
     if extra:
         state = prober.note(state, Note.info(
             f"confirmation: {d.rounds} rounds did not show {d.candidate}'s "
             f"{d.candidate_speedup - 1:+.1%} beyond doubt; the "
-            f"{deadline - prober.clock.monotonic():.0f} s of the budget left hold the {extra} "
-            f"more its spread asks for, and a second look judges all {d.rounds + extra}"))
-        state, more_results = remeasure(prober, state, entries, extra, windows,
-                                        turns=not refused, deadline=deadline,
-                                        first=selected + len(results["baseline"]) + 1)
-        for name, ms in more_results.items():
-            results[name] += ms
-        rounds += len(more_results["baseline"])
-        by = _by_objective(scorer, cfgs, results)
-        slices = slice_rates(results)
-        d = judge(by)
-    if len(entries) == 1:
-        why = ("the Pareto front's pick is the script's own config" if scorer.objective.multi
+            f"{run.deadline - prober.clock.monotonic():.0f} s of the budget left hold the "
+            f"{extra} more its spread asks for, and a second look judges all "
+            f"{d.rounds + extra}"))
+        state, more = remeasure(prober, state, lineup.entries, extra, plan.windows,
+                                turns=not plan.refused, deadline=run.deadline,
+                                first=lineup.selected + len(run.results["baseline"]) + 1)
+        results = {n: ms + more[n] if n in more else ms for n, ms in run.results.items()}
+        run = dataclasses.replace(run, results=results,
+                                  rounds=run.rounds + len(more["baseline"]))
+        by = _by_objective(frame.scorer, frame.cfgs, run.results)
+        slices = slice_rates(run.results)
+        d = judge.decide(by, slices)
+    return state, _Judged(d, run, by, slices, judge)
+
+
+def _settle(prober: Prober, frame: _Frame, lineup: _Lineup, plan: _Plan, judged: _Judged,
+            began: float) -> decision.Decision:
+    """The decision as it stands: the baseline kept where nothing else was confirmed, or where
+    no round measured the baseline itself; a kept baseline's reason with what would decide
+    (`_needs`, the budget left since ``began``)."""
+    d, run = judged.decided, judged.run
+    if len(lineup.entries) == 1:
+        why = ("the Pareto front's pick is the script's own config" if frame.multi
                else "no other config completed a probe")
-        d = decision.Decision("baseline", True, 1.0, d.baseline_summary, d.baseline_summary, 0.0,
-                              f"{KEPT}{why}")
-    elif "baseline" in unmeasured:
+        return decision.Decision("baseline", True, 1.0, d.baseline_summary, d.baseline_summary,
+                                 0.0, f"{KEPT}{why}")
+    if "baseline" in run.unmeasured:
         # a speed-up is claimed only against a baseline measured in the same rounds: the
         # search's figure came from other processes at another time (another load, a step
         # that failed then and not now)
-        d = decision.Decision("baseline", True, 1.0, d.baseline_summary, d.baseline_summary,
-                              0.0, f"{KEPT}the baseline could not be re-measured in the "
-                                   f"confirmation's rounds (see its probes' reasons above); no "
-                                   f"speed-up is claimed against a figure from other rounds",
-                              rounds=0, candidates=k)
-    elif d.kept_baseline:
+        return decision.Decision(
+            "baseline", True, 1.0, d.baseline_summary, d.baseline_summary, 0.0,
+            f"{KEPT}the baseline could not be re-measured in the confirmation's rounds (see "
+            f"its probes' reasons above); no speed-up is claimed against a figure from other "
+            f"rounds", rounds=0, candidates=judged.judge.candidates)
+    if d.kept_baseline:
+        left_s = lineup.left_s
         spare = None if left_s is None else max(0.0, left_s - (prober.clock.monotonic() - began))
-        d = dataclasses.replace(d, reason=_needs(d, rounds, windows, settings, spare))
+        d = dataclasses.replace(d, reason=_needs(d, run.rounds, plan.windows, frame.settings,
+                                                 spare))
+    return d
 
-    def raw(name: str) -> Scored:  # the probes' own figures over the rounds, unscored
-        r = decision.summarize([Measured(m.samples_per_s, m.ci_half)
-                                for m in results[name] if m is not None])
-        return Scored(cfgs[name], r.samples_per_s, r.ci_half)
 
+def _raw(frame: _Frame, results: Mapping[str, list], name: str) -> Scored:
+    """The probes' own figures of an entry over the rounds, unscored."""
+    r = decision.summarize([Measured(m.samples_per_s, m.ci_half)
+                            for m in results[name] if m is not None])
+    return Scored(frame.cfgs[name], r.samples_per_s, r.ci_half)
+
+
+def _keep_batch(frame: _Frame, lineup: _Lineup, judged: _Judged, d: decision.Decision,
+                base: Scored) -> Choice | None:
+    """Beside a switch to a config that changes the job's global batch, the fastest confirmed
+    config that keeps it, judged against the baseline on the same rounds (the baseline when
+    no other keeps it); None otherwise."""
+    space, cfgs = frame.space, frame.cfgs
+    if d.kept_baseline or space.keeps_batch(cfgs[d.winner]):
+        return None
+    keepers = [n for n in lineup.names if n == "baseline" or space.keeps_batch(cfgs[n])]
+    if len(keepers) == 1:
+        return Choice(base.knobs, base.samples_per_s, base.ci_half,
+                      reason=f"batch-keeping alternative: {KEPT}no other config the "
+                             f"search measured trains with the script's own batch "
+                             f"faster than they do")
+    kd = judged.judge.decide([{n: b[n] for n in keepers} for b in judged.by], judged.slices)
+    kept = _raw(frame, judged.run.results, kd.winner)
+    return Choice(kept.knobs, kept.samples_per_s, kept.ci_half, kd.speedup,
+                  kd.speedup_low, kd.speedup_high, kd.kept_baseline,
+                  f"batch-keeping alternative: {kd.reason}")
+
+
+def _declare(prober: Prober, state: TuneState, frame: _Frame, lineup: _Lineup,
+             judged: _Judged, d: decision.Decision) -> Confirmed:
+    """Tell the decision ``d`` and the batch-keeping alternative, probe the winner's
+    bottleneck with --verdict, and journal the best (`Event.BEST`)."""
+    scorer, cfgs, names = frame.scorer, frame.cfgs, lineup.names
+    results, k = judged.run.results, judged.judge.candidates
     best_cfg = cfgs[d.winner]
-    winner, base = raw(d.winner), raw("baseline")
+    winner, base = _raw(frame, results, d.winner), _raw(frame, results, "baseline")
     best_score = _mean_score(scorer, best_cfg, results[d.winner], d.winner_summary)
     base_score = _mean_score(scorer, cfgs["baseline"], results["baseline"], d.baseline_summary)
     prober.tell(Note.info(d.reason))
-    keep = None
-    if not d.kept_baseline and not space.keeps_batch(best_cfg):
-        keepers = [n for n in names if n == "baseline" or space.keeps_batch(cfgs[n])]
-        if len(keepers) == 1:
-            keep = Choice(base.knobs, base.samples_per_s, base.ci_half,
-                          reason=f"batch-keeping alternative: {KEPT}no other config the "
-                                 f"search measured trains with the script's own batch "
-                                 f"faster than they do")
-        else:
-            kd = judge([{n: b[n] for n in keepers} for b in by])
-            kept = raw(kd.winner)
-            keep = Choice(kept.knobs, kept.samples_per_s, kept.ci_half, kd.speedup,
-                          kd.speedup_low, kd.speedup_high, kd.kept_baseline,
-                          f"batch-keeping alternative: {kd.reason}")
+    keep = _keep_batch(frame, lineup, judged, d, base)
+    if keep is not None:
         prober.tell(Note.info(keep.reason))
     verdict = None
-    if settings.verdict:
+    if frame.settings.verdict:
         state, verdict = _probe_verdict(prober, state, best_cfg, winner.samples_per_s)
     prober.emit(Event.BEST, knobs=best_cfg, samples_per_s=winner.samples_per_s,
                 ci_half=winner.ci_half, baseline_samples_per_s=base.samples_per_s,
@@ -456,7 +647,7 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
                 score=best_score.to_dict() if best_score else None,
                 baseline_score=base_score.to_dict() if base_score else None,
                 keep_batch=keep.to_dict() if keep else None, rounds=d.rounds, candidates=k)
-    front = tuple(objective.front(pareto_points(space, known, scorer))) \
+    front = tuple(objective.front(pareto_points(frame.space, frame.known, scorer))) \
         if scorer.objective.multi else ()
     return Confirmed(winner, base, d.speedup, d.kept_baseline, d.reason, verdict,
                      d.speedup_low, d.speedup_high, best_score, base_score, front,
