@@ -426,18 +426,18 @@ def test_metric_reasons():
 
 
 def test_notes_on_sources_disagreement_and_writes():
-    assert series.notes(source="steps", step_note="samples per step: 8", metric_rate=0,
+    assert series.notes(source=series.Source.STEPS, step_note="samples per step: 8", metric_rate=0,
                          counted_rate=0, writes={}) == [Note.info("samples per step: 8")]
-    assert series.notes(source="dataloader", step_note="samples per step: 8", metric_rate=0,
+    assert series.notes(source=series.Source.DATALOADER, step_note="samples per step: 8", metric_rate=0,
                          counted_rate=0, writes={}) == []
-    agree = series.notes(source="metric", step_note="", metric_rate=110.0, counted_rate=100.0,
+    agree = series.notes(source=series.Source.METRIC, step_note="", metric_rate=110.0, counted_rate=100.0,
                           writes={})
-    twice = series.notes(source="metric", step_note="", metric_rate=200.0, counted_rate=100.0,
+    twice = series.notes(source=series.Source.METRIC, step_note="", metric_rate=200.0, counted_rate=100.0,
                           writes={})
     assert agree == [] and "rank_samples_per_s" in twice[0].text
     assert twice[0].kind is NoteKind.WARNING
     written = {"/t/a": {"existed": True}, "/t/b": {"existed": False}}
-    note, = series.notes(source="dataloader", step_note="", metric_rate=0, counted_rate=0,
+    note, = series.notes(source=series.Source.DATALOADER, step_note="", metric_rate=0, counted_rate=0,
                           writes=written)
     assert "/t/a, /t/b (1 existed before)" in note.text and "--probe-cwd" in note.text
     assert note.kind is NoteKind.WARNING
