@@ -94,7 +94,8 @@ def test_consecutive_steps_in_one_allocation(bed, tmp_path):
         "srun -n 2 hostname || exit 13\n"
         "srun -n 4 hostname && exit 14\n"
         "exit 0\n")
-    p = slurm(bed, "salloc", "-N", "2", "-n", "2", "-t", "5", "bash", str(script))
+    # srun waits for the killed step's CPUs; twice this session that wait ran past 90 s.
+    p = slurm(bed, "salloc", "-N", "2", "-n", "2", "-t", "5", "bash", str(script), timeout_s=240)
     assert p.returncode == 0, (p.returncode, p.stdout, p.stderr)
     assert sorted(p.stdout.split()) == sorted(bed.facts.hosts * 3)
     assert "More processors requested than permitted" in p.stderr
