@@ -23,11 +23,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 from autotune.measuring import steady
-from autotune.measuring.outcome import STALL_STEPS
+from autotune.measuring.outcome import STALL_STEPS, Outcome
 from autotune.tuning.decision import MIN_ROUNDS, PLANNED_ROUNDS
 
 TARGET_REL = 0.05  # a search probe ends once its 95% half-width is this share of its mean
-MIN_WINDOWS = 6  # estimate windows a probe measures at least (steady.batch_means_ci needs 4)
+MIN_WINDOWS = 6  # estimate windows a probe's limit makes room for (steady.batch_means_ci needs 4)
+# ...while a probe that ends once tight may end on `steady.MIN_TIGHT_WINDOWS`: what it is
+# expected to take counts those (minGPT's chargpt, 2.5 s steps in 5 s windows, was expected to
+# need 30 s of measuring where 20 s were enough, and a 5-minute budget held one search probe)
+END_S = 2.0  # a script that ends on its own: its exit, after its last batch
 MARGIN = 1.3  # a probe's limit over what it is expected to need
 MIN_PROBE_S = 8.0
 MAX_PROBE_S = 240.0
@@ -84,6 +88,10 @@ class ScriptTiming:
     paused_s: float = 0.0  # standstills left out (evaluation, checkpoints)
     batch_size: int = 0  # per-rank batch it ran with (0: unknown)
     threads: int = 0  # compute threads per rank (0: unknown)
+    # launch to the script's own end when its data ran out before autotune stopped it (a
+    # finite loader, one epoch); 0 when autotune ended it. Such a script's probes last no
+    # longer than its run does, however little that measured.
+    ended_s: float = 0.0
 
     @classmethod
     def of(cls, result, knobs: Mapping[str, float]) -> ScriptTiming | None:
@@ -95,7 +103,8 @@ class ScriptTiming:
                    measured_s=result.measured_s,
                    rel_half=result.ci_half / result.samples_per_s,
                    paused_s=result.paused_s, batch_size=int(knobs.get("batch_size") or 0),
-                   threads=int(knobs.get("threads") or 0))
+                   threads=int(knobs.get("threads") or 0),
+                   ended_s=result.duration_s if result.outcome == Outcome.ENDED else 0.0)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -106,7 +115,8 @@ class ScriptTiming:
 
     def describe(self) -> str:
         return (f"first batch after {self.first_s:.1f} s, {_secs(self.step_s)} per step, "
-                f"±{self.rel_half:.0%} after {self.measured_s:.0f} s of measuring")
+                f"±{self.rel_half:.0%} after {self.measured_s:.0f} s of measuring" +
+                (f"; its data ran out {self.ended_s:.0f} s after launch" if self.ended_s else ""))
 
 
 @dataclass(frozen=True)
@@ -198,13 +208,26 @@ def first_batch_s(t: ScriptTiming, knobs: Mapping[str, float],
     return max(t.first_s, _nearest(t, knobs, known).first_s)
 
 
-def measure_s(t: ScriptTiming, target_rel: float) -> float:
+def measure_s(t: ScriptTiming, target_rel: float, windows: int = MIN_WINDOWS) -> float:
     """Measuring time the baseline's pace needs to reach ``target_rel``: its own, scaled by the
     square of how far its interval was from the target (an interval narrows as 1/sqrt(time)),
-    and at least `MIN_WINDOWS` estimate windows."""
+    and at least ``windows`` estimate windows (`MIN_WINDOWS`, what a limit makes room for)."""
     need = min(t.measured_s * (t.rel_half / target_rel) ** 2, 4 * t.measured_s) \
         if math.isfinite(t.rel_half) else 4 * t.measured_s
-    return max(need, MIN_WINDOWS * _window_s(t.step_s))
+    return max(need, windows * _window_s(t.step_s))
+
+
+def own_run_s(t: ScriptTiming, knobs: Mapping[str, float], factor: float) -> float | None:
+    """After its first batch, how long the script runs before it ends on its own under
+    ``knobs`` (its steps ``factor`` times the baseline's), for a script whose data ran out in
+    the baseline (`ScriptTiming.ended_s`): the same samples in fewer, longer steps at a larger
+    batch, but never less than the baseline's own run (a script that stops on its clock, not
+    its data, runs as long at any batch). None for a script autotune had to stop."""
+    if t.ended_s <= 0:
+        return None
+    b = float(knobs.get("batch_size") or 0)
+    per_batch = t.batch_size / b if b and t.batch_size else 1.0
+    return max(0.0, t.ended_s - t.first_s) * max(1.0, factor * per_batch)
 
 
 def limits(t: ScriptTiming, knobs: Mapping[str, float], instances: int = 1, *,
@@ -223,9 +246,15 @@ def limits(t: ScriptTiming, knobs: Mapping[str, float], instances: int = 1, *,
     # estimate windows it holds, not of steps, so warm-up and measuring stretch with the
     # window (`_window_s`: the same 0.5 s for steps up to a quarter second, two steps beyond),
     # not with the step: a larger batch of 50 ms steps is measured as fast as the baseline.
+    # It ends on `steady.MIN_TIGHT_WINDOWS` windows when the baseline's interval says so; a
+    # script whose data runs out ends sooner still (`own_run_s`).
     stretch = _window_s(step) / _window_s(t.step_s)
-    expected = start + t.warmup_s * stretch + max(measure_s(t, target_rel) * stretch,
-                                                  MIN_WINDOWS * _window_s(step))
+    tight = steady.MIN_TIGHT_WINDOWS
+    expected = start + t.warmup_s * stretch + max(measure_s(t, target_rel, tight) * stretch,
+                                                  tight * _window_s(step))
+    run_s = own_run_s(t, knobs, f)
+    if run_s is not None:
+        expected = min(expected, start + run_s + END_S)
     # The least it measures anything in: its first batch, warm-up at the stretched step and
     # the windows an estimate needs; a limit under it ends with no signal.
     least = start + t.warmup_s * f + MIN_WINDOWS * _window_s(step)
