@@ -410,8 +410,25 @@ def test_ticks_bound_idle_stretches_with_first_batch_points():
     for msg in (tick(10.0, 40, 9.8, 9.99), tick(10.25, 80, 10.01, 10.24), tick(10.5, 80, 0, 10.24),
                 tick(10.75, 100, 10.6, 10.74)):
         probe._tick(rank, msg["t"] + 100.0, msg)
-    assert rank.batch_points == [(109.8, 0), (109.99, 40), (110.01, 40), (110.24, 80),
-                                 (110.6, 80), (110.74, 100)]
+    assert series.on_our_clock(rank.batch_points, rank.offset) == [
+        (109.8, 0), (109.99, 40), (110.01, 40), (110.24, 80), (110.6, 80), (110.74, 100)]
+
+
+def test_every_point_is_brought_to_our_clock_by_the_least_delay_seen_not_its_own_tick_s():
+    """Steps of 1 s on the rank's clock; the first ticks reached us 0.5 s late (a loaded
+    controller), the later ones at once. Each point shifted by its own tick's delay put the
+    first steps late and read the steps 12% faster than the script stepped."""
+    probe = trial._Probe(spec(), None)
+    rank = trial._Rank(hello={})
+    delays = [0.5, 0.5, 0.5, 0.0, 0.0, 0.0, 0.0]
+    for i, delay in enumerate(delays):
+        t = 10.0 + i  # a step ends at t, its tick leaves just after
+        msg = {"t": t + 0.01, "batches": 0, "samples": 0, "steps": i + 1,
+               "first_step_t": t, "last_step_t": t}
+        probe._tick(rank, msg["t"] + 100.0 + delay, msg)
+    points = series.on_our_clock(rank.step_points, rank.offset)
+    # one step a second, as the script stepped (tick by tick: 110.5, 111.5, 112.5, 113, ...)
+    assert sorted({t for t, _ in points}) == pytest.approx([110.0 + i for i in range(7)])
 
 
 def test_metric_reasons():

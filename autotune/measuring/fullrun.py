@@ -68,7 +68,8 @@ def exit_status(code: int | None) -> int:
 @dataclass
 class _Counts:
     """One rank's cumulative counts as the probes keep them (`series.tick_points`): on its own
-    clock, brought to ours, so that a span runs from a batch to a batch."""
+    clock, brought to ours when read (`series.on_our_clock`), so that a span runs from a batch
+    to a batch."""
 
     offset: float | None = None  # our clock minus the rank's
     tick: dict = field(default_factory=dict)
@@ -78,7 +79,7 @@ class _Counts:
     def add(self, msg: dict, t_recv: float) -> None:
         offset = t_recv - float(msg.get(protocol.TICK_T, t_recv))
         self.offset = offset if self.offset is None else min(self.offset, offset)
-        batch_points, step_points = series.tick_points(self.tick, msg, self.offset)
+        batch_points, step_points = series.tick_points(self.tick, msg, 0.0)
         self.tick = msg
         self.batch_points.extend(batch_points)
         self.step_points.extend(step_points)
@@ -86,10 +87,11 @@ class _Counts:
     def thin(self, keep_from: float, keep_after: float, apart_s: float) -> None:
         """Points between ``keep_from`` and ``keep_after`` kept ``apart_s`` apart: a long
         run's memory stays small, and its start (the warm-up) and latest stretch stay whole."""
+        off = self.offset or 0.0
         for name in ("batch_points", "step_points"):
             kept: list[tuple[float, float]] = []
             for p in getattr(self, name):
-                if p[0] < keep_from or p[0] >= keep_after or not kept or \
+                if p[0] + off < keep_from or p[0] + off >= keep_after or not kept or \
                         p[0] - kept[-1][0] >= apart_s:
                     kept.append(p)
             setattr(self, name, kept)
@@ -158,8 +160,10 @@ class _Meter:
         """The samples counted, summed over ranks (`series.counted_series`, as a probe's)."""
         batches = sum(int(c.tick.get(protocol.TICK_BATCHES, 0)) for c in self.counts.values())
         steps = sum(series.step_count(c.tick) for c in self.counts.values())
-        return series.counted_series([c.batch_points for c in self.counts.values()],
-                                     [c.step_points for c in self.counts.values()],
+        return series.counted_series([series.on_our_clock(c.batch_points, c.offset)
+                                      for c in self.counts.values()],
+                                     [series.on_our_clock(c.step_points, c.offset)
+                                      for c in self.counts.values()],
                                      batches=batches, steps=steps,
                                      samples_per_step=self.samples_per_step)
 

@@ -220,6 +220,7 @@ class _Rank:
     hello: dict
     offset: float | None = None  # controller clock minus rank clock
     tick: dict = field(default_factory=dict)
+    # on the rank's clock (`series.on_our_clock` brings them to ours)
     batch_points: list = field(default_factory=list)  # (t, cumulative samples)
     step_points: list = field(default_factory=list)  # (t, cumulative steps)
     parts: breakdown.PartTrail = field(default_factory=breakdown.PartTrail)
@@ -309,7 +310,8 @@ class _Probe:
     def _tick(self, rank: _Rank, t_recv: float, msg: dict) -> None:
         offset = t_recv - float(msg.get(protocol.TICK_T, t_recv))
         rank.offset = offset if rank.offset is None else min(rank.offset, offset)
-        batch_points, step_points = series.tick_points(rank.tick, msg, rank.offset)
+        # on the rank's clock: brought to ours when read, by the least delay seen by then
+        batch_points, step_points = series.tick_points(rank.tick, msg, 0.0)
         rank.tick = msg
         rank.batch_points.extend(batch_points)
         rank.step_points.extend(step_points)
@@ -317,7 +319,7 @@ class _Probe:
             rank.parts.add(msg, float(msg[protocol.TICK_T]) + rank.offset)
         norms = msg.get(protocol.TICK_NOISE)
         if isinstance(norms, dict) and protocol.TICK_T in msg:
-            rank.noise_points.append((float(msg[protocol.TICK_T]) + rank.offset, norms))
+            rank.noise_points.append((float(msg[protocol.TICK_T]), norms))
 
     def _seen(self, msg: dict) -> None:
         self.script.fold(msg)
@@ -366,8 +368,10 @@ class _Probe:
         """What the meters counted: DataLoader samples, else steps times samples per step."""
         batches, steps = self.totals()
         ranks = self.ranks.values()
-        return series.counted_series([r.batch_points for r in ranks],
-                                      [r.step_points for r in ranks], batches=batches,
+        return series.counted_series([series.on_our_clock(r.batch_points, r.offset)
+                                      for r in ranks],
+                                     [series.on_our_clock(r.step_points, r.offset)
+                                      for r in ranks], batches=batches,
                                       steps=steps, samples_per_step=self.samples_per_step)
 
     def skip(self, held_s: float) -> None:
@@ -740,7 +744,8 @@ def _observed(probe: _Probe, ending: _Ending, span: _Span, load: ForeignLoad, ta
 
 def _steps_per_s(probe: _Probe) -> float:
     """Optimizer steps per second over the ranks, 0 when no rank counted its steps."""
-    step_points = [r.step_points for r in probe.ranks.values() if r.step_points]
+    step_points = [series.on_our_clock(r.step_points, r.offset)
+                   for r in probe.ranks.values() if r.step_points]
     if not step_points:
         return 0.0
     step_est = steady.estimate(series.sum_series(step_points), batches=probe.totals()[1])
@@ -817,7 +822,8 @@ def _breakdown(probe: _Probe, est: steady.Estimate) -> Breakdown | None:
 
 def _noise(probe: _Probe, est: steady.Estimate) -> NoiseEstimate:
     """The gradient noise scale over the estimate's span (`autotune.measuring.noise`)."""
-    return noise.fold([r.noise_points for r in probe.ranks.values()], est.start_t, est.end_t,
+    return noise.fold([series.on_our_clock(r.noise_points, r.offset)
+                       for r in probe.ranks.values()], est.start_t, est.end_t,
                       world_size=probe.world_size(), samples_per_step=probe.samples_per_step,
                       mode=probe.spec.ranks.mode)
 
