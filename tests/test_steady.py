@@ -271,6 +271,24 @@ def test_a_pause_inside_a_slice_is_left_out_as_the_whole_window_estimate_leaves_
     assert est.samples_per_s == pytest.approx(100.0, rel=0.02)
 
 
+def test_a_step_that_ends_early_after_a_hold_is_left_out_of_its_slice():
+    """A script that paces its 1 s steps by the clock (it waits out what is left of each step,
+    as one waiting on a device would): held inside a step, it finds the held time gone, and
+    after the step in flight the next one ends 0.3 s later, its compute alone. Read from the
+    first batch end, its four slices read 1.2 steps a second; from the second, one."""
+    batch, pts, count = 80, [(-1.0, 0.0)], 0
+    slices = [(0.0, 3.5), (6.0, 9.5), (12.0, 15.5), (18.0, 21.5)]
+    for a, b in slices:
+        ends = [a + 0.05, a + 0.35] + [a + 0.35 + k for k in range(1, 4)]
+        for t in (e for e in ends if e <= b):
+            pts += [(t - 0.001, float(count)), (t, float(count + batch))]
+            count += batch
+    est = steady.slices_estimate(pts, slices)
+    assert est.samples_per_s == pytest.approx(batch / 1.0, rel=1e-6)
+    # two ends are not enough once the first is left out
+    assert steady.slice_parts(pts[:3], [(0.0, 3.5)]) == [None]
+
+
 def test_slices_that_saw_too_few_batches_give_no_figure():
     pts, slices = _slices_series(slices=((0, 2), (5, 7), (10, 10.05), (15, 15.05)))
     assert steady.slice_parts(pts, slices)[2:] == [None, None]
