@@ -106,10 +106,12 @@ def test_the_search_reserves_the_plans_cost():
     assert share.cost_s == pytest.approx(0.35 * 500) and "35% of the budget" in share.why
     floor = plan_confirmation(entries, asked=3, budget_s=300.0, reserving=True)
     assert floor.cost_s == decision.PLANNED_ROUNDS * 2 * 25.0 and floor.rounds == 3
-    assert floor.probe_s == pytest.approx(25.0)
+    assert floor.probe_s == pytest.approx(25.0) and "the least a confirmation takes" in floor.why
+    assert "within 35%" in roomy.why
     # a gain found that needs five rounds at the spread measured: up to half the budget
     more = plan_confirmation(entries, asked=3, budget_s=500.0, reserving=True, needed=5)
-    assert more.cost_s == pytest.approx(0.5 * 500) and more.rounds == 3  # what 250 s holds
+    assert more.cost_s == pytest.approx(0.5 * 500) and more.rounds == 5  # of search length
+    assert more.probe_s == pytest.approx(25.0) and "5 round(s) kept" in more.why
     # one round decides alone: one round kept, at least one of search-length probes
     one = plan_confirmation(entries, asked=3, budget_s=500.0, reserving=True, needed=1)
     assert one.cost_s == pytest.approx(75.0) and one.rounds == 1
@@ -148,4 +150,4 @@ def test_the_budget_message_plan():
     assert tight.probes == 2 and tight.short
     assert tight.needed_s(20.0) == 20 + 3 * 25 + floor
     one = cp.plan_budget(200.0, 220.0, 25.0, asked=1, confirm_probe_s=37.5)
-    assert one.confirm_s == 77.0 and one.confirm.rounds == 1  # one round, as asked
+    assert one.confirm_s == 75.0 and one.confirm.rounds == 1  # one round, as asked, in full

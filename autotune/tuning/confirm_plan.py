@@ -336,11 +336,13 @@ def _reserve(entries: Sequence[Entry], asked: int, budget_s: float | None,
     mean_window = full_round / n
     fitted, window_s = fit_rounds(rounds, mean_window, n, cost, least_round / n)
     windows = tuple(e.window_s * window_s / mean_window for e in entries)
-    if share is None or cost >= rounds * full_round:
-        why = f"all {rounds} round(s) at full length" + \
-            ("" if share is None else f", within {share:.0%} of the budget")
-    elif cost > share * budget_s:
-        why = f"{k} round(s) of search-length probes, the least a confirmation takes"
+    if share is None:
+        why = f"all {rounds} round(s) at full length, no budget to fit"
+    elif rounds * full_round <= share * budget_s:
+        why = f"all {rounds} round(s) at full length, within {share:.0%} of the budget"
+    elif k * least_round >= share * budget_s:
+        why = (f"{k} round(s) of search-length probes, the least a confirmation takes, "
+               f"above {share:.0%} of the budget")
     else:
         why = f"{share:.0%} of the budget, the most kept for it"
     if rounds != asked:
