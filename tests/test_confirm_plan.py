@@ -151,3 +151,26 @@ def test_the_budget_message_plan():
     assert tight.needed_s(20.0) == 20 + 3 * 25 + floor
     one = cp.plan_budget(200.0, 220.0, 25.0, asked=1, confirm_probe_s=37.5)
     assert one.confirm_s == 75.0 and one.confirm.rounds == 1  # one round, as asked, in full
+
+
+def test_which_entries_the_rounds_judge():
+    """The baseline, the best and the runner-up (30 s probes, 0.1 s steps): all three with no
+    budget or room for their rounds twice over; a choosing round where the rounds take turns
+    and it fits beside the rounds of one candidate; the runner-up left out otherwise."""
+    three = two(30.0, 20.0) + [Entry("runner-up", 30.0, 20.0, (2.0, 0.1))]
+    lineup = cp.plan_lineup
+    assert lineup(three, 2, asked=3, left_s=None) is cp.Lineup.ALL  # --trials
+    assert lineup(three, 3, asked=3, left_s=50.0) is cp.Lineup.ALL  # the batch-keeping one
+    assert lineup(three, 2, asked=3, left_s=50.0, extending=True) is cp.Lineup.ALL
+    def turns_s(es):
+        return cp.round_cost_s(es, [e.window_s for e in es], turns=True)
+
+    choose_s = turns_s(three) + 3 * turns_s(three[:2])
+    assert lineup(three, 2, asked=3, left_s=choose_s) is cp.Lineup.CHOOSE
+    # one after another (a GPU): all three where twice their rounds fit, else two
+    gpu = dict(asked=3, refused="a GPU")
+    assert lineup(three, 2, left_s=2 * 3 * 90.0, **gpu) is cp.Lineup.ALL
+    assert lineup(three, 2, left_s=2 * 3 * 90.0 - 1, **gpu) is cp.Lineup.ESSENTIAL
+    # rounds the search's gain needs count too: five of all three do not fit in 540 s
+    assert lineup(three, 2, left_s=2 * 3 * 90.0, needed=5, **gpu) is cp.Lineup.ESSENTIAL
+    assert lineup(three, 2, asked=3, left_s=choose_s - 1) is cp.Lineup.ESSENTIAL

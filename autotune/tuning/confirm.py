@@ -21,10 +21,10 @@ from autotune import Note
 from autotune.measuring import alternate, bottleneck
 from autotune.tuning import decision, objective
 from autotune.tuning.confirm_plan import (
-    ConfirmPlan, Stretch, needed_rounds, plan_confirmation)
+    ConfirmPlan, Lineup, Stretch, needed_rounds, plan_confirmation, plan_lineup)
 from autotune.tuning.confirm_rounds import (
-    Earlier, Round, holds_all, one_round_rel, plan_entries, probe_windows, remeasure,
-    second_look, selection_fits, slice_rates, turns_refused)
+    Earlier, Round, one_round_rel, plan_entries, probe_windows, remeasure, second_look,
+    slice_rates, turns_refused)
 from autotune.tuning.decision import KEPT, MIN_ROUNDS, Choice, Measured
 from autotune.tuning.prober import Prober
 from autotune.tuning.records import BaselineRecord, Known, Scored, TuneSettings
@@ -394,27 +394,25 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
 
 def _line_up(prober: Prober, state: TuneState, frame: _Frame, entries: list[tuple[str, dict]],
              left_s: float | None, earlier: Earlier | None) -> tuple[TuneState, _Lineup]:
-    """The entries the rounds judge: all of ``entries``, but under a budget, where the
-    runner-up is not the batch-keeping alternative (`essential`) and no ``earlier``
-    confirmation is extended, a round in turns that chooses between the best and the runner-up
-    where it fits (`select_candidate`), else the runner-up left out where the budget does not
-    hold the rounds of all three (`holds_all`)."""
-    rounds = frame.settings.confirm_rounds
+    """The entries the rounds judge, as the planner says (`confirm_plan.plan_lineup`): all of
+    ``entries``, or under a budget, where the runner-up is not the batch-keeping alternative
+    (`essential`) and no ``earlier`` confirmation is extended, a round in turns that chooses
+    between the best and the runner-up (`select_candidate`), or the runner-up left out."""
     few = essential(frame.space, entries)
     refused = turns_refused(prober, frame.scorer)
-    if not (len(few) < len(entries) and left_s is not None and earlier is None):
-        return state, _Lineup(tuple(entries), left_s, 0, refused)
-    if not refused and not frame.multi and \
-            selection_fits(prober, state, frame.known, entries, left_s, rounds):
+    needed = None  # what two candidates' interval needs to show the search's best gain
+    if not frame.multi and len(few) < len(entries) and left_s is not None:
+        needed = frame.needed([n for n, _ in entries], len(entries) - 1)[0]
+    lineup = plan_lineup(plan_entries(prober, state, frame.known, entries), len(few),
+                         asked=frame.settings.confirm_rounds, left_s=left_s, needed=needed,
+                         refused=refused, multi=frame.multi, extending=earlier is not None)
+    if lineup is Lineup.CHOOSE:
         started = prober.clock.monotonic()
         state, entries, selected = select_candidate(prober, state, frame.known, entries,
                                                     frame.scorer)
         left_s -= prober.clock.monotonic() - started
         return state, _Lineup(tuple(entries), left_s, selected, refused)
-    need = rounds  # what two candidates' interval needs to show the search's best gain
-    if not frame.multi:
-        need = max(need, frame.needed([n for n, _ in entries], len(entries) - 1)[0] or 0)
-    if not holds_all(prober, state, frame.known, entries, left_s, need, turns=not refused):
+    if lineup is Lineup.ESSENTIAL:
         dropped = entries[2][0]
         entries = few
         state = prober.note(state, Note.info(

@@ -24,10 +24,13 @@ Before this module the confirmation's time was modelled in several places:
   raw samples/s, and ``confirm._plan_rounds``: rounds too short to run (under 75% of one
   round), `Stretch`, ``confirm_fit``, turns where two rounds of them fit (``turns_fit``), and
   the looks (``looks_planned``);
+- ``confirm_rounds.holds_all``/``selection_fits`` and ``confirm._line_up``: which entries the
+  rounds judge (all, a round choosing between the best and the runner-up, or the runner-up
+  left out), from what the rounds of each cost;
 - ``search.budget_plan``/``tuner._tell_plan``: the message, from ``fitting.plan``.
 
-All of those now ask `plan_confirmation` (and `needed_rounds`, `rounds_kept`); the search and
-the confirmation both pick the search's best by score.
+All of those now ask this module: `plan_confirmation` (with `needed_rounds`, `rounds_kept`)
+and `plan_lineup`; the search and the confirmation both pick the search's best by score.
 """
 
 from __future__ import annotations
@@ -229,6 +232,33 @@ def selection_fits(entries: Sequence[Entry], left_s: float, rounds: int) -> bool
     pair = [entries[0], entries[1], *entries[3:]]
     return left_s >= _turn_cost_s(entries[:3]) + \
         max(rounds, PLANNED_ROUNDS) * _turn_cost_s(pair)
+
+
+class Lineup(enum.Enum):
+    """Which entries the rounds judge (`plan_lineup`)."""
+
+    ALL = "all"  # every entry
+    CHOOSE = "choose"  # a first round in turns chooses between the best and the runner-up
+    ESSENTIAL = "essential"  # the runner-up left out (`autotune.tuning.confirm.essential`)
+
+
+def plan_lineup(entries: Sequence[Entry], essential: int, *, asked: int, left_s: float | None,
+                needed: int | None = None, refused: str = "", multi: bool = False,
+                extending: bool = False) -> Lineup:
+    """Which of ``entries`` (the baseline, the best, the runner-up, any batch-keeping
+    alternative) the rounds judge, where ``essential`` of them are what a budget confirms at
+    the least: all of them without a budget, when none can be left out, or when an earlier
+    confirmation is ``extending``; else a round that chooses between the best and the
+    runner-up where the rounds take turns and it fits (`selection_fits`); else all where the
+    time left holds their rounds (`holds_all`, at the rounds asked or the ``needed`` ones,
+    whichever are more), and the runner-up left out where it does not."""
+    if not (essential < len(entries) and left_s is not None and not extending):
+        return Lineup.ALL
+    if not refused and not multi and selection_fits(entries, left_s, asked):
+        return Lineup.CHOOSE
+    need = asked if multi else max(asked, needed or 0)
+    return Lineup.ALL if holds_all(entries, left_s, need, turns=not refused) else \
+        Lineup.ESSENTIAL
 
 
 def _statistic(candidates: int, looks: int, turns: bool) -> str:

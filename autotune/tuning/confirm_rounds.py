@@ -163,23 +163,6 @@ def plan_entries(prober: Prober, state: TuneState, known: Mapping[tuple, Known],
             for (name, c), w in zip(entries, windows)]
 
 
-def holds_all(prober: Prober, state: TuneState, known: Mapping[tuple, Known],
-              entries: list[tuple[str, dict]], left_s: float, rounds: int, *,
-              turns: bool = False) -> bool:
-    """Whether ``left_s`` holds all of ``rounds`` rounds of every entry
-    (`confirm_plan.holds_all`)."""
-    return confirm_plan.holds_all(plan_entries(prober, state, known, entries), left_s, rounds,
-                                  turns=turns)
-
-
-def selection_fits(prober: Prober, state: TuneState, known: Mapping[tuple, Known],
-                   entries: list[tuple[str, dict]], left_s: float, rounds: int) -> bool:
-    """Whether ``left_s`` holds a round that chooses between the best and the runner-up, then
-    the rounds of the one chosen (`confirm_plan.selection_fits`)."""
-    return confirm_plan.selection_fits(plan_entries(prober, state, known, entries), left_s,
-                                       rounds)
-
-
 def one_round_rel(measured: spreads.ProcessSpread,
                   pairs: Mapping[str, tuple[Round, object]]) -> float | None:
     """The spread between processes at its upper bound (`spreads.upper_rel`), for one round to
