@@ -242,7 +242,7 @@ def test_combine_joins_the_moves_that_paid_off():
 
 
 def test_confirmation_fits_what_is_left_of_the_budget():
-    from autotune.tuning.fitting import MAX_CONFIRM_ROUNDS, confirm_fit
+    from autotune.tuning.confirm_plan import MAX_CONFIRM_ROUNDS, fit_rounds as confirm_fit
 
     assert confirm_fit(3, 30.0, 3, None, 20.0) == (3, 30.0)  # no budget: as asked
     assert confirm_fit(3, 30.0, 3, 300.0, 20.0) == (3, 30.0)  # it fits

@@ -168,26 +168,6 @@ def test_hang_thresholds_follow_the_steps():
     assert fitting.limits(ten, {"batch_size": 32}).hang_s == 200.0  # past the busy default
 
 
-def test_the_plan_tells_a_budget_too_short_for_a_few_probes():
-    # the confirmation's share (35%, 210 s) holds three rounds of the best and the baseline
-    # (the floor, 150 s), not of the runner-up as well (225 s): it is left out
-    roomy = fitting.plan(580.0, 600.0, 25.0, confirm_rounds=3, confirm_probe_s=37.5)
-    assert roomy.confirm_s == pytest.approx(0.35 * 600)
-    assert (roomy.confirm_entries, roomy.confirm_rounds) == (2, decision.PLANNED_ROUNDS)
-    assert roomy.probes == int((580 - 210) // 25) and not roomy.short
-    larger = fitting.plan(1180.0, 1200.0, 25.0, confirm_rounds=3, confirm_probe_s=37.5)
-    assert larger.confirm_s == pytest.approx(3 * 3 * 37.5)  # all of it, within the share
-    assert (larger.confirm_entries, larger.confirm_rounds) == (3, 3)
-    tight = fitting.plan(200.0, 220.0, 25.0, confirm_rounds=3, confirm_probe_s=37.5)
-    # three rounds of the best and the baseline, of search-length probes, at the least
-    floor = decision.PLANNED_ROUNDS * fitting.ESSENTIAL_ENTRIES * 25.0
-    assert tight.confirm_s == floor and tight.confirm_rounds == decision.PLANNED_ROUNDS
-    assert tight.probes == 2 and tight.short
-    assert tight.needed_s(20.0) == 20 + 3 * 25 + floor
-    one = fitting.plan(200.0, 220.0, 25.0, confirm_rounds=1, confirm_probe_s=37.5)
-    assert one.confirm_s == 77.0 and one.confirm_rounds == 1  # one round, as asked
-
-
 def test_the_speed_up_interval_allows_for_new_processes():
     s = decision.Summary
     one = decision.speedup_interval(1.3, [(130.0, 100.0)], s(130, 2, 1), s(100, 2, 1))

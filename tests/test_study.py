@@ -475,10 +475,10 @@ def test_a_first_round_in_turns_chooses_the_runner_up_over_a_best_that_was_a_luc
     is shorter, so that the rounds one candidate needs for the search's gain do not fit
     (word_lm's 6m left out the grid's best then, and ran eleven rounds of a config 0.88 of
     it)."""
-    from autotune.tuning import confirm
+    from autotune.tuning import confirm, confirm_plan
     monkeypatch.setattr(confirm, "turns_refused", lambda *a, **kw: "")
     if not choose:
-        monkeypatch.setattr(confirm, "selection_fits", lambda *a, **kw: False)
+        monkeypatch.setattr(confirm_plan, "selection_fits", lambda *a, **kw: False)
     clock, told = FakeClock(), []
     calls = {}
 

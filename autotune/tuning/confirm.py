@@ -19,11 +19,12 @@ from dataclasses import dataclass
 
 from autotune import Note
 from autotune.measuring import alternate, bottleneck
-from autotune.tuning import decision, fitting, objective
+from autotune.tuning import decision, objective
+from autotune.tuning.confirm_plan import (
+    ConfirmPlan, Lineup, Stretch, needed_rounds, plan_confirmation, plan_lineup)
 from autotune.tuning.confirm_rounds import (
-    TURN_MEASURE_SHARE, Earlier, Round, entry_probe_s, holds_all, looks_planned, one_round_rel,
-    planned_rounds, probe_windows, remeasure, second_look, selection_fits, slice_rates,
-    turns_fit, turns_refused)
+    Earlier, Round, one_round_rel, plan_entries, probe_windows, remeasure, second_look,
+    slice_rates, turns_refused)
 from autotune.tuning.decision import KEPT, MIN_ROUNDS, Choice, Measured
 from autotune.tuning.prober import Prober
 from autotune.tuning.records import BaselineRecord, Known, Scored, TuneSettings
@@ -32,8 +33,6 @@ from autotune.tuning.space import Space
 from autotune.tuning.state import TuneState, minutes
 from autotune.store.events import Event
 from probes.protocol import Mode
-
-TOO_SHORT_SHARE = 0.75  # less than this share of one round left: no re-measurement
 
 
 @dataclass(frozen=True)
@@ -273,6 +272,19 @@ class _Frame:
         """The spread the rounds are planned on (`ProcessSpread.planning_rel`)."""
         return self.spread.planning_rel() if self.spread is not None else self.process_rel
 
+    def needed(self, names, candidates: int, *, one_round_rel: float | None = None
+               ) -> tuple[int | None, str]:
+        """The rounds the search's best gain among ``names`` needs, and why
+        (`confirm_plan.needed_rounds`): its best by score, as the search picks it."""
+        def score(name: str) -> tuple[float, float] | None:
+            s = _scored(self.scorer, self.cfgs[name], self.searched(name))
+            return (s.value, s.ci_half) if s is not None and s.value is not None else None
+
+        scores = [x for x in (score(n) for n in names if n != "baseline") if x is not None]
+        best = max(scores, key=lambda x: x[0], default=None)
+        return needed_rounds(best, score("baseline"), self.planning_rel(), candidates,
+                             one_round_rel=one_round_rel)
+
     def searched(self, name: str) -> Round:
         """What the search measured of an entry (the baseline: the mean of its two processes,
         if measured)."""
@@ -296,23 +308,6 @@ class _Lineup:
     @property
     def names(self) -> list[str]:
         return [n for n, _ in self.entries]
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """The rounds planned: whether any are run (else the search's own probes decide), how
-    many, each entry's probe window, why they run one after another ("" when they take
-    turns), the looks, and what the announcement tells of them."""
-
-    remeasures: bool
-    rounds: int
-    windows: dict[str, float]
-    refused: str
-    looks: int = 1
-    asked: int = 0  # --confirm-rounds
-    why_more: str = ""  # why the rounds are more than asked
-    window_s: float = 0.0  # the probes' mean window as fitted, and as first sized
-    mean_window_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -340,7 +335,7 @@ class _Judge:
     looks: int
 
     @classmethod
-    def of(cls, frame: _Frame, lineup: _Lineup, plan: _Plan, run: _Run) -> _Judge:
+    def of(cls, frame: _Frame, lineup: _Lineup, plan: ConfirmPlan, run: _Run) -> _Judge:
         bound = None
         if run.rounds == 1 and frame.spread is not None and frame.spread.measured and \
                 not frame.multi:
@@ -373,12 +368,12 @@ class _Judged:
 
 
 def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
-           left_s: float | None, stretch: fitting.Stretch = fitting.Stretch.NONE,
+           left_s: float | None, stretch: Stretch = Stretch.NONE,
            scorer: objective.Scorer | None = None, earlier: Earlier | None = None) -> Confirmed:
     """Confirm the best two of ``known`` by ``scorer``'s score (throughput unless given)
     against the state's baseline within ``left_s`` of the budget (None: no budget), decide,
     and journal the ``best``. What is left of the budget buys more rounds as ``stretch`` says:
-    all it holds, or those the search's best gain needs (`planned_rounds`). With ``earlier``
+    all it holds, or those the search's best gain needs (`_Frame.needed`). With ``earlier``
     (a finished confirmation, extended), its entries get the settings' rounds more, and the
     decision judges its rounds and theirs together. The result holds the state with what its
     probes taught."""
@@ -399,28 +394,25 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
 
 def _line_up(prober: Prober, state: TuneState, frame: _Frame, entries: list[tuple[str, dict]],
              left_s: float | None, earlier: Earlier | None) -> tuple[TuneState, _Lineup]:
-    """The entries the rounds judge: all of ``entries``, but under a budget, where the
-    runner-up is not the batch-keeping alternative (`essential`) and no ``earlier``
-    confirmation is extended, a round in turns that chooses between the best and the runner-up
-    where it fits (`select_candidate`), else the runner-up left out where the budget does not
-    hold the rounds of all three (`holds_all`)."""
-    rounds = frame.settings.confirm_rounds
+    """The entries the rounds judge, as the planner says (`confirm_plan.plan_lineup`): all of
+    ``entries``, or under a budget, where the runner-up is not the batch-keeping alternative
+    (`essential`) and no ``earlier`` confirmation is extended, a round in turns that chooses
+    between the best and the runner-up (`select_candidate`), or the runner-up left out."""
     few = essential(frame.space, entries)
     refused = turns_refused(prober, frame.scorer)
-    if not (len(few) < len(entries) and left_s is not None and earlier is None):
-        return state, _Lineup(tuple(entries), left_s, 0, refused)
-    if not refused and not frame.multi and \
-            selection_fits(prober, state, frame.known, entries, left_s, rounds):
+    needed = None  # what two candidates' interval needs to show the search's best gain
+    if not frame.multi and len(few) < len(entries) and left_s is not None:
+        needed = frame.needed([n for n, _ in entries], len(entries) - 1)[0]
+    lineup = plan_lineup(plan_entries(prober, state, frame.known, entries), len(few),
+                         asked=frame.settings.confirm_rounds, left_s=left_s, needed=needed,
+                         refused=refused, multi=frame.multi, extending=earlier is not None)
+    if lineup is Lineup.CHOOSE:
         started = prober.clock.monotonic()
         state, entries, selected = select_candidate(prober, state, frame.known, entries,
                                                     frame.scorer)
         left_s -= prober.clock.monotonic() - started
         return state, _Lineup(tuple(entries), left_s, selected, refused)
-    need = rounds  # what two candidates' interval needs to show the search's best gain
-    if not frame.multi:
-        need = max(need, planned_rounds(frame.searched, [n for n, _ in entries],
-                                        frame.planning_rel(), len(entries) - 1)[0] or 0)
-    if not holds_all(prober, state, frame.known, entries, left_s, need, turns=not refused):
+    if lineup is Lineup.ESSENTIAL:
         dropped = entries[2][0]
         entries = few
         state = prober.note(state, Note.info(
@@ -431,63 +423,33 @@ def _line_up(prober: Prober, state: TuneState, frame: _Frame, entries: list[tupl
 
 
 def _plan_rounds(prober: Prober, state: TuneState, frame: _Frame, lineup: _Lineup,
-                 stretch: fitting.Stretch) -> tuple[TuneState, _Plan]:
-    """Each entry's probe window (`probe_windows`), and the rounds: none where there is one
-    entry, --confirm-rounds 0, or a budget left short of `TOO_SHORT_SHARE` of one round; else
-    those asked or more as ``stretch`` says, fitted to the budget left with their windows
-    (`fitting.confirm_fit`), taking turns where they fit (`turns_fit`), and the looks
-    (`looks_planned`)."""
-    entries, names, left_s = lineup.entries, lineup.names, lineup.left_s
-    rounds = frame.settings.confirm_rounds
-    windows = dict(zip(names, probe_windows(prober, state, frame.known,
-                                            [c for _, c in entries])))
-    mean_window = sum(windows.values()) / len(windows)
-    # no entry's probe shorter than its search probe (nor longer than its own window: a
-    # --confirm-seconds shorter than that is the user's limit): the windows shrink together
-    least = sum(min(entry_probe_s(prober, state, frame.known, c), windows[n])
-                for n, c in entries) / len(entries)
-    if len(entries) > 1 and rounds > 0 and left_s is not None and \
-            left_s < TOO_SHORT_SHARE * len(entries) * least:
-        state = prober.note(state, Note.warning(
-            f"confirmation: {max(left_s, 0):.0f} s of the budget left, too little for one "
-            f"round of {len(entries)} probes of ~{least:.0f} s; the search's own probes "
-            f"decide, and the speed-up's interval allows for new processes"))
-        rounds = 0
-    if not (len(entries) > 1 and rounds > 0):
-        return state, _Plan(False, 0, windows, lineup.refused)
-    asked, why_more = rounds, ""
-    stretch_to = None
-    if stretch is fitting.Stretch.ALL:
-        stretch_to = fitting.MAX_CONFIRM_ROUNDS
-        why_more = "the search stopped for its budget, and what it kept buys them"
-    planned, why = None, ""  # the rounds the search's best gain needs (one may do)
-    if not frame.multi:
-        planned, why = planned_rounds(
-            frame.searched, names, frame.planning_rel(), len(entries) - 1,
+                 stretch: Stretch) -> tuple[TuneState, ConfirmPlan]:
+    """The plan of the rounds (`confirm_plan.plan_confirmation`) for the entries lined up,
+    within the budget left: each entry's probe as the run measured it (`plan_entries`), the
+    rounds asked, those the search's best gain needs (`_Frame.needed`), and why the rounds
+    may not take turns on this machine; what it decides is told."""
+    entries, left_s = lineup.entries, lineup.left_s
+    needed, why = None, ""  # the rounds the search's best gain needs (one may do)
+    if not frame.multi and len(entries) > 1:
+        needed, why = frame.needed(
+            lineup.names, len(entries) - 1,
             one_round_rel=frame.spread.upper_rel() if frame.spread is not None else None)
-    if stretch is fitting.Stretch.NEEDED and not frame.multi:
-        stretch_to, why_more = planned, why
-    rounds, window_s = fitting.confirm_fit(rounds, mean_window, len(entries), left_s,
-                                           least, stretch_to=stretch_to,
-                                           one_decides=planned == 1)
-    scale = window_s / mean_window
-    windows = {n: w * scale for n, w in windows.items()}
-    refused = lineup.refused
-    if not refused and left_s is not None:
-        refused = turns_fit(prober, state, list(entries), rounds,
-                            TURN_MEASURE_SHARE * window_s, left_s)
-        if refused:
-            state = prober.note(state, Note.info(
-                f"confirmation: the rounds run one probe after another: {refused}"))
-    looks = looks_planned(prober, state, list(entries), rounds, windows, left_s, stretch,
-                          frame.scorer, turns=not refused,
-                          measure_s=TURN_MEASURE_SHARE * window_s)
-    return state, _Plan(True, rounds, windows, refused, looks, asked, why_more, window_s,
-                        mean_window)
+    plan = plan_confirmation(plan_entries(prober, state, frame.known, list(entries)),
+                             asked=frame.settings.confirm_rounds, left_s=left_s,
+                             budget_s=frame.settings.budget_s, stretch=stretch, needed=needed,
+                             needed_why=why, multi=frame.multi, refused=lineup.refused)
+    if len(entries) > 1 and plan.asked > 0 and not plan.remeasures:
+        state = prober.note(state, Note.warning(
+            f"confirmation: {plan.why}, and the speed-up's interval allows for new processes"))
+    elif plan.remeasures and plan.refused and not lineup.refused:
+        state = prober.note(state, Note.info(
+            f"confirmation: the rounds run one probe after another: {plan.refused}"))
+    return state, plan
 
 
-def _announcement(lineup: _Lineup, plan: _Plan, earlier: Earlier | None) -> str:
-    """What the planned rounds will measure and how, and why they are more than asked."""
+def _announcement(lineup: _Lineup, plan: ConfirmPlan, earlier: Earlier | None) -> str:
+    """What the planned rounds will measure and how, why they are more than asked, and what
+    the plan costs."""
     rounds, asked, left_s = plan.rounds, plan.asked, lineup.left_s
     more = (f" ({rounds - asked} more than --confirm-rounds {asked}: {plan.why_more}; "
             f"{max(left_s or 0.0, 0.0):.0f} s of the budget were left)"
@@ -498,19 +460,19 @@ def _announcement(lineup: _Lineup, plan: _Plan, earlier: Earlier | None) -> str:
                  f"interval at "
                  f"{decision.level_for(2 * max(1, len(lineup.entries) - 1)) * 100:g}% so "
                  f"that the two together hold 95%")
-    scale = plan.window_s / plan.mean_window_s
-    how = (f"interleaved round(s) of {', '.join(f'{w:.0f}' for w in plan.windows.values())} s "
-           f"probes" if plan.refused else
+    how = (f"interleaved round(s) of {', '.join(f'{w:.0f}' for w in plan.windows)} s "
+           f"probes" if not plan.turns else
            f"round(s), each starting every config's processes and letting them take "
            f"turns on the machine (held with SIGSTOP between slices of "
-           f"{alternate.slice_for(TURN_MEASURE_SHARE * plan.mean_window_s * scale):.1f} s or "
-           f"more) until each ran {TURN_MEASURE_SHARE * plan.mean_window_s * scale:.0f} s")
+           f"{alternate.slice_for(plan.measure_s):.1f} s or more) until each ran "
+           f"{plan.measure_s:.0f} s")
     if earlier is not None:
         more += f", after the {earlier.count} round(s) it had (judged with them)"
-    return f"confirming: {', '.join(lineup.names)}, {rounds} {how}{more}"
+    return (f"confirming: {', '.join(lineup.names)}, {rounds} {how}{more}; about "
+            f"{plan.cost_s:.0f} s planned")
 
 
-def _run_rounds(prober: Prober, state: TuneState, frame: _Frame, lineup: _Lineup, plan: _Plan,
+def _run_rounds(prober: Prober, state: TuneState, frame: _Frame, lineup: _Lineup, plan: ConfirmPlan,
                 earlier: Earlier | None) -> tuple[TuneState, _Run]:
     """Announce and run the planned rounds within the budget left, after ``earlier``'s (its
     rounds and theirs together); an entry none of them measured stands on the search's own
@@ -518,8 +480,8 @@ def _run_rounds(prober: Prober, state: TuneState, frame: _Frame, lineup: _Lineup
     prober.tell(Note.info(_announcement(lineup, plan, earlier)))
     deadline = prober.clock.monotonic() + lineup.left_s if lineup.left_s is not None else None
     started = prober.clock.monotonic()
-    state, results = remeasure(prober, state, lineup.entries, plan.rounds, plan.windows,
-                               turns=not plan.refused, deadline=deadline,
+    state, results = remeasure(prober, state, lineup.entries, plan.rounds, plan.window_of(),
+                               turns=plan.turns, deadline=deadline,
                                first=(earlier.last_round if earlier else lineup.selected) + 1)
     took = prober.clock.monotonic() - started
     rounds = plan.rounds
@@ -538,7 +500,7 @@ def _run_rounds(prober: Prober, state: TuneState, frame: _Frame, lineup: _Lineup
 
 
 def _judge_rounds(prober: Prober, state: TuneState, frame: _Frame, lineup: _Lineup,
-                  plan: _Plan, run: _Run) -> tuple[TuneState, _Judged]:
+                  plan: ConfirmPlan, run: _Run) -> tuple[TuneState, _Judged]:
     """Judge the rounds; where a first look of two kept the baseline and the budget left holds
     the rounds its spread asks for (`second_look`), run those and judge all at the second."""
     judge = _Judge.of(frame, lineup, plan, run)
@@ -554,8 +516,8 @@ def _judge_rounds(prober: Prober, state: TuneState, frame: _Frame, lineup: _Line
             f"{run.deadline - prober.clock.monotonic():.0f} s of the budget left hold the "
             f"{extra} more its spread asks for, and a second look judges all "
             f"{d.rounds + extra}"))
-        state, more = remeasure(prober, state, lineup.entries, extra, plan.windows,
-                                turns=not plan.refused, deadline=run.deadline,
+        state, more = remeasure(prober, state, lineup.entries, extra, plan.window_of(),
+                                turns=plan.turns, deadline=run.deadline,
                                 first=lineup.selected + len(run.results["baseline"]) + 1)
         results = {n: ms + more[n] if n in more else ms for n, ms in run.results.items()}
         run = dataclasses.replace(run, results=results,
@@ -566,7 +528,7 @@ def _judge_rounds(prober: Prober, state: TuneState, frame: _Frame, lineup: _Line
     return state, _Judged(d, run, by, slices, judge)
 
 
-def _settle(prober: Prober, frame: _Frame, lineup: _Lineup, plan: _Plan, judged: _Judged,
+def _settle(prober: Prober, frame: _Frame, lineup: _Lineup, plan: ConfirmPlan, judged: _Judged,
             began: float) -> decision.Decision:
     """The decision as it stands: the baseline kept where nothing else was confirmed, or where
     no round measured the baseline itself; a kept baseline's reason with what would decide
@@ -589,7 +551,7 @@ def _settle(prober: Prober, frame: _Frame, lineup: _Lineup, plan: _Plan, judged:
     if d.kept_baseline:
         left_s = lineup.left_s
         spare = None if left_s is None else max(0.0, left_s - (prober.clock.monotonic() - began))
-        d = dataclasses.replace(d, reason=_needs(d, run.rounds, plan.windows, frame.settings,
+        d = dataclasses.replace(d, reason=_needs(d, run.rounds, plan.window_of(), frame.settings,
                                                  spare))
     return d
 

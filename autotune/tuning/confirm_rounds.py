@@ -1,7 +1,7 @@
-"""The confirmation's rounds: how long each entry's probe is, whether a round's probes take
-turns on the machine and what such a round costs, how many rounds and looks the budget left
-holds, and running them (`remeasure`); `autotune.tuning.confirm.finish` plans with these and
-decides on what the rounds measured.
+"""The confirmation's rounds: how long each entry's probe is (what the planner,
+`autotune.tuning.confirm_plan`, is given of each entry: `plan_entries`), whether a round's
+probes can take turns on the machine at all, and running the rounds planned (`remeasure`);
+`autotune.tuning.confirm.finish` plans with these and decides on what the rounds measured.
 
 Where it can (`turns_refused`), a round starts every config's processes and lets them take
 turns on the machine in slices (`autotune.measuring.alternate`), so that its drift falls on
@@ -10,15 +10,14 @@ each alike; else the round interleaves whole probes (A B C A B C)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from autotune import Note
 from autotune.hardware.host import host_gpus
-from autotune.measuring import alternate
 from autotune.measuring.energy import EnergyPerSample
-from autotune.tuning import decision, fitting, objective, spread as spreads
-from autotune.tuning.decision import MIN_ROUNDS
+from autotune.tuning import confirm_plan, decision, objective, spread as spreads
+from autotune.tuning.confirm_plan import TURN_MEASURE_SHARE
 from autotune.tuning.prober import Prober
 from autotune.tuning.records import Known
 from autotune.tuning.state import TuneState
@@ -28,9 +27,6 @@ CONFIRM_TARGET_REL = 0.02  # tight enough that a confirmation probe measures its
 # A probe one after another measures on past its window, by this share of it at most, while
 # its figure has no interval yet (`autotune.measuring.trial.TrialSpec.overtime_s`).
 OVERTIME_SHARE = 0.5
-# In turns, the time each probe measures, as a share of its sequential window: the rest of a
-# round goes on the probes' start-ups and warm-ups, which a window holds too.
-TURN_MEASURE_SHARE = 0.6
 
 
 @dataclass(frozen=True)
@@ -155,117 +151,16 @@ def turns_refused(prober: Prober, scorer: objective.Scorer,
     return ""
 
 
-def turn_round_s(prober: Prober, state: TuneState, cfgs: Sequence[Mapping],
-                 measure_s: float) -> float | None:
-    """What one round of ``cfgs`` taking turns takes when each is to measure ``measure_s``
-    (`alternate.round_s`, at the paces fitted to the script: `Prober.pace`); None before the
-    baseline timed the script."""
-    paces = [prober.pace(state, *state.space.trial_knobs(c)) for c in cfgs]
-    if any(p is None for p in paces):
-        return None
-    return alternate.round_s(measure_s, paces)
-
-
-def round_cost_s(prober: Prober, state: TuneState, entries: list[tuple[str, dict]],
-                 windows: Sequence[float], measure_s: float, *, turns: bool) -> float:
-    """What one round of ``entries`` is planned to take: its probes' ``windows`` one after
-    another, or where they take turns, what that costs (`turn_round_s`) when it is more."""
-    one = turn_round_s(prober, state, [c for _, c in entries], measure_s) if turns else None
-    return max(one or 0.0, sum(windows))
-
-
-def turns_fit(prober: Prober, state: TuneState, entries: list[tuple[str, dict]],
-              rounds: int, measure_s: float, left_s: float) -> str:
-    """Why ``rounds`` rounds of ``entries``, planned at their probes' length one after another
-    (`fitting.confirm_fit`), cannot take turns in ``left_s``; "" when `MIN_ROUNDS` of them (or
-    those asked, when fewer) fit so (`turn_round_s`: a round in turns also holds every entry's
-    warm-up, and slices of several of its batches), the rounds past the budget left out as
-    they come (`_remeasure_in_turns`)."""
-    one = turn_round_s(prober, state, [c for _, c in entries], measure_s)
-    need = min(rounds, MIN_ROUNDS)
-    if one is None or need * one <= left_s:
-        return ""
-    return (f"{need} round{'s' if need > 1 else ''} taking turns would take ~{need * one:.0f} s "
-            f"(every config's warm-up, and slices of several of its own batches), and "
-            f"{max(left_s, 0):.0f} s are left")
-
-
-def holds_all(prober: Prober, state: TuneState, known: Mapping[tuple, Known],
-              entries: list[tuple[str, dict]], left_s: float, rounds: int, *,
-              turns: bool = False) -> bool:
-    """Whether ``left_s`` holds all of ``rounds`` (at least `decision.PLANNED_ROUNDS`) rounds
-    of every entry at full length, twice over (asked where a first round in turns cannot
-    choose between the best and the runner-up: `selection_fits`): a search that ended well
-    inside its budget (its space answered, its sampler converged) can afford the runner-up,
-    whose probes hedge against the best being a lucky reading. word_lm's shape stopped 117 s
-    into 6m with its runner-up (64, the grid's best) left out, and 170 s unspent.
-
-    Once over where the rounds take ``turns``: their paired slices decide within the rounds
-    planned, and the search's own probes, one after another, carry the machine's drift, so its
-    best is the likelier lucky reading (nanoGPT's 6m measured the grid's best at 293.6 and
-    confirmed a config that read 326.5 and was 0.852 of it by the grid).
-
-    ``rounds`` is at least what two candidates' interval needs to show the search's best
-    gain (`planned_rounds`): where the time left cannot hold those of all three entries, the
-    runner-up's probes would cost the best the rounds that show it. nanoGPT's 5m, stopped by
-    its budget, kept the runner-up for three cheap rounds in turns, and its +17.8% cleared
-    1.0 at one candidate's 95% but not at two candidates' 97.5%."""
-    rounds = max(rounds, decision.PLANNED_ROUNDS)
-    if not turns:
-        return left_s >= 2 * rounds * sum(probe_windows(prober, state, known,
-                                                        [c for _, c in entries]))
-    return left_s >= rounds * _turn_round_cost_s(prober, state, known, entries)
-
-
-def _turn_round_cost_s(prober: Prober, state: TuneState, known: Mapping[tuple, Known],
-                       entries: list[tuple[str, dict]]) -> float:
-    """What one round in turns of ``entries`` at their full windows is planned to take
-    (`round_cost_s`)."""
-    windows = probe_windows(prober, state, known, [c for _, c in entries])
-    measure_s = TURN_MEASURE_SHARE * sum(windows) / len(windows)
-    return round_cost_s(prober, state, entries, windows, measure_s, turns=True)
-
-
-def selection_fits(prober: Prober, state: TuneState, known: Mapping[tuple, Known],
-                   entries: list[tuple[str, dict]], left_s: float, rounds: int) -> bool:
-    """Whether ``left_s`` holds a selection round in turns of the baseline, the best and the
-    runner-up (``entries[:3]``), then ``rounds`` (at least `decision.PLANNED_ROUNDS`) rounds in
-    turns of the baseline, the one chosen and any entry past the runner-up (the batch-keeping
-    alternative): what `autotune.tuning.confirm.finish` runs instead of leaving the runner-up
-    out or confirming all three at two candidates' interval (`holds_all`).
-
-    ``rounds`` is what the confirmation asks for, not what the search's gain needs beside the
-    spread between processes: where that spread is wide the rounds needed rarely fit either
-    way, and the time left still buys what it holds (a second look). word_lm's 6m left out
-    its runner-up (64, the grid's best) on a plan of that kind, then ran eleven rounds of the
-    best (32, 0.88 of the grid's best) and the baseline."""
-    pair = [entries[0], entries[1], *entries[3:]]
-    return left_s >= _turn_round_cost_s(prober, state, known, entries[:3]) + \
-        max(rounds, decision.PLANNED_ROUNDS) * _turn_round_cost_s(prober, state, known, pair)
-
-
-def planned_rounds(searched: Callable[[str], Round], names: Sequence[str], process_rel: float,
-                   candidates: int, *, one_round_rel: float | None = None
-                   ) -> tuple[int | None, str]:
-    """The rounds the best entry's gain in the search needs (`decision.rounds_planned`; one
-    where ``one_round_rel``, the spread's upper bound, lets one decide) and why: a gain found
-    early gets the rounds that can show it beyond doubt, a gain too small to show (or none)
-    gets no more than asked. Decided from the search's figures alone, before any round, so the
-    decision still looks once."""
-    base = searched("baseline")
-    best = max((searched(n) for n in names if n != "baseline"),
-               key=lambda r: r.samples_per_s, default=None)
-    gain = None if best is None else decision.gain_of(best.samples_per_s, best.ci_half,
-                                                      base.samples_per_s, base.ci_half)
-    if gain is None:
-        return None, ""
-    speedup, within = gain
-    n = decision.rounds_planned(speedup, process_rel, within, candidates,
-                                one_round_rel=one_round_rel)
-    if n is None:
-        return None, ""
-    return n, (f"the search's best measured {speedup - 1:+.1%} with a spread between processes "
-               f"of ±{process_rel:.1%}, which about {n} rounds can show beyond doubt")
+def plan_entries(prober: Prober, state: TuneState, known: Mapping[tuple, Known],
+                 entries: Sequence[tuple[str, Mapping]]) -> list[confirm_plan.Entry]:
+    """The planner's view of ``entries``: each one's confirmation probe at full length
+    (`probe_windows`), its search probe's length (`entry_probe_s`: the shortest a short budget
+    cuts it to) and its pace as fitted to the script (`Prober.pace`)."""
+    cfgs = [c for _, c in entries]
+    windows = probe_windows(prober, state, known, cfgs)
+    return [confirm_plan.Entry(name, w, entry_probe_s(prober, state, known, c),
+                               prober.pace(state, *state.space.trial_knobs(c)))
+            for (name, c), w in zip(entries, windows)]
 
 
 def one_round_rel(measured: spreads.ProcessSpread,
@@ -281,24 +176,6 @@ def one_round_rel(measured: spreads.ProcessSpread,
             rels.append(spreads.pair_rel(searched.samples_per_s, searched.ci_half,
                                          r.samples_per_s, r.ci_half))
     return spreads.upper_rel(rels)
-
-
-def looks_planned(prober: Prober, state: TuneState, entries: list[tuple[str, dict]],
-                  rounds: int, windows: Mapping[str, float], left_s: float | None,
-                  stretch: fitting.Stretch, scorer: objective.Scorer, *, turns: bool,
-                  measure_s: float) -> int:
-    """The looks the confirmation plans, before any round: two where the search ended early
-    under a budget (`fitting.Stretch.NEEDED`: its rounds are those the search's gain needs,
-    planned on one pair of processes of the script's config) and the time left holds the
-    rounds planned twice over, so that rounds that spread wider than that pair can still be
-    shown with the budget the user gave (word_lm's shape kept its defaults after three rounds
-    of 1.07x-1.19x with 214 s of 6m unspent); one otherwise. Two looks share the 5%, each at
-    97.5% (Bonferroni), so that a config without a gain switches no more often than at one."""
-    if stretch is not fitting.Stretch.NEEDED or left_s is None or scorer.objective.multi or \
-            rounds < MIN_ROUNDS or len(entries) < 2:
-        return 1
-    one = round_cost_s(prober, state, entries, list(windows.values()), measure_s, turns=turns)
-    return 2 if 2 * rounds * one <= left_s else 1
 
 
 def second_look(d: decision.Decision, results: Mapping[str, list], unmeasured: set[str],

@@ -12,19 +12,18 @@ those, with a noise target, every later probe gets its limits (`limits`):
 - its hang thresholds: no progress for many of its own steps while its ranks idle is a hang,
   however long the probe (`autotune.measuring.trial`).
 
-`plan` says what a budget holds once those are known. Pure: numbers in, numbers out.
+What a budget holds for the confirmation is `autotune.tuning.confirm_plan`'s. Pure: numbers in,
+numbers out.
 """
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 from autotune.measuring import steady
 from autotune.measuring.outcome import STALL_STEPS, Outcome
-from autotune.tuning.decision import MIN_ROUNDS, PLANNED_ROUNDS
 
 TARGET_REL = 0.05  # a search probe ends once its 95% half-width is this share of its mean
 MIN_WINDOWS = 6  # estimate windows a probe's limit makes room for (steady.batch_means_ci needs 4)
@@ -41,23 +40,9 @@ RANKS_START_FACTOR = 1.3  # several ranks on one host start slower than one (imp
 HANG_MIN_S = 10.0  # never a hang sooner than this
 BASELINE_MAX_S = 90.0  # the baseline's limit when --seconds is not given: it ends once tight
 BASELINE_BUDGET_SHARE = 0.25  # ... and at most this share of a --budget
-MIN_SEARCH_PROBES = 3  # a budget that holds fewer is told so
-CONFIRM_SHARE = 0.35  # of a time budget, at most, kept for the confirmation
-# ...and at most this share for the rounds a gain the search found needs, when the spread
-# between processes measured says more than those asked show it
-# (`search_budget.Budget.planned_rounds`):
-# nanoGPT's shape found its grid's best 87 s into 6m, searched on to 220 s, and the three rounds
-# left showed +12% at 0.976x-1.286x, where about four would have shown it
-NEEDED_SHARE = 0.5
 # A confirmation probe's length over the config's fitted search probe: that already reaches the
 # noise target inside one process, and the spread between processes is what more rounds measure.
 CONFIRM_PROBE_FACTOR = 1.0
-MAX_CONFIRM_ROUNDS = 6  # leftover budget buys rounds up to this many
-ESSENTIAL_ENTRIES = 2  # the baseline and the best: what a short budget confirms at the least
-# A confirmation that would get one round at the search probes' lengths (which cannot switch)
-# takes the two a switch needs instead when probes this share of those lengths fit: minGPT's
-# shape had 200 s for rounds of 107 s, ran one, and left 96 s of its 6-minute budget unspent.
-SHORTEST_SHARE = 0.8
 # What fitted search probes really took over what they were expected to take (they end once
 # tight, or pruned, often sooner): the budget plan counts that, from this many probes on, as
 # the most any of the last `COST_WINDOW` took (a probe started on less would be cut before it
@@ -66,14 +51,6 @@ COST_MIN_PROBES = 2
 COST_HEADROOM = 1.2
 COST_WINDOW = 8
 COST_FACTOR_RANGE = (0.25, 1.5)
-
-
-class Stretch(enum.Enum):
-    """What budget the search left buys for the confirmation."""
-
-    NONE = "none"  # `--trials N` bounds the run by count: `--confirm-rounds` rounds
-    NEEDED = "needed"  # the search ended early: the rounds its gain and spread need
-    ALL = "all"  # the search stopped for its budget: what is left is the confirmation's
 
 
 @dataclass(frozen=True)
@@ -272,85 +249,3 @@ def _window_s(step_s: float) -> float:
 
 def _secs(s: float) -> str:
     return f"{s * 1000:.0f} ms" if s < 1 else f"{s:.1f} s"
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What the rest of a budget holds: search probes, then the confirmation."""
-
-    left_s: float
-    probe_s: float  # a search probe, typically
-    probes: int  # search probes that fit beside the confirmation
-    confirm_s: float  # kept for the confirmation
-    confirm_rounds: int
-    confirm_probe_s: float
-    confirm_entries: int
-
-    @property
-    def short(self) -> bool:
-        return self.probes < MIN_SEARCH_PROBES
-
-    def needed_s(self, spent_s: float) -> float:
-        """A budget that would hold `MIN_SEARCH_PROBES` probes and the confirmation."""
-        return spent_s + MIN_SEARCH_PROBES * self.probe_s + self.confirm_s
-
-
-def confirm_reserve(budget_s: float | None, full_s: float, one_round_s: float, *,
-                    rounds: int = PLANNED_ROUNDS, share: float = CONFIRM_SHARE) -> float:
-    """Time a search keeps for the confirmation: all of it (``full_s``) but at most ``share``
-    of a budget (`CONFIRM_SHARE`; `NEEDED_SHARE` for the rounds a found gain needs), and never
-    less than the `PLANNED_ROUNDS` rounds a switch from the script's defaults can clear its
-    interval with (or the ``rounds`` asked for, when fewer) of probes as long as the search's
-    (``one_round_s`` each: what a confirmation takes at the least)."""
-    if budget_s is None:
-        return full_s
-    return max(min(full_s, share * budget_s),
-               max(1, min(rounds, PLANNED_ROUNDS)) * one_round_s)
-
-
-def plan(left_s: float, budget_s: float, probe_s: float, *, confirm_rounds: int,
-         confirm_probe_s: float, entries: int = 3) -> Plan:
-    """Split ``left_s`` between search probes of ``probe_s`` and the confirmation of
-    ``entries`` configs, as the search and the confirmation will (`confirm_reserve`,
-    `confirm_fit`; the runner-up, the third, left out when the reserve holds too few rounds of
-    it: `autotune.tuning.confirm.essential`)."""
-    least = min(entries, ESSENTIAL_ENTRIES)
-    reserve = confirm_reserve(budget_s, confirm_rounds * entries * confirm_probe_s,
-                              least * probe_s, rounds=confirm_rounds)
-    if confirm_rounds >= PLANNED_ROUNDS and PLANNED_ROUNDS * entries * probe_s > reserve:
-        entries = least
-    rounds, window = confirm_fit(confirm_rounds, confirm_probe_s, entries, reserve, probe_s)
-    probes = max(0, int((left_s - reserve) // max(probe_s, 1e-9)))
-    return Plan(left_s, probe_s, probes, reserve, rounds, window, entries)
-
-
-def confirm_fit(rounds: int, window_s: float, entries: int, left_s: float | None,
-                least_s: float, *, stretch_to: int | None = None,
-                one_decides: bool = False) -> tuple[int, float]:
-    """Rounds and probe length of the confirmation within ``left_s`` (None: no budget).
-
-    Variance lives between processes more than within one, so rounds are kept before length:
-    a short budget first shortens the probes (down to ``least_s``, a search probe's), then drops
-    rounds (down to one, which cannot switch from the script's defaults: `confirm_reserve`
-    keeps `PLANNED_ROUNDS` for it, so only a budget spent elsewhere comes to that; where two
-    rounds of probes `SHORTEST_SHARE` of ``least_s`` fit, it takes those instead, unless
-    ``one_decides``: one round can show the search's gain alone, and a probe cut shorter than
-    its search probe may measure nothing). With ``stretch_to``, time left over buys more
-    rounds, up to that many (`Stretch`).
-    """
-    if left_s is None:
-        return rounds, window_s
-    asked = rounds
-    if rounds * entries * window_s > left_s:
-        window_s = max(least_s, left_s / (rounds * entries))
-        if rounds * entries * window_s > left_s:
-            rounds = max(1, int(left_s // (entries * window_s)))
-            two = min(MIN_ROUNDS, asked)
-            if rounds < two and not one_decides and \
-                    left_s >= two * entries * SHORTEST_SHARE * least_s:
-                # one round cannot switch; two of probes a little shorter than the search's can
-                rounds, window_s = two, left_s / (two * entries)
-    elif stretch_to is not None:
-        rounds = max(rounds, min(stretch_to, MAX_CONFIRM_ROUNDS,
-                                 int(left_s // (entries * window_s))))
-    return rounds, window_s

@@ -18,9 +18,10 @@ from autotune import AutotuneError, Note
 from autotune.measuring.noise import NoiseEstimate
 from autotune.measuring.outcome import Outcome
 from autotune.measuring.series import Source
-from autotune.tuning import decision, fitting, objective, spread
+from autotune.tuning import confirm_plan, decision, fitting, objective, spread
 from autotune.tuning import study as studies
 from autotune.tuning.answers import Answers
+from autotune.tuning.confirm_rounds import turns_refused
 from autotune.tuning.prober import Prober
 from autotune.tuning.search_budget import Budget
 from autotune.tuning.study_queue import StudyQueue
@@ -58,14 +59,16 @@ class SearchResult:
     noises: tuple[NoiseEstimate, ...] = ()  # the noise-scale readings of the probes it took
 
 
-def budget_plan(prober: Prober, state: TuneState, left_s: float) -> fitting.Plan:
-    """What ``left_s`` of the budget holds after the baseline (`fitting.plan`), the
+def budget_plan(prober: Prober, state: TuneState, left_s: float) -> confirm_plan.BudgetPlan:
+    """What ``left_s`` of the budget holds after the baseline (`confirm_plan.plan_budget`), the
     confirmation measuring the best and the baseline (`confirm.essential`)."""
     probe_s = prober.typical_s(state)
-    return fitting.plan(left_s, state.settings.budget_s, probe_s,
-                        confirm_rounds=max(1, state.settings.confirm_rounds),
-                        confirm_probe_s=prober.confirm_probe_s(state, probe_s),
-                        entries=fitting.ESSENTIAL_ENTRIES)
+    return confirm_plan.plan_budget(left_s, state.settings.budget_s, probe_s,
+                                    asked=state.settings.confirm_rounds,
+                                    confirm_probe_s=prober.confirm_probe_s(state, probe_s),
+                                    entries=confirm_plan.ESSENTIAL_ENTRIES,
+                                    refused=turns_refused(
+                                        prober, objective.Scorer(state.settings.objective)))
 
 
 def open_study(prober: Prober, state: TuneState, *, resume: bool) -> studies.StudyHandle:
@@ -421,7 +424,7 @@ class Search:
             f"the search's best measured {best[0] - 1:+.1%}; at the spread between processes of "
             f"±{measured.planning_rel():.1%}, about {n} confirmation rounds show it, so the budget "
             f"keeps time for {n} (more than --confirm-rounds {s.confirm_rounds}, at most "
-            f"{fitting.NEEDED_SHARE:.0%} of it) before the search goes on"))
+            f"{confirm_plan.NEEDED_SHARE:.0%} of it) before the search goes on"))
 
     def _keep_spread(self, measured: spread.ProcessSpread) -> None:
         self._keep(learned=dataclasses.replace(self.state.learned, spread=measured))

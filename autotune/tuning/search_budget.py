@@ -2,9 +2,10 @@
 room left for one more probe.
 
 The search (`autotune.tuning.search`) asks `Budget` before each probe and after each trial:
-how much time the confirmation keeps (`Budget.reserve_s`: its rounds of the candidates so far,
-within its share of the budget), how many rounds that is (`Budget.planned_rounds`: those asked,
-or as many as the spread between processes says would show the search's best gain), whether
+how much time the confirmation keeps (`Budget.reserve_s`: the cost of the confirmation's plan,
+`autotune.tuning.confirm_plan`, for the candidates so far), how many rounds that is
+(`Budget.planned_rounds`: those asked, or as many as the spread between processes says would
+show the search's best gain), whether
 one more probe of a config fits (`Budget.room`), and the cheapest probe left (the stop rule).
 It reads the search's `autotune.tuning.answers.Answers` and the run's state; it queues and
 probes nothing.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from autotune.tuning import confirm, confirm_rounds, decision, fitting, spread
+from autotune.tuning import confirm, confirm_plan, confirm_rounds, decision, spread
 from autotune.tuning.answers import Answers
 from autotune.tuning.prober import Prober
 from autotune.tuning.records import TuneSettings
@@ -65,9 +66,9 @@ class Budget:
         left, need_s = self.room(cfg)
         return left < need_s
 
-    def best_gain(self) -> tuple[float, float] | None:
-        """The search's best config over the script's own, by score: (speed-up, the two
-        figures' own relative intervals together); None while no config beats it."""
+    def best_scores(self) -> tuple[tuple[float, float], tuple[float, float]] | None:
+        """The search's best config and the script's own, by score: (value, 95% half-width)
+        each; None while no config beats the script's."""
         sp, known = self.space, self.answers.known
         top = confirm.best(sp, known, self.answers.scorer, 1)
         base = known.get(sp.key(sp.baseline))
@@ -76,38 +77,38 @@ class Budget:
         b, t = self.answers.score(base), self.answers.score(top[0])
         if not b.value or t.value is None or t.value <= b.value:
             return None
-        return decision.gain_of(t.value, t.ci_half, b.value, b.ci_half)
+        return (t.value, t.ci_half), (b.value, b.ci_half)
+
+    def best_gain(self) -> tuple[float, float] | None:
+        """The search's best config over the script's own, by score: (speed-up, the two
+        figures' own relative intervals together); None while no config beats it."""
+        scores = self.best_scores()
+        return None if scores is None else decision.gain_of(*scores[0], *scores[1])
 
     def planned_rounds(self) -> int:
-        """The confirmation rounds the budget keeps time for: those asked (``--confirm-rounds``),
-        unless the spread between processes is measured and another number would show the
-        search's best gain beyond doubt (`decision.rounds_planned`, at the spread a round's
-        ratio is planned with: `spread.ProcessSpread.planning_rel`; the confirmation itself
-        still decides on its rounds, and time left over buys more):
+        """The confirmation rounds the budget keeps time for (`confirm_plan.rounds_kept`):
+        those asked (``--confirm-rounds``), unless the spread between processes is measured
+        and another number would show the search's best gain beyond doubt
+        (`confirm_plan.needed_rounds`, at the spread a round's ratio is planned with:
+        `spread.ProcessSpread.planning_rel`; the confirmation itself still decides on its
+        rounds, and time left over buys more):
         - fewer, down to `decision.MIN_ROUNDS`: minGPT's shape moves ~1% between processes,
           two rounds show its +32%, and the third round's ~70 s is a probe of the batch the
           walk goes to next;
         - one, for a gain that even the spread's upper bound from its one pair cannot
-          explain (`spread.ProcessSpread.upper_rel`, `decision.rounds_planned`): the round
-          then decides alone (`confirm_rounds.one_round_rel`), and time left over still buys more;
-        - under a budget, more, up to `fitting.MAX_CONFIRM_ROUNDS` (and `fitting.NEEDED_SHARE`
-          of the budget: `reserve_of`): a gain found is worth showing before the search goes
-          on for another. None are added for a gain that even those cannot show (the search
-          may yet find a larger one, which fewer rounds would show)."""
+          explain (`spread.ProcessSpread.upper_rel`): the round then decides alone
+          (`confirm_rounds.one_round_rel`), and time left over still buys more;
+        - under a budget, more, up to `confirm_plan.MAX_CONFIRM_ROUNDS` (and
+          `confirm_plan.NEEDED_SHARE` of the budget): a gain found is worth showing before the
+          search goes on for another."""
         s = self.settings
         measured = self.state.learned.spread
-        best = self.best_gain()
-        if best is None or measured is None or not measured.measured:
+        scores = self.best_scores()
+        if scores is None or measured is None or not measured.measured:
             return s.confirm_rounds
-        n = decision.rounds_planned(best[0], measured.planning_rel(), best[1], 1,
-                                    one_round_rel=measured.upper_rel())
-        if n is None:
-            return s.confirm_rounds
-        if n > s.confirm_rounds:
-            more = s.budget_s is not None and s.confirm_rounds > 0 and \
-                n <= fitting.MAX_CONFIRM_ROUNDS
-            return n if more else s.confirm_rounds
-        return min(s.confirm_rounds, n)
+        n, _ = confirm_plan.needed_rounds(*scores, measured.planning_rel(), 1,
+                                          one_round_rel=measured.upper_rel())
+        return confirm_plan.rounds_kept(s.confirm_rounds, n, budgeted=s.budget_s is not None)
 
     def repeat_may_save_a_round(self) -> tuple[float, int] | None:
         """Under a budget, once the search's best beats the script's config beyond the pruning
@@ -131,9 +132,9 @@ class Budget:
         return (best[0], n) if left >= self.prober.typical_s(self.state) else None
 
     def reserve_s(self, joining: Mapping[str, int] | None = None) -> float:
-        """Time kept for the confirmation (`fitting.confirm_reserve`); none while no config but
-        the baseline measured (nothing to confirm: the search may use it). With ``joining``,
-        a config about to be probed: the most it keeps should that config become a candidate
+        """Time kept for the confirmation (`plan`'s cost); none while no config but the
+        baseline measured (nothing to confirm: the search may use it). With ``joining``, a
+        config about to be probed: the most it keeps should that config become a candidate
         (its probes may be longer than the candidates' so far); the first config to be
         measured keeps nothing back, as there is nothing to confirm yet."""
         entries = confirm.candidates(self.space, self.answers.known, self.answers.scorer)
@@ -143,22 +144,20 @@ class Budget:
         return self.reserve_of(entries)
 
     def reserve_of(self, entries: list[tuple[str, dict]]) -> float:
-        """All the confirmation's rounds of the `confirm.essential` ``entries`` (under a budget
-        the runner-up is left out: `confirm.finish`) within its share of the budget, and at the
-        least `decision.PLANNED_ROUNDS` rounds of them."""
+        """The time the search keeps for a confirmation of ``entries`` (`plan`)."""
+        return self.plan(entries).cost_s
+
+    def plan(self, entries: list[tuple[str, dict]]) -> confirm_plan.ConfirmPlan:
+        """The confirmation of the `confirm.essential` ``entries`` as the search reserves for
+        it (`confirm_plan.plan_confirmation`; under a budget the runner-up is left out:
+        `confirm.finish`), at the rounds the budget keeps (`planned_rounds`)."""
         s, state, known = self.settings, self.state, self.answers.known
         entries = confirm.essential(self.space, entries)  # what a budget confirms
-        if len(entries) < 2 or s.confirm_rounds == 0:
-            return 0.0
-        cfgs = [c for _, c in entries]
-        windows = confirm_rounds.probe_windows(self.prober, state, known, cfgs)
-        floor = dict(zip((n for n, _ in entries), windows))
-        one_round = sum(min(confirm_rounds.entry_probe_s(self.prober, state, known, c),
-                            floor[n]) for n, c in entries)
-        rounds = self.planned_rounds()
-        share = fitting.NEEDED_SHARE if rounds > s.confirm_rounds else fitting.CONFIRM_SHARE
-        return fitting.confirm_reserve(s.budget_s, rounds * sum(windows), one_round,
-                                       rounds=rounds, share=share)
+        return confirm_plan.plan_confirmation(
+            confirm_rounds.plan_entries(self.prober, state, known, entries),
+            asked=s.confirm_rounds, budget_s=s.budget_s, reserving=True,
+            needed=self.planned_rounds() if len(entries) >= 2 and s.confirm_rounds else None,
+            refused=confirm_rounds.turns_refused(self.prober, self.answers.scorer))
 
     def cheapest_left_s(self) -> float:
         """The shortest probe a config not yet answered would take (`Prober.probe_s`), ruled

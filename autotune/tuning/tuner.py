@@ -28,8 +28,9 @@ from autotune.measuring import trial
 from autotune.hardware import fingerprint
 from autotune.store.journal import Journal
 from autotune import Note, UsageError
-from autotune.tuning import (baseline, confirm, decision, fitting, memory, objective, payback,
+from autotune.tuning import (baseline, confirm, decision, memory, objective, payback,
                              search)
+from autotune.tuning.confirm_plan import MIN_SEARCH_PROBES, Stretch
 from autotune.tuning.confirm_rounds import Earlier
 from autotune.tuning.prober import Notify, Prober, RunTrial
 from autotune.tuning.records import Stop, TunedOn, TuneReport
@@ -81,18 +82,20 @@ class Tuner:
         settings, spent = self.state.settings, self.elapsed()
         left = settings.budget_s - spent
         p = search.budget_plan(self.prober, self.state, left)
-        confirm = (f"a confirmation of {p.confirm_rounds} round(s) x {p.confirm_entries} probes "
-                   f"of ~{p.confirm_probe_s:.0f} s")
+        c = p.confirm
+        confirm = (f"a confirmation of {c.rounds} round(s) x {len(c.entries)} probes of "
+                   f"~{c.probe_s:.0f} s, ~{c.cost_s:.0f} s kept for it: {c.why}"
+                   if c.remeasures else f"no confirmation ({c.why})")
         self._note(Note.info(f"budget {minutes(settings.budget_s)}: {minutes(spent)} spent on "
                              f"the baseline; {minutes(max(left, 0))} left holds about "
                              f"{p.probes} search probe(s) of ~{p.probe_s:.0f} s and {confirm}"))
         if p.short:
             self._note(Note.warning(f"--budget {minutes(settings.budget_s)} holds {p.probes} "
                                     f"search probe(s) of ~{p.probe_s:.0f} s beside the "
-                                    f"confirmation, fewer than {fitting.MIN_SEARCH_PROBES}; "
+                                    f"confirmation, fewer than {MIN_SEARCH_PROBES}; "
                                     f"--budget "
                                     f"{minutes(math.ceil(p.needed_s(spent) / 60) * 60)} would "
-                                    f"hold {fitting.MIN_SEARCH_PROBES}"))
+                                    f"hold {MIN_SEARCH_PROBES}"))
 
     def _run_length(self) -> payback.RunLength | None:
         """The full run's length, from the script's arguments and the baseline's facts."""
@@ -179,7 +182,7 @@ class Tuner:
         left_s = settings.budget_s - self.elapsed() \
             if settings.budget_s is not None and self.earlier is None else None
         c = confirm.finish(prober, self.state, self.found.known, left_s=left_s,
-                           stretch=fitting.Stretch.NONE if self.earlier else stretch_for(stop),
+                           stretch=Stretch.NONE if self.earlier else stretch_for(stop),
                            scorer=scorer, earlier=self.earlier)
         self.state = c.state
         self._save(self.state)  # what the confirmation's probes taught survives a crash too
@@ -277,17 +280,17 @@ class Tuner:
                         f"script's global batch of {batch0}")
 
 
-def stretch_for(stop) -> fitting.Stretch:
-    """What the budget the search left buys (`fitting.Stretch`): all of it after a search that
+def stretch_for(stop) -> Stretch:
+    """What the budget the search left buys (`Stretch`): all of it after a search that
     stopped for the budget; after one that ended early (converged, the space answered, a
     streak of duplicates), the rounds its best gain needs to be shown beyond doubt, so a gain
     found early is not kept back for want of rounds while the budget sits unused; `--trials N`
     bounds the run by count, and its confirmation keeps `--confirm-rounds`."""
     if stop is not None and stop.rule is Stop.BUDGET:
-        return fitting.Stretch.ALL
+        return Stretch.ALL
     if stop is not None and stop.rule is Stop.TRIALS:
-        return fitting.Stretch.NONE
-    return fitting.Stretch.NEEDED
+        return Stretch.NONE
+    return Stretch.NEEDED
 
 
 def _one_rank_best(known, c) -> float:
