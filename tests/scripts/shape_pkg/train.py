@@ -1,7 +1,9 @@
 """``python -m shape_pkg.train``: a DataLoader with its batch size and workers hard-coded.
 
     loader batch_size=32 num_workers=0
-    step 40 samples/s 1404.6 train_samples 1280 train_s 0.912
+    step samples/s 1404.6 train_samples 1280 train_s 0.912 at 5123.456
+
+(``at``: the system's monotonic clock, to compare with a probe's window.)
 """
 
 import time
@@ -31,7 +33,8 @@ def main():
             now = time.perf_counter()
             if now - last >= 0.5:
                 print(f"step samples/s {(samples - logged) / (now - last):.1f}"
-                      f" train_samples {samples} train_s {now - start:.3f}")
+                      f" train_samples {samples} train_s {now - start:.3f}"
+                      f" at {time.monotonic():.3f}")
                 last, logged = now, samples
 
 
