@@ -285,8 +285,8 @@ def test_a_step_that_ends_early_after_a_hold_is_left_out_of_its_slice():
             count += batch
     est = steady.slices_estimate(pts, slices)
     assert est.samples_per_s == pytest.approx(batch / 1.0, rel=1e-6)
-    # two ends are not enough once the first is left out
-    assert steady.slice_parts(pts[:3], [(0.0, 3.5)]) == [None]
+    # 0.4 s steps (word_lm's batch 20) are read so too; 20 ms steps, many to a tick, are not
+    assert steady.SLICE_SKIP_MIN_STEP_S <= 0.4
 
 
 def test_slices_that_saw_too_few_batches_give_no_figure():

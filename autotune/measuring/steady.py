@@ -41,6 +41,9 @@ BATCHES_PER_WINDOW = 2
 MIN_STEP_REL_HALF = 0.005
 # Steps at least this long are one batch per meter tick (0.25 s): measured from jump to jump.
 ALIGNED_MIN_STEP_S = 0.5
+# steps longer than a meter tick (0.25 s): each batch end seen on its own, and a turn's slice
+# read from its second (`slice_parts`)
+SLICE_SKIP_MIN_STEP_S = 0.3
 SHIFT_MIN_WINDOWS = 8  # fewer kept windows than this are not split in two
 SHIFT_MIN_SEGMENT = 4  # windows each side of a change point, for an interval of its own
 
@@ -374,19 +377,23 @@ def estimate(points: list[tuple[float, float]], *, batches: int,
 
 def slice_parts(points: list[tuple[float, float]],
                 slices: list[tuple[float, float]]) -> list[tuple[float, float] | None]:
-    """(samples, seconds) each slice ran, in order (`slices_estimate`), from its second batch
-    end to its last; None for a slice in which fewer than three batches ended.
+    """(samples, seconds) each slice ran, in order (`slices_estimate`): from its first batch
+    end to its last, or for steps of `SLICE_SKIP_MIN_STEP_S` or more (each end a batch of its
+    own), from its second; None for a slice with too few ends.
 
-    Not from its first: a hold that lands inside a step lets a script that paces itself by
-    the clock (waiting out a device's time, or a timer's) find the held time already gone, and
-    its next step ends early. Steps paced so (1 s at batch 80) read up to twice their rate in
-    a slice that counted that step."""
+    Not from the first for long steps: a hold that lands inside a step lets a script that
+    paces itself by the clock (waiting out a device's time, or a timer's) find the held time
+    already gone, and its next step ends early. Steps paced so (1 s at batch 80) read up to
+    twice their rate in a slice that counted that step; among a slice's dozens of short steps
+    one early step is lost in the rest."""
     pts = sorted(points)
     ends = [p for prev, p in zip(pts, pts[1:]) if p[1] > prev[1]]  # where a batch ended
     pauses = idle_spans(pts, len(ends)) if len(pts) > 1 else []
+    gaps = sorted(b[0] - a[0] for a, b in zip(ends, ends[1:]))
+    skip = 1 if gaps and gaps[len(gaps) // 2] >= SLICE_SKIP_MIN_STEP_S else 0
     out: list[tuple[float, float] | None] = []
     for a, b in slices:
-        inside = [p for p in ends if a <= p[0] <= b][1:]
+        inside = [p for p in ends if a <= p[0] <= b][skip:]
         if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
             out.append(None)
             continue
@@ -400,12 +407,12 @@ def slices_estimate(points: list[tuple[float, float]], slices: list[tuple[float,
                     parts: list[tuple[float, float] | None] | None = None) -> Estimate | None:
     """Samples/s over the time slices a process ran in (`autotune.measuring.alternate`: held
     with SIGSTOP between them), from batch to batch inside each slice; None without three
-    slices that saw three batches end.
+    slices that saw enough batches end.
 
-    A slice is measured from the second batch that ended in it (the one in flight when the
-    process was held ends just after it resumes, and the next may end early: `slice_parts`)
-    to the last, so the time held is never counted and each slice's rate is exact to the
-    meter's clock. A pause inside a slice
+    A slice is measured from the first batch that ended in it (the one in flight when the
+    process was held ends just after it resumes; for long steps the second, as the next may
+    end early: `slice_parts`) to the last, so the time held is never counted and each slice's
+    rate is exact to the meter's clock. A pause inside a slice
     (`idle_spans`: evaluation) is left out, as `estimate` leaves it. The figure is all the
     samples over all the measured time; its interval is the t-interval of the slices' own
     rates, which lie seconds apart and are taken as independent. ``parts``: `slice_parts` of

@@ -480,6 +480,10 @@ def _loop(probe: _Probe, collector: Collector, load: ForeignLoad,
             if not turn.running():
                 if any(lp.poll() is not None for lp in probe.launched):
                     return  # killed while held (the OOM killer): nothing else ends it
+                # held, it still reads the CPU the others take meanwhile: a script of theirs
+                # that ends in its slice (a finite loader) is not read again, and what it
+                # took since it was last read would count as foreign load on this one
+                load.sample(probe.processes())
                 continue
         tree = probe.processes()
         load.sample(tree)
