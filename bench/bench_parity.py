@@ -15,8 +15,10 @@ again, the order rotated each round):
 
 Each figure is the script's own: the mean of its printed samples/s lines after the first (the
 first holds start-up). A plain run and a run through ``autotune run`` stop once the script has
-printed ``--lines`` lines after its first (so that each measures as much of its steady stretch,
-whatever its start-up took); a probe ends as the tuner's do, within ``--seconds``. A config's ``run_ratio`` and ``probe_ratio`` are the medians of the
+printed as many lines after its first as it prints in ``--span`` seconds started plain (at
+least ``--lines``; counted once per config before the rounds: `calibrate`), and every way's
+figure, the probe's too, stands on that many lines after its first, so that the three measure
+a like stretch of the run; a probe ends as the tuner's do, within ``--seconds``. A config's ``run_ratio`` and ``probe_ratio`` are the medians of the
 per-round ratios to the plain run of the same round; the spread is their min-max. Exits 1 when
 any ratio is below ``--min-ratio`` (0.97) or a config gave no figure.
 
@@ -60,7 +62,7 @@ for _p in (str(ROOT), str(ROOT / "bench")):
         sys.path.insert(0, _p)
 
 from bench.common import say  # noqa: E402
-from bench.shapes import STOP_S, THREAD_VARS, own_rate, start, timed_run  # noqa: E402
+from bench.shapes import STOP_S, THREAD_VARS, start, timed_run  # noqa: E402
 
 EXAMPLES = ROOT / "examples"
 WAYS = ("plain", "run", "probe")
@@ -161,6 +163,8 @@ class Ctx:
     seconds: float  # the most one run may take, start-up included
     env: dict[str, str]
     lines: int = 6  # a run stops once the script printed this many rate lines after its first
+    span_s: float = 10.0  # ...or as many as it prints in this long, when that is more
+    lines_for: dict[str, int] = field(default_factory=dict)  # per config (`calibrate`)
     probe_min_s: float = 10.0  # a probe measures at least this long (the tuner's: 5)
     mps_binary: str | None = None
     recipes: dict[str, Path] = field(default_factory=dict)
@@ -215,7 +219,7 @@ def one_plain(c: Config, ctx: Ctx) -> str:
         daemon = mpsd.Daemon(ctx.mps_binary, env=env, work=ctx.work).start()
         env.update(daemon.client_env(c.share))
     try:
-        return lines_run(plain_argv(c, sys.executable), c.rate, ctx, env)
+        return lines_run(plain_argv(c, sys.executable), c.rate, ctx, env, ctx.lines_for[c.name])
     finally:
         if daemon is not None:
             daemon.stop()
@@ -223,31 +227,66 @@ def one_plain(c: Config, ctx: Ctx) -> str:
 
 def one_run(c: Config, ctx: Ctx) -> str:
     argv = run_argv(c, sys.executable, ctx.recipes[c.name], ctx.work / "runs")
-    return lines_run(argv, c.rate, ctx, ctx.env)
+    return lines_run(argv, c.rate, ctx, ctx.env, ctx.lines_for[c.name])
 
 
-def lines_run(argv: list[str], rate: re.Pattern, ctx: Ctx, env: Mapping[str, str]) -> str:
-    """``argv`` until the script printed ``ctx.lines`` rate lines after its first (each run
-    measures as much of its own steady stretch, whatever its start-up took), at most
-    ``ctx.seconds``; then SIGINT to its group (SIGKILL `shapes.STOP_S` later). Its output."""
+def lines_run(argv: list[str], rate: re.Pattern, ctx: Ctx, env: Mapping[str, str],
+              lines: int, *, span_s: float | None = None) -> str:
+    """``argv`` until the script printed ``lines`` rate lines after its first (each run
+    measures as much of its own steady stretch, whatever its start-up took), or with
+    ``span_s``, until that long after its first; at most ``ctx.seconds``; then SIGINT to its
+    group (SIGKILL `shapes.STOP_S` later). Its output, each rate line after the first that
+    came within ``span_s`` of it (all of them without ``span_s``)."""
     p = start(argv, ctx.work, env)
-    got: list[str] = []
+    got: list[tuple[float, str]] = []
     deadline = time.monotonic() + ctx.seconds
 
     def read() -> None:
         for line in p.stdout:
-            got.append(line)
+            got.append((time.monotonic(), line))
+
+    def first_t() -> float | None:
+        return next((t for t, line in list(got) if rate.search(line)), None)
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
-        while p.poll() is None and time.monotonic() < deadline and \
-                len(rate.findall("".join(got))) < ctx.lines + 1:
+        while p.poll() is None and time.monotonic() < deadline:
+            if span_s is None and len(rate.findall("".join(x for _, x in got))) >= lines + 1:
+                break
+            first = first_t() if span_s is not None else None
+            if first is not None and time.monotonic() >= first + span_s:
+                break
             time.sleep(0.1)
     finally:
         _stop_group(p)
         reader.join(timeout=STOP_S)
-    return "".join(got)
+    first = first_t()
+    if span_s is None or first is None:
+        return "".join(x for _, x in got)
+    return "".join(x for t, x in got if t <= first + span_s)
+
+
+def calibrate(c: Config, ctx: Ctx) -> int:
+    """How many rate lines after its first ``c``'s script prints in ``ctx.span_s``, started
+    plain (never fewer than ``ctx.lines``). Every way's figure stands on that many lines after
+    its first, so the three measure a like stretch of the run: by a count alone, a run of 7 ms
+    steps logged every 25 stood on a second of lines while its probe's ran on for 15 s."""
+    env = dict(ctx.env)
+    if c.threads:
+        env.update({var: str(c.threads) for var in THREAD_VARS})
+    if c.mps:
+        return ctx.lines  # a daemon of its own for one count: the count alone will do
+    text = lines_run(plain_argv(c, sys.executable), c.rate, ctx, env, ctx.lines,
+                     span_s=ctx.span_s)
+    return max(ctx.lines, len(c.rate.findall(text)) - 1)
+
+
+def first_lines_rate(text: str, pattern: re.Pattern, lines: int) -> float | None:
+    """Pure: the mean of the script's own rate lines 2 to ``lines`` + 1 (the first holds
+    start-up); None without two."""
+    rates = [float(m.group(1)) for m in pattern.finditer(text)][:lines + 1]
+    return sum(rates[1:]) / len(rates[1:]) if len(rates) > 1 else None
 
 
 def one_probe(c: Config, ctx: Ctx) -> str:
@@ -480,7 +519,7 @@ def measure(configs: Sequence[Config], ctx: Ctx, rounds: int,
         for c in configs:
             for way in order:
                 t0 = time.monotonic()
-                rate = own_rate(RUNNERS[way](c, ctx), c.rate)
+                rate = first_lines_rate(RUNNERS[way](c, ctx), c.rate, ctx.lines_for[c.name])
                 rates[c.name][way].append(rate)
                 say(f"round {rnd} {c.name:<12} {way:<6} "
                     + (f"{rate:9.1f} samples/s" if rate else "no figure")
@@ -507,6 +546,10 @@ def main(argv=None) -> int:
     p.add_argument("--lines", type=int, default=6,
                    help="a run stops once the script printed this many of its own rate lines "
                         "after its first (6)")
+    p.add_argument("--span", type=float, default=10.0,
+                   help="...or as many as it prints in this many seconds after its first, "
+                        "started plain, when that is more; every way's figure stands on as many "
+                        "(10)")
     p.add_argument("--seconds", type=float, default=60.0,
                    help="the most one run takes, start-up included; a probe's limit (60)")
     p.add_argument("--configs", nargs="+", default=None, help="names (default: the host's)")
@@ -535,7 +578,8 @@ def main(argv=None) -> int:
     if not configs:
         p.error(f"--configs: none of {args.configs} is one of {[c.name for c in every]}")
     work = Path(tempfile.mkdtemp(prefix="bench_parity-"))
-    ctx = Ctx(work=work, seconds=args.seconds, lines=args.lines, probe_min_s=args.probe_min_s,
+    ctx = Ctx(work=work, seconds=args.seconds, lines=args.lines, span_s=args.span,
+              probe_min_s=args.probe_min_s,
               env={**user_env(os.environ), "PYTHONUNBUFFERED": "1",
                    "AUTOTUNE_RUNS_DIR": str(work / "runs")})
     if any(c.mps for c in configs):
@@ -562,12 +606,17 @@ def main(argv=None) -> int:
         report = {"device": name, "host": platform.node(), "cores": os.cpu_count(),
                   "commit": commit, "when": datetime.datetime.now().isoformat(timespec="seconds"),
                   "rounds": args.rounds, "lines": args.lines, "seconds": args.seconds,
+                  "span_s": args.span, "lines_for": ctx.lines_for,
                   "threads": args.threads,
                   "min_ratio": args.min_ratio, "complete": complete, "meter_us": meter,
                   "configs": rows}
         out.write_text(json.dumps(report, indent=2) + "\n")
 
     _warm(configs, ctx)
+    for c in configs:
+        ctx.lines_for[c.name] = calibrate(c, ctx)
+        say(f"# {c.name}: every figure stands on {ctx.lines_for[c.name]} of the script's lines "
+            f"after its first (~{ctx.span_s:g} s started plain)")
     rows = measure(configs, ctx, args.rounds, after_round=lambda r: write(r, False))
     say(table(rows))
     write(rows, True)

@@ -67,3 +67,30 @@ def test_the_script_lines_are_read_not_autotunes():
 def test_the_meter_costs_a_few_microseconds_a_step():
     cost = bp.meter_cost_us(steps=500)
     assert 0 < cost["hooks"] < 1000 and 0 < cost["clock_host"] < 1000 and cost["tick_us"] > 0
+
+
+def test_every_way_s_figure_stands_on_the_same_count_of_the_script_s_lines():
+    """A probe's lines run on for its whole length; a plain run's stop after the count the
+    calibration took: each figure is the mean of lines 2 to count + 1, whatever came after."""
+    text = "".join(f"epoch 1 step {25 * i} loss 2.0 samples/s {r}\n"
+                   for i, r in enumerate([50.0, 100.0, 110.0, 90.0, 60.0, 60.0], start=1))
+    assert bp.first_lines_rate(text, bp.EXAMPLE_RATE, 3) == pytest.approx(100.0)
+    assert bp.first_lines_rate(text, bp.EXAMPLE_RATE, 10) == pytest.approx(84.0)
+    assert bp.first_lines_rate(text.splitlines()[0], bp.EXAMPLE_RATE, 3) is None
+
+
+def test_a_run_cut_to_a_span_keeps_the_lines_that_came_within_it(tmp_path):
+    """The calibration's run: lines that came within the span after the first are counted,
+    those after it are not, and the run is stopped."""
+    script = tmp_path / "lines.py"
+    script.write_text("import time\nfor i in range(40):\n"
+                      "    print(f'epoch 1 step {i} loss 1.0 samples/s 10.0', flush=True)\n"
+                      "    time.sleep(0.1)\n")
+    ctx = bp.Ctx(work=tmp_path, seconds=20.0, env={"PATH": "/usr/bin:/bin"})
+    text = bp.lines_run([sys.executable, str(script)], bp.EXAMPLE_RATE, ctx, dict(ctx.env), 3,
+                        span_s=1.0)
+    got = len(bp.EXAMPLE_RATE.findall(text))
+    assert 6 <= got <= 14, text  # ~11 lines in the first second (one a tenth), not all 40
+    # by count alone it stops at the count after the first
+    text = bp.lines_run([sys.executable, str(script)], bp.EXAMPLE_RATE, ctx, dict(ctx.env), 3)
+    assert 4 <= len(bp.EXAMPLE_RATE.findall(text)) < 40
