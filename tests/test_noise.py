@@ -212,7 +212,9 @@ def test_a_two_rank_probe_estimates_the_noise_scale_within_a_factor_of_2(tmp_pat
     got = full["noise"]
     b = 32 if accumulate == "no_sync" else 16
     assert (got["b_small"], got["b_big"], got["ranks"]) == (b, 2 * b, 2), got
-    assert got["steps"] >= 200, got
+    # many steps, not a handful: alone the no_sync case folds ~1,300 in its 8 s; beside the
+    # suite's other worker it folded 172 (two gloo ranks on two busy cores step ~7x slower)
+    assert got["steps"] >= 100, got
     if accumulate == "allreduce each time":
         assert abs(got["skipped"] - got["steps"]) <= 0.05 * got["steps"], got
     else:
