@@ -494,6 +494,8 @@ class Interceptor:
                 if not multi:
                     return hook(state, bucket)
                 norms = meter.noise
+                if not norms.takes(meter.steps):  # not this step's (`noise.SAMPLE_GAP_S`)
+                    return hook(state, bucket)
                 _try(norms.before, bucket.buffer())  # before the hook divides it in place
                 return _then_after(hook(state, bucket), norms)
             return timed_hook

@@ -28,14 +28,26 @@ A step counts only when its gradient is one batch's:
   updated by hand) cannot be told apart: each synchronised backward pass counts.
 
 Cost: one norm per bucket before the allreduce and one after, on the bucket tensor (a read of
-the gradients, small beside the allreduce's own passes), and nothing at all at one rank. On CUDA
-the norms stay on the device: a step's sums are read by the ticker once a CUDA event recorded
-after them has completed, so the training thread never waits for the GPU.
+the gradients, small beside the allreduce's own passes), and nothing at all at one rank. The norm
+after the allreduce runs in a callback on the communication thread, which must take the
+interpreter's lock from the training thread. At two ranks of 7 ms steps on two cores, the
+norms and the callback on every step cost about a tenth of the step as the script's own clock
+read it (`bench/bench_parity.py`, docs/benchmarks.md "Parity"). So the norms are taken on one
+step per `SAMPLE_GAP_S` at most: every step of a script whose steps are longer, one in several
+of a fast one; the others run the script's hook untouched. Each step taken is still one sample
+of the same means, and a step left out still moves the marks the next counted step's batch is
+measured from. On CUDA the norms stay on the device: a step's sums are read by the ticker once
+a CUDA event recorded after them has completed, so the training thread never waits for the GPU.
 """
 
 from __future__ import annotations
 
 import threading
+import time
+
+# The least time between two steps whose norms are taken: a step that starts its allreduce
+# sooner after the last one taken trains untouched.
+SAMPLE_GAP_S = 0.05
 
 
 class GradNorms:
@@ -53,6 +65,24 @@ class GradNorms:
         self._pending: list = []  # (event or None, local, avg, samples) awaiting the device
         self._samples_at = 0  # the meter's samples at the previous synchronised backward
         self._steps_at: int | None = None  # its optimizer steps then
+        self._taking: bool | None = None  # this backward pass's buckets: norms taken or not
+        self._taken_at = -SAMPLE_GAP_S  # when the last step whose norms were taken began
+        self._taken_step: int | None = None  # that step's optimizer steps (its later passes)
+
+    def takes(self, steps: int, now: float | None = None) -> bool:
+        """Whether this bucket's norms are taken (``steps``: the meter's optimizer steps).
+
+        The first bucket of a backward pass decides for all of its buckets: the first
+        synchronised pass after an optimizer step is taken once `SAMPLE_GAP_S` passed since
+        the last one taken; a later pass of the same step never is (it would be skipped)."""
+        now = time.perf_counter() if now is None else now
+        with self.lock:
+            if self._taking is None:
+                fresh = self._steps_at is None or steps == 0 or steps != self._steps_at
+                self._taking = fresh and now - self._taken_at >= SAMPLE_GAP_S
+                if self._taking:
+                    self._taken_at = now
+            return self._taking
 
     def before(self, tensor) -> None:
         """The bucket as the hook gets it: the rank's own gradient."""
@@ -73,11 +103,20 @@ class GradNorms:
         """
         with self.lock:
             before, after, self._before, self._after = self._before, self._after, [], []
+            taking, self._taking = self._taking, None
+            if taking is False:  # an allreduce ran, its norms not taken: the next counted
+                fresh = self._steps_at is None or steps == 0 or steps != self._steps_at
+                self._samples_at, self._steps_at = samples, steps  # batch starts here
+                if not fresh and steps == self._taken_step:
+                    self.skipped += 1  # a later pass of a step taken: skipped, as it would be
+                return
             if not before and not after:
                 return  # no allreduce ran: no_sync, or no backward pass at all
             batch = samples - self._samples_at
             fresh = self._steps_at is None or steps == 0 or steps != self._steps_at
             self._samples_at, self._steps_at = samples, steps
+            if taking:
+                self._taken_step = steps
             if not fresh or len(before) != len(after):
                 self.skipped += 1
                 return
