@@ -440,7 +440,7 @@ def _announcement(lineup: _Lineup, plan: ConfirmPlan, earlier: Earlier | None) -
         more += f", after the {earlier.count} round(s) it had (judged with them)"
     looks = ("; after every round a look drops a config the rounds show behind the leader, "
              "and stops once the leader is shown over the baseline"
-             if len(lineup.entries) > 1 and not plan.most < 2 else "")
+             if len(lineup.entries) > 1 else "")
     return (f"confirming: {', '.join(lineup.names)}, {rounds} {how}{more}{looks}; about "
             f"{plan.cost_s:.0f} s planned")
 
