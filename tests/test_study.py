@@ -464,6 +464,15 @@ def planned_rounds(confirming: str) -> int:
     return int(re.search(r", (\d+) (?:interleaved )?round\(s\)", confirming).group(1))
 
 
+def race_ran(report, texts) -> int:
+    """The rounds the ``confirming:`` line says the plan holds; the race ran those, or where
+    a look decided before them or the plan let it run on, fewer or more, and said why."""
+    planned = planned_rounds(next(t for t in texts if t.startswith("confirming:")))
+    stopped = [t for t in texts if t.startswith("confirmation: the race stopped: ")]
+    assert report.rounds == planned or stopped, (report.rounds, planned, texts)
+    return planned
+
+
 def confirm_rounds(fake) -> dict[int, set[str]]:
     """The entries each confirmation round probed (``confirm<N>-<entry>``), by round."""
     out: dict[int, set[str]] = {}
