@@ -382,8 +382,8 @@ def _reserve(entries: Sequence[Entry], asked: int, budget_s: float | None,
     if rounds != asked:
         why += f"; {rounds} round(s) kept for the gain found, --confirm-rounds {asked}"
     return ConfirmPlan(tuple(e.name for e in entries), fitted, asked, windows, not refused,
-                       refused, fitted, _statistic(n - 1, fitted, fitted, not refused), cost, why, "",
-                       window_s, mean_window)
+                       refused, fitted, _statistic(n - 1, fitted, fitted, not refused), cost,
+                       why, "", window_s, mean_window)
 
 
 def _why(entries: Sequence[Entry], rounds: int, asked: int, window_s: float, mean_window: float,
