@@ -30,7 +30,10 @@ measured), its last look is the planned one. A drop claims nothing to the user: 
 is at 95% per pair, as F-Race's tests are. A race that extends an earlier confirmation
 (``tune --resume RUN --confirm-rounds N``) judges the earlier rounds with its own, counting
 its rounds after them. With two objectives (`decision.decide_pair`) the race runs its
-planned rounds and looks once, at 95%.
+planned rounds and looks once, at 95%. The planner (`confirm_plan.needed_rounds`) still sizes
+the rounds a gain needs at 95% for one candidate, a little fewer than the planned look's 96%
+may need; the race's stretch past the plan, and the rounds a kept baseline's reason asks for,
+are at the look's own level.
 
 `Race` is the policy, pure: it takes the rounds so far and returns a `Look`. `run` is the
 loop, on a clock and a deadline, that calls a ``measure`` function for each round (the
