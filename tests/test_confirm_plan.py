@@ -87,13 +87,19 @@ def test_turns_only_where_two_rounds_of_them_fit():
     assert "paired" not in gpu.statistic and "paired" in roomy.statistic
 
 
-def test_two_looks_where_an_early_end_leaves_the_rounds_twice_over():
+def test_the_race_may_run_past_the_plan_where_an_early_end_leaves_the_rounds_twice_over():
+    """A search that ended early, with the time left holding the rounds twice over: the race
+    may run on past the rounds planned (should their spread ask for more), up to twice as
+    many; else it runs the rounds planned at most. The planned look spends 4% of the 5% (one
+    candidate: 96%), or 2.5% where the race may run on (the look after the most rounds spends
+    1.5%)."""
     p = plan_confirmation(two(30.0, 20.0), asked=3, left_s=1000.0, stretch=Stretch.NEEDED,
                           needed=3)
-    assert p.looks == 2 and "97.5%" in p.statistic
+    assert p.rounds == 3 and p.most == 6 and "97.5% at the planned look" in p.statistic
+    plain = plan_confirmation(two(30.0, 20.0), asked=3, left_s=1000.0)
+    assert plain.most == 3 and "96% at the planned look" in plain.statistic
     assert plan_confirmation(two(30.0, 20.0), asked=3, left_s=300.0, stretch=Stretch.NEEDED,
-                             needed=3).looks == 1
-    assert plan_confirmation(two(30.0, 20.0), asked=3, left_s=1000.0).looks == 1
+                             needed=3).most == 3
 
 
 def test_the_search_reserves_the_plans_cost():

@@ -23,7 +23,7 @@ LIMIT_CHARS = 300
 USER_DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Statistics a user never needs by name: docs/internals.md names them, once, for whoever reads
 # the code; user-facing text says what they do in plain words.
-JARGON = ("MSER", "median-unbiased", "Bonferroni", "two looks", "A B B A")
+JARGON = ("MSER", "median-unbiased", "Bonferroni", "alpha spending", "A B B A")
 ABBREVIATIONS = ("e.g.", "i.e.", "etc.", "vs.", "cf.", "approx.", "no.")
 
 _FENCE = re.compile(r"^\s*(```|~~~)")

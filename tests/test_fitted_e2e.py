@@ -90,7 +90,11 @@ def test_a_claimed_speed_up_holds_when_the_script_measures_it(tmp_path):
             s["reason"]
         assert s["speedup"] == 1.0 and s["best"]["knobs"] == s["baseline"]["knobs"]
         return
-    assert s["confirm_rounds"] >= 2 and s["candidates"] >= 1
+    # two rounds at least, or one that decides alone (the race's first look, where even the
+    # upper bound of the spread between processes cannot explain the gain)
+    assert s["confirm_rounds"] >= 2 or "over one interleaved round, beyond doubt even were " \
+        "processes" in s["reason"], s["reason"]
+    assert s["candidates"] >= 1
     low, high = s["speedup_interval"]
     assert low < s["speedup"] < high
     recipe = s["recipe"]

@@ -2,7 +2,9 @@
 
 The best two configs of the search and the baseline are re-measured in separate processes,
 round after round (`autotune.tuning.confirm_rounds`: each probe's length, rounds that take
-turns on the machine where they can, how many rounds and looks the budget holds). Variance
+turns on the machine where they can), as a race (`autotune.tuning.race`) that looks after
+every round, drops the configs the rounds show behind and stops once the leader is shown over
+the baseline, within the rounds the plan holds (`autotune.tuning.confirm_plan`). Variance
 lives between processes and over time more than within one window, so this, not a longer
 single window, is what makes the decision robust; `autotune.tuning.decision.decide` keeps the
 baseline unless the gain is real.
@@ -19,14 +21,15 @@ from dataclasses import dataclass
 
 from autotune import Note
 from autotune.measuring import alternate, bottleneck
-from autotune.tuning import decision, objective
+from autotune.tuning import decision, objective, race
 from autotune.tuning.confirm_plan import (
     ConfirmPlan, Lineup, Stretch, needed_rounds, plan_confirmation, plan_lineup)
 from autotune.tuning.confirm_rounds import (
-    Earlier, Round, one_round_rel, plan_entries, probe_windows, remeasure, second_look,
-    slice_rates, turns_refused)
+    Earlier, Round, one_round_rel, plan_entries, probe_windows, remeasure, slice_rates,
+    turns_refused)
 from autotune.tuning.decision import KEPT, MIN_ROUNDS, Choice, Measured
 from autotune.tuning.prober import Prober
+from autotune.tuning.race import Look, Race
 from autotune.tuning.records import BaselineRecord, Known, Scored, TuneSettings
 from autotune.tuning.spread import ProcessSpread
 from autotune.tuning.space import Space
@@ -312,59 +315,31 @@ class _Lineup:
 
 @dataclass(frozen=True)
 class _Run:
-    """What the rounds measured: each entry's figures, round after round (where none of its
-    probes measured, or no round ran: the search's own, as one round), the rounds, the
-    entries none of them measured, what they took and the budget's deadline."""
+    """What the race measured and decided: each entry's figures, round after round (None
+    where a probe measured nothing or the entry was out of the race; where none of its probes
+    measured, or no round ran: the search's own, as one round), the rounds (an extended
+    confirmation's earlier ones included), the entries none of them measured, the race's
+    policy, its last look, and each entry's rounds as scores per objective (`_by_objective`)
+    and as slices."""
 
     results: dict[str, list]
     rounds: int
-    unmeasured: frozenset[str] = frozenset()
-    took_s: float = 0.0
-    deadline: float | None = None
-
-
-@dataclass(frozen=True)
-class _Judge:
-    """The decision's statistic over these rounds: the candidates its interval allows for
-    picking among, the spread under which one round decides (where measured), the looks."""
-
-    multi: bool
-    candidates: int
-    process_rel: float
-    one_round_rel: float | None
-    looks: int
-
-    @classmethod
-    def of(cls, frame: _Frame, lineup: _Lineup, plan: ConfirmPlan, run: _Run) -> _Judge:
-        bound = None
-        if run.rounds == 1 and frame.spread is not None and frame.spread.measured and \
-                not frame.multi:
-            bound = one_round_rel(frame.spread, {
-                n: (frame.searched(n), run.results[n][0]) for n in lineup.names
-                if n != "baseline" and n not in run.unmeasured})
-        return cls(frame.multi, len(lineup.entries) - 1, frame.process_rel, bound, plan.looks)
-
-    def decide(self, by_objective: list[dict[str, list]],
-               slices: dict[str, list]) -> decision.Decision:
-        """Judge the entries of ``by_objective`` (`_by_objective`) against the baseline."""
-        if self.multi:
-            return decision.decide_pair(*by_objective, "baseline", candidates=self.candidates,
-                                        process_rel=self.process_rel)
-        return decision.decide(by_objective[0], "baseline", candidates=self.candidates,
-                               process_rel=self.process_rel, one_round_rel=self.one_round_rel,
-                               slices=slices or None, looks=self.looks)
-
-
-@dataclass(frozen=True)
-class _Judged:
-    """The decision of the rounds' last look, the rounds it stood on, each entry's rounds as
-    scores per objective (`_by_objective`) and as slices, and the statistic that judged."""
-
-    decided: decision.Decision
-    run: _Run
+    unmeasured: frozenset[str]
+    policy: Race
+    look: Look
     by: list[dict[str, list]]
     slices: dict[str, list]
-    judge: _Judge
+    one_round_rel: float | None = None
+
+    def judge(self, names: list[str]) -> decision.Decision:
+        """``names`` (the baseline among them) judged on the same rounds, at the last look's
+        level: the batch-keeping alternative's decision."""
+        if self.policy.multi:
+            return decision.decide_pair(*({n: b[n] for n in names} for b in self.by),
+                                        "baseline", candidates=self.policy.candidates,
+                                        process_rel=self.policy.process_rel)
+        return self.policy.decide(self.by[0], self.slices, names, level=self.look.level,
+                                  words=self.look.words, one_round_rel=self.one_round_rel)
 
 
 def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
@@ -372,24 +347,22 @@ def finish(prober: Prober, state: TuneState, known: Mapping[tuple, Known], *,
            scorer: objective.Scorer | None = None, earlier: Earlier | None = None) -> Confirmed:
     """Confirm the best two of ``known`` by ``scorer``'s score (throughput unless given)
     against the state's baseline within ``left_s`` of the budget (None: no budget), decide,
-    and journal the ``best``. What is left of the budget buys more rounds as ``stretch`` says:
-    all it holds, or those the search's best gain needs (`_Frame.needed`). With ``earlier``
-    (a finished confirmation, extended), its entries get the settings' rounds more, and the
-    decision judges its rounds and theirs together. The result holds the state with what its
-    probes taught."""
+    and journal the ``best``. The rounds are a race (`autotune.tuning.race`): after each, a
+    look drops what the rounds show behind, and stops once one is shown over the baseline.
+    What is left of the budget buys more rounds as ``stretch`` says: all it holds, or those
+    the search's best gain needs (`_Frame.needed`). With ``earlier`` (a finished
+    confirmation, extended), its entries get the settings' rounds more, and the race judges
+    its rounds and theirs together. The result holds the state with what its probes
+    taught."""
     scorer = scorer or objective.Scorer(state.settings.objective)
     began = prober.clock.monotonic()
     entries = list(earlier.entries) if earlier else candidates(state.space, known, scorer)
     frame = _Frame.of(state, known, scorer, entries)
     state, lineup = _line_up(prober, state, frame, entries, left_s, earlier)
     state, plan = _plan_rounds(prober, state, frame, lineup, stretch)
-    if plan.remeasures:
-        state, run = _run_rounds(prober, state, frame, lineup, plan, earlier)
-    else:  # no re-measurement: the search's own probes, one round each; they cannot switch
-        run = _Run({name: [frame.searched(name)] for name in lineup.names}, 0)
-    state, judged = _judge_rounds(prober, state, frame, lineup, plan, run)
-    d = _settle(prober, frame, lineup, plan, judged, began)
-    return _declare(prober, state, frame, lineup, judged, d)
+    state, run = _race(prober, state, frame, lineup, plan, earlier)
+    d = _settle(prober, frame, lineup, plan, run, began)
+    return _declare(prober, state, frame, lineup, run, d)
 
 
 def _line_up(prober: Prober, state: TuneState, frame: _Frame, entries: list[tuple[str, dict]],
@@ -448,18 +421,15 @@ def _plan_rounds(prober: Prober, state: TuneState, frame: _Frame, lineup: _Lineu
 
 
 def _announcement(lineup: _Lineup, plan: ConfirmPlan, earlier: Earlier | None) -> str:
-    """What the planned rounds will measure and how, why they are more than asked, and what
-    the plan costs."""
+    """What the planned rounds will measure and how, why they are more than asked, how the
+    race looks at them, and what the plan costs."""
     rounds, asked, left_s = plan.rounds, plan.asked, lineup.left_s
     more = (f" ({rounds - asked} more than --confirm-rounds {asked}: {plan.why_more}; "
             f"{max(left_s or 0.0, 0.0):.0f} s of the budget were left)"
             if rounds > asked else "")
-    if plan.looks > 1:
-        more += (f"; should they not show the gain, the budget left buys the rounds their "
-                 f"spread asks for and a second look judges all of them, each look's "
-                 f"interval at "
-                 f"{decision.level_for(2 * max(1, len(lineup.entries) - 1)) * 100:g}% so "
-                 f"that the two together hold 95%")
+    if plan.most > rounds:
+        more += (f"; should they not show the gain, the race goes on while the spread seen "
+                 f"asks for more rounds, up to {plan.most}")
     how = (f"interleaved round(s) of {', '.join(f'{w:.0f}' for w in plan.windows)} s "
            f"probes" if not plan.turns else
            f"round(s), each starting every config's processes and letting them take "
@@ -468,72 +438,101 @@ def _announcement(lineup: _Lineup, plan: ConfirmPlan, earlier: Earlier | None) -
            f"{plan.measure_s:.0f} s")
     if earlier is not None:
         more += f", after the {earlier.count} round(s) it had (judged with them)"
-    return (f"confirming: {', '.join(lineup.names)}, {rounds} {how}{more}; about "
+    looks = ("; after every round a look drops a config the rounds show behind the leader, "
+             "and stops once the leader is shown over the baseline"
+             if len(lineup.entries) > 1 else "")
+    return (f"confirming: {', '.join(lineup.names)}, {rounds} {how}{more}{looks}; about "
             f"{plan.cost_s:.0f} s planned")
 
 
-def _run_rounds(prober: Prober, state: TuneState, frame: _Frame, lineup: _Lineup, plan: ConfirmPlan,
-                earlier: Earlier | None) -> tuple[TuneState, _Run]:
-    """Announce and run the planned rounds within the budget left, after ``earlier``'s (its
-    rounds and theirs together); an entry none of them measured stands on the search's own
-    figure."""
+def _policy(frame: _Frame, lineup: _Lineup, plan: ConfirmPlan, before: int) -> Race:
+    """The race's policy for ``lineup`` under ``plan``, after ``before`` earlier rounds."""
+    return Race(before + max(1, plan.rounds), before + max(1, plan.most),
+                max(1, len(lineup.entries) - 1),
+                keeps=frozenset(n for n in lineup.names
+                                if n == "baseline" or frame.space.keeps_batch(frame.cfgs[n])),
+                multi=frame.multi, process_rel=frame.process_rel)
+
+
+def _race(prober: Prober, state: TuneState, frame: _Frame, lineup: _Lineup, plan: ConfirmPlan,
+          earlier: Earlier | None) -> tuple[TuneState, _Run]:
+    """Announce and run the race (`race.run`) within the budget left, after ``earlier``'s
+    rounds (judged with its own): each round runs the entries still in it once
+    (`remeasure`, one round, numbered on from the journal's); an entry none of them measured
+    stands on the search's own figure. No re-measurement: the search's own figures, one
+    round each, which cannot switch."""
+    before = earlier.count if earlier else 0
+    policy = _policy(frame, lineup, plan, before)
+    names, cfgs = lineup.names, dict(lineup.entries)
+
+    def score(results: Mapping[str, list]) -> tuple[list[dict[str, list]], dict[str, list]]:
+        return _by_objective(frame.scorer, frame.cfgs, results), slice_rates(results)
+
+    def one_round(results: Mapping[str, list]) -> float | None:
+        if frame.spread is None or not frame.spread.measured or frame.multi:
+            return None
+        return one_round_rel(frame.spread, {n: (frame.searched(n), results[n][0])
+                                            for n in names if n != "baseline"})
+
+    if not plan.remeasures:
+        results = {name: [frame.searched(name)] for name in names}
+        by, slices = score(results)
+        look = policy.look(by, slices, rounds=policy.planned, live=names, last=True)
+        return state, _Run(results, 0, frozenset(), policy, look, by, slices)
     prober.tell(Note.info(_announcement(lineup, plan, earlier)))
     deadline = prober.clock.monotonic() + lineup.left_s if lineup.left_s is not None else None
-    started = prober.clock.monotonic()
-    state, results = remeasure(prober, state, lineup.entries, plan.rounds, plan.window_of(),
-                               turns=plan.turns, deadline=deadline,
-                               first=(earlier.last_round if earlier else lineup.selected) + 1)
-    took = prober.clock.monotonic() - started
-    rounds = plan.rounds
-    if earlier is not None:
-        results = {n: [*earlier.rounds.get(n, ()), *ms] for n, ms in results.items()}
-        rounds += earlier.count
-    unmeasured = frozenset(name for name, ms in results.items() if all(m is None for m in ms))
-    for name, ms in results.items():
-        if all(m is None for m in ms):  # nothing measured is never a figure: the search's
-            results[name] = [frame.searched(name)]
-            state = prober.note(state, Note.warning(
-                f"confirmation: no probe of {name} could be compared; using what the "
-                f"search measured: {results[name][0].samples_per_s:.1f} ± "
-                f"{results[name][0].ci_half:.1f} samples/s"))
-    return state, _Run(results, rounds, unmeasured, took, deadline)
+    held = [state]
 
+    def measure(number: int, live: list[str]) -> dict[str, object]:
+        held[0], got = remeasure(prober, held[0], [(n, cfgs[n]) for n in live], 1,
+                                 plan.window_of(), turns=plan.turns, first=number)
+        return {n: ms[0] for n, ms in got.items()}
 
-def _judge_rounds(prober: Prober, state: TuneState, frame: _Frame, lineup: _Lineup,
-                  plan: ConfirmPlan, run: _Run) -> tuple[TuneState, _Judged]:
-    """Judge the rounds; where a first look of two kept the baseline and the budget left holds
-    the rounds its spread asks for (`second_look`), run those and judge all at the second."""
-    judge = _Judge.of(frame, lineup, plan, run)
-    by = _by_objective(frame.scorer, frame.cfgs, run.results)
-    slices = slice_rates(run.results)
-    d = judge.decide(by, slices)
-    extra = second_look(d, run.results, run.unmeasured, run.took_s,
-                        run.deadline - prober.clock.monotonic()) if plan.looks > 1 else 0
-    if extra:
+    raced = race.run(policy, measure, score, names=names, clock=prober.clock,
+                     deadline=deadline,
+                     first=(earlier.last_round if earlier else lineup.selected) + 1,
+                     earlier={n: list(rs) for n, rs in earlier.rounds.items()}
+                     if earlier else None, one_round=one_round)
+    state = held[0]
+    for drop in raced.dropped:
         state = prober.note(state, Note.info(
-            f"confirmation: {d.rounds} rounds did not show {d.candidate}'s "
-            f"{d.candidate_speedup - 1:+.1%} beyond doubt; the "
-            f"{run.deadline - prober.clock.monotonic():.0f} s of the budget left hold the "
-            f"{extra} more its spread asks for, and a second look judges all "
-            f"{d.rounds + extra}"))
-        state, more = remeasure(prober, state, lineup.entries, extra, plan.window_of(),
-                                turns=plan.turns, deadline=run.deadline,
-                                first=lineup.selected + len(run.results["baseline"]) + 1)
-        results = {n: ms + more[n] if n in more else ms for n, ms in run.results.items()}
-        run = dataclasses.replace(run, results=results,
-                                  rounds=run.rounds + len(more["baseline"]))
-        by = _by_objective(frame.scorer, frame.cfgs, run.results)
-        slices = slice_rates(run.results)
-        d = judge.decide(by, slices)
-    return state, _Judged(d, run, by, slices, judge)
+            f"confirmation: {drop.name} is out of the race after round {drop.round} "
+            f"({drop.why}); the rounds after it measure the others"))
+    if raced.rounds < plan.most or raced.rounds > plan.rounds:
+        state = prober.note(state, Note.info(f"confirmation: the race stopped: {raced.stopped}"))
+    return _settle_race(prober, state, frame, policy, raced, before, one_round)
 
 
-def _settle(prober: Prober, frame: _Frame, lineup: _Lineup, plan: ConfirmPlan, judged: _Judged,
+def _settle_race(prober: Prober, state: TuneState, frame: _Frame, policy: Race,
+                 raced: race.Raced, before: int, one_round) -> tuple[TuneState, _Run]:
+    """The race's results, where an entry none of its rounds measured stands on the search's
+    own figure (and the last look judges again with it)."""
+    results, look = raced.results, raced.look
+    unmeasured = frozenset(n for n, ms in results.items() if all(m is None for m in ms))
+    for name in sorted(unmeasured, key=list(results).index):
+        results[name] = [frame.searched(name)]  # nothing measured is never a figure
+        state = prober.note(state, Note.warning(
+            f"confirmation: no probe of {name} could be compared; using what the "
+            f"search measured: {results[name][0].samples_per_s:.1f} ± "
+            f"{results[name][0].ci_half:.1f} samples/s"))
+    by = _by_objective(frame.scorer, frame.cfgs, results)
+    slices = slice_rates(results)
+    total = before + raced.rounds
+    bound = one_round(results) if total == 1 else None
+    if unmeasured or look is None:
+        out = {d.name for d in raced.dropped}
+        look = policy.look(by, slices, rounds=max(total, 1),
+                           live=[n for n in results if n not in out], last=True,
+                           one_round_rel=bound)
+    return state, _Run(results, total, unmeasured, policy, look, by, slices, bound)
+
+
+def _settle(prober: Prober, frame: _Frame, lineup: _Lineup, plan: ConfirmPlan, run: _Run,
             began: float) -> decision.Decision:
     """The decision as it stands: the baseline kept where nothing else was confirmed, or where
     no round measured the baseline itself; a kept baseline's reason with what would decide
     (`_needs`, the budget left since ``began``)."""
-    d, run = judged.decided, judged.run
+    d = run.look.decided
     if len(lineup.entries) == 1:
         why = ("the Pareto front's pick is the script's own config" if frame.multi
                else "no other config completed a probe")
@@ -547,7 +546,7 @@ def _settle(prober: Prober, frame: _Frame, lineup: _Lineup, plan: ConfirmPlan, j
             "baseline", True, 1.0, d.baseline_summary, d.baseline_summary, 0.0,
             f"{KEPT}the baseline could not be re-measured in the confirmation's rounds (see "
             f"its probes' reasons above); no speed-up is claimed against a figure from other "
-            f"rounds", rounds=0, candidates=judged.judge.candidates)
+            f"rounds", rounds=0, candidates=run.policy.candidates)
     if d.kept_baseline:
         left_s = lineup.left_s
         spare = None if left_s is None else max(0.0, left_s - (prober.clock.monotonic() - began))
@@ -563,7 +562,7 @@ def _raw(frame: _Frame, results: Mapping[str, list], name: str) -> Scored:
     return Scored(frame.cfgs[name], r.samples_per_s, r.ci_half)
 
 
-def _keep_batch(frame: _Frame, lineup: _Lineup, judged: _Judged, d: decision.Decision,
+def _keep_batch(frame: _Frame, lineup: _Lineup, run: _Run, d: decision.Decision,
                 base: Scored) -> Choice | None:
     """Beside a switch to a config that changes the job's global batch, the fastest confirmed
     config that keeps it, judged against the baseline on the same rounds (the baseline when
@@ -577,25 +576,25 @@ def _keep_batch(frame: _Frame, lineup: _Lineup, judged: _Judged, d: decision.Dec
                       reason=f"batch-keeping alternative: {KEPT}no other config the "
                              f"search measured trains with the script's own batch "
                              f"faster than they do")
-    kd = judged.judge.decide([{n: b[n] for n in keepers} for b in judged.by], judged.slices)
-    kept = _raw(frame, judged.run.results, kd.winner)
+    kd = run.judge(keepers)
+    kept = _raw(frame, run.results, kd.winner)
     return Choice(kept.knobs, kept.samples_per_s, kept.ci_half, kd.speedup,
                   kd.speedup_low, kd.speedup_high, kd.kept_baseline,
                   f"batch-keeping alternative: {kd.reason}")
 
 
 def _declare(prober: Prober, state: TuneState, frame: _Frame, lineup: _Lineup,
-             judged: _Judged, d: decision.Decision) -> Confirmed:
+             run: _Run, d: decision.Decision) -> Confirmed:
     """Tell the decision ``d`` and the batch-keeping alternative, probe the winner's
     bottleneck with --verdict, and journal the best (`Event.BEST`)."""
     scorer, cfgs, names = frame.scorer, frame.cfgs, lineup.names
-    results, k = judged.run.results, judged.judge.candidates
+    results, k = run.results, run.policy.candidates
     best_cfg = cfgs[d.winner]
     winner, base = _raw(frame, results, d.winner), _raw(frame, results, "baseline")
     best_score = _mean_score(scorer, best_cfg, results[d.winner], d.winner_summary)
     base_score = _mean_score(scorer, cfgs["baseline"], results["baseline"], d.baseline_summary)
     prober.tell(Note.info(d.reason))
-    keep = _keep_batch(frame, lineup, judged, d, base)
+    keep = _keep_batch(frame, lineup, run, d, base)
     if keep is not None:
         prober.tell(Note.info(keep.reason))
     verdict = None

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autotune.measuring import alternate
-from autotune.tuning import decision
+from autotune.tuning import decision, race
 from autotune.tuning.decision import MIN_ROUNDS, PLANNED_ROUNDS
 
 CONFIRM_SHARE = 0.35  # of a time budget, at most, kept for the confirmation
@@ -93,7 +93,7 @@ class ConfirmPlan:
     windows: tuple[float, ...]  # each entry's probe length, in ``entries``' order
     turns: bool  # a round's probes take turns on the machine, else one after another
     refused: str  # why they do not take turns ("" when they do)
-    looks: int  # looks at the rounds (a second where the first keeps the baseline)
+    most: int  # the most rounds the race may run (past ``rounds`` where the data asks)
     statistic: str
     cost_s: float  # what the rounds take (while the search runs: the time it keeps back)
     why: str
@@ -261,17 +261,19 @@ def plan_lineup(entries: Sequence[Entry], essential: int, *, asked: int, left_s:
         Lineup.ESSENTIAL
 
 
-def _statistic(candidates: int, looks: int, turns: bool) -> str:
-    """The decision's statistic (`decision.decide`), named."""
-    level = decision.level_for(max(1, candidates) * max(1, looks)) * 100
+def _statistic(candidates: int, rounds: int, most: int, turns: bool) -> str:
+    """The decision's statistic (`decision.decide` at `autotune.tuning.race`'s looks),
+    named."""
+    level = race.look_level(rounds, rounds, candidates, most) * 100
     floor = ", floored by slices paired within each round" if turns else ""
-    return (f"the speed-up's t interval at {level:g}% over the rounds' ratios to the "
-            f"baseline{floor} ({candidates} candidate(s), {looks} look(s))")
+    return (f"the speed-up's t interval over the rounds' ratios to the baseline{floor}, "
+            f"looked at after every round, {level:.4g}% at the planned look "
+            f"({candidates} candidate(s))")
 
 
 def _none(entries: Sequence[Entry], asked: int, why: str, refused: str = "") -> ConfirmPlan:
     return ConfirmPlan(tuple(e.name for e in entries), 0, asked,
-                       tuple(e.window_s for e in entries), False, refused, 1,
+                       tuple(e.window_s for e in entries), False, refused, 0,
                        "none: the search's own probes, one each", 0.0, why)
 
 
@@ -288,8 +290,8 @@ def plan_confirmation(entries: Sequence[Entry], *, asked: int, left_s: float | N
     time left holds, or the ``needed`` rounds the search's gain asks for, `needed_rounds`),
     fitted to the time left (`fit_rounds`); none where a round does not fit
     (`TOO_SHORT_SHARE`); taking turns where `MIN_ROUNDS` rounds of them fit and nothing
-    ``refused`` them; two looks where the search ended early and the time left holds the
-    rounds twice over."""
+    ``refused`` them. The race may run past the rounds planned (``most``) where the search
+    ended early and the time left holds the rounds twice over: up to twice as many."""
     n = len(entries)
     if n < 2:
         return _none(entries, asked, "nothing to confirm: no config but the baseline")
@@ -318,14 +320,16 @@ def plan_confirmation(entries: Sequence[Entry], *, asked: int, left_s: float | N
         refused = _turns_refused(entries, rounds, TURN_MEASURE_SHARE * window_s, left_s)
     turns = not refused
     one = round_cost_s(entries, windows, turns=turns)
-    looks = 2 if (stretch is Stretch.NEEDED and left_s is not None and not multi and
-                  rounds >= MIN_ROUNDS and 2 * rounds * one <= left_s) else 1
+    most = rounds
+    if stretch is Stretch.NEEDED and left_s is not None and not multi and \
+            rounds >= MIN_ROUNDS and 2 * rounds * one <= left_s:
+        most = 2 * rounds
     cost = rounds * one
     if turns and left_s is not None:  # the executor leaves out rounds past the budget
         cost = min(cost, max(left_s, MIN_ROUNDS * one))
     why = _why(entries, rounds, asked, window_s, mean_window, turns, cost, left_s, why_more)
     return ConfirmPlan(tuple(e.name for e in entries), rounds, asked, windows, turns, refused,
-                       looks, _statistic(n - 1, looks, turns), cost, why, why_more, window_s,
+                       most, _statistic(n - 1, rounds, most, turns), cost, why, why_more, window_s,
                        mean_window)
 
 
@@ -378,8 +382,8 @@ def _reserve(entries: Sequence[Entry], asked: int, budget_s: float | None,
     if rounds != asked:
         why += f"; {rounds} round(s) kept for the gain found, --confirm-rounds {asked}"
     return ConfirmPlan(tuple(e.name for e in entries), fitted, asked, windows, not refused,
-                       refused, 1, _statistic(n - 1, 1, not refused), cost, why, "", window_s,
-                       mean_window)
+                       refused, fitted, _statistic(n - 1, fitted, fitted, not refused), cost,
+                       why, "", window_s, mean_window)
 
 
 def _why(entries: Sequence[Entry], rounds: int, asked: int, window_s: float, mean_window: float,

@@ -178,22 +178,6 @@ def one_round_rel(measured: spreads.ProcessSpread,
     return spreads.upper_rel(rels)
 
 
-def second_look(d: decision.Decision, results: Mapping[str, list], unmeasured: set[str],
-                took_s: float, left_s: float) -> int:
-    """The rounds a second look adds to a first that kept the baseline: those the spread of
-    its rounds asks for (`decision.Decision.rounds_needed`, at both looks' level), as many as
-    fit in ``left_s`` at what its rounds took (``took_s``); none where an entry gave no figure,
-    or no number of rounds would show the gain."""
-    if not d.kept_baseline or unmeasured or not d.rounds_needed or not d.candidate or \
-            d.candidate_speedup - 1 <= decision.MIN_GAIN_REL:
-        return 0
-    ran = len(results.get("baseline", ()))
-    if ran == 0 or took_s <= 0:
-        return 0
-    fit = int(max(left_s, 0.0) // (took_s / ran))
-    return max(0, min(d.rounds_needed - d.rounds, fit))
-
-
 def remeasure(prober: Prober, state: TuneState, entries, rounds: int,
               windows: Mapping[str, float], *, turns: bool = False,
               deadline: float | None = None, first: int = 1, chooses: bool = False

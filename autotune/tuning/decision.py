@@ -305,8 +305,8 @@ def speedup_interval(speedup: float, pairs: Sequence[tuple[float, float]],
                      winner: Summary, base: Summary, *,
                      candidates: int = 1,
                      process_rel: float = PROCESS_NOISE_REL,
-                     paired: Sequence[tuple[Slices, Slices]] | None = None
-                     ) -> tuple[float, float]:
+                     paired: Sequence[tuple[Slices, Slices]] | None = None,
+                     level: float | None = None) -> tuple[float, float]:
     """The interval of ``speedup`` that holds when the two configs are run again, in new
     processes, at `level_for` ``candidates`` (95% for one): from the spread of the per-round
     ratios (``pairs``: winner, baseline) when there are two rounds or more, never narrower than
@@ -316,8 +316,10 @@ def speedup_interval(speedup: float, pairs: Sequence[tuple[float, float]],
 
     Rounds that took turns (``paired``: each round's slice rates, winner and baseline) floor
     the interval at the paired slices' own (`paired_half`) instead of the probes' own: each
-    probe's interval holds the machine's drift from slice to slice, which fell on both alike."""
-    level = level_for(candidates)
+    probe's interval holds the machine's drift from slice to slice, which fell on both alike.
+    ``level``: the interval's confidence as given (`autotune.tuning.race`'s looks), instead of
+    `level_for` ``candidates``."""
+    level = level_for(candidates) if level is None else level
     z = _z(level)
     within = math.hypot(_own_rel(winner), _own_rel(base)) * z / 1.96  # the probes' 95% -> level
     half = math.log1p(within) if math.isfinite(within) else math.inf
@@ -344,17 +346,19 @@ def _between_half(logs: Sequence[float], level: float) -> float:
 
 
 def rounds_needed(speedup: float, logs: Sequence[float], within: float, candidates: int, *,
-                  min_gain_rel: float = MIN_GAIN_REL) -> int | None:
+                  min_gain_rel: float = MIN_GAIN_REL, level: float | None = None) -> int | None:
     """The fewest interleaved rounds whose interval would lie above 1.0 if the gain and the
     spread seen held (the spread of the per-round log ratios ``logs`` and the probes' own
     relative interval ``within``, both narrowing as 1/sqrt(rounds)); None from fewer than two
-    rounds, for a gain under ``min_gain_rel``, or beyond `MAX_ROUNDS_NEEDED`."""
+    rounds, for a gain under ``min_gain_rel``, or beyond `MAX_ROUNDS_NEEDED`. ``level``: the
+    interval's confidence as given, instead of `level_for` ``candidates``."""
     if len(logs) < 2 or speedup - 1 <= min_gain_rel:
         return None
     now = len(logs)
     m = sum(logs) / now
     sd = math.sqrt(sum((x - m) ** 2 for x in logs) / (now - 1))
-    return _fewest_rounds(math.log(speedup), sd, within * math.sqrt(now), level_for(candidates),
+    return _fewest_rounds(math.log(speedup), sd, within * math.sqrt(now),
+                          level_for(candidates) if level is None else level,
                           start=max(now + 1, MIN_ROUNDS))
 
 
@@ -416,7 +420,7 @@ def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
            min_rounds: int = MIN_ROUNDS, process_rel: float = PROCESS_NOISE_REL,
            one_round_rel: float | None = None,
            slices: Mapping[str, Sequence[Slices | None]] | None = None,
-           looks: int = 1) -> Decision:
+           looks: int = 1, level: float | None = None, words: str = "") -> Decision:
     """Pick the winner of the interleaved re-measurement; the baseline unless the gain is
     beyond doubt.
 
@@ -431,8 +435,9 @@ def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
     cannot explain the gain (`one_round_half`), and the claim's interval allows for it.
     ``slices``: where the rounds took turns, each entry's slice rates per round
     (`speedup_interval`'s ``paired``). ``looks``: the looks the confirmation planned at its
-    rounds (a second where the first keeps the baseline and time is left), the 5% shared
-    among them as among the candidates, so that together they hold it.
+    rounds, the 5% shared among them as among the candidates, so that together they hold it.
+    ``level``: each candidate's interval at this confidence instead (`autotune.tuning.race`
+    shares the 5% among its looks itself), said in the reason as ``words``.
     """
     k = candidates if candidates is not None else max(1, len(results) - 1)
     at = k * max(1, looks)  # the level's correction: candidates and looks alike
@@ -454,17 +459,18 @@ def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
     pairs = [(w.samples_per_s, b.samples_per_s)
              for w, b in zip(results[name], results[baseline])
              if w is not None and b is not None and b.samples_per_s > 0]
-    paired = _paired_slices(results, slices, name, baseline)
+    paired = paired_slices(results, slices, name, baseline)
     speedup = best.samples_per_s / base.samples_per_s if base.samples_per_s else math.inf
     n = len(pairs)
     alone = n == 1 and one_round_rel is not None  # one round may decide: the spread is bounded
     low, high = speedup_interval(speedup, pairs, best, base, candidates=at,
                                  process_rel=one_round_rel if alone else process_rel,
-                                 paired=paired)
+                                 paired=paired, level=level)
     noise = max(min_gain_rel, 1 - low / speedup if speedup > 0 and math.isfinite(high)
                 else math.inf)
     gain = f"{name} measured {speedup - 1:+.1%}"
-    claim = f"{interval_words(k, looks)} of the speed-up {claim_text(speedup, low, high)}"
+    claim = f"{words or interval_words(k, looks)} of the speed-up " \
+        f"{claim_text(speedup, low, high)}"
     if (n >= min_rounds or alone) and speedup - 1 > min_gain_rel and low > 1.0:
         over = (f"one interleaved round, beyond doubt even were processes "
                 f"±{one_round_rel:.1%} apart (the upper bound of the spread measured between "
@@ -476,7 +482,7 @@ def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
     inside = paired_half(paired, LEVEL) if paired else None
     needed = rounds_needed(speedup, logs, math.expm1(inside) if inside is not None
                            else math.hypot(_own_rel(best), _own_rel(base)), at,
-                           min_gain_rel=min_gain_rel)
+                           min_gain_rel=min_gain_rel, level=level)
     why = _kept_why(n, speedup, claim, needed, min_rounds=min_rounds, min_gain_rel=min_gain_rel,
                     one_round_rel=one_round_rel if alone else None)
     return Decision(baseline, True, 1.0, base, base, noise,
@@ -485,7 +491,7 @@ def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
                     candidate_speedup=speedup, looks=looks)
 
 
-def _paired_slices(results: Mapping[str, Sequence[Measured | None]],
+def paired_slices(results: Mapping[str, Sequence[Measured | None]],
                    slices: Mapping[str, Sequence[Slices | None]] | None, name: str,
                    baseline: str) -> list[tuple[Slices, Slices]] | None:
     """Where the rounds took turns: ``name``'s and the baseline's slice rates in each round
