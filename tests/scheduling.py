@@ -24,12 +24,14 @@ ASIDE_FROM_WORKERS = 3  # the fewest workers that set one aside
 class SleepAsideScheduling(LoadGroupScheduling):
     """`LoadGroupScheduling` with the `SLEEP` group on a worker of its own (the last one)."""
 
+    _chosen = None  # the aside worker, once chosen (a worker restarted later is not it)
+
     def _aside(self):
-        """The worker set aside for the `SLEEP` group, or None with too few workers."""
-        nodes = self.nodes
-        if len(nodes) < ASIDE_FROM_WORKERS:
-            return None
-        return max(nodes, key=lambda n: int(n.gateway.id.lstrip("gw") or 0))
+        """The worker set aside for the `SLEEP` group (the last of the first ones, while it
+        is in the run), or None with too few workers."""
+        if self._chosen is None and len(self.nodes) >= ASIDE_FROM_WORKERS:
+            self._chosen = max(self.nodes, key=lambda n: int(n.gateway.id.lstrip("gw") or 0))
+        return self._chosen if self._chosen in self.nodes else None
 
     def _assign_work_unit(self, node) -> None:
         """Send a node its next unit: the aside worker the `SLEEP` group only (it stops when
