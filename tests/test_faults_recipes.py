@@ -2,6 +2,7 @@
 `ERROR:` line naming the file and the field (exit 2) in `run --recipe` and `recipes show`; `recipes
 list` lists the good ones and warns once per bad file; warm start skips a bad recipe with a note."""
 
+import os
 import re
 
 import pytest
@@ -84,24 +85,42 @@ def test_warm_start_skips_a_bad_recipe(tmp_path):
     assert found is None and "not warm-starting" in note and "'result.trials'" in note
 
 
+# instances held: the two-rank probe (two tries of ~5 s at this length) is not what this is
+# about, and each tune here ran it
+WARM_TUNE = ("tune", "--plain", "--trials", "2", "--seconds", "4", "--confirm-rounds", "0",
+             "--foreign-limit", "1000", "--fix", "threads=1", "instances=1", "--",
+             str(SCRIPTS / "tune_toy.py"), "--work", "1")
+
+
+@pytest.fixture(scope="module")
+def first_tune_recipe(tmp_path_factory):
+    """The recipe the first tune saved in its ./recipes: one tune for both cases below, which
+    only read it (each tunes again beside its own copy)."""
+    here = tmp_path_factory.mktemp("first-tune")
+    first = autotune(*WARM_TUNE, cwd=here, env=dict(os.environ,
+                                                    AUTOTUNE_RUNS_DIR=str(here / "runs")),
+                     timeout=240)
+    assert first.returncode == 0, first.stderr[-3000:]
+    saved, = (here / "recipes").glob("*.toml")
+    return saved
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group(HEAVY)
 @pytest.mark.parametrize("spoiled", [False, True])
-def test_a_second_tune_warm_starts_from_the_first_or_says_why_not(tmp_path, spoiled):
+def test_a_second_tune_warm_starts_from_the_first_or_says_why_not(tmp_path, spoiled,
+                                                                 first_tune_recipe):
     """The recipe a tune saved in ./recipes is found by the next tune of the same script: news
-    when it warm-starts, a WARNING naming the field when it cannot be used; the tune goes on."""
-    toy = str(SCRIPTS / "tune_toy.py")
-    # instances held: the two-rank probe (two tries of ~5 s at this length) is not what this is
-    # about, and each tune here ran it
-    args = ("tune", "--plain", "--trials", "2", "--seconds", "4", "--confirm-rounds", "0",
-            "--foreign-limit", "1000", "--fix", "threads=1", "instances=1", "--", toy, "--work",
-            "1")
-    first = autotune(*args, cwd=tmp_path, timeout=240)
-    assert first.returncode == 0, first.stderr[-3000:]
-    saved, = (tmp_path / "recipes").glob("*.toml")
+    when it warm-starts, a WARNING naming the field when it cannot be used; the tune goes on.
+    The second tune runs where the first one's recipe lies, copied (spoiled or not)."""
+    (tmp_path / "recipes").mkdir()
+    saved = tmp_path / "recipes" / first_tune_recipe.name
+    text = first_tune_recipe.read_text()
     if spoiled:
-        saved.write_text(re.sub(r"^trials = \d+$", 'trials = "x"', saved.read_text(), flags=re.M))
-    second = autotune(*args, cwd=tmp_path, timeout=240)
+        text = re.sub(r"^trials = \d+$", 'trials = "x"', text, flags=re.M)
+        assert 'trials = "x"' in text
+    saved.write_text(text)
+    second = autotune(*WARM_TUNE, cwd=tmp_path, timeout=240)
     assert second.returncode == 0, second.stderr[-3000:]
     if spoiled:
         assert "WARNING: " in second.stderr and "not warm-starting" in second.stderr

@@ -14,10 +14,11 @@ import time
 import pytest
 
 from autotune.store.journal import read_events
-from conftest import HEAVY, SCRIPTS, autotune, last_json, live_children
+from conftest import SCRIPTS, SLEEP, autotune, last_json, live_children
 
-# each test tunes for minutes and judges timings: never two of the heaviest at once (`HEAVY`)
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(HEAVY)]
+# each test tunes for minutes, mostly waiting on its script's slow steps, and judges timings:
+# one after another on the worker CI sets aside for such tests (`SLEEP`), beside the others
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(SLEEP)]
 
 QUIET = ["--plain", "--foreign-limit", "1000"]
 OUTSIDE_ROUNDS = 3  # interleaved rounds of plain runs that check a claim
