@@ -1,12 +1,14 @@
 """The suite's xdist scheduling: xdist groups as `--dist loadgroup` runs them, and one worker
 set aside for the tests that mostly wait on the clock.
 
-CI runs the suite on three workers of a two-core machine. The tests of the `SLEEP` group
-spend most of their wall time waiting (their scripts sleep out slow steps), so they run on the
-last worker, one after another, beside the two that take everything else: no more than two
-tests that need the CPU run at once, as on two workers, and the waiting no longer holds up
-a worker the CPU-bound tests could use. The set-aside worker takes nothing else; once its group
-is done it stops. With fewer than three workers every group runs as plain loadgroup runs it.
+On three workers or more, the tests of the `SLEEP` group, which spend most of their wall time
+waiting (their scripts sleep out slow steps), run on the last worker, one after another, beside
+the others that take everything else, so that the waiting does not hold up a worker the
+CPU-bound tests could use. The set-aside worker takes nothing else; once its group is done it
+stops. With fewer than three workers every group runs as plain loadgroup runs it. CI runs two
+workers on its two cores: on three, the third test's load under the timed tunes (though their
+scripts mostly wait, the tuner and the ranks' start-ups do not) left one tune with a budget it
+could not use (`.ci/run`).
 """
 
 import pytest

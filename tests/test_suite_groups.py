@@ -66,7 +66,7 @@ def test_an_xdist_group_runs_on_one_worker_under_the_suites_own_options(tmp_path
 
 
 def test_on_three_workers_the_sleep_group_has_one_to_itself_beside_the_other_two(tmp_path):
-    """What CI's three workers rely on: the `SLEEP` group's tests all on one worker, no other
+    """What a run on three workers relies on: the `SLEEP` group's tests all on one worker, no other
     test there (so no more than two others run at once), and it runs beside them."""
     pytest.importorskip("xdist")
     from scheduling import SLEEP
