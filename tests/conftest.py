@@ -94,9 +94,6 @@ def autotune(*args, cwd=None, timeout=240, env=None) -> subprocess.CompletedProc
 # one worker, one after another (pyproject's `--dist loadgroup`). Two at once on two cores put
 # 1-1.6 cores of load under each other's probes and ran one past its timeout.
 HEAVY = "heavy-tunes"
-# `SLEEP`: the xdist group of tests that mostly wait on the clock, on a worker of their own
-# (`scheduling`, whose hook is this file's too)
-from scheduling import SLEEP, pytest_xdist_make_scheduler  # noqa: E402,F401
 
 PROBE_TRIES = 3  # a probe that got no figure because other programs loaded the CPU
 
@@ -344,4 +341,3 @@ def bed_settled(bed, marks) -> list[str]:
     while bed_leftovers(bed, marks) and time.monotonic() < deadline:
         time.sleep(0.5)
     return bed_leftovers(bed, marks)
-
