@@ -78,11 +78,16 @@ class GradNorms:
         now = time.perf_counter() if now is None else now
         with self.lock:
             if self._taking is None:
-                fresh = self._steps_at is None or steps == 0 or steps != self._steps_at
+                fresh = self._fresh(steps)
                 self._taking = fresh and now - self._taken_at >= SAMPLE_GAP_S
                 if self._taking:
                     self._taken_at = now
             return self._taking
+
+    def _fresh(self, steps: int) -> bool:
+        """Whether a synchronised pass at ``steps`` optimizer steps is the first since the last
+        step (with none seen, weights set by hand: every pass is). Under the lock."""
+        return self._steps_at is None or steps == 0 or steps != self._steps_at
 
     def before(self, tensor) -> None:
         """The bucket as the hook gets it: the rank's own gradient."""
@@ -105,7 +110,7 @@ class GradNorms:
             before, after, self._before, self._after = self._before, self._after, [], []
             taking, self._taking = self._taking, None
             if taking is False:  # an allreduce ran, its norms not taken: the next counted
-                fresh = self._steps_at is None or steps == 0 or steps != self._steps_at
+                fresh = self._fresh(steps)
                 self._samples_at, self._steps_at = samples, steps  # batch starts here
                 if not fresh and steps == self._taken_step:
                     self.skipped += 1  # a later pass of a step taken: skipped, as it would be
@@ -113,7 +118,7 @@ class GradNorms:
             if not before and not after:
                 return  # no allreduce ran: no_sync, or no backward pass at all
             batch = samples - self._samples_at
-            fresh = self._steps_at is None or steps == 0 or steps != self._steps_at
+            fresh = self._fresh(steps)
             self._samples_at, self._steps_at = samples, steps
             if taking:
                 self._taken_step = steps
