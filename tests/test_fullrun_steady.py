@@ -91,11 +91,17 @@ def test_thinning_keeps_the_warm_up_and_the_figure():
 
 @pytest.mark.slow
 def test_a_full_run_that_exits_slowly_is_judged_by_its_steps(tmp_path):
-    """A real run whose script sleeps 6 s after its last step: the verdict's figure is the
-    script's own steady figure (within 15%), not the 6 s of exit averaged in (which read some
-    30% low: 6 s more on 15 s of steps)."""
+    """A real run whose script sleeps 12 s after its last step: the verdict's figure is the
+    script's own steady figure, not the 12 s of exit averaged in (which would read it at about
+    two fifths: 12 s more on some 8 s of steps).
+
+    The bound is the 35% a loaded machine moves one stretch of the script's own lines from the
+    next (its lines went 318-776 samples/s in one CI run, and autotune's window leaves out more
+    of the start than the script's first line): it still tells the exit averaged in apart, which
+    the script's own figure over the whole time bounds from above."""
+    exit_s = 12.0
     ranks = RanksSpec(command=(str(SCRIPTS / "ok.py"), "--steps", "400", "--step-sleep-ms", "15",
-                               "--log-interval", "50", "--exit-sleep-s", "6"),
+                               "--log-interval", "50", "--exit-sleep-s", str(exit_s)),
                       cwd=str(tmp_path), log_dir=tmp_path / "logs", name="fullrun")
     spec = fullrun.FullRunSpec(ranks=ranks, progress_every_s=2.0, warmup_s=2.0,
                                promise=Promise(1e6, 10.0, {}))
@@ -103,13 +109,16 @@ def test_a_full_run_that_exits_slowly_is_judged_by_its_steps(tmp_path):
     with open(out, "w") as f:
         assert fullrun.run_full(spec, Journal(tmp_path), out=f) == 0
     own = [float(x) for x in re.findall(r"^step \d+ samples/s ([0-9.]+)", out.read_text(),
-                                        re.M)][1:]
-    assert len(own) >= 3, out.read_text()
-    script = len(own) / sum(1 / r for r in own)  # its lines hold 50 steps each: samples / time
+                                        re.M)]
+    assert len(own) >= 4, out.read_text()
+    steps_s = sum(50 * 16 / r for r in own)  # its lines hold 50 steps of 16 samples each
+    diluted = 400 * 16 / (steps_s + exit_s)  # the exit averaged in, at the most
+    script = len(own[1:]) / sum(1 / r for r in own[1:])  # its first line holds its start
     final, = [e for e in journal(tmp_path, "fullrun_promise") if e["final"]]
-    assert final["samples_per_s"] == pytest.approx(script, rel=0.15), (final, own)
     ended, = journal(tmp_path, "fullrun_ended")
-    assert ended["samples_per_s"] == pytest.approx(script, rel=0.15)
+    for figure in (final["samples_per_s"], ended["samples_per_s"]):
+        assert figure == pytest.approx(script, rel=0.35), (final, ended, own)
+        assert figure > 1.5 * diluted, (figure, diluted, own)
 
 
 def test_the_end_line_gives_the_steady_figure():

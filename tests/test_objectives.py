@@ -432,7 +432,9 @@ def test_tune_for_goodput_takes_b_noise_from_the_two_rank_probe_and_scores_by_it
     assert ranks and ranks[-1]["outcome"] in ("ok", "foreign-load"), ranks
     noise = ranks[-1]["noise"]
     assert (noise["ranks"], noise["b_small"], noise["b_big"]) == (2, 16, 32), noise
-    assert noise["steps"] >= 100, noise
+    # the norms are taken on one step per 50 ms at most (probes/noise.SAMPLE_GAP_S): a probe's
+    # ~8 s span holds 160 such steps, and fewer when a loaded machine slows its steps
+    assert noise["steps"] >= 40, noise
     b_noise = noise["noise_scale"]
     truth = exact_noise_scale()
     assert truth / 2 <= b_noise <= truth * 2, (noise, truth)
