@@ -156,6 +156,27 @@ def me_host():
     return socket.gethostname()
 
 
+@pytest.mark.parametrize("command", ["ps", "logs", "stop", "monitor"])
+def test_the_commands_that_read_runs_do_not_import_the_tuner(command):
+    """``autotune ps`` and its kind parse their line without importing the commands that tune
+    (Optuna and SQLAlchemy: a second and a half of CPU a call); ``--help`` still lists every
+    command."""
+    code = ("import sys; from autotune.commands import cli; p = cli.build_parser(sys.argv[1:]); "
+            "print(sorted(m for m in ('optuna', 'sqlalchemy', 'torch') if m in sys.modules)); "
+            "print(sorted(p._subparsers._group_actions[0].choices))")
+    p = subprocess.run([sys.executable, "-c", code, command], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    imported, names = p.stdout.splitlines()
+    assert imported == "[]", (command, imported)
+    assert all(f"'{c}'" in names for c in ("tune", "wrap", "ps", "stop")), names
+    if command != "ps":
+        return
+    full = subprocess.run([sys.executable, "-m", "autotune", "--help"], capture_output=True,
+                          text=True, timeout=60)
+    assert "search the knobs" in full.stdout and "list runs" in full.stdout, full.stdout
+
+
 def test_stop_logs_and_monitor_refuse_bad_runs_in_one_line(tmp_path):
     root = tmp_path / "runs"
     make_run(root, "20260101-000000-run-a", STARTED, (Event.RUN_ENDED, {"exit_code": 130}))

@@ -24,13 +24,27 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message} (see '{self.prog} --help')")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _command_of(argv: list[str] | None) -> str | None:
+    """The command ``argv`` names (its first word: autotune's own options are only --help and
+    --version), or None when it names none of `COMMANDS`."""
+    first = next((a for a in argv or () if not a.startswith("-")), None)
+    return first if first in COMMANDS else None
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The whole command line; given the ``argv`` it will parse, only the command that names
+    is imported (the others stay names: ``autotune ps`` does not pay for Optuna's import, a
+    second and a half of CPU)."""
     parser = _Parser(prog="autotune", description=(
         "Measure an unmodified PyTorch training script, tune its system knobs, run it."))
     from autotune import __version__
     parser.add_argument("--version", action="version", version=f"autotune {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    wanted = _command_of(argv)
     for name in COMMANDS:
+        if wanted is not None and name != wanted:
+            sub.add_parser(name)  # not parsed in this call: a name only
+            continue
         try:
             module = importlib.import_module(f"autotune.commands.{name}")
         except ModuleNotFoundError as exc:
@@ -74,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, _terminate)
     command = ""
     try:
-        parser = build_parser()
+        parser = build_parser(argv)
         args = parser.parse_args(argv)
         command = getattr(args, "command", "") or ""
         if not getattr(args, "_run", None):

@@ -7,7 +7,7 @@ import time
 from autotune.commands.monitor import add_runs_dir_arg, runs_root
 from autotune.monitor.runs import RunInfo, info
 from autotune.store import jsontext, rundir
-from autotune.tuning.state import minutes
+from autotune.tuning.payback import minutes
 
 RECENT = 10  # runs listed without --all, besides every live one
 

@@ -13,27 +13,37 @@ The terminal package: rich is imported by modules of `autotune.monitor` only, no
 from __future__ import annotations
 
 import contextlib
+import importlib
 import sys
 from pathlib import Path
-
-from autotune.monitor.live import Monitor, use_plain
-from autotune.monitor.view import render
-from autotune.monitor.sampler import INTERVAL_S, Sampler
-from autotune.monitor.state import RunState, TrialRow, fold
-from autotune.monitor.text import event_line, timed_line
 
 __all__ = ["watch", "follow", "Monitor", "RunState", "TrialRow", "fold", "render",
            "event_line", "timed_line", "use_plain"]
 
+# Where each name of the package lives: imported when first asked for, so that a command that
+# only prints a line (`autotune.monitor.console`) does not pay for rich's live view and the
+# journal's readers.
+_LAZY = {"Monitor": "live", "use_plain": "console", "render": "view", "RunState": "state",
+         "TrialRow": "state", "fold": "state", "event_line": "text", "timed_line": "text"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"autotune.monitor.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 @contextlib.contextmanager
 def watch(run_dir, *, plain: bool = False, title: str = "", stream=None,
-          sample_interval_s: float = INTERVAL_S):
+          sample_interval_s: float | None = None):
     """Show the run live while the body runs, and sample the devices into its journal.
 
     On a terminal: a rich Live view on stderr. Otherwise (a pipe, ``plain=True``, ``NO_COLOR``):
     one line per event on stderr. Yields the `Monitor` (or None if it could not start).
     """
+    from autotune.monitor.live import Monitor
+    from autotune.monitor.sampler import INTERVAL_S, Sampler
+
     run_dir = Path(run_dir)
     monitor = sampler = None
     try:
@@ -46,7 +56,7 @@ def watch(run_dir, *, plain: bool = False, title: str = "", stream=None,
     except Exception:  # noqa: BLE001 - no monitor is better than a failed run
         monitor = None
     try:
-        sampler = Sampler(run_dir, interval_s=sample_interval_s)
+        sampler = Sampler(run_dir, interval_s=sample_interval_s or INTERVAL_S)
         sampler.start()
     except Exception:  # noqa: BLE001
         sampler = None
@@ -64,6 +74,8 @@ def watch(run_dir, *, plain: bool = False, title: str = "", stream=None,
 def follow(run_dir, *, plain: bool = False, title: str = "", stream=None) -> Monitor:
     """Show a live or finished run until its ``run_ended`` event, or until it is clearly gone
     (`Monitor.gone`). Ctrl-C raises as usual. Returns the monitor (its ``state``, ``gone()``)."""
+    from autotune.monitor.live import Monitor
+
     monitor = Monitor(run_dir, plain=plain, title=title,
                       stream=stream if stream is not None else sys.stdout)
     monitor.start_live()

@@ -7,14 +7,25 @@ returns values that these helpers render.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from rich.console import Console
 from rich.table import Table
 
-from autotune.monitor.live import use_plain
+__all__ = ["Console", "Table", "make_console", "use_plain", "error", "warning", "hint"]
 
-__all__ = ["Console", "Table", "make_console", "error", "warning", "hint"]
+
+def is_terminal(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def use_plain(stream, plain: bool) -> bool:
+    """Plain lines for pipes and files, with ``--plain``, or when ``NO_COLOR`` is set."""
+    return plain or bool(os.environ.get("NO_COLOR")) or not is_terminal(stream)
 
 
 def make_console(*, plain: bool = False, stderr: bool = False) -> Console:

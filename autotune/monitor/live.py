@@ -20,6 +20,7 @@ from rich.live import Live
 from autotune.store.events import Event
 from autotune.store.journal import EVENTS, read_events
 from autotune.monitor.above import Above
+from autotune.monitor.console import is_terminal, use_plain
 from autotune.monitor import text, view
 from autotune.monitor.state import RunState
 
@@ -28,18 +29,6 @@ REDRAW_S = 0.5  # live view: no more than two redraws a second
 CLOCK_S = 1.0  # live view: redraw at least this often so the clock moves
 DEVICE_LINE_EVERY_S = 30.0
 STALE_S = 30.0  # journal silent this long, though the sampler writes every 2 s: the run is gone  # plain lines: one device summary per this many seconds of run time
-
-
-def _isatty(stream) -> bool:
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError):
-        return False
-
-
-def use_plain(stream, plain: bool) -> bool:
-    """Plain lines for pipes and files, with ``--plain``, or when ``NO_COLOR`` is set."""
-    return plain or bool(os.environ.get("NO_COLOR")) or not _isatty(stream)
 
 
 class Monitor:
@@ -86,9 +75,9 @@ class Monitor:
         command's messages, the script's own output in a full run). A stream redirected to a
         file is left alone."""
         self._saved = (sys.stdout, sys.stderr)
-        if _isatty(sys.stdout):
+        if is_terminal(sys.stdout):
             sys.stdout = Above(self.console, sys.stdout)
-        if _isatty(sys.stderr):
+        if is_terminal(sys.stderr):
             sys.stderr = Above(self.console, sys.stderr)
 
     def _restore(self) -> None:
