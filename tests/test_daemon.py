@@ -465,3 +465,33 @@ def test_stop_kill_ends_a_run_that_outstays_its_grace(tmp_path):
     finally:
         for proc in run_processes(tmp_path):
             proc.kill()
+
+
+@pytest.mark.slow
+def test_run_again_starts_with_the_runs_own_launcher_keep_batch_and_samples_per_step(tmp_path):
+    """What the full run was started with beside its recipe and command comes back with
+    ``--again``; a launcher given again replaces the run's."""
+    script = copy_scripts(tmp_path)
+    recipe = ok_recipe(tmp_path, script)
+    runs = tmp_path / "runs"
+    first = autotune("run", "--plain", "--recipe", str(recipe), "--runs-dir", str(runs),
+                     "--keep-batch", "--samples-per-step", "16", "--launcher", "local",
+                     str(script), "--steps", "30", cwd=tmp_path, timeout=120)
+    assert first.returncode == 0, first.stderr[-3000:]
+    rid = json.loads(autotune("ps", "--json", "--all", "--runs-dir", str(runs),
+                              timeout=60).stdout)[0]["id"]
+    told = journal(runs / rid, "fullrun_started")[0]["settings"]
+    assert told == {"launcher": "local", "hostfile": None, "keep_batch": True,
+                    "samples_per_step": 16}, told
+    again = autotune("run", "--again", rid, "--plain", "--runs-dir", str(runs), "--",
+                     "--steps", "20", cwd=tmp_path, timeout=120)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "--keep-batch: recipe" in again.stderr  # the run's own --keep-batch, said again
+    new = journal(runs / rid, "run_again")[-1]["run"]
+    assert journal(runs / new, "fullrun_started")[0]["settings"] == told
+    # a launcher given again replaces the run's, with its hostfile
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:1\n")
+    refused = autotune("run", "--again", new, "--hostfile", str(hosts), "--launcher", "srun",
+                       "--runs-dir", str(runs), cwd=tmp_path, timeout=60)
+    assert_one_error_line(refused, "--hostfile needs --launcher mpirun, not srun")

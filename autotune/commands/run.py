@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from dataclasses import dataclass
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.monitor import console
@@ -34,8 +36,9 @@ def add_parser(sub):
                    help="the recipe (.toml) to apply; see 'autotune recipes list'")
     p.add_argument("--again", metavar="RUN",
                    help="start a stopped, failed or lost full run (of 'run' or 'wrap') again: "
-                        "its id (or a unique prefix) or directory; same recipe, command and "
-                        "directory, with any ARGS given added to the script's (its own resume "
+                        "its id (or a unique prefix) or directory; same recipe, command, "
+                        "directory, launcher, --keep-batch and --samples-per-step, with any "
+                        "ARGS given added to the script's (its own resume "
                         "flag, say: autotune run --again RUN -- --resume ckpt.pt)")
     p.add_argument("--keep-batch", action="store_true",
                    help="run the recipe's fastest config that keeps the script's global batch "
@@ -73,6 +76,40 @@ class Again:
     recipe: str
     target: tuple[str, ...]
     cwd: str
+    settings: Mapping[str, object]  # the full run's own (`RunSettings.journaled`)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How a full run was started, beside its recipe and command: what ``--again`` starts it
+    with again unless told otherwise."""
+
+    launcher: str | None = None  # the launcher's kind, as resolved
+    hostfile: str | None = None  # its absolute path
+    keep_batch: bool = False
+    samples_per_step: int | None = None
+
+    @classmethod
+    def of(cls, launcher: engines.Launcher, *, keep_batch: bool,
+           samples_per_step: int | None) -> RunSettings:
+        return cls(launcher.kind.value, launcher.hostfile, keep_batch, samples_per_step)
+
+    def journaled(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def read(cls, journaled: Mapping[str, object]) -> RunSettings:
+        """From a journal: what it holds of them (a run journaled before them, none)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in journaled.items() if k in names})
+
+    def over(self, args) -> RunSettings:
+        """These settings with what ``args`` gives again in their place (a launcher, with its
+        hostfile or none, replaces both)."""
+        launcher, hostfile = (args.launcher, args.hostfile) if args.launcher or args.hostfile \
+            else (self.launcher, self.hostfile)
+        return RunSettings(launcher, hostfile, bool(args.keep_batch or self.keep_batch),
+                           args.samples_per_step or self.samples_per_step)
 
 
 def again_of(args) -> Again:
@@ -99,7 +136,8 @@ def again_of(args) -> Again:
     extra = list(args.target or [])
     extra = extra[1:] if extra[:1] == ["--"] else extra
     cwd = started.get("cwd") if kind == "run" else load_state(old).run_cwd
-    return Again(old, str(recipe), (*fullrun[-1]["command"], *extra), str(cwd))
+    return Again(old, str(recipe), (*fullrun[-1]["command"], *extra), str(cwd),
+                 dict(fullrun[-1].get("settings") or {}))
 
 
 def run(args) -> int:
@@ -109,11 +147,15 @@ def run(args) -> int:
     if again is None and not args.recipe:
         raise UsageError("autotune run needs --recipe PATH (or --again RUN): see 'autotune "
                          "recipes list'")
+    told = RunSettings.of(engines.from_args(args), keep_batch=args.keep_batch,
+                          samples_per_step=args.samples_per_step)
+    settings = RunSettings.read(again.settings).over(args) if again else told
     recipe = chosen(recipes.load(again.recipe if again else args.recipe),
-                    keep_batch=args.keep_batch)
+                    keep_batch=settings.keep_batch)
     target = again.target if again else common.resolve_target(args)
     cwd = again.cwd if again else os.getcwd()
-    launcher = engines.from_args(args)
+    launcher = engines.resolve(settings.launcher, settings.hostfile) if again else \
+        engines.from_args(args)
     fp = fingerprint.current(target)
     for warning in fingerprint_warnings(recipe, fp):
         console.warning(warning)
@@ -140,7 +182,8 @@ def run(args) -> int:
             tune.ending(journal) as status:
         status["code"] = full_run(recipe, target, knobs, launcher=launcher, cwd=cwd,
                                   run_dir=run_dir, journal=journal,
-                                  samples_per_step=args.samples_per_step, fp=fp)
+                                  samples_per_step=settings.samples_per_step, fp=fp,
+                                  keep_batch=settings.keep_batch)
     return said(status["code"], run_dir)
 
 
@@ -219,17 +262,20 @@ def node_change(recipe: recipes.Recipe, knobs: dict[str, float], instances: int,
 def full_run(recipe: recipes.Recipe, target: tuple[str, ...],
              knobs: tuple[dict[str, float], int], *, launcher: engines.Launcher, cwd: str,
              run_dir: Path, journal: Journal, samples_per_step: int | None,
-             fp: fingerprint.Fingerprint) -> int:
+             fp: fingerprint.Fingerprint, keep_batch: bool = False) -> int:
     """The full run of ``target`` with ``knobs`` (`rank_knobs`), for ``run`` and ``wrap``,
-    held against the recipe's figure where the run's world is the recipe's (`promise_of`)."""
+    held against the recipe's figure where the run's world is the recipe's (`promise_of`);
+    its settings journaled for ``--again`` (`RunSettings`)."""
     ranks = RanksSpec(command=target, knobs=knobs[0], instances=knobs[1], cwd=cwd,
                       log_dir=run_dir / "logs", name="fullrun", launcher=launcher, gpus=None)
     promise, why_not = promise_of(recipe, fp, knobs, launcher)
     if why_not:
         console.hint(f"the full run is not held to the recipe's figure: {why_not}")
+    settings = RunSettings.of(launcher, keep_batch=keep_batch, samples_per_step=samples_per_step)
     return fullrun.run_full(fullrun.FullRunSpec(ranks=ranks, journal_knobs=dict(recipe.knobs),
                                                 samples_per_step=samples_per_step,
-                                                promise=promise), journal)
+                                                promise=promise,
+                                                settings=settings.journaled()), journal)
 
 
 def promise_of(recipe: recipes.Recipe, fp: fingerprint.Fingerprint,

@@ -45,7 +45,7 @@ def run(args) -> int:
                                                        told=True),
                 launcher=prep.launcher, cwd=prep.run_cwd, run_dir=prep.run_dir,
                 journal=prep.journal, samples_per_step=prep.settings.samples_per_step,
-                fp=prep.fp)
+                fp=prep.fp, keep_batch=args.keep_batch)
     except KeyboardInterrupt:
         console.hint(f"if the tuning was cut short, resume with: autotune wrap --resume "
                      f"{prep.run_dir}")

@@ -56,6 +56,9 @@ class FullRunSpec:
     promise: Promise | None = None  # the recipe's figure, which the run is held against
     warmup_s: float = 10.0  # training time before the run is held to the promise
     sustain_s: float = SUSTAIN_S  # below the promise this long is a shortfall (`PromiseWatch`)
+    # what ``autotune run --again`` starts the run with again (the launcher, the hostfile,
+    # --keep-batch, --samples-per-step), journaled with its start
+    settings: Mapping[str, object] = field(default_factory=dict)
 
 
 def exit_status(code: int | None) -> int:
@@ -272,7 +275,8 @@ def run_full(spec: FullRunSpec, journal: Journal, *, out=None) -> int:
     journal.emit(Event.FULLRUN_STARTED, command=list(asked.command),
                  knobs=dict(spec.journal_knobs or asked.knobs), instances=asked.instances,
                  launcher=engines.describe(asked.launcher),
-                 **({"promised": spec.promise.samples_per_s} if spec.promise else {}))
+                 **({"promised": spec.promise.samples_per_s} if spec.promise else {}),
+                 **({"settings": dict(spec.settings)} if spec.settings else {}))
     signals = _Signals()
     signals.install()
     code, ended, group, told = 1, {}, None, False
