@@ -6,7 +6,7 @@ give the directory of a checkout and the command as its README runs it. Nothing 
 is changed; the batch is set through its own flag.
 
 1. Tune: ``autotune tune --json --plain --budget B --no-warm-start --baseline batch_size=N``
-   with the batch flag as a ``{batch_size}`` placeholder (`bench.common.tune_as_user`). Its
+   in the script's directory, with the batch flag as a ``{batch_size}`` placeholder. Its
    search probes are counted from its journal: measured, no signal, pruned.
 2. Grid: each of ``--batches`` (and the tuned batch) as a plain process for
    ``--grid-seconds``, then SIGINT (`bench.shapes.timed_run`), over ``--rounds`` rounds in
@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,7 +41,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import shapes  # noqa: E402
-from bench.common import ratio_interval, say, tune_as_user  # noqa: E402
+from bench.common import Tuned, ratio_interval, say  # noqa: E402
 
 SEARCH_TRIALS = re.compile(r"^trial-\d+$")  # the search's own probes, as the journal names them
 
@@ -74,13 +75,19 @@ def rate_of(text: str, pattern: re.Pattern, unit: str, batch: int) -> float | No
     return sum(values) / len(values) if values else None
 
 
+def batch_args(flag: str, value) -> list[str]:
+    """The script's batch flag with ``value``: ``--batch_size 20``, or as one word for a flag
+    given with its ``=`` (``--trainer.batch_size=`` -> ``--trainer.batch_size=20``)."""
+    return [f"{flag}{value}"] if flag.endswith("=") else [flag, str(value)]
+
+
 def grid(args, batches: list[int]) -> dict[int, list[float | None]]:
     """Each batch's own figure per round, the rounds in alternating order."""
     got: dict[int, list[float | None]] = {b: [] for b in batches}
     pattern = re.compile(args.rate, re.M)
     for r in range(args.rounds):
         for b in batches if r % 2 == 0 else batches[::-1]:
-            argv = [sys.executable, *args.command, args.batch_flag, str(b)]
+            argv = [sys.executable, *args.command, *batch_args(args.batch_flag, b)]
             t0 = time.monotonic()
             out = shapes.timed_run(argv, args.cwd, args.grid_seconds, os.environ)
             rate = rate_of(out, pattern, args.rate_unit, b)
@@ -97,11 +104,28 @@ def mean(values) -> float | None:
     return sum(kept) / len(kept) if kept else None
 
 
+def tune_in(cwd: Path, extra: list[str], script: list[str], budget: str, work: Path,
+            env: dict) -> Tuned:
+    """``autotune tune --json --plain --budget B`` in the script's own directory (where it reads
+    its data), its recipes and runs under ``work``, timed (`bench.common.tune_as_user`'s
+    command, run elsewhere)."""
+    cmd = [sys.executable, "-m", "autotune", "tune", "--json", "--plain", "--budget", budget,
+           "--recipe-dir", str(work / "recipes"), "--no-warm-start", *extra, "--", *script]
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    (work / "tune.err").write_text(p.stderr)
+    if p.returncode != 0:
+        say(f"tune failed ({p.returncode}):\n{p.stderr[-3000:]}")
+        return Tuned(None, time.monotonic() - t0, p.stderr[-3000:])
+    return Tuned(json.loads(p.stdout.strip().splitlines()[-1]), time.monotonic() - t0)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cwd", type=Path, required=True, help="where the script runs")
     p.add_argument("--batch-flag", required=True,
-                   help="the script's own batch flag, as --batch-flag=--batch_size")
+                   help="the script's own batch flag, as --batch-flag=--batch_size (ending "
+                        "in '=' for one word: --batch-flag=--trainer.batch_size=)")
     p.add_argument("--default", type=int, required=True, help="the script's own batch")
     p.add_argument("--batches", type=int, nargs="+", required=True)
     p.add_argument("--rate", required=True, help="regex of its throughput line; group 1")
@@ -120,14 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     tuned_batch = None
     if args.budget:
         work = Path(tempfile.mkdtemp(prefix="asis-"))
+        report["work"] = str(work)
+        say(f"tune {args.budget}: its runs, recipes and stderr under {work}")
         env = dict(os.environ, AUTOTUNE_RUNS_DIR=str(work / "runs"))
         extra = ["--baseline", f"batch_size={args.default}"]
         if args.foreign_limit is not None:
             extra += ["--foreign-limit", str(args.foreign_limit)]
-        script = [str(args.cwd / args.command[0]), *args.command[1:], args.batch_flag,
-                  "{batch_size}"]
-        tuned = tune_as_user(extra, script=script, budget=args.budget, work=work, env=env,
-                             label=f"tune {args.budget}")
+        script = [str(args.cwd / args.command[0]), *args.command[1:],
+                  *batch_args(args.batch_flag, "{batch_size}")]
+        tuned = tune_in(args.cwd, extra, script, args.budget, work, env)
         s = tuned.summary
         if s is None:
             report["tune_error"] = tuned.error
