@@ -420,7 +420,7 @@ def test_tune_for_goodput_takes_b_noise_from_the_two_rank_probe_and_scores_by_it
     from test_noise import exact_noise_scale
 
     p = autotune("tune", "--plain", "--json", "--foreign-limit", "1000", "--trials", "3",
-                 "--seconds", "12", "--confirm-rounds", "0", "--seed", "0",
+                 "--seconds", "16", "--confirm-rounds", "0", "--seed", "0",
                  "--objective", "goodput",
                  "--space", "batch_size=16:64", "--fix", "workers=0", "bucket_mb=25",
                  "--recipe-dir", str(tmp_path / "recipes"), "--",
@@ -433,8 +433,9 @@ def test_tune_for_goodput_takes_b_noise_from_the_two_rank_probe_and_scores_by_it
     noise = ranks[-1]["noise"]
     assert (noise["ranks"], noise["b_small"], noise["b_big"]) == (2, 16, 32), noise
     # the norms are taken on one step per 50 ms at most (probes/noise.SAMPLE_GAP_S): a probe's
-    # ~8 s span holds 160 such steps, and fewer when a loaded machine slows its steps
-    assert noise["steps"] >= 40, noise
+    # span holds up to 20 a second alone, and far fewer when a loaded machine slows
+    # its steps (34 in one CI run, 56 in another): many, not a handful
+    assert noise["steps"] >= 20, noise
     b_noise = noise["noise_scale"]
     truth = exact_noise_scale()
     assert truth / 2 <= b_noise <= truth * 2, (noise, truth)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import signal
 import sys
 
@@ -47,26 +48,38 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
             continue
         try:
             module = importlib.import_module(f"autotune.commands.{name}")
-        except ModuleNotFoundError as exc:
+        except ImportError as exc:
             if exc.name == f"autotune.commands.{name}":
                 continue  # not built yet
-            if not exc.name or exc.name.split(".")[0] in ("autotune", "probes"):
+            package = _package_of(exc)
+            if package is None or package in ("autotune", "probes"):
                 raise
-            _add_missing(sub, name, exc.name.split(".")[0])
+            _add_missing(sub, name, package, exc)
             continue
         p = module.add_parser(sub)
         p.set_defaults(_run=module.run)
     return parser
 
 
-def _add_missing(sub, name: str, package: str) -> None:
+def _package_of(exc: ImportError) -> str | None:
+    """The top-level package an import failed in: the module Python names, or the one its
+    message names (a package that raises ImportError itself, half installed)."""
+    name = exc.name
+    if not name:
+        found = re.search(r"No module named '?([A-Za-z_][\w.]*)", str(exc))
+        name = found.group(1) if found else None
+    return name.split(".")[0] if name else None
+
+
+def _add_missing(sub, name: str, package: str, exc: ImportError) -> None:
     """A command whose dependency is not installed: the other commands still work, and this one
     says what is missing instead of a traceback (a GPU host often lacks optuna, say)."""
     p = sub.add_parser(name, add_help=False, help=f"(needs the package {package!r})")
     p.add_argument("rest", nargs=argparse.REMAINDER)
 
     def missing(_args) -> int:
-        raise AutotuneError(f"autotune {name} needs the Python package {package!r}: "
+        raise AutotuneError(f"autotune {name} needs the Python package {package!r} "
+                            f"({type(exc).__name__}: {exc}): "
                             f"{sys.executable} -m pip install {package.replace('_', '-')}")
 
     p.set_defaults(_run=missing)

@@ -141,7 +141,7 @@ def mps_warnings(output: str) -> list[str]:
 
 def run_probe(ctx: Context) -> Step:
     step = Step("probe")
-    if why := cli_gate(ctx):
+    if why := cli_gate(ctx, needs_optuna=True):  # the probe reports through the tuner's baseline
         return step.skip(why)
     env, mps_dir = ctx.autotune_env()
     s = ctx.settings
