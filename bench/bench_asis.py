@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -87,7 +88,8 @@ def grid(args, batches: list[int]) -> dict[int, list[float | None]]:
     pattern = re.compile(args.rate, re.M)
     for r in range(args.rounds):
         for b in batches if r % 2 == 0 else batches[::-1]:
-            argv = [sys.executable, *args.command, *batch_args(args.batch_flag, b)]
+            argv = [sys.executable, *args.command, *args.grid_args,
+                    *batch_args(args.batch_flag, b)]
             t0 = time.monotonic()
             out = shapes.timed_run(argv, args.cwd, args.grid_seconds, os.environ)
             rate = rate_of(out, pattern, args.rate_unit, b)
@@ -134,7 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", default="5m", help="tune's --budget ('' for the grid alone)")
     p.add_argument("--foreign-limit", type=float, default=None)
     p.add_argument("--grid-seconds", type=float, default=40.0)
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2, help="the grid's rounds (0: no grid)")
+    p.add_argument("--grid-args", type=shlex.split, default=[],
+                   help="more arguments for the grid's plain runs only, as one quoted string "
+                        "(a shorter log interval, say: --grid-args='--log-interval 20'; the "
+                        "tune runs the script as it comes)")
     p.add_argument("--target", type=float, default=0.95)
     p.add_argument("--out", type=Path, default=None, help="the JSON report")
     p.add_argument("command", nargs="+", help="the script and its fixed arguments")
