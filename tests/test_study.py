@@ -1314,3 +1314,19 @@ def test_under_a_budget_convergence_waits_for_half_of_it(tmp_path, machine):
     report, _, _ = tune(tmp_path / "no-budget", unbounded, clock=unbounded.clock,
                         confirm_rounds=2, trials=60)
     assert report.stop_reason.rule is Stop.CONVERGED, report.stop_reason
+
+
+def test_foreign_load_re_runs_end_where_the_budgets_search_part_does(tmp_path, machine):
+    """Under a budget a spoiled probe is measured again only while another attempt would end
+    within the search's part of it: the confirmation keeps its time, and the run its end."""
+    clock, told = FakeClock(), []
+    fake = Timed(clock, surface, foreign=lambda knobs, nth: knobs["workers"] == 2)
+    report, t, run_dir = tune(tmp_path, fake, budget_s=100.0, clock=clock, foreign_retries=20,
+                              notify=told.append, fix_tokens=("batch_size=16", "threads=2"))
+    twos = [(s.attempt, s.last_attempt) for s in fake.specs
+            if s.ranks.name.startswith("trial-") and s.ranks.knobs.get("workers") == 2]
+    # its attempts (8 s each, 5 s apart) end on one marked last, far before the 21 asked
+    assert twos and twos[-1][1] and all(a < 10 for a, _ in twos), twos
+    assert any("not measured again: the budget left beside the confirmation holds no other "
+               "attempt" in n.text for n in told), [n.text for n in told]
+    assert clock.t <= 100.0 + 0.8 * 10

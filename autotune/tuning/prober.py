@@ -161,10 +161,11 @@ class Prober:
         return fitting.CONFIRM_PROBE_FACTOR * (probe_s or self.typical_s(state))
 
     def probe(self, state: TuneState, spec: TrialSpec, *, label: str, number: int | None,
-              cfg: Mapping, on_progress=None, events: bool = True,
-              finish: bool = True) -> tuple[TuneState, TrialResult]:
-        """One probe, re-run while foreign load spoils it (up to ``foreign_retries`` times);
-        the state with what it taught (`TuneState.learn`), and its result.
+              cfg: Mapping, on_progress=None, events: bool = True, finish: bool = True,
+              until: float | None = None) -> tuple[TuneState, TrialResult]:
+        """One probe, re-run while foreign load spoils it (up to ``foreign_retries`` times, and
+        under a budget only while another attempt would end by ``until``, a time on
+        ``clock``); the state with what it taught (`TuneState.learn`), and its result.
 
         Each attempt's spec says which it is, so its own outcome tells a spoiled last attempt
         (`autotune.measuring.outcome.classify`); here only whether to run it again is decided.
@@ -176,9 +177,15 @@ class Prober:
         costed = number is not None and not state.settings.seconds \
             and state.learned.timing is not None
         expected_s = self.fitted_s(state, spec.ranks.knobs, spec.ranks.instances)
+        took_s = expected_s  # an attempt's length: expected, then as the last one took
         while True:
             attempt += 1
-            spec = dataclasses.replace(spec, attempt=attempt, last_attempt=attempt >= attempts)
+            # the last where none follows: the re-runs asked are spent, or another attempt
+            # after this one would not end by ``until``
+            timely = until is None or \
+                self.clock.monotonic() + 2 * took_s + FOREIGN_WAIT_S <= until
+            spec = dataclasses.replace(spec, attempt=attempt,
+                                       last_attempt=attempt >= attempts or not timely)
             if events:
                 told.started(cfg)
 
@@ -192,13 +199,17 @@ class Prober:
             states.mark_live(self.run_dir, [])
             result = dataclasses.replace(result, knobs=dict(cfg))
             state = state.learn(cfg, spec.ranks.knobs, result)
+            took_s = self.clock.monotonic() - began
             if costed:
                 state = dataclasses.replace(state, learned=state.learned.costed(
-                    expected_s, self.clock.monotonic() - began))
+                    expected_s, took_s))
             spoiled = result.outcome == Outcome.FOREIGN_LOAD
             last = not spoiled or spec.last_attempt
             if spoiled and last:
                 state = self._tell_busy(state, label, result.foreign_cores)
+                if attempt < attempts:
+                    self.tell(Note.info(f"{label}: not measured again: the budget left beside "
+                                        f"the confirmation holds no other attempt"))
             if events and (finish or not last):
                 told.finished(result)
             if last:

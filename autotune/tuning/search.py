@@ -258,11 +258,11 @@ class Search:
             reported.append(est.samples_per_s)
             return trial.should_prune()
 
-        spec = self._fitted(cfg, key, label)
+        spec, until = self._fitted(cfg, key, label)
         try:
             learned, result = self.prober.probe(self.state, spec, label=label,
                                                 number=trial.number, cfg=cfg,
-                                                on_progress=on_progress)
+                                                on_progress=on_progress, until=until)
         except (KeyboardInterrupt, AutotuneError):  # Ctrl-C, a write that failed: retried
             studies.write(trial, TrialAttrs(interrupted=True))  # by --resume (a storage that
             raise  # fails here leaves it RUNNING: retried alike)
@@ -274,13 +274,18 @@ class Search:
 
     def _fitted(self, cfg, key, label):
         """The probe's spec, its window cut to what the budget's search part has left (a config
-        longer than the typical one ends there). Raises `studies.NotComparable` for a config the
-        budget leaves no room to measure; a few in a row stop the search."""
+        longer than the typical one ends there; not with ``--seconds``), and when that part ends
+        on the prober's clock (None without a budget): re-runs for foreign load end there. Raises
+        `studies.NotComparable` for a config the budget leaves no room to measure; a few in a
+        row stop the search."""
         knobs, instances = self.space.trial_knobs(cfg)
         spec = self.prober.spec(self.state, knobs, instances, label)
-        if self.settings.budget_s is None or self.settings.seconds:
-            return spec
+        if self.settings.budget_s is None:
+            return spec, None
         left, need_s = self.budget.room(cfg)
+        until = self.prober.clock.monotonic() + left
+        if self.settings.seconds:  # probes of the length asked: only the re-runs are held
+            return spec, until
         least_s = self.prober.least_s(self.state, knobs, instances)
         if left < max(SQUEEZE_LEAST * need_s, least_s):
             # it would end before it measured, or measure too little to tell: left out, the
@@ -302,7 +307,7 @@ class Search:
         left = max(fitting.MIN_PROBE_S, left)
         if left < spec.max_s:
             spec = self.prober.spec(self.state, knobs, instances, label, max_s=left)
-        return spec
+        return spec, until
 
     def _answer(self, trial, cfg, key, label, result, reported) -> float | list[float]:
         """A probe's result as the trial's answer: recorded, then its value (pruned, spoiled or
