@@ -6,7 +6,8 @@ give the directory of a checkout and the command as its README runs it. Nothing 
 is changed; the batch is set through its own flag.
 
 1. Tune: ``autotune tune --json --plain --budget B --no-warm-start --baseline batch_size=N``
-   in the script's directory, with the batch flag as a ``{batch_size}`` placeholder. Its
+   in the script's directory (`bench.common.tune_as_user`), with the batch flag as a
+   ``{batch_size}`` placeholder. Its
    search probes are counted from its journal: measured, no signal, pruned.
 2. Grid: each of ``--batches`` (and the tuned batch) as a plain process for
    ``--grid-seconds``, then SIGINT (`bench.shapes.timed_run`), over ``--rounds`` rounds in
@@ -31,7 +32,6 @@ import json
 import os
 import re
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,7 +42,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import shapes  # noqa: E402
-from bench.common import Tuned, ratio_interval, say  # noqa: E402
+from bench.common import ratio_interval, say, tune_as_user  # noqa: E402
 
 SEARCH_TRIALS = re.compile(r"^trial-\d+$")  # the search's own probes, as the journal names them
 
@@ -106,22 +106,6 @@ def mean(values) -> float | None:
     return sum(kept) / len(kept) if kept else None
 
 
-def tune_in(cwd: Path, extra: list[str], script: list[str], budget: str, work: Path,
-            env: dict) -> Tuned:
-    """``autotune tune --json --plain --budget B`` in the script's own directory (where it reads
-    its data), its recipes and runs under ``work``, timed (`bench.common.tune_as_user`'s
-    command, run elsewhere)."""
-    cmd = [sys.executable, "-m", "autotune", "tune", "--json", "--plain", "--budget", budget,
-           "--recipe-dir", str(work / "recipes"), "--no-warm-start", *extra, "--", *script]
-    t0 = time.monotonic()
-    p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    (work / "tune.err").write_text(p.stderr)
-    if p.returncode != 0:
-        say(f"tune failed ({p.returncode}):\n{p.stderr[-3000:]}")
-        return Tuned(None, time.monotonic() - t0, p.stderr[-3000:])
-    return Tuned(json.loads(p.stdout.strip().splitlines()[-1]), time.monotonic() - t0)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cwd", type=Path, required=True, help="where the script runs")
@@ -158,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             extra += ["--foreign-limit", str(args.foreign_limit)]
         script = [str(args.cwd / args.command[0]), *args.command[1:],
                   *batch_args(args.batch_flag, "{batch_size}")]
-        tuned = tune_in(args.cwd, extra, script, args.budget, work, env)
+        tuned = tune_as_user(extra, script=script, budget=args.budget, work=work, env=env,
+                             label=f"tune {args.budget}", cwd=args.cwd)
         s = tuned.summary
         if s is None:
             report["tune_error"] = tuned.error

@@ -54,14 +54,16 @@ class Tuned:
 
 
 def tune_as_user(args: Sequence[str], *, script: Sequence[str], budget: str, work: Path,
-                 env: dict, label: str) -> Tuned:
+                 env: dict, label: str, cwd: Path | None = None) -> Tuned:
     """``autotune tune --json --plain --budget B --recipe-dir WORK/recipes --no-warm-start ARGS
-    -- SCRIPT``, timed; a failure is said with its stderr's tail."""
+    -- SCRIPT`` in ``cwd`` (else WORK), timed, its stderr kept in WORK/tune.err; a failure is
+    said with its stderr's tail."""
     cmd = [sys.executable, "-m", "autotune", "tune", "--json", "--plain", "--budget", budget,
            "--recipe-dir", str(work / "recipes"), "--no-warm-start", *args, "--", *script]
     t0 = time.monotonic()
-    p = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+    p = subprocess.run(cmd, cwd=cwd or work, env=env, capture_output=True, text=True)
     wall_s = time.monotonic() - t0
+    (work / "tune.err").write_text(p.stderr)
     if p.returncode != 0:
         say(f"{label}: tune failed ({p.returncode}):\n{p.stderr[-3000:]}")
         return Tuned(None, wall_s, p.stderr[-3000:])

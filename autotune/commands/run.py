@@ -147,15 +147,17 @@ def run(args) -> int:
     if again is None and not args.recipe:
         raise UsageError("autotune run needs --recipe PATH (or --again RUN): see 'autotune "
                          "recipes list'")
-    told = RunSettings.of(engines.from_args(args), keep_batch=args.keep_batch,
-                          samples_per_step=args.samples_per_step)
-    settings = RunSettings.read(again.settings).over(args) if again else told
+    if again:
+        settings = RunSettings.read(again.settings).over(args)
+        launcher = engines.resolve(settings.launcher, settings.hostfile)
+    else:
+        launcher = engines.from_args(args)
+        settings = RunSettings.of(launcher, keep_batch=args.keep_batch,
+                                  samples_per_step=args.samples_per_step)
     recipe = chosen(recipes.load(again.recipe if again else args.recipe),
                     keep_batch=settings.keep_batch)
     target = again.target if again else common.resolve_target(args)
     cwd = again.cwd if again else os.getcwd()
-    launcher = engines.resolve(settings.launcher, settings.hostfile) if again else \
-        engines.from_args(args)
     fp = fingerprint.current(target)
     for warning in fingerprint_warnings(recipe, fp):
         console.warning(warning)
