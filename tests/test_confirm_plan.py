@@ -113,6 +113,13 @@ def test_the_search_reserves_the_plans_cost():
     floor = plan_confirmation(entries, asked=3, budget_s=300.0, reserving=True)
     assert floor.cost_s == decision.PLANNED_ROUNDS * 2 * 25.0 and floor.rounds == 3
     assert floor.probe_s == pytest.approx(25.0) and "the least a confirmation takes" in floor.why
+    # for a config about to be probed: the two rounds that could switch to it, at the least
+    joining = plan_confirmation(entries, asked=3, budget_s=250.0, reserving=True,
+                                least_rounds=decision.MIN_ROUNDS)
+    assert joining.cost_s == decision.MIN_ROUNDS * 2 * 25.0 < floor.cost_s
+    assert joining.rounds == decision.MIN_ROUNDS and joining.probe_s == pytest.approx(25.0)
+    assert plan_confirmation(entries, asked=3, budget_s=500.0, reserving=True,
+                             least_rounds=decision.MIN_ROUNDS).cost_s == share.cost_s
     assert "within 35%" in roomy.why
     # a gain found that needs five rounds at the spread measured: up to half the budget
     more = plan_confirmation(entries, asked=3, budget_s=500.0, reserving=True, needed=5)

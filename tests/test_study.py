@@ -1330,3 +1330,28 @@ def test_foreign_load_re_runs_end_where_the_budgets_search_part_does(tmp_path, m
     assert any("not measured again: the budget left beside the confirmation holds no other "
                "attempt" in n.text for n in told), [n.text for n in told]
     assert clock.t <= 100.0 + 0.8 * 10
+
+
+def test_a_best_without_a_gain_keeps_no_confirmation_time_from_the_search(tmp_path, machine):
+    """A level surface: no config reads a gain a switch could be made for, so the search keeps
+    back only what two rounds of the config it is about to probe would take, should that one
+    read a gain (the fewest rounds that can switch to it), not the three rounds of a best
+    that cannot win: word_lm's shape kept ~200 s of 5m for a best at -0.3% and left its larger
+    batches unprobed. Probes of 10 s (8 s on the clock) under 110 s: three rounds of two
+    search-length probes are 60 s, two are 40 s (before, the search stopped 32 s in, after two
+    probes; now it goes on until it converges)."""
+    clock, told = FakeClock(), []
+    fake = Stamped(clock, lambda knobs: 100.0)
+    report, _, _ = tune(tmp_path, fake, budget_s=110.0, clock=clock, confirm_rounds=3,
+                        notify=told.append, space_tokens=("batch_size=16:64",))
+    starts, t = [], 0.0
+    for s in fake.specs:  # each probe takes 0.8 x its limit, one after another
+        if s.ranks.name.startswith("trial-"):
+            starts.append(t)
+        t += 0.8 * s.max_s
+    ended = fake.searched_until if fake.searched_until is not None else clock.t
+    # the search goes on past where three rounds kept back would have stopped it...
+    assert starts and max(starts) > 110.0 - 60.0 - 10.0, (starts, [n.text for n in told])
+    # ...and leaves two rounds' time for the config it probed last, had it read a gain
+    assert ended <= 110.0 - 40.0 + 0.8 * 10, (ended, starts)
+    assert report.kept_baseline and clock.t <= 110.0 + 0.8 * 10

@@ -281,11 +281,12 @@ def plan_confirmation(entries: Sequence[Entry], *, asked: int, left_s: float | N
                       budget_s: float | None = None, reserving: bool = False,
                       stretch: Stretch = Stretch.NONE, needed: int | None = None,
                       needed_why: str = "", multi: bool = False,
-                      refused: str = "") -> ConfirmPlan:
+                      refused: str = "", least_rounds: int = PLANNED_ROUNDS) -> ConfirmPlan:
     """The confirmation of ``entries`` (the baseline first).
 
     ``reserving``: planned while the search runs, under ``budget_s``; the plan's cost is the
-    time the search keeps back (`_reserve`). Otherwise planned as the confirmation starts,
+    time the search keeps back (`_reserve`, never under ``least_rounds`` rounds of search-length
+    probes). Otherwise planned as the confirmation starts,
     within ``left_s`` (None: no limit): the rounds asked, or more as ``stretch`` says (all the
     time left holds, or the ``needed`` rounds the search's gain asks for, `needed_rounds`),
     fitted to the time left (`fit_rounds`); none where a round does not fit
@@ -298,7 +299,7 @@ def plan_confirmation(entries: Sequence[Entry], *, asked: int, left_s: float | N
     if asked <= 0:
         return _none(entries, asked, "no rounds: --confirm-rounds 0")
     if reserving:
-        return _reserve(entries, asked, budget_s, needed, refused)
+        return _reserve(entries, asked, budget_s, needed, refused, least_rounds)
     mean_window = sum(e.window_s for e in entries) / n
     # no entry's probe shorter than its search probe (nor longer than its own window)
     least = sum(min(e.least_s, e.window_s) for e in entries) / n
@@ -349,16 +350,17 @@ def _turns_refused(entries: Sequence[Entry], rounds: int, measure_s: float,
 
 
 def _reserve(entries: Sequence[Entry], asked: int, budget_s: float | None,
-             needed: int | None, refused: str) -> ConfirmPlan:
+             needed: int | None, refused: str, least_rounds: int) -> ConfirmPlan:
     """What the search keeps back: all the rounds kept (`rounds_kept`) at full length, but at
     most `CONFIRM_SHARE` of the budget (`NEEDED_SHARE` for rounds a found gain needs), and
-    never less than `PLANNED_ROUNDS` rounds (those kept, when fewer) of search-length probes:
-    what the confirmation takes at the least. Its rounds and probe length are those that
+    never less than ``least_rounds`` rounds (those kept, when fewer) of search-length probes:
+    what the confirmation takes at the least (`PLANNED_ROUNDS`; for a config not yet probed,
+    `MIN_ROUNDS`, the fewest that can switch to it). Its rounds and probe length are those that
     reserve holds (`fit_rounds`); a round is costed one probe after another, as the
     confirmation fits its rounds first (it takes turns only where those fit)."""
     n = len(entries)
     rounds = rounds_kept(asked, needed, budgeted=budget_s is not None)
-    k = max(1, min(rounds, PLANNED_ROUNDS))
+    k = max(1, min(rounds, least_rounds))
     full_round = sum(e.window_s for e in entries)
     least_round = sum(min(e.least_s, e.window_s) for e in entries)
     if budget_s is None:

@@ -131,33 +131,51 @@ class Budget:
         left = s.budget_s - self.elapsed() - repeat_s - self.reserve_s() * n / s.confirm_rounds
         return (best[0], n) if left >= self.prober.typical_s(self.state) else None
 
+    def worth_confirming(self) -> bool:
+        """Whether the search's best, by score, beats the script's config by more than the
+        `decision.MIN_GAIN_REL` a switch needs. Without a budget, always: the rounds asked run
+        whatever the search found."""
+        if self.settings.budget_s is None:
+            return True
+        best = self.best_gain()
+        return best is not None and best[0] - 1 > decision.MIN_GAIN_REL
+
     def reserve_s(self, joining: Mapping[str, int] | None = None) -> float:
         """Time kept for the confirmation (`plan`'s cost); none while no config but the
-        baseline measured (nothing to confirm: the search may use it). With ``joining``, a
-        config about to be probed: the most it keeps should that config become a candidate
-        (its probes may be longer than the candidates' so far); the first config to be
-        measured keeps nothing back, as there is nothing to confirm yet."""
+        baseline measured (nothing to confirm: the search may use it), nor, under a budget,
+        while the search's best reads no gain a switch could be made for
+        (`worth_confirming`): word_lm's shape kept ~200 s of 5m for a best at -0.3%, spent
+        them confirming it, and left its larger batches unprobed. With ``joining``, a config
+        about to be probed: the most it keeps should that config become the best (its probes
+        may be longer than the candidates' so far), at the fewest rounds that could switch to
+        it (`decision.MIN_ROUNDS`); the first config to be measured keeps nothing back, as
+        there is nothing to confirm yet."""
         entries = confirm.candidates(self.space, self.answers.known, self.answers.scorer)
+        kept = self.reserve_of(entries) if self.worth_confirming() else 0.0
         if joining is not None and len(entries) >= 2:
             also = [entries[0], ("joining", dict(joining)), *entries[1:2]]  # as the best
-            return max(self.reserve_of(entries), self.reserve_of(also))
-        return self.reserve_of(entries)
+            return max(kept, self.reserve_of(also, least_rounds=decision.MIN_ROUNDS))
+        return kept
 
-    def reserve_of(self, entries: list[tuple[str, dict]]) -> float:
+    def reserve_of(self, entries: list[tuple[str, dict]], *,
+                   least_rounds: int = decision.PLANNED_ROUNDS) -> float:
         """The time the search keeps for a confirmation of ``entries`` (`plan`)."""
-        return self.plan(entries).cost_s
+        return self.plan(entries, least_rounds=least_rounds).cost_s
 
-    def plan(self, entries: list[tuple[str, dict]]) -> confirm_plan.ConfirmPlan:
+    def plan(self, entries: list[tuple[str, dict]], *,
+             least_rounds: int = decision.PLANNED_ROUNDS) -> confirm_plan.ConfirmPlan:
         """The confirmation of the `confirm.essential` ``entries`` as the search reserves for
         it (`confirm_plan.plan_confirmation`; under a budget the runner-up is left out:
-        `confirm.finish`), at the rounds the budget keeps (`planned_rounds`)."""
+        `confirm.finish`), at the rounds the budget keeps (`planned_rounds`), never under
+        ``least_rounds`` of search-length probes."""
         s, state, known = self.settings, self.state, self.answers.known
         entries = confirm.essential(self.space, entries)  # what a budget confirms
         return confirm_plan.plan_confirmation(
             confirm_rounds.plan_entries(self.prober, state, known, entries),
             asked=s.confirm_rounds, budget_s=s.budget_s, reserving=True,
             needed=self.planned_rounds() if len(entries) >= 2 and s.confirm_rounds else None,
-            refused=confirm_rounds.turns_refused(self.prober, self.answers.scorer))
+            refused=confirm_rounds.turns_refused(self.prober, self.answers.scorer),
+            least_rounds=least_rounds)
 
     def cheapest_left_s(self) -> float:
         """The shortest probe a config not yet answered would take (`Prober.probe_s`), ruled
