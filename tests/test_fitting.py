@@ -580,3 +580,32 @@ def test_the_budget_stops_the_search_when_the_cheapest_config_left_does_not_fit(
     assert len(new_probed) > len(old_probed), ([s.ranks.knobs for s in old_probed],
                                                [s.ranks.knobs for s in new_probed])
     assert new_t <= 420.0 + 10 and old_t <= 420.0 + 10
+
+
+def test_a_larger_batch_warms_up_for_as_many_steps_as_the_nearest_probe_did():
+    """word_lm's shape: its baseline (batch 20, 426 ms steps) left out 15 s as warm-up, a
+    change of the machine's pace, and every later probe 1-1.3 s. A batch of 128 fitted to the
+    baseline's warm-up scaled by its step needed ~134 s to measure at all, which a 5-minute
+    budget never held; fitted to the nearest probe's (batch 32: 1.3 s of 685 ms steps) it
+    needs about a third of that."""
+    t = fitting.ScriptTiming(first_s=4.6, warmup_s=15.1, step_s=0.426, measured_s=26.0,
+                             rel_half=0.07, batch_size=20, threads=2)
+    big = {"batch_size": 128, "threads": 2}
+    seen = [Pace(32, 2, 0.685, first_s=6.4, warmup_s=1.3)]
+    alone, fitted = fitting.limits(t, big), fitting.limits(t, big, seen=seen)
+    assert fitting.warmup_steps(t, big) == pytest.approx(15.1 / 0.426)
+    assert fitting.warmup_steps(t, big, seen) == pytest.approx(1.3 / 0.685)
+    assert alone.least_s > 120.0 and fitted.least_s < alone.least_s / 2.5
+    # batch 40 (its limits under the 240 s cap): its limit and expected time shrink by the
+    # warm-up left out
+    mid = {"batch_size": 40, "threads": 2}
+    a, b = fitting.limits(t, mid), fitting.limits(t, mid, seen=seen)
+    assert a.max_s < fitting.MAX_PROBE_S and b.expected_s < a.expected_s - 20.0
+    assert b.max_s < a.max_s - 20.0
+    # a pace without its warm-up (an older tune.json) says nothing of it; the baseline's own
+    # knobs keep the baseline's warm-up, the nearest of all
+    older = [Pace(32, 2, 0.685, first_s=6.4)]
+    assert fitting.warmup_steps(t, big, older) == pytest.approx(15.1 / 0.426)
+    assert fitting.limits(t, big, seen=older).least_s > 120.0
+    assert fitting.warmup_steps(t, {"batch_size": 20, "threads": 2}, seen) == \
+        pytest.approx(15.1 / 0.426)

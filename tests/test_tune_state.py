@@ -71,7 +71,7 @@ def test_everything_a_stage_learned_goes_through_tune_json_and_back(tmp_path):
         st.learned, timing=fitting.ScriptTiming(2.0, 1.0, 0.13, 5.0, 0.05, batch_size=16)))
     st = st.noted(Note.hint("a hint")).noted(Note.hint("a hint"))  # kept once
     assert st.learned.notes == (Note.hint("a hint"),)
-    assert st.learned.paces == (fitting.Pace(16, 1, r.step_s),)
+    assert st.learned.paces == (fitting.Pace(16, 1, r.step_s, warmup_s=r.warmup_s),)
     assert st.learned.facts(cfg).core_s_per_sample == r.core_s_per_sample
     assert st.learned.notes_of(cfg) == ("kept a flag",)
     save(tmp_path, st)

@@ -137,13 +137,14 @@ class Limits:
 
 @dataclass(frozen=True)
 class Pace:
-    """One rank's time per step seen in a probe, and its launch to first batch (0: not
-    known), with the knobs that gave them."""
+    """One rank's time per step seen in a probe, its launch to first batch (0: not known) and
+    the warm-up its estimate left out (None: not known), with the knobs that gave them."""
 
     batch_size: int
     threads: int
     step_s: float
     first_s: float = 0.0
+    warmup_s: float | None = None
 
 
 def step_factor(t: ScriptTiming, knobs: Mapping[str, float], instances: int = 1,
@@ -172,7 +173,18 @@ def _nearest(t: ScriptTiming, knobs: Mapping[str, float], seen: Sequence[Pace]) 
         return (abs(math.log(b / p.batch_size)) if b and p.batch_size else 0.0) + \
             (abs(math.log(th / p.threads)) if th and p.threads else 0.0)
 
-    return min([Pace(t.batch_size, t.threads, t.step_s, t.first_s), *seen], key=distance)
+    return min([Pace(t.batch_size, t.threads, t.step_s, t.first_s, t.warmup_s), *seen],
+               key=distance)
+
+
+def warmup_steps(t: ScriptTiming, knobs: Mapping[str, float], seen: Sequence[Pace] = ()) -> float:
+    """The warm-up a probe of ``knobs`` should leave out, in the baseline's steps: that of the
+    nearest probe seen whose warm-up is known (the baseline's among them), in its own steps.
+    A baseline's warm-up may hold a change of the machine's pace rather than the script's:
+    word_lm's shape left out 15 s (35 steps) of its baseline and 1-1.3 s of every later probe,
+    and a batch of 128, fitted to the baseline's, was left out as needing 134 s."""
+    p = _nearest(t, knobs, [q for q in seen if q.warmup_s is not None])
+    return (p.warmup_s or 0.0) / p.step_s if p.step_s > 0 else 0.0
 
 
 def first_batch_s(t: ScriptTiming, knobs: Mapping[str, float],
@@ -214,10 +226,12 @@ def limits(t: ScriptTiming, knobs: Mapping[str, float], instances: int = 1, *,
     f = step_factor(t, knobs, instances, seen)
     start = first_batch_s(t, knobs, seen) * (RANKS_START_FACTOR if instances > 1 else 1.0)
     step = t.step_s * f
-    # The limit makes room for every step taking f times the baseline's, warm-up and
-    # measuring alike: a probe cut before it is tight measured nothing.
-    bound = start + t.warmup_s * f + max(measure_s(t, target_rel) * f,
-                                         MIN_WINDOWS * _window_s(step))
+    # The limit makes room for every step taking f times the baseline's, warm-up (as many
+    # steps as the nearest probe's: `warmup_steps`) and measuring alike: a probe cut before
+    # it is tight measured nothing.
+    warm_steps = warmup_steps(t, knobs, seen)
+    warm = warm_steps * step
+    bound = start + warm + max(measure_s(t, target_rel) * f, MIN_WINDOWS * _window_s(step))
     max_s = min(MAX_PROBE_S, max(MIN_PROBE_S, MARGIN * bound + 2 * _window_s(step)))
     # What it should take: it ends once tight, and its interval narrows with the number of
     # estimate windows it holds, not of steps, so warm-up and measuring stretch with the
@@ -227,14 +241,14 @@ def limits(t: ScriptTiming, knobs: Mapping[str, float], instances: int = 1, *,
     # script whose data runs out ends sooner still (`own_run_s`).
     stretch = _window_s(step) / _window_s(t.step_s)
     tight = steady.MIN_TIGHT_WINDOWS
-    expected = start + t.warmup_s * stretch + max(measure_s(t, target_rel, tight) * stretch,
-                                                  tight * _window_s(step))
+    expected = start + warm_steps * t.step_s * stretch + \
+        max(measure_s(t, target_rel, tight) * stretch, tight * _window_s(step))
     run_s = own_run_s(t, knobs, f)
     if run_s is not None:
         expected = min(expected, start + run_s + END_S)
     # The least it measures anything in: its first batch, warm-up at the stretched step and
     # the windows an estimate needs; a limit under it ends with no signal.
-    least = start + t.warmup_s * f + MIN_WINDOWS * _window_s(step)
+    least = start + warm + MIN_WINDOWS * _window_s(step)
     idle_hang = max(HANG_MIN_S, STALL_STEPS * step, 2 * t.paused_s)
     return Limits(max_s=max_s, min_measure_s=max(min(5.0, 0.4 * max_s), 4 * _window_s(step)),
                   hang_s=max(30.0, idle_hang, 2 * t.warmup_s * f), idle_hang_s=idle_hang,

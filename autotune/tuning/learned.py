@@ -95,7 +95,7 @@ class Learned:
                                           # one rank's start; several start slower
                                           # (`fitting.RANKS_START_FACTOR` adds that)
                                           result.first_s if int(knobs.get("instances") or 1) == 1
-                                          else 0.0))
+                                          else 0.0, result.warmup_s))
         told = tuple(str(n) for n in result.notes if n.kind is not NoteKind.WARNING)
         if told:  # what autotune did to this config (a backend replaced, a flag kept)
             said[config_key(cfg)] = told
@@ -152,7 +152,9 @@ class Learned:
         return cls(timing=fitting.ScriptTiming.from_dict(d["timing"]) if d.get("timing")
                    else None,
                    paces=tuple(fitting.Pace(int(p["batch_size"]), int(p["threads"]),
-                                            float(p["step_s"]), float(p.get("first_s", 0.0)))
+                                            float(p["step_s"]), float(p.get("first_s", 0.0)),
+                                            None if p.get("warmup_s") is None
+                                            else float(p["warmup_s"]))
                                for p in d.get("paces", ())),
                    last={config_key(r.cfg): r for r in last},
                    config_notes={config_key(c["cfg"]): tuple(c["notes"])
