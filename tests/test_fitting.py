@@ -14,7 +14,8 @@ from autotune.tuning import decision, fitting, search, search_budget
 from autotune.tuning.fitting import Pace, ScriptTiming
 from autotune.tuning.records import Stop
 from conftest import journal
-from test_study import FakeClock, FakeProbe, machine, race_ran, result, tune  # noqa: F401
+from test_study import FakeProbe, machine, result, tune  # noqa: F401
+from test_study_budget import FakeClock, race_ran
 
 SLOW = ScriptTiming(first_s=8.0, warmup_s=2.0, step_s=1.0, measured_s=16.0, rel_half=0.05,
                     batch_size=32, threads=2)
