@@ -178,8 +178,8 @@ def _nearest(t: ScriptTiming, knobs: Mapping[str, float], seen: Sequence[Pace]) 
 
 
 def warmup_steps(t: ScriptTiming, knobs: Mapping[str, float], seen: Sequence[Pace] = ()) -> float:
-    """The warm-up a probe of ``knobs`` should leave out, in the baseline's steps: that of the
-    nearest probe seen whose warm-up is known (the baseline's among them), in its own steps.
+    """How many steps a probe of ``knobs`` should leave out as warm-up: as many as the nearest
+    probe seen whose warm-up is known (the baseline's among them) left out of its own.
     A baseline's warm-up may hold a change of the machine's pace rather than the script's:
     word_lm's shape left out 15 s (35 steps) of its baseline and 1-1.3 s of every later probe,
     and a batch of 128, fitted to the baseline's, was left out as needing 134 s."""
