@@ -165,15 +165,28 @@ def test_tune_with_defaults_searches_ranks_of_a_script_that_goes_ddp_when_launch
 
 
 @pytest.mark.slow
-def test_ranks_training_alone_keep_instances_at_one_with_the_reason(tmp_path):
+@pytest.mark.parametrize("name,why,probed", [
+    # its source never names torch.distributed: no two-rank probe at all
+    ("tune_toy.py", "its source never starts torch.distributed (tune_toy.py read", False),
+    # it asks torch.distributed whether a group is up: the probe answers
+    ("tune_toy_logs_rank.py", "a probe of 2 ranks (torchrun's environment) saw them train "
+                              "alone", True)])
+def test_ranks_training_alone_keep_instances_at_one_with_the_reason(tmp_path, name, why,
+                                                                    probed):
+    from autotune.store.journal import read_events
+
     env = dict(os.environ, AUTOTUNE_RUNS_DIR=str(tmp_path / "runs"))
     p = autotune("tune", *QUIET, "--json", "--trials", "2", "--seconds", "6",
                  "--confirm-rounds", "0", "--recipe-dir", str(tmp_path / "recipes"),
-                 str(SCRIPTS / "tune_toy.py"), "--work", "1", cwd=tmp_path, timeout=300,
+                 str(SCRIPTS / name), "--work", "1", cwd=tmp_path, timeout=300,
                  env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     s = last_json(p)
     assert "instances" not in s["space"]["domains"]
-    assert any("instances: fixed at 1: a probe of 2 ranks (torchrun's environment) saw them "
-               "train alone" in n for n in s["space"]["notes"]), s["space"]["notes"]
+    assert any(f"instances: fixed at 1: {why}" in n for n in s["space"]["notes"]), \
+        s["space"]["notes"]
+    evs, _ = read_events(s["run_dir"])
+    two = [e for e in evs if e["event"] == "trial_finished"
+           and e["result"]["knobs"].get("instances") == 2]
+    assert bool(two) == probed, [e["result"]["knobs"] for e in two]
     assert live_children() == []

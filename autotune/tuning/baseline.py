@@ -10,10 +10,11 @@ it goes into the run's state, so a resume does not re-measure.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping, Sequence
 
 from autotune.measuring import allreduce
-from autotune.launching import engines, rank_command
+from autotune.launching import engines, rank_command, script_source
 from autotune.hardware import fingerprint
 from autotune.tuning import fitting, space, spread
 from autotune import AutotuneError, Note
@@ -240,7 +241,10 @@ def discover_ranks(prober: Prober, state: TuneState, machine: space.Machine,
     only when launched with ``WORLD_SIZE > 1``, which a baseline of one rank (run as ``python
     train.py``) never shows.
 
-    The probe is the baseline's config on two ranks, each with half the device. Its ranks seen
+    A script whose own source never names what starts or joins a process group
+    (`autotune.launching.script_source`) is not probed: ``instances`` stays at 1 with that
+    reason. Otherwise the probe is the baseline's config on two ranks, each with half the
+    device. Its ranks seen
     joining a process group: the baseline is marked distributed (``instances`` and
     ``bucket_mb`` are searched), and the answer (`RanksProbe`) goes to the study as its first
     two-rank trial. Otherwise ``instances`` stays at 1 with the reason (ranks that trained
@@ -249,6 +253,11 @@ def discover_ranks(prober: Prober, state: TuneState, machine: space.Machine,
     """
     if ranks_unasked(machine, base, req):
         return state, base, None
+    settings = state.settings
+    never = script_source.never_parallel(settings.command, settings.cwd, os.environ)
+    if never:
+        prober.tell(Note.info(f"ranks: not probed on 2 ranks: {never}"))
+        return state, dataclasses.replace(base, alone_why=never), None
     trying = space.build(machine, dataclasses.replace(base, distributed=True), req)
     if 2 not in trying.domains.get("instances", ()):
         return state, base, None
