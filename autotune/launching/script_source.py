@@ -126,8 +126,7 @@ def _module_files(roots: Sequence[Path], dotted: str) -> list[Path]:
 
 def read_script(script: Path, roots: Sequence[Path]) -> Reading:
     """Read ``script`` and the modules of its own tree it imports (found under ``roots``: its
-    directory and ``PYTHONPATH``), to the end or the first reason it may
-    start ranks."""
+    directory and ``PYTHONPATH``), to the end or to the first reason it may start ranks."""
     todo, seen, total = [script.resolve()], set(), 0
     tops: set[str] = set()
     while todo:

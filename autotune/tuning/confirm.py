@@ -112,16 +112,34 @@ def candidates(space: Space, known: Mapping[tuple, Known],
     return entries
 
 
+def _above_baseline(space: Space, cfg: dict, known: Mapping[tuple, Known] | None,
+                    scorer: objective.Scorer | None) -> bool:
+    """Whether the search measured ``cfg`` above the baseline by score (True where it cannot
+    tell: no values given, or either not measured)."""
+    if known is None or scorer is None:
+        return True
+    k, base = known.get(space.key(cfg)), known.get(space.key(space.baseline))
+    if k is None or base is None:
+        return True
+    bar = scorer.score(base.value, base.ci_half, base.cfg, base.energy).value
+    return bar is None or _beats(scorer, k, bar)
+
+
 def _beats(scorer: objective.Scorer, k: Known, bar: float) -> bool:
     """Whether ``k``'s score, as the search measured it, is above ``bar`` (the baseline's)."""
     v = scorer.score(k.value, k.ci_half, k.cfg, k.energy).value
     return v is not None and v > bar
 
 
-def essential(space: Space, entries: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+def essential(space: Space, entries: list[tuple[str, dict]], *,
+              known: Mapping[tuple, Known] | None = None,
+              scorer: objective.Scorer | None = None) -> list[tuple[str, dict]]:
     """``entries`` (`candidates`) without the runner-up, unless it is the batch-keeping
     alternative (the only entry but the baseline that trains with the script's own batch,
-    beside a best that does not): what a confirmation under a budget measures. A budget fixes
+    beside a best that does not) and, where ``known`` and ``scorer`` tell, the search measured
+    it above the baseline: what a confirmation under a budget measures. One below the baseline
+    leaves the baseline as the alternative: word_lm as it comes kept a thread cut at 0.65x in
+    for batch 32's confirmation, and its search stopped at 71 s of 5m to keep time for it. A budget fixes
     the confirmation's time, and the runner-up's probes buy rounds of the best and the
     baseline instead, which decide far more: one candidate's interval at 95% over three degrees
     of freedom (t 3.2) against two candidates' at 97.5% over two (t 6.2). nanoGPT's shape lost
@@ -131,7 +149,8 @@ def essential(space: Space, entries: list[tuple[str, dict]]) -> list[tuple[str, 
         return list(entries)
     (_, best_cfg), (_, runner_cfg), extra = entries[1], entries[2], entries[3:]
     if space.keeps_batch(runner_cfg) and not space.keeps_batch(best_cfg) and \
-            not any(space.keeps_batch(c) for _, c in extra):
+            not any(space.keeps_batch(c) for _, c in extra) and \
+            _above_baseline(space, runner_cfg, known, scorer):
         return list(entries)
     return [entries[0], entries[1], *extra]
 
@@ -371,7 +390,7 @@ def _line_up(prober: Prober, state: TuneState, frame: _Frame, entries: list[tupl
     ``entries``, or under a budget, where the runner-up is not the batch-keeping alternative
     (`essential`) and no ``earlier`` confirmation is extended, a round in turns that chooses
     between the best and the runner-up (`select_candidate`), or the runner-up left out."""
-    few = essential(frame.space, entries)
+    few = essential(frame.space, entries, known=frame.known, scorer=frame.scorer)
     refused = turns_refused(prober, frame.scorer)
     needed = None  # what two candidates' interval needs to show the search's best gain
     if not frame.multi and len(few) < len(entries) and left_s is not None:

@@ -169,7 +169,8 @@ class Budget:
         `confirm.finish`), at the rounds the budget keeps (`planned_rounds`), never under
         ``least_rounds`` of search-length probes."""
         s, state, known = self.settings, self.state, self.answers.known
-        entries = confirm.essential(self.space, entries)  # what a budget confirms
+        entries = confirm.essential(self.space, entries, known=known,
+                                    scorer=self.answers.scorer)  # what a budget confirms
         return confirm_plan.plan_confirmation(
             confirm_rounds.plan_entries(self.prober, state, known, entries),
             asked=s.confirm_rounds, budget_s=s.budget_s, reserving=True,
