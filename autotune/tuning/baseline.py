@@ -244,12 +244,11 @@ def discover_ranks(prober: Prober, state: TuneState, machine: space.Machine,
     A script whose own source never names what starts or joins a process group
     (`autotune.launching.script_source`) is not probed: ``instances`` stays at 1 with that
     reason. Otherwise the probe is the baseline's config on two ranks, each with half the
-    device. Its ranks seen
-    joining a process group: the baseline is marked distributed (``instances`` and
-    ``bucket_mb`` are searched), and the answer (`RanksProbe`) goes to the study as its first
-    two-rank trial. Otherwise ``instances`` stays at 1 with the reason (ranks that trained
-    alone, or how the probe failed, with its log). Returns the state with what the probe
-    taught, the baseline, and the answer.
+    device. Its ranks seen joining a process group: the baseline is marked distributed
+    (``instances`` and ``bucket_mb`` are searched), and the answer (`RanksProbe`) goes to the
+    study as its first two-rank trial. Otherwise ``instances`` stays at 1 with the reason
+    (ranks that trained alone, or how the probe failed, with its log). Returns the state with
+    what the probe taught, the baseline, and the answer.
     """
     if ranks_unasked(machine, base, req):
         return state, base, None

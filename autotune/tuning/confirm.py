@@ -139,9 +139,9 @@ def essential(space: Space, entries: list[tuple[str, dict]], *,
     beside a best that does not) and, where ``known`` and ``scorer`` tell, the search measured
     it above the baseline: what a confirmation under a budget measures. One below the baseline
     leaves the baseline as the alternative: word_lm as it comes kept a thread cut at 0.65x in
-    for batch 32's confirmation, and its search stopped at 71 s of 5m to keep time for it. A budget fixes
-    the confirmation's time, and the runner-up's probes buy rounds of the best and the
-    baseline instead, which decide far more: one candidate's interval at 95% over three degrees
+    for batch 32's confirmation, and its search stopped at 71 s of 5m to keep time for it.
+    A budget fixes the confirmation's time, and the runner-up's probes buy rounds of the best
+    and the baseline instead, which decide far more: one candidate's interval at 95% over three degrees
     of freedom (t 3.2) against two candidates' at 97.5% over two (t 6.2). nanoGPT's shape lost
     a +20.7% switch to that (0.990x-1.473x over 3 rounds of three; 1.052x-1.386x at one
     candidate)."""
