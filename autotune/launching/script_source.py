@@ -30,8 +30,10 @@ from autotune.launching.rank_command import is_python_script
 # code or in a comment (a comment costs one probe; a miss would cost the speed-up).
 MARKERS = re.compile(
     r"\b(?:distributed|Distributed\w*|DDP|FSDP|FullyShardedDataParallel|fully_shard|"
-    r"init_process_group|process_group|WORLD_SIZE|LOCAL_RANK|RANK|torchrun|torch\.multiprocessing|"
-    r"spawn|horovod|deepspeed|mpi4py|import_module|__import__|runpy|exec)\b")
+    r"init_process_group|process_group|nccl|gloo|torchrun|torch\.multiprocessing|spawn|"
+    r"RANK|\w+_RANK|\w*WORLD_SIZE|MASTER_ADDR|MASTER_PORT|SLURM_PROCID|SLURM_NTASKS|"
+    r"OMPI_COMM_WORLD_\w+|PMI_SIZE|horovod|deepspeed|mpi4py|import_module|__import__|runpy|"
+    r"exec)\b")
 # Standard-library modules through which a script may start other Python processes.
 STARTS_PROCESSES = frozenset({"multiprocessing", "subprocess", "concurrent", "runpy",
                               "importlib", "pty"})
