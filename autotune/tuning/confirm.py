@@ -103,30 +103,25 @@ def candidates(space: Space, known: Mapping[tuple, Known],
     else:
         entries += [(f"trial-{k.number}", dict(k.cfg)) for k in best(space, known, scorer)]
     if len(entries) > 1 and not any(space.keeps_batch(c) for _, c in entries[1:]):
-        base = known.get(space.key(space.baseline))
-        bar = None if base is None else \
-            scorer.score(base.value, base.ci_half, base.cfg, base.energy).value
         entries += [(f"trial-{k.number}", dict(k.cfg))
                     for k in best(space, known, scorer, 1, where=space.keeps_batch)
-                    if bar is None or _beats(scorer, k, bar)]
+                    if _above_baseline(space, k.cfg, known, scorer)]
     return entries
 
 
 def _above_baseline(space: Space, cfg: dict, known: Mapping[tuple, Known] | None,
                     scorer: objective.Scorer | None) -> bool:
     """Whether the search measured ``cfg`` above the baseline by score (True where it cannot
-    tell: no values given, or either not measured)."""
+    tell: no values given, either not measured, or no score): the rule for a batch-keeping
+    alternative beside a winner that changes the batch."""
     if known is None or scorer is None:
         return True
     k, base = known.get(space.key(cfg)), known.get(space.key(space.baseline))
     if k is None or base is None:
         return True
     bar = scorer.score(base.value, base.ci_half, base.cfg, base.energy).value
-    return bar is None or _beats(scorer, k, bar)
-
-
-def _beats(scorer: objective.Scorer, k: Known, bar: float) -> bool:
-    """Whether ``k``'s score, as the search measured it, is above ``bar`` (the baseline's)."""
+    if bar is None:
+        return True
     v = scorer.score(k.value, k.ci_half, k.cfg, k.energy).value
     return v is not None and v > bar
 
@@ -141,10 +136,10 @@ def essential(space: Space, entries: list[tuple[str, dict]], *,
     leaves the baseline as the alternative: word_lm as it comes kept a thread cut at 0.65x in
     for batch 32's confirmation, and its search stopped at 71 s of 5m to keep time for it.
     A budget fixes the confirmation's time, and the runner-up's probes buy rounds of the best
-    and the baseline instead, which decide far more: one candidate's interval at 95% over three degrees
-    of freedom (t 3.2) against two candidates' at 97.5% over two (t 6.2). nanoGPT's shape lost
-    a +20.7% switch to that (0.990x-1.473x over 3 rounds of three; 1.052x-1.386x at one
-    candidate)."""
+    and the baseline instead, which decide far more: one candidate's interval at 95% over
+    three degrees of freedom (t 3.2) against two candidates' at 97.5% over two (t 6.2).
+    nanoGPT's shape lost a +20.7% switch to that (0.990x-1.473x over 3 rounds of three;
+    1.052x-1.386x at one candidate)."""
     if len(entries) < 3:
         return list(entries)
     (_, best_cfg), (_, runner_cfg), extra = entries[1], entries[2], entries[3:]
