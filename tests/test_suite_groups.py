@@ -50,3 +50,15 @@ def test_an_xdist_group_runs_on_one_worker_under_the_suites_own_options(tmp_path
     assert len(grouped) == 1, runs  # one worker (which runs one test at a time)
     # two workers did run the file: the check above means something
     assert len(grouped | {v[0] for k, v in runs.items() if k.startswith("free")}) == 2, runs
+
+
+def test_the_readme_s_test_command_is_the_one_ci_runs():
+    """README's second command and `.ci/run`'s are one line, word for word: the split of the
+    suite into its runs (the cluster bed's alone, then the rest) is what a user runs."""
+    readme = (ROOT / "README.md").read_text().splitlines()
+    at = next(i for i, line in enumerate(readme) if line.startswith("The second command"))
+    shown = next(line.strip() for line in readme[at + 1:] if line.strip())
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
+          if line and not line.startswith(("#", "set ", "cd "))]
+    assert ci == [shown]
+    assert ' -m cluster && ' in shown and '-m "not cluster"' in shown

@@ -149,12 +149,21 @@ class Budget:
         about to be probed: the most it keeps should that config become the best (its probes
         may be longer than the candidates' so far), at the fewest rounds that could switch to
         it (`decision.MIN_ROUNDS`); the first config to be measured keeps nothing back, as
-        there is nothing to confirm yet."""
+        there is nothing to confirm yet, and nor does one whose rounds the budget left cannot
+        hold while no gain is found (the search then probes on to the budget's end)."""
         entries = confirm.candidates(self.space, self.answers.known, self.answers.scorer)
         kept = self.reserve_of(entries) if self.worth_confirming() else 0.0
         if joining is not None and len(entries) >= 2:
             also = [entries[0], ("joining", dict(joining)), *entries[1:2]]  # as the best
-            return max(kept, self.reserve_of(also, least_rounds=decision.MIN_ROUNDS))
+            joined = self.reserve_of(also, least_rounds=decision.MIN_ROUNDS)
+            if kept == 0.0 and joined > self.settings.budget_s - self.elapsed():
+                # Rounds that could switch to it do not fit whether it is probed or not, and
+                # no gain found so far needs the time: the probe at least tells what the config
+                # gives. minGPT's chargpt at 5m: after its baseline and one probe at 0.71x,
+                # 169 s were left, two rounds would take ~180 s, and one round that could
+                # not switch ran in place of two more search probes.
+                return 0.0
+            return max(kept, joined)
         return kept
 
     def reserve_of(self, entries: list[tuple[str, dict]], *,
