@@ -392,10 +392,11 @@ def test_a_probe_the_budget_would_squeeze_below_what_it_measures_in_is_not_taken
     end the search for its budget. The baseline's batch line (no worker) reads flat here, so
     no walk step is among them (one left out ends the search at once: the next test); workers
     pay more the larger the batch, which draws the sampler to the larger batches, whose probes
-    are the longer."""
+    are the longer, and their gains are past the 3% a switch needs, so the confirmation's time
+    is kept (a search without a gain keeps none once a probe and its rounds no longer fit)."""
     clock, told = FakeClock(), []
     fake = SlowScript(clock)
-    fake.rate = lambda knobs: 100.0 + knobs["workers"] * knobs["batch_size"] / 50
+    fake.rate = lambda knobs: 100.0 + knobs["workers"] * knobs["batch_size"] / 10
     report, t, run_dir = tune(tmp_path, fake, seconds=None, budget_s=300.0, clock=clock,
                               confirm_rounds=3, notify=told.append)
     searched = [s for s in fake.specs if s.ranks.name.startswith("trial-")]

@@ -481,10 +481,10 @@ class Wide(Stamped):
 
 def test_rounds_the_budget_left_cannot_hold_keep_no_time_from_the_search(tmp_path, machine):
     """minGPT's chargpt at 5m: fitted probes of about a fifth of the budget, every config below
-    the script's own. The two rounds that could switch to the next config probed do not fit in
-    what is left whether it is probed or not, and no gain needs the time: the search probes on
-    until no probe fits (before, it stopped after one probe, and one confirmation round that
-    could not switch ran in place of two more search probes)."""
+    the script's own. The next config's probe and the two rounds that could switch to it do
+    not fit in what is left, and no gain needs the time: the search probes on until no probe
+    fits (before, it stopped after one probe, and one confirmation round that could not switch
+    ran in place of two more search probes)."""
     clock, told = FakeClock(), []
     baseline = {"batch_size": 16, "workers": 0, "threads": 2}
     fake = Wide(clock, lambda k: 100.0 if all(k[n] == v for n, v in baseline.items()) else 70.0)

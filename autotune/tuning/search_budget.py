@@ -49,8 +49,8 @@ class Budget:
     def room(self, cfg: Mapping[str, int]) -> tuple[float, float]:
         """Under a budget: what is left of it beside the confirmation's reserve should ``cfg``
         join the candidates, and what a probe of ``cfg`` takes (s)."""
-        left = self.settings.budget_s - self.elapsed() - self.reserve_s(cfg)
-        return left, self.prober.probe_s(self.state, *self.space.trial_knobs(cfg))
+        need_s = self.prober.probe_s(self.state, *self.space.trial_knobs(cfg))
+        return self.settings.budget_s - self.elapsed() - self.reserve_s(cfg, need_s), need_s
 
     def walk_blocks(self, batch: int) -> bool:
         """Whether a batch walk's jump may not land on ``batch`` (the baseline's other knobs):
@@ -140,7 +140,7 @@ class Budget:
         best = self.best_gain()
         return best is not None and best[0] - 1 > decision.MIN_GAIN_REL
 
-    def reserve_s(self, joining: Mapping[str, int] | None = None) -> float:
+    def reserve_s(self, joining: Mapping[str, int] | None = None, probe_s: float = 0.0) -> float:
         """Time kept for the confirmation (`plan`'s cost); none while no config but the
         baseline measured (nothing to confirm: the search may use it), nor, under a budget,
         while the search's best reads no gain a switch could be made for
@@ -149,19 +149,21 @@ class Budget:
         about to be probed: the most it keeps should that config become the best (its probes
         may be longer than the candidates' so far), at the fewest rounds that could switch to
         it (`decision.MIN_ROUNDS`); the first config to be measured keeps nothing back, as
-        there is nothing to confirm yet, and nor does one whose rounds the budget left cannot
-        hold while no gain is found (the search then probes on to the budget's end)."""
+        there is nothing to confirm yet, and nor does one whose probe (``probe_s``) and rounds
+        the budget left cannot hold while no gain is found: its rounds could not run, and
+        nothing else needs the time (the search then probes on to the budget's end)."""
         entries = confirm.candidates(self.space, self.answers.known, self.answers.scorer)
         kept = self.reserve_of(entries) if self.worth_confirming() else 0.0
         if joining is not None and len(entries) >= 2:
             also = [entries[0], ("joining", dict(joining)), *entries[1:2]]  # as the best
             joined = self.reserve_of(also, least_rounds=decision.MIN_ROUNDS)
-            if kept == 0.0 and joined > self.settings.budget_s - self.elapsed():
-                # Rounds that could switch to it do not fit whether it is probed or not, and
-                # no gain found so far needs the time: the probe at least tells what the config
-                # gives. minGPT's chargpt at 5m: after its baseline and one probe at 0.71x,
-                # 169 s were left, two rounds would take ~180 s, and one round that could
-                # not switch ran in place of two more search probes.
+            if kept == 0.0 and probe_s + joined > self.settings.budget_s - self.elapsed():
+                # The rounds that could switch to it do not fit after its probe, and no gain
+                # found so far needs the time: kept back, it would buy only rounds that cannot
+                # switch, where the probe at least tells what the config gives. minGPT's
+                # chargpt at 5m: after its baseline and one probe at 0.65x, 185 s were left
+                # and two rounds of batch 128 were planned at 180 s beside its 66 s probe; the
+                # search stopped, and one confirmation round that could not switch ran.
                 return 0.0
             return max(kept, joined)
         return kept
