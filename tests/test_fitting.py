@@ -171,6 +171,26 @@ def test_hang_thresholds_follow_the_steps():
     assert fitting.limits(ten, {"batch_size": 32}).hang_s == 200.0  # past the busy default
 
 
+def test_before_the_baseline_timed_the_script_a_busy_pause_is_not_a_hang_for_a_minute(
+        tmp_path, machine):  # noqa: F811
+    """The baseline's probe knows no pause of the script's own: no progress while its ranks
+    work is a hang after a minute (minGPT's chargpt samples text after its first step, 20-35 s
+    here, and was judged hung at 30 s), while they idle after 30 s. Once the script is timed,
+    the thresholds are its steps' (`fitting.limits`)."""
+    from test_study import tuner
+
+    t = tuner(tmp_path, FakeProbe(lambda k: 100.0), seconds=None)
+    knobs = {"batch_size": 32}
+    first = t.prober.spec(t.state, knobs, 1, "baseline")
+    assert (first.hang_s, first.idle_hang_s) == (fitting.UNTIMED_BUSY_HANG_S,
+                                                  fitting.UNTIMED_IDLE_HANG_S) == (60.0, 30.0)
+    timed = dataclasses.replace(t.state, learned=dataclasses.replace(t.state.learned,
+                                                                     timing=SLOW))
+    later = t.prober.spec(timed, knobs, 1, "trial-1")
+    fitted = fitting.limits(SLOW, knobs)
+    assert (later.hang_s, later.idle_hang_s) == (fitted.hang_s, fitted.idle_hang_s)
+
+
 def test_the_speed_up_interval_allows_for_new_processes():
     s = decision.Summary
     one = decision.speedup_interval(1.3, [(130.0, 100.0)], s(130, 2, 1), s(100, 2, 1))

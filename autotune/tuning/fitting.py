@@ -38,6 +38,12 @@ PROBE_BUDGET_SHARE = 0.2  # under a --budget, no probe's limit above this share 
 MAX_STEP_FACTOR = 16.0  # steps stretched at most this much for a config's limits
 RANKS_START_FACTOR = 1.3  # several ranks on one host start slower than one (imports, a group)
 HANG_MIN_S = 10.0  # never a hang sooner than this
+# Before the baseline timed the script: no progress this long while its ranks use the CPU is a
+# hang (a pause of its own at step 0: minGPT's chargpt samples 500 characters of text after its
+# first step, 20-35 s on this project's 2 cores, and was once judged hung at 30 s), and this
+# long while they idle (blocked on a peer, a lock, a socket).
+UNTIMED_BUSY_HANG_S = 60.0
+UNTIMED_IDLE_HANG_S = 30.0
 BASELINE_MAX_S = 90.0  # the baseline's limit when --seconds is not given: it ends once tight
 BASELINE_BUDGET_SHARE = 0.25  # ... and at most this share of a --budget
 # A confirmation probe's length over the config's fitted search probe: that already reaches the

@@ -70,7 +70,8 @@ class Prober:
 
         Its time limit is ``--seconds`` when given, else fitted to the script
         (`fitting.limits`; before the baseline has timed it, the baseline's own limit); its hang
-        thresholds follow the script's steps once they are known.
+        thresholds follow the script's steps once they are known, and before that allow a busy
+        pause of a minute (`fitting.UNTIMED_BUSY_HANG_S`).
         """
         s = state.settings
         per_step = series.samples_per_step(s.command, knobs, s.samples_per_step)[0]
@@ -80,7 +81,10 @@ class Prober:
                     samples_per_step=per_step, foreign_limit_cores=s.foreign_limit_cores,
                     launcher=self.launcher)
         fit = self._fit(state, knobs, instances)
-        if fit is not None:
+        if fit is None:  # a pause of the script's own is not known yet
+            spec.update(hang_s=fitting.UNTIMED_BUSY_HANG_S,
+                        idle_hang_s=fitting.UNTIMED_IDLE_HANG_S)
+        else:
             fitted = fit.spec_fields()
             if s.seconds:  # the user's length stands; the hang thresholds are the script's
                 fitted = {k: v for k, v in fitted.items() if k not in ("max_s", "min_measure_s")}
