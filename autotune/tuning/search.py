@@ -283,6 +283,7 @@ class Search:
         if self.settings.budget_s is None:
             return spec, None
         left, need_s = self.budget.room(cfg)
+        reserved = left < self.settings.budget_s - self.elapsed()  # time kept for rounds
         until = self.prober.clock.monotonic() + left
         if self.settings.seconds:  # probes of the length asked: only the re-runs are held
             return spec, until
@@ -296,11 +297,11 @@ class Search:
             short = (f"under the ~{least_s:.0f} s its probe needs to measure at all"
                      if least_s > SQUEEZE_LEAST * need_s else
                      f"under half the ~{need_s:.0f} s its probe takes")
-            why = (f"not probed: {max(left, 0):.0f} s of the budget is left beside the "
-                   f"confirmation, {short}")
+            beside = " beside the confirmation" if reserved else ""
+            why = f"not probed: {max(left, 0):.0f} s of the budget is left{beside}, {short}"
             self.prober.tell(Note.info(f"{label} {knobs_text(cfg)}: {why}"))
             if self.squeezed >= SQUEEZE_STREAK:
-                self.stop_reason = StopReason(Stop.BUDGET, reserved=True)
+                self.stop_reason = StopReason(Stop.BUDGET, reserved=reserved)
                 self.handle.stop()
             raise studies.NotComparable(why)
         self.squeezed = 0
