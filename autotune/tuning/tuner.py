@@ -84,7 +84,8 @@ class Tuner:
         p = search.budget_plan(self.prober, self.state, left)
         c = p.confirm
         confirm = (f"a confirmation of {c.rounds} round(s) x {len(c.entries)} probes of "
-                   f"~{c.probe_s:.0f} s, ~{c.cost_s:.0f} s kept for it: {c.why}"
+                   f"~{c.probe_s:.0f} s, ~{c.cost_s:.0f} s kept for it once a config beats "
+                   f"the script's own: {c.why}"
                    if c.remeasures else f"no confirmation ({c.why})")
         self._note(Note.info(f"budget {minutes(settings.budget_s)}: {minutes(spent)} spent on "
                              f"the baseline; {minutes(max(left, 0))} left holds about "
@@ -92,7 +93,8 @@ class Tuner:
         if p.short:
             self._note(Note.warning(f"--budget {minutes(settings.budget_s)} holds {p.probes} "
                                     f"search probe(s) of ~{p.probe_s:.0f} s beside the "
-                                    f"confirmation, fewer than {MIN_SEARCH_PROBES}; "
+                                    f"confirmation of a gain, fewer than "
+                                    f"{MIN_SEARCH_PROBES}; "
                                     f"--budget "
                                     f"{minutes(math.ceil(p.needed_s(spent) / 60) * 60)} would "
                                     f"hold {MIN_SEARCH_PROBES}"))
