@@ -17,6 +17,7 @@ from autotune.store.journal import Journal
 from autotune.measuring.outcome import Outcome
 from autotune.monitor import watch
 from autotune.measuring.trial import TrialSpec, run_trial
+from autotune.tuning import fitting
 from autotune.measuring.trial_events import TrialEvents
 from autotune.tuning import baseline
 from autotune.store.events import Event, RunKind
@@ -86,6 +87,7 @@ def run(args) -> int:
                     instances=args.instances, launcher=launcher,
                     name=f"probe-{mode}",
                     mode=mode, max_s=args.seconds, samples_per_step=args.samples_per_step,
+                    hang_s=fitting.UNTIMED_BUSY_HANG_S, idle_hang_s=fitting.UNTIMED_IDLE_HANG_S,
                     metric=args.metric if mode != "io" else None, watch_dirs=watched,
                     **({"foreign_limit_cores": args.foreign_limit}
                        if args.foreign_limit is not None else {})),
