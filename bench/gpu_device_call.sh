@@ -5,8 +5,8 @@
 # "On a lent H100/H200"):
 #
 #   bash bench/gpu_device_call.sh [parity]        the default: the kit's env and gpu tests, then
-#                                                 the parity bench's GPU configs (1 rank, 2 and 4
-#                                                 ranks under MPS: plain, autotune run, probe)
+#                                                 the parity bench on 4 ranks under MPS and on 1
+#                                                 rank (plain, autotune run, probe)
 #   bash bench/gpu_device_call.sh tune [BUDGET]   the kit's env and tests, a tune, the side by side
 #                                                 with the tuner's recipe, a probe if time is left
 #
@@ -37,10 +37,13 @@ if [ "$mode" = tune ]; then
         timeout "$(left)" "${kit[@]}" --steps probe --probe-seconds 15; at probe $?
     fi
 else
-    # 3 configs x 3 ways x 3 rounds; a run stops after 4 of the script's lines past its first.
-    # The report is rewritten after every round: a run cut short still leaves its rounds.
-    timeout "$(left)" python3 bench/bench_parity.py --device gpu --rounds 3 --lines 4 \
-        --seconds 45 --probe-min-s 5 --out "$OUT/parity.json" 2>&1 | tee "$OUT/parity.log"
+    # 4 ranks under MPS at 100% each (the config the kit found 1.81x one rank started plain and
+    # 1.19x through `autotune run`), then 1 rank: 3 ways x 3 rounds; a run stops after 20 of the
+    # script's lines past its first (~5 s at 4 ranks), a probe within 30 s. The report is
+    # rewritten after every round: a run cut short still leaves its rounds.
+    timeout "$(left)" python3 bench/bench_parity.py --device gpu --configs cuda-4r-mps100 cuda-1r \
+        --rounds 3 --lines 20 --span 6 --seconds 30 --probe-min-s 8 --out "$OUT/parity.json" \
+        2>&1 | tee "$OUT/parity.log"
     at parity "${PIPESTATUS[0]}"
 fi
 echo "== left behind:"; ps -eo pid,etimes,args | grep -E "train.py|mps-" | grep -v grep

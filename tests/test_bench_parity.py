@@ -21,8 +21,9 @@ def test_a_plain_start_is_what_a_user_types():
                         "--nproc_per_node=2"]
     run = bp.run_argv(two, "py", Path("r.toml"), Path("runs"))
     assert run[:4] == ["py", "-m", "autotune", "run"] and "{batch_size}" in run
-    assert bp.user_env({"OMP_NUM_THREADS": "4", "AUTOTUNE_RUNS_DIR": "x", "PATH": "/bin"}) == \
-        {"PATH": "/bin"}
+    assert bp.user_env({"OMP_NUM_THREADS": "4", "AUTOTUNE_RUNS_DIR": "x", "PATH": "/bin",
+                        "PYTHONPATH": f"/w:{bp.ROOT}"}) == \
+        {"PATH": "/bin", "PYTHONPATH": f"{bp.ROOT}:/w"}  # autotune found where not installed
 
 
 def test_the_recipe_gives_the_ranks_the_threads_a_plain_start_gives(monkeypatch):
@@ -38,7 +39,7 @@ def test_the_recipe_gives_the_ranks_the_threads_a_plain_start_gives(monkeypatch)
     assert space.rank_knobs(one.recipe_knobs, cores=2, device="cpu")[0]["threads"] == 1
     gpu = {c.name: c for c in bp.configs_for("gpu")}
     assert [(c.ranks, c.mps, c.share) for c in gpu.values()] == \
-        [(1, False, 100), (2, True, 50), (4, True, 25)]
+        [(1, False, 100), (2, True, 50), (4, True, 25), (4, True, 100)]
     assert gpu["cuda-4r-mps25"].recipe_knobs["thread_pct"] == 25
     assert "gloo" in gpu["cuda-4r-mps25"].script  # NCCL refuses two ranks on one GPU
 
