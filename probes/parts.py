@@ -42,7 +42,8 @@ whose cost is within `COST_BUDGET` of a step (`choose_every`):
 
 - events on every step, when they cost that little;
 - else events on one step in ``every`` (sampled steps: a sampled step records all of its
-  boundaries, the others none), the device's sums scaled by all steps over sampled steps; a step
+  boundaries, the others none), the device's sums of those steps scaled by the steps since
+  the choice over the sampled ones (the fully timed steps before it count once); a step
   is sampled at least `MIN_SAMPLED_PER_S` times a second, so that each tick's window of the
   breakdown still holds sampled steps and its interval stays what it states;
 - else the host's clock alone (``host``), said as such.
@@ -101,13 +102,15 @@ class StepClock:
         self.choice = ""  # what was chosen and why, once chosen
         self._timed = True  # this step records its events
         self._steps = 0  # steps ended since the first event
+        self._in_phase = 0  # steps ended since one in ``every`` was chosen (every > 1)
         self._sampled = 0  # ...of which recorded events
         self._step_t = 0.0  # when the latest step ended (host)
         self._cost_s = 0.0  # host seconds in event calls and read-backs while calibrating
         self._calib_s = 0.0  # wall seconds of the calibration steps
         self.lock = threading.Lock()
         self.total = dict.fromkeys(PARTS, 0.0)  # host seconds
-        self.device = dict.fromkeys(PARTS, 0.0)  # CUDA event seconds (all but data)
+        self.device = dict.fromkeys(PARTS, 0.0)  # CUDA event seconds of steps timed in full
+        self.device_sampled = dict.fromkeys(PARTS, 0.0)  # ...of the sampled steps (every > 1)
         self.clock = HOST
         self._cuda = cuda
         self._handed = (0.0, None)  # (host time, event) the latest training batch was handed
@@ -121,7 +124,8 @@ class StepClock:
         self._nested = 0.0  # host seconds of this step that forward/backward/comm took
         self._nested_events: list[tuple[object, object]] = []  # ...and their event pairs
         self._launch = (0.0, None)  # the latest DDP bucket launched in this backward
-        # (part, start, end, nested): the part's events, less the pairs nested inside them
+        # (part, start, end, nested, sampled): the part's events, less the pairs nested inside
+        # them, and whether they were recorded on a sampled step (scaled) or every step (not)
         self._pending: list[tuple[str, object, object, tuple]] = []
 
     # -- marks --------------------------------------------------------------------------------
@@ -155,7 +159,9 @@ class StepClock:
         """A step ended at ``end`` (host): counted, and the choice made once calibrated."""
         if self._step_t and self._any_event:
             self._steps += 1
-            self._sampled += self._timed
+            if self.every > 1:
+                self._in_phase += 1
+                self._sampled += self._timed
             if self._steps <= CALIBRATE_STEPS:
                 self._calib_s += end - self._step_t
             if self._steps == CALIBRATE_STEPS and self.mode == AUTO:
@@ -239,39 +245,45 @@ class StepClock:
         # the next sampled step's forward runs from this end: recorded when it is sampled
         end, end_ev = time.monotonic(), self._event(force=timed_next)
         start, start_ev = self._optimizer
+        sampled = self.every > 1  # this step's phase, before the choice its end may make
         self._step_ended(end, timed_next)
         with self.lock:
             self.total["optimizer"] += max(0.0, (end - start) - self._nested)
             self._settled = (end, end_ev)
             nested = tuple(self._nested_events)
             if all(a is not None and b is not None for a, b in nested):
-                self._pair("optimizer", start_ev, end_ev, nested)
+                self._pair("optimizer", start_ev, end_ev, nested, sampled=sampled)
             self._in_optimizer, self._nested, self._nested_events = False, 0.0, []
 
-    def _pair(self, part: str, start, end, nested: tuple = ()) -> None:
+    def _pair(self, part: str, start, end, nested: tuple = (), *,
+              sampled: bool | None = None) -> None:
         if start is not None and end is not None:
-            self._pending.append((part, start, end, nested))
+            self._pending.append((part, start, end, nested,
+                                  self.every > 1 if sampled is None else sampled))
 
     # -- reading ------------------------------------------------------------------------------
     def snapshot(self) -> dict[str, float]:
-        """The sums so far: the device's where CUDA events timed the step (scaled from the
-        sampled steps to all), else the host's."""
+        """The sums so far: the device's where CUDA events timed the step, else the host's. On
+        sampled steps the device's sums are scaled to all the steps of that phase; the steps
+        timed in full before it (the calibration's, start-up's slow ones among them) count once:
+        scaled with the rest, a first step of cuDNN's autotuning grew with every step after it,
+        and a window's shares summed to 1.8 on an H200."""
         t0 = time.perf_counter()
         with self.lock:
             self._resolve()
             if self._steps < CALIBRATE_STEPS:  # the read-back is the events' cost too
                 self._cost_s += time.perf_counter() - t0
             if self.clock == CUDA and self.mode != HOST:
-                scale = self._steps / self._sampled if self._sampled and self.every > 1 else 1.0
-                return {p: self.total[p] if p == "data" else self.device[p] * scale
-                        for p in PARTS}
+                scale = self._in_phase / self._sampled if self._sampled else 0.0
+                return {p: self.total[p] if p == "data"
+                        else self.device[p] + self.device_sampled[p] * scale for p in PARTS}
             self.clock = HOST
             return dict(self.total)
 
     def _resolve(self) -> None:
         """Add the pairs whose later event has completed; the rest wait for the next tick."""
         waiting = []
-        for part, start, end, nested in self._pending:
+        for part, start, end, nested, sampled in self._pending:
             try:
                 done = end.query()  # the latest event: the nested ones were recorded before it
                 seconds = (start.elapsed_time(end) - sum(a.elapsed_time(b) for a, b in nested)) \
@@ -279,8 +291,8 @@ class StepClock:
             except Exception:  # noqa: BLE001 - an event of a torn-down context: dropped
                 continue
             if not done:
-                waiting.append((part, start, end, nested))
+                waiting.append((part, start, end, nested, sampled))
                 continue
-            self.device[part] += max(0.0, seconds)
+            (self.device_sampled if sampled else self.device)[part] += max(0.0, seconds)
             self.clock = CUDA
         self._pending = waiting

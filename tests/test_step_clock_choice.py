@@ -102,6 +102,26 @@ def test_events_that_cost_a_share_of_a_short_step_are_recorded_on_sampled_steps(
     assert snap["optimizer"] == pytest.approx(0.002 * n, rel=0.05)
 
 
+def test_a_slow_first_step_is_not_scaled_into_the_sampled_steps_windows(clocks):
+    """The first steps are timed in full (the calibration), and a GPU's first step is slow
+    (cuDNN's autotuning, the first kernels' loading): here 0.5 s of forward. Scaled with the
+    sampled steps, it grew with every step after it, and the shares of a window between two
+    snapshots (what the breakdown reads) summed to 1.8 on an H200. Each window's sums are its
+    own steps' time."""
+    cuda = fake_cuda(clocks, 20e-6)
+    clock = StepClock(cuda=cuda)
+    steps(clock, clocks, 1, forward_s=0.5)
+    steps(clock, clocks, CALIBRATE_STEPS + 30)
+    assert clock.every == 3, clock.choice
+    a = clock.snapshot()
+    steps(clock, clocks, 60)
+    b = clock.snapshot()
+    for part, each in (("forward", 0.004), ("backward", 0.004), ("optimizer", 0.002)):
+        assert b[part] - a[part] == pytest.approx(60 * each, rel=0.1), part
+    n = CALIBRATE_STEPS + 91  # and the sums so far hold the slow step once
+    assert b["forward"] == pytest.approx(0.5 + 0.004 * (n - 1), rel=0.05)
+
+
 def test_cheap_events_stay_on_every_step(clocks):
     cuda = fake_cuda(clocks, 1e-6)
     clock = StepClock(cuda=cuda)
