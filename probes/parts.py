@@ -142,7 +142,9 @@ class StepClock:
     def _event(self, force: bool = False):
         if not self.events or not (self._timed or force):
             return None
-        cuda = self._cuda if self._cuda is not None else _torch_cuda()
+        cuda = self._cuda
+        if cuda is None:  # found once, on the first mark (the script has imported torch by
+            cuda = self._cuda = _torch_cuda()  # then): an import a mark cost 1-2 us of a step
         try:
             if cuda is None or not cuda.is_initialized():
                 return None
