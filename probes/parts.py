@@ -126,7 +126,7 @@ class StepClock:
         self._launch = (0.0, None)  # the latest DDP bucket launched in this backward
         # (part, start, end, nested, sampled): the part's events, less the pairs nested inside
         # them, and whether they were recorded on a sampled step (scaled) or every step (not)
-        self._pending: list[tuple[str, object, object, tuple]] = []
+        self._pending: list[tuple[str, object, object, tuple, bool]] = []
 
     # -- marks --------------------------------------------------------------------------------
     def _mark(self) -> tuple[float, object]:
