@@ -7,8 +7,9 @@
 #   bash bench/gpu_device_call.sh [parity]        the default: the kit's env and gpu tests, then
 #                                                 the parity bench on 4 ranks under MPS and on 1
 #                                                 rank (plain, autotune run, probe)
-#   bash bench/gpu_device_call.sh tune [BUDGET]   the kit's env and tests, a tune, the side by side
-#                                                 with the tuner's recipe, a probe if time is left
+#   bash bench/gpu_device_call.sh tune [BUDGET]   the kit's env and tests, a tune (3m), the side by
+#                                                 side with the tuner's recipe, a probe if time is
+#                                                 left
 #
 # Everything comes back in $OUT: gpu_proof.json and gpu_proof.md (the kit's reports), parity.json
 # and parity.log (the bench's), and gp.tgz (the logs).
@@ -28,10 +29,13 @@ left() { echo $(( 560 - ($(date +%s) - t0) )); }
 nvidia-smi --query-gpu=name,driver_version,memory.used,utilization.gpu --format=csv
 timeout 90 "${kit[@]}" --steps env,tests; at env,tests $?
 if [ "$mode" = tune ]; then
-    timeout 210 "${kit[@]}" --steps tune --budget "${2:-150s}" \
+    # 3m by default: on the H200 a 2-minute tune found 4 ranks under MPS (+55%) but had time for
+    # one confirmation round, which cannot switch (2026-11-29); the side by side then checks the
+    # switched recipe's claim against the same ranks started plain
+    timeout 250 "${kit[@]}" --steps tune --budget "${2:-3m}" \
         --tune-space instances=1:4 thread_pct=25:100
     at tune $?
-    timeout 270 "${kit[@]}" --steps measure --seconds 10 --rounds 2 --instances 4 --time-sliced none
+    timeout 200 "${kit[@]}" --steps measure --seconds 8 --rounds 2 --instances 4 --time-sliced none
     at measure $?
     if [ "$(left)" -gt 55 ]; then
         timeout "$(left)" "${kit[@]}" --steps probe --probe-seconds 15; at probe $?
