@@ -175,13 +175,11 @@ class Ctx:
 def user_env(base: Mapping[str, str]) -> dict[str, str]:
     """The environment a user starts from: theirs, without thread variables (the examples and
     torchrun set their own) and without autotune's, with this checkout first on ``PYTHONPATH``
-    (``python -m autotune`` from the work dir finds it where autotune is not installed, as on a
-    lent GPU host)."""
-    env = {k: v for k, v in base.items()
-           if k not in THREAD_VARS and not k.startswith("AUTOTUNE_")}
-    path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(ROOT)]
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *path])
-    return env
+    (`gpuproof.context.root_first`: the work dir's ``python -m autotune`` finds it)."""
+    from gpuproof.context import root_first
+
+    return root_first({k: v for k, v in base.items()
+                       if k not in THREAD_VARS and not k.startswith("AUTOTUNE_")})
 
 
 def plain_argv(c: Config, python: str) -> list[str]:

@@ -16,6 +16,15 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "cuda_small" / "train.py"
 
 
+def root_first(env) -> dict[str, str]:
+    """A copy of ``env`` with this checkout first on ``PYTHONPATH``: ``python -m autotune``
+    finds it from any directory, installed or not (a lent GPU host does not install it)."""
+    out = dict(env)
+    path = [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(ROOT)]
+    out["PYTHONPATH"] = os.pathsep.join([str(ROOT), *path])
+    return out
+
+
 @dataclass(frozen=True)
 class Settings:
     """The kit's options, parsed once."""
@@ -49,10 +58,7 @@ class Context:
     def env(self, **extra: str) -> dict[str, str]:
         """A child's environment: ours, the repo root first on ``PYTHONPATH`` (autotune need not
         be installed), the marker, and ``extra``."""
-        env = dict(os.environ)
-        path = [str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
-                              if p and p != str(ROOT)]
-        env["PYTHONPATH"] = os.pathsep.join(path)
+        env = root_first(os.environ)
         env[procs.MARKER_ENV] = self.marker
         env["PYTHONUNBUFFERED"] = "1"
         env.update(extra)
