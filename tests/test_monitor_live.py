@@ -110,10 +110,10 @@ def test_a_failing_live_view_falls_back_to_plain_lines(tmp_path, monkeypatch):
 
 def test_watch_never_fails_the_run(tmp_path):
     missing = tmp_path / "not-there"  # no journal can be written or read here
-    with watch(missing, stream=io.StringIO(), sample_interval_s=0.05) as monitor:
+    with watch(missing, stream=io.StringIO(), sample_interval_s=0.05) as watching:
         time.sleep(0.2)
         result = "the run's own result"
-    assert result == "the run's own result" and monitor is not None
+    assert result == "the run's own result" and watching.monitor is not None
 
 
 def test_errors_of_the_run_pass_through_and_threads_stop(tmp_path):
@@ -122,6 +122,37 @@ def test_errors_of_the_run_pass_through_and_threads_stop(tmp_path):
             raise KeyError("the run's own error")
     names = {t.name for t in threading.enumerate()}
     assert "autotune-monitor" not in names and "autotune-sampler" not in names
+
+
+def test_run_ended_stays_last_when_a_device_sample_was_being_read(tmp_path, monkeypatch):
+    """A command ends (here by SIGTERM's KeyboardInterrupt) while the sampler is inside a slow
+    reading: the reading is dropped, and ``run_ended`` is the journal's last event."""
+    from autotune.commands.tune import ending
+    from autotune.monitor import sampler as sampler_module
+
+    reading, release = threading.Event(), threading.Event()
+
+    def slow_sample(gpu=None, root_pid=None):
+        reading.set()
+        release.wait(timeout=60)
+        return {"cpu_pct": [], "mem_used_bytes": None, "mem_total_bytes": None, "gpus": [],
+                "workers": None, "ranks": None}
+
+    monkeypatch.setattr(sampler_module, "sample", slow_sample)
+    journal = Journal(tmp_path)
+    journal.emit("run_started", kind="run", command=["train.py"], cwd=".")
+    with pytest.raises(KeyboardInterrupt):
+        with watch(tmp_path, stream=io.StringIO(), sample_interval_s=0.01) as watching, \
+                ending(journal, quiet=watching.quiet):
+            assert reading.wait(timeout=30)
+            raise KeyboardInterrupt
+    threads = [t for t in threading.enumerate() if t.name == "autotune-sampler"]
+    release.set()  # the reading ends after run_ended was written
+    for t in threads:
+        t.join(timeout=30)
+    events, _ = read_events(tmp_path)
+    assert [e["event"] for e in events][-1] == "run_ended", events[-2:]
+    assert events[-1]["exit_code"] == 130
 
 
 def test_sampler_writes_device_samples_into_the_journal(tmp_path):

@@ -72,7 +72,7 @@ def run(args) -> int:
     results = {}
     try:
         with watch(run_dir, plain=args.plain or args.json,
-                   title=f"autotune probe · {os.path.basename(target[0])}"):
+                   title=f"autotune probe · {os.path.basename(target[0])}") as watching:
             for mode in modes:
                 say(f"autotune: probing mode '{mode}' (up to {args.seconds:.0f} s)...")
                 told = TrialEvents(journal, f"probe-{mode}", None, mode)
@@ -108,6 +108,7 @@ def run(args) -> int:
             rundir.write_atomic(run_dir / "probe.json", jsontext.dumps(summary, indent=2))
             journal.emit(Event.PROBE_VERDICT, verdict=summary["verdict"])
             code = 0 if all(_measured(r) for r in results.values()) else 1
+            watching.quiet()  # no device sample after run_ended
             journal.emit(Event.RUN_ENDED, exit_code=code)
     except BaseException as exc:  # the journal says the run is over, however it ended
         journal.emit(Event.RUN_ENDED, exit_code=130 if isinstance(exc, KeyboardInterrupt) else 1,

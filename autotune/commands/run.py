@@ -180,8 +180,8 @@ def run(args) -> int:
     controllers.mark_controller(run_dir)
     detach.ready(run_dir)
     with watch(run_dir, plain=args.plain,
-               title=f"autotune run · {os.path.basename(target[0])}"), \
-            tune.ending(journal) as status:
+               title=f"autotune run · {os.path.basename(target[0])}") as watching, \
+            tune.ending(journal, quiet=watching.quiet) as status:
         status["code"] = full_run(recipe, target, knobs, launcher=launcher, cwd=cwd,
                                   run_dir=run_dir, journal=journal,
                                   samples_per_step=settings.samples_per_step, fp=fp,

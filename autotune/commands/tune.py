@@ -316,8 +316,10 @@ def start_journal(prep: Prepared) -> None:
 
 
 @contextlib.contextmanager
-def ending(journal: Journal):
-    """Emit ``run_ended`` with the exit code however the body ends; yields a settable status."""
+def ending(journal: Journal, *, quiet=None):
+    """Emit ``run_ended`` with the exit code however the body ends; yields a settable status.
+    ``quiet`` (`autotune.monitor.Watching.quiet`) is called first, so that nothing of this
+    process is appended after ``run_ended``."""
     status = {"code": 1}
     try:
         yield status
@@ -328,6 +330,8 @@ def ending(journal: Journal):
         status["code"] = exc.exit_code
         raise
     finally:
+        if quiet is not None:
+            quiet()
         try:
             journal.emit(Event.RUN_ENDED, exit_code=status["code"])
         except AutotuneError:
@@ -506,8 +510,8 @@ def run(args) -> int:
     start_journal(prep)
     try:
         with watch(prep.run_dir, plain=args.plain or args.json,
-                   title=f"autotune tune · {os.path.basename(prep.target[0])}"), \
-                ending(prep.journal) as status:
+                   title=f"autotune tune · {os.path.basename(prep.target[0])}") as watching, \
+                ending(prep.journal, quiet=watching.quiet) as status:
             report, _recipe, path = tune_in(prep)
             status["code"] = 0
     except KeyboardInterrupt:

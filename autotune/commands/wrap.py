@@ -32,8 +32,8 @@ def run(args) -> int:
     code = 1
     try:
         with watch(prep.run_dir, plain=args.plain or args.json,
-                   title=f"autotune wrap · {os.path.basename(prep.target[0])}"), \
-                tune.ending(prep.journal) as status:
+                   title=f"autotune wrap · {os.path.basename(prep.target[0])}") as watching, \
+                tune.ending(prep.journal, quiet=watching.quiet) as status:
             report, recipe, path = tune.tune_in(prep)
             if not args.json:
                 tune.print_summary(report, path, plain=args.plain)

@@ -17,7 +17,7 @@ import importlib
 import sys
 from pathlib import Path
 
-__all__ = ["watch", "follow", "Monitor", "RunState", "TrialRow", "fold", "render",
+__all__ = ["watch", "Watching", "follow", "Monitor", "RunState", "TrialRow", "fold", "render",
            "event_line", "timed_line", "use_plain"]
 
 # Where each name of the package lives: imported when first asked for, so that a command that
@@ -33,13 +33,32 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+class Watching:
+    """What `watch` yields: the `Monitor` (None if it could not start) and `quiet`."""
+
+    def __init__(self, monitor, sampler):
+        self.monitor, self._sampler = monitor, sampler
+
+    def quiet(self) -> None:
+        """Stop sampling the devices into the journal, for good. Called before the run's
+        ``run_ended`` is appended, so that it stays the journal's last event (a sample written
+        after it would hide it from every reader that looks at the last event)."""
+        sampler, self._sampler = self._sampler, None
+        if sampler is not None:
+            try:
+                sampler.stop()
+            except Exception:  # noqa: BLE001 - no sampling is better than a failed run
+                pass
+
+
 @contextlib.contextmanager
 def watch(run_dir, *, plain: bool = False, title: str = "", stream=None,
           sample_interval_s: float | None = None):
     """Show the run live while the body runs, and sample the devices into its journal.
 
     On a terminal: a rich Live view on stderr. Otherwise (a pipe, ``plain=True``, ``NO_COLOR``):
-    one line per event on stderr. Yields the `Monitor` (or None if it could not start).
+    one line per event on stderr. Yields a `Watching`: its ``monitor`` (None if it could not
+    start) and its ``quiet()``, which a command calls before it appends ``run_ended``.
     """
     from autotune.monitor.live import Monitor
     from autotune.monitor.sampler import INTERVAL_S, Sampler
@@ -60,15 +79,16 @@ def watch(run_dir, *, plain: bool = False, title: str = "", stream=None,
         sampler.start()
     except Exception:  # noqa: BLE001
         sampler = None
+    watching = Watching(monitor, sampler)
     try:
-        yield monitor
+        yield watching
     finally:
-        for part in (sampler, monitor):
-            if part is not None:
-                try:
-                    part.stop()
-                except Exception:  # noqa: BLE001
-                    pass
+        watching.quiet()
+        if monitor is not None:
+            try:
+                monitor.stop()
+            except Exception:  # noqa: BLE001
+                pass
 
 
 def follow(run_dir, *, plain: bool = False, title: str = "", stream=None) -> Monitor:

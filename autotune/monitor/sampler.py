@@ -135,7 +135,10 @@ def sample(gpu: GpuSource | None = None, root_pid: int | None = None) -> dict:
 
 
 class Sampler(threading.Thread):
-    """Appends a ``device_sample`` to the journal every ``interval_s`` until `stop`."""
+    """Appends a ``device_sample`` to the journal every ``interval_s`` until `stop`.
+
+    Once `stop` returns, the thread appends nothing more, even if it is still inside a slow
+    reading: the run's ``run_ended`` must stay its journal's last event."""
 
     def __init__(self, run_dir: Path, *, interval_s: float = INTERVAL_S):
         super().__init__(name="autotune-sampler", daemon=True)
@@ -143,9 +146,12 @@ class Sampler(threading.Thread):
         self.interval_s = interval_s
         self.cpu_s = 0.0  # this thread's own CPU time, for the bench
         self._stop_event = threading.Event()
+        self._writing = threading.Lock()  # held from the stop check to the end of an append
 
     def stop(self, timeout_s: float = 2.0) -> None:
         self._stop_event.set()
+        with self._writing:  # an append under way ends; none starts after this
+            pass
         if self.is_alive():
             self.join(timeout=timeout_s)
 
@@ -157,7 +163,11 @@ class Sampler(threading.Thread):
             psutil.cpu_percent(percpu=True)  # the first call only starts the interval
             wait_s = min(FIRST_AFTER_S, self.interval_s)  # something to show early
             while not self._stop_event.wait(wait_s):
-                journal.emit(Event.DEVICE_SAMPLE, **sample(gpu))
+                fields = sample(gpu)
+                with self._writing:
+                    if self._stop_event.is_set():
+                        break
+                    journal.emit(Event.DEVICE_SAMPLE, **fields)
                 self.cpu_s = time.thread_time()
                 wait_s = self.interval_s
         except Exception:  # noqa: BLE001 - the run goes on without device samples
