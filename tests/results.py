@@ -2,7 +2,7 @@
 changed by keyword. With ``spec`` it is that spec's probe (its log, knobs, mode, limit)."""
 
 from autotune.measuring.outcome import Outcome
-from autotune.measuring.trial import TrialResult
+from autotune.measuring.result import TrialResult
 from probes.protocol import Mode
 
 

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from autotune.measuring.outcome import Outcome
-from autotune.measuring.trial import TrialResult
+from autotune.measuring.result import TrialResult
 from autotune.tuning import decision, fitting, search, search_budget
 from autotune.tuning.fitting import Pace, ScriptTiming
 from autotune.tuning.records import Stop

@@ -12,11 +12,11 @@ import pytest
 
 from autotune import Note, NoteKind
 from autotune.launching import group, rank_command
-from autotune.measuring import series, trial
+from autotune.measuring import probe_state, reading, series
 from autotune.launching.collector import Collector
 from autotune.launching.rank_command import PROJECT_ROOT, SITE_DIR
 from autotune.measuring.outcome import Outcome
-from autotune.measuring.trial import TrialSpec
+from autotune.measuring.probe_state import TrialSpec
 from autotune.measuring.metric import MetricLog, parse_metric
 from probes import autostart, protocol, writes
 
@@ -376,8 +376,8 @@ def test_steps_else_backwards_is_one_rule_for_the_trial_its_series_and_the_full_
             "last_step_t": 2.0}
     assert series.step_count(tick) == 2 and series.step_count({"backwards": 8}) == 8
     assert series.tick_points({}, tick, 0.0)[1][-1] == (2.0, 2)
-    probe = trial._Probe(spec(), None)
-    probe.ranks[0] = trial._Rank(hello={}, tick=tick)
+    probe = probe_state.ProbeState(spec(), None)
+    probe.ranks[0] = probe_state.RankState(hello={}, tick=tick)
     assert probe.totals() == (0, 2)
     meter = fullrun._Meter(samples_per_step=4)
     meter.ticks[0] = tick
@@ -405,8 +405,8 @@ def tick(t, samples, first, last):
 
 
 def test_ticks_bound_idle_stretches_with_first_batch_points():
-    probe = trial._Probe(spec(), None)
-    rank = trial._Rank(hello={})
+    probe = probe_state.ProbeState(spec(), None)
+    rank = probe_state.RankState(hello={})
     for msg in (tick(10.0, 40, 9.8, 9.99), tick(10.25, 80, 10.01, 10.24), tick(10.5, 80, 0, 10.24),
                 tick(10.75, 100, 10.6, 10.74)):
         probe._tick(rank, msg["t"] + 100.0, msg)
@@ -418,8 +418,8 @@ def test_every_point_is_brought_to_our_clock_by_the_least_delay_seen_not_its_own
     """Steps of 1 s on the rank's clock; the first ticks reached us 0.5 s late (a loaded
     controller), the later ones at once. Each point shifted by its own tick's delay put the
     first steps late and read the steps 12% faster than the script stepped."""
-    probe = trial._Probe(spec(), None)
-    rank = trial._Rank(hello={})
+    probe = probe_state.ProbeState(spec(), None)
+    rank = probe_state.RankState(hello={})
     delays = [0.5, 0.5, 0.5, 0.0, 0.0, 0.0, 0.0]
     for i, delay in enumerate(delays):
         t = 10.0 + i  # a step ends at t, its tick leaves just after
@@ -463,7 +463,7 @@ def test_notes_on_sources_disagreement_and_writes():
 def test_an_error_after_the_stop_is_teardown_unless_out_of_memory():
     from autotune.launching.collector import Received
 
-    probe = trial._Probe(spec(), None)
+    probe = probe_state.ProbeState(spec(), None)
     gloo = {"type": "error", "kind": "exception", "exc_type": "RuntimeError",
             "message": "Connection closed by peer"}
     probe.absorb([Received(t=5.0, conn_id=1, hello={}, msg=dict(gloo))])
@@ -482,13 +482,13 @@ def ended(tmp_path, exit_codes, messages, *, stop_t=None, launcher="local"):
     from autotune.launching.collector import Received
     from autotune.measuring.foreign_load import ForeignLoad
 
-    probe = trial._Probe(spec(foreign_limit_cores=1e9,
+    probe = probe_state.ProbeState(spec(foreign_limit_cores=1e9,
                               launcher=engines.Launcher(kind=launcher)), None)
     probe.stop_t = stop_t
     probe.stopped_by_us = stop_t is not None
     probe.absorb([Received(t=t, conn_id=c, hello=h, msg=m) for t, c, h, m in messages])
     (tmp_path / "t.log").write_text("")
-    return trial._result(probe, exit_codes, ForeignLoad(), tmp_path / "t.log")
+    return reading.result_of(probe, exit_codes, ForeignLoad(), tmp_path / "t.log")
 
 
 PARENT = {"rank": 0}

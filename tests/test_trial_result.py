@@ -8,7 +8,7 @@ from autotune.measuring.breakdown import Breakdown
 from autotune.measuring.energy import EnergyPerSample
 from autotune.measuring.noise import NoiseEstimate
 from autotune.measuring.outcome import Outcome
-from autotune.measuring.trial import TrialResult, note_of
+from autotune.measuring.result import TrialResult, note_of
 from autotune.store import jsontext
 from autotune.tuning.records import BaselineRecord, ProbeFacts
 from probes.protocol import Mode

@@ -16,7 +16,8 @@ from autotune.commands import common
 from autotune.store.journal import Journal
 from autotune.measuring.outcome import Outcome
 from autotune.monitor import watch
-from autotune.measuring.trial import TrialSpec, run_trial
+from autotune.measuring.probe_state import TrialSpec
+from autotune.measuring.trial import run_trial
 from autotune.tuning import fitting
 from autotune.measuring.trial_events import TrialEvents
 from autotune.tuning import baseline

@@ -251,3 +251,11 @@ def _why_no_estimate(obs: Observed) -> str:
         return (f"{got}, but all ranks counted together for only {obs.counted_s:.1f} s (one "
                 f"started or stopped late): too little to measure; allow more --seconds")
     return f"only {got}: too few to measure; allow more --seconds"
+
+
+IDLE_CORES = 0.05  # the ranks' CPU, in cores, under which a standstill is a wait
+
+
+def idle(cpu_s_used: float, over_s: float) -> bool:
+    """The ranks did (next to) no work over ``over_s`` seconds: a wait, not a slow step."""
+    return cpu_s_used < IDLE_CORES * over_s

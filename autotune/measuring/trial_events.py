@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from autotune.measuring.trial import TrialResult
+from autotune.measuring.result import TrialResult
 from autotune.store.events import Event
 from autotune.store.journal import Journal
 from probes.protocol import Mode

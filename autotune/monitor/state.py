@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from autotune.measuring.breakdown import Breakdown
 from autotune.measuring.outcome import USABLE, Outcome
-from autotune.measuring.trial import TrialResult
+from autotune.measuring.result import TrialResult
 from autotune.store.events import Event, RunKind
 from probes import protocol
 

@@ -16,7 +16,7 @@ from autotune.measuring.breakdown import Breakdown
 from autotune.measuring.energy import EnergyPerSample
 from autotune.measuring.noise import NoiseEstimate
 from autotune.measuring.outcome import Outcome
-from autotune.measuring.trial import TrialResult
+from autotune.measuring.result import TrialResult
 from autotune.store.events import Event
 from autotune.tuning.decision import claim_text
 from autotune.tuning.space.knobs import knobs_text

@@ -25,7 +25,7 @@ from autotune.store.events import Event
 
 CONFIRM_TARGET_REL = 0.02  # tight enough that a confirmation probe measures its whole window
 # A probe one after another measures on past its window, by this share of it at most, while
-# its figure has no interval yet (`autotune.measuring.trial.TrialSpec.overtime_s`).
+# its figure has no interval yet (`autotune.measuring.probe_state.TrialSpec.overtime_s`).
 OVERTIME_SHARE = 0.5
 
 

@@ -124,7 +124,7 @@ def cost_factor(costs: Sequence[Cost]) -> float:
 
 @dataclass(frozen=True)
 class Limits:
-    """A probe's limits (`autotune.measuring.trial.TrialSpec` fields) and what it should take."""
+    """A probe's limits (`autotune.measuring.probe_state.TrialSpec` fields) and what it should take."""
 
     max_s: float
     min_measure_s: float

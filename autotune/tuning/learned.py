@@ -47,7 +47,7 @@ class ProbeRecord:
 
     @classmethod
     def of(cls, cfg: Mapping, result) -> ProbeRecord:
-        """From a measured probe's `autotune.measuring.trial.TrialResult`."""
+        """From a measured probe's `autotune.measuring.result.TrialResult`."""
         return cls(dict(cfg), ProbeFacts(breakdown=result.breakdown,
                                          core_s_per_sample=result.core_s_per_sample,
                                          gpu_s_per_sample=result.gpu_s_per_sample,

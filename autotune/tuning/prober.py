@@ -21,7 +21,8 @@ from autotune import Note
 from autotune.launching import engines
 from autotune.measuring import alternate, series, trial
 from autotune.measuring.outcome import Outcome
-from autotune.measuring.trial import TrialResult, TrialSpec
+from autotune.measuring.result import TrialResult
+from autotune.measuring.probe_state import TrialSpec
 from autotune.measuring.trial_events import TrialEvents
 from autotune.store.journal import Journal
 from autotune.tuning import fitting, state as states

@@ -63,7 +63,7 @@ class Side:
 
     @classmethod
     def of(cls, result) -> Side:
-        """From a measured probe's `autotune.measuring.trial.TrialResult`."""
+        """From a measured probe's `autotune.measuring.result.TrialResult`."""
         return cls(float(result.samples_per_s), float(result.ci_half),
                    float(result.foreign_cores), float(result.first_s), float(result.warmup_s),
                    float(result.measured_s), float(result.steal_cores),
