@@ -68,38 +68,6 @@ def exit_status(code: int | None) -> int:
     return 128 - code if code < 0 else code
 
 
-@dataclass
-class _Counts:
-    """One rank's cumulative counts as the probes keep them (`series.tick_points`): on its own
-    clock, brought to ours when read (`series.on_our_clock`), so that a span runs from a batch
-    to a batch."""
-
-    offset: float | None = None  # our clock minus the rank's
-    tick: dict = field(default_factory=dict)
-    batch_points: list = field(default_factory=list)  # (t, cumulative samples)
-    step_points: list = field(default_factory=list)  # (t, cumulative steps)
-
-    def add(self, msg: dict, t_recv: float) -> None:
-        offset = t_recv - float(msg.get(protocol.TICK_T, t_recv))
-        self.offset = offset if self.offset is None else min(self.offset, offset)
-        batch_points, step_points = series.tick_points(self.tick, msg, 0.0)
-        self.tick = msg
-        self.batch_points.extend(batch_points)
-        self.step_points.extend(step_points)
-
-    def thin(self, keep_from: float, keep_after: float, apart_s: float) -> None:
-        """Points between ``keep_from`` and ``keep_after`` kept ``apart_s`` apart: a long
-        run's memory stays small, and its start (the warm-up) and latest stretch stay whole."""
-        off = self.offset or 0.0
-        for name in ("batch_points", "step_points"):
-            kept: list[tuple[float, float]] = []
-            for p in getattr(self, name):
-                if p[0] + off < keep_from or p[0] + off >= keep_after or not kept or \
-                        p[0] - kept[-1][0] >= apart_s:
-                    kept.append(p)
-            setattr(self, name, kept)
-
-
 class _Meter:
     """Live samples/s of the run from the ranks' cumulative ticks, and where the time goes.
 
@@ -115,7 +83,7 @@ class _Meter:
     def __init__(self, samples_per_step: int | None, thin_s: float = 5.0):
         self.samples_per_step = samples_per_step
         self.ticks: dict[int, dict] = {}
-        self.counts: dict[int, _Counts] = {}
+        self.counts: dict[int, series.Counts] = {}
         self.failed: tuple[int, int] | None = None  # (rank, exit code) of the first to fail
         # per rank: cumulative seconds by part, on the time they were received
         self.parts: dict[int, breakdown.PartTrail] = {}
@@ -126,7 +94,7 @@ class _Meter:
         for r in received:
             if r.msg.get("type") == protocol.TICK:
                 self.ticks[r.conn_id] = r.msg
-                self.counts.setdefault(r.conn_id, _Counts()).add(r.msg, r.t)
+                self.counts.setdefault(r.conn_id, series.Counts()).add(r.msg, r.t)
                 self.parts.setdefault(r.conn_id, breakdown.PartTrail()).add(r.msg, r.t)
             elif r.msg.get("type") == protocol.SEEN and r.msg.get("note") and \
                     str(r.msg["note"]) not in self.notes:

@@ -74,16 +74,11 @@ class TrialSpec:
         return cls(ranks=RanksSpec(**ranks), **{k: v for k, v in fields.items() if k in own})
 
 
-@dataclass
-class RankState:
-    """What one connection has told us so far."""
+@dataclass(kw_only=True)
+class RankState(series.Counts):
+    """What one connection has told us so far: its counts (`series.Counts`) and the rest."""
 
     hello: dict
-    offset: float | None = None  # controller clock minus rank clock
-    tick: dict = field(default_factory=dict)
-    # on the rank's clock (`series.on_our_clock` brings them to ours)
-    batch_points: list = field(default_factory=list)  # (t, cumulative samples)
-    step_points: list = field(default_factory=list)  # (t, cumulative steps)
     parts: breakdown.PartTrail = field(default_factory=breakdown.PartTrail)
     noise_points: list = field(default_factory=list)  # (t, cumulative gradient norms)
     error: dict | None = None
@@ -170,13 +165,7 @@ class ProbeState:
                     self.failed = r.failed_code()  # before anything was stopped
 
     def _tick(self, rank: RankState, t_recv: float, msg: dict) -> None:
-        offset = t_recv - float(msg.get(protocol.TICK_T, t_recv))
-        rank.offset = offset if rank.offset is None else min(rank.offset, offset)
-        # on the rank's clock: brought to ours when read, by the least delay seen by then
-        batch_points, step_points = series.tick_points(rank.tick, msg, 0.0)
-        rank.tick = msg
-        rank.batch_points.extend(batch_points)
-        rank.step_points.extend(step_points)
+        rank.add(msg, t_recv)  # on the rank's clock: brought to ours when read
         if protocol.TICK_T in msg:  # on the rank's clock, brought to ours
             rank.parts.add(msg, float(msg[protocol.TICK_T]) + rank.offset)
         norms = msg.get(protocol.TICK_NOISE)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from autotune import Note
 from autotune.launching import script_flags
@@ -138,6 +139,39 @@ def tick_points(prev: Mapping, msg: Mapping, offset: float) -> tuple[Points, Poi
             step_points.append((msg[protocol.TICK_FIRST_STEP_T] + offset, prev_steps))
         step_points.append((msg[protocol.TICK_LAST_STEP_T] + offset, steps))
     return batch_points, step_points
+
+
+@dataclass
+class Counts:
+    """One rank's cumulative counts from its meter's ticks (`tick_points`), kept on its own
+    clock and brought to ours when read (`on_our_clock`), so that a span runs from a batch to
+    a batch. A probe's ranks (`autotune.measuring.probe_state.RankState`) and a full run's
+    keep them alike."""
+
+    offset: float | None = None  # our clock minus the rank's
+    tick: dict = field(default_factory=dict)
+    batch_points: list = field(default_factory=list)  # (t, cumulative samples)
+    step_points: list = field(default_factory=list)  # (t, cumulative steps)
+
+    def add(self, msg: dict, t_recv: float) -> None:
+        offset = t_recv - float(msg.get(protocol.TICK_T, t_recv))
+        self.offset = offset if self.offset is None else min(self.offset, offset)
+        batch_points, step_points = tick_points(self.tick, msg, 0.0)
+        self.tick = msg
+        self.batch_points.extend(batch_points)
+        self.step_points.extend(step_points)
+
+    def thin(self, keep_from: float, keep_after: float, apart_s: float) -> None:
+        """Points between ``keep_from`` and ``keep_after`` kept ``apart_s`` apart: a long
+        run's memory stays small, and its start (the warm-up) and latest stretch stay whole."""
+        off = self.offset or 0.0
+        for name in ("batch_points", "step_points"):
+            kept: list[tuple[float, float]] = []
+            for p in getattr(self, name):
+                if p[0] + off < keep_from or p[0] + off >= keep_after or not kept or \
+                        p[0] - kept[-1][0] >= apart_s:
+                    kept.append(p)
+            setattr(self, name, kept)
 
 
 def on_our_clock(points: Sequence[tuple[float, object]], offset: float | None) -> list:
