@@ -13,6 +13,7 @@ import os
 import runpy
 import sys
 import traceback
+from typing import NoReturn
 
 from probes import protocol, ranks_env, writes
 from probes.intercept import Interceptor, knobs_from_env
@@ -93,8 +94,74 @@ def end_group_left_open(meter: Meter) -> bool:
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - the script's own exit goes on as it would have
         return False
+    meter.group_started = True
     meter.send(protocol.SEEN, note=GROUP_LEFT_OPEN)
     return True
+
+
+def leave(code: int) -> NoReturn:
+    """Exit with ``code``, the script's, as ``python SCRIPT`` would; after a clean end of a
+    process that started a torch.distributed group, short of the interpreter's teardown
+    (`exit_before_teardown`)."""
+    meter = _started.get(os.getpid())
+    if code == 0 and meter is not None and meter.group_started:
+        exit_before_teardown(code)
+    for stream in (sys.stdout, sys.stderr):
+        _flush(stream)
+    sys.exit(code)
+
+
+def exit_before_teardown(code: int) -> NoReturn:
+    """Do what the interpreter's exit does before its teardown, then end the process.
+
+    Python's exit waits for the threads the script left running, runs the atexit functions and
+    flushes; then it tears the interpreter down, collecting what is left. A torch.distributed
+    group's native threads can outlive the script: gloo's worker thread frees its last work
+    there, and the Python object that work holds takes the lock of an interpreter being torn
+    down, which ends the thread by unwinding it through C++ that may not unwind: "terminate
+    called without an active exception", SIGABRT, after the script's last step. A core dump of
+    one such exit (plain torchrun, 2 gloo ranks of tests/scripts/shape_ddp_when_launched.py,
+    which calls destroy_process_group) showed the main thread in the teardown's collection and
+    gloo's worker in that unwinding: 2 of 25 plain exits here, and a rank under srun in CI.
+    So here the same steps run while the interpreter is whole, every file still open is
+    flushed, and ``os._exit`` ends the process with the script's code.
+    """
+    import atexit
+    import gc
+    import io
+    import threading
+
+    main = threading.main_thread()
+    for thread in threading.enumerate():
+        if thread is not main and not thread.daemon and thread is not threading.current_thread():
+            thread.join()
+    atexit._run_exitfuncs()
+    # every open file flushed before the collection and after it: a collected cycle closes
+    # its files in any order, a file's buffer after its descriptor at times (its data lost)
+    for collect in (False, True):
+        if collect:
+            gc.collect()  # finalizers run as the teardown's collection would run them
+        for obj in gc.get_objects():
+            if issubclass(type(obj), io.IOBase):  # by type: no attribute of obj is read
+                _flush(obj)
+    for stream in (sys.stdout, sys.stderr):
+        _flush(stream)
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)  # C libraries' own buffered output
+    except Exception:  # noqa: BLE001 - nothing of C's stdio to flush, or no libc to ask
+        pass
+    os._exit(code)
+
+
+def _flush(stream) -> None:
+    """Flush an open, writable file object; one that cannot be flushed is left as it is."""
+    try:
+        if stream is not None and not stream.closed and stream.writable():
+            stream.flush()
+    except Exception:  # noqa: BLE001 - a closed pipe, a full disk: as at any exit
+        pass
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -171,7 +238,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    sys.exit(code)
+    leave(main())

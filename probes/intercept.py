@@ -591,6 +591,7 @@ class Interceptor:
                     os.environ.update(alone)
                     note = "; ".join(filter(None, [note, SOLO_NOTE]))
                 result = init_pg(*bound.args, **bound.kwargs)
+                meter.group_started = True
                 meter.send(protocol.SEEN, what="distributed",
                            requested={"backend": str(torch.distributed.get_backend()),
                                       "asked": None if asked is None else str(asked)},

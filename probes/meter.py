@@ -135,6 +135,9 @@ class Meter:
         self.lock = threading.Lock()
         self.stop_requested = threading.Event()
         self.stopped_by_us = False
+        # the script started a torch.distributed group in this process (`probes.intercept`):
+        # its native threads may outlive the script (`probes.boot.leave`)
+        self.group_started = False
         self._reset_counters()
         self.channel: Channel | None = None
         self._ticker: threading.Thread | None = None
