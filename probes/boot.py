@@ -116,13 +116,16 @@ def exit_before_teardown(code: int) -> NoReturn:
 
     Python's exit waits for the threads the script left running, runs the atexit functions and
     flushes; then it tears the interpreter down, collecting what is left. A torch.distributed
-    group's native threads can outlive the script: gloo's worker thread frees its last work
-    there, and the Python object that work holds takes the lock of an interpreter being torn
-    down, which ends the thread by unwinding it through C++ that may not unwind: "terminate
-    called without an active exception", SIGABRT, after the script's last step. A core dump of
-    one such exit (plain torchrun, 2 gloo ranks of tests/scripts/shape_ddp_when_launched.py,
-    which calls destroy_process_group) showed the main thread in the teardown's collection and
-    gloo's worker in that unwinding: 2 of 25 plain exits here, and a rank under srun in CI.
+    group's native threads can outlive the script: gloo's worker thread lets go of a finished
+    work after it has woken the main thread, and on a busy machine the main thread may be in the
+    teardown by then. The Python object that work holds then takes the lock of an interpreter
+    being torn down, which ends the thread by unwinding it through C++ that may not unwind:
+    "terminate called without an active exception", SIGABRT, after the script's last step. A
+    core dump of one such exit (plain torchrun, 2 gloo ranks of
+    tests/scripts/shape_ddp_when_launched.py, which calls destroy_process_group) showed the
+    main thread in the teardown's collection and gloo's worker in that unwinding, from
+    ``~AsyncAllreduceWork``: 2 of 25 plain exits here, and a rank under srun in CI. A collection
+    before the exit cannot help (the work is the worker's to let go of); not tearing down can.
     So here the same steps run while the interpreter is whole, every file still open is
     flushed, and ``os._exit`` ends the process with the script's code.
     """

@@ -180,8 +180,9 @@ TEARDOWN_HAZARD = """
 
 
     class Native:
-        # stands for gloo's worker thread in a core dump of an exit that aborted: what the
-        # teardown frees acts while the interpreter is torn down, and C++ aborts
+        # stands for gloo's worker thread in a core dump of an exit that aborted: it let go
+        # of its last work (and the Python object in it) only once the main thread had gone
+        # on into the teardown, and taking the GIL there ended it in C++'s abort
         def __del__(self):
             if sys.is_finalizing():
                 os.abort()
