@@ -149,6 +149,7 @@ def exit_before_teardown(code: int) -> NoReturn:
                 _flush(obj)
     for stream in (sys.stdout, sys.stderr):
         _flush(stream)
+    _finalize_mpi()
     try:
         import ctypes
 
@@ -156,6 +157,19 @@ def exit_before_teardown(code: int) -> NoReturn:
     except Exception:  # noqa: BLE001 - nothing of C's stdio to flush, or no libc to ask
         pass
     os._exit(code)
+
+
+def _finalize_mpi() -> None:
+    """``MPI_Finalize`` where mpi4py initialized MPI: mpi4py leaves it to a hook of the
+    teardown, and Open MPI's mpirun fails a job whose process exited without it."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None:
+        return
+    try:
+        if mpi.Is_initialized() and not mpi.Is_finalized():
+            mpi.Finalize()
+    except Exception:  # noqa: BLE001 - MPI's own error at its end: the exit goes on
+        pass
 
 
 def _flush(stream) -> None:

@@ -240,3 +240,29 @@ def test_a_script_that_started_no_group_exits_through_the_interpreter_s_own_tear
         p = run(script, str(mark), boot=booted)
         assert p.returncode == 0, p.stderr
         assert mark.read_text() == "torn down"
+
+
+def test_a_rank_with_mpi_and_a_group_finalizes_mpi_before_it_leaves(write, tmp_path):
+    """mpi4py ends MPI in a hook of the teardown, which a rank with a group skips after a clean
+    end: MPI_Finalize runs first (it deletes MPI_COMM_SELF's attributes, whose callback here
+    writes a file), so Open MPI's mpirun does not fail the job for a rank that never ended MPI."""
+    pytest.importorskip("mpi4py")
+    script = write("mpi_group.py", """
+        import sys
+        from mpi4py import MPI
+        import torch.distributed as dist
+
+        def deleted(comm, keyval, value):
+            open(sys.argv[1], "w").write("MPI finalized")
+            return MPI.SUCCESS
+
+        MPI.COMM_SELF.Set_attr(MPI.COMM_SELF.Create_keyval(delete_fn=deleted), 1)
+        dist.init_process_group("gloo")
+        dist.destroy_process_group()
+    """)
+    mark = tmp_path / "finalized.txt"
+    one = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}
+    p = run(script, str(mark), env=one)
+    assert p.returncode == 0, p.stderr
+    assert mark.read_text() == "MPI finalized"
