@@ -134,10 +134,16 @@ def exit_before_teardown(code: int) -> NoReturn:
     import io
     import threading
 
-    main = threading.main_thread()
-    for thread in threading.enumerate():
-        if thread is not main and not thread.daemon and thread is not threading.current_thread():
-            thread.join()
+    # what the interpreter's exit calls first: the threading module's own exit functions (a
+    # thread pool's idle workers are told to end there; joined before it, they wait forever),
+    # then every non-daemon thread joined
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None:
+        shutdown()
+    else:
+        for thread in threading.enumerate():
+            if not thread.daemon and thread is not threading.current_thread():
+                thread.join()
     atexit._run_exitfuncs()
     # every open file flushed before the collection and after it: a collected cycle closes
     # its files in any order, a file's buffer after its descriptor at times (its data lost)

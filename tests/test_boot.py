@@ -266,3 +266,27 @@ def test_a_rank_with_mpi_and_a_group_finalizes_mpi_before_it_leaves(write, tmp_p
     p = run(script, str(mark), env=one)
     assert p.returncode == 0, p.stderr
     assert mark.read_text() == "MPI finalized"
+
+
+def test_a_rank_with_a_group_and_a_library_s_idle_thread_pool_still_leaves(write, tmp_path):
+    """A thread pool a library keeps and never shuts down (its idle workers are not daemons):
+    Python's exit tells them to end before it joins them, and so does the way out of a rank
+    with a group. Joined without that, they wait for work forever and the rank never exits."""
+    write("pool_lib.py", """
+        from concurrent.futures import ThreadPoolExecutor
+
+        POOL = ThreadPoolExecutor(2)
+    """)
+    script = write("uses_pool.py", """
+        import torch.distributed as dist
+        import pool_lib
+
+        dist.init_process_group("gloo")
+        dist.destroy_process_group()
+        print("pool says", pool_lib.POOL.submit(sum, [1, 2]).result(), flush=True)
+    """)
+    one = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}
+    p = run(script, env=one)  # a rank that never exits fails this by run's timeout
+    assert p.returncode == 0, p.stderr
+    assert "pool says 3" in p.stdout
