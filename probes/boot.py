@@ -131,30 +131,18 @@ def exit_before_teardown(code: int) -> NoReturn:
     """
     import atexit
     import gc
-    import io
     import threading
 
-    # what the interpreter's exit calls first: the threading module's own exit functions (a
-    # thread pool's idle workers are told to end there; joined before it, they wait forever),
-    # then every non-daemon thread joined
-    shutdown = getattr(threading, "_shutdown", None)
-    if shutdown is not None:
-        shutdown()
-    else:
-        for thread in threading.enumerate():
-            if not thread.daemon and thread is not threading.current_thread():
-                thread.join()
+    # what the interpreter's exit calls first (every Python from 3.10 has it): the threading
+    # module's own exit functions (a thread pool's idle workers are told to end there; joined
+    # before it, they wait forever), then every non-daemon thread joined
+    threading._shutdown()
     atexit._run_exitfuncs()
     # every open file flushed before the collection and after it: a collected cycle closes
     # its files in any order, a file's buffer after its descriptor at times (its data lost)
-    for collect in (False, True):
-        if collect:
-            gc.collect()  # finalizers run as the teardown's collection would run them
-        for obj in gc.get_objects():
-            if issubclass(type(obj), io.IOBase):  # by type: no attribute of obj is read
-                _flush(obj)
-    for stream in (sys.stdout, sys.stderr):
-        _flush(stream)
+    _flush_open_files()
+    gc.collect()  # finalizers run as the teardown's collection would run them
+    _flush_open_files()
     _finalize_mpi()
     try:
         import ctypes
@@ -176,6 +164,18 @@ def _finalize_mpi() -> None:
             mpi.Finalize()
     except Exception:  # noqa: BLE001 - MPI's own error at its end: the exit goes on
         pass
+
+
+def _flush_open_files() -> None:
+    """Flush every file object still open in this process, the standard streams among them."""
+    import gc
+    import io
+
+    for obj in gc.get_objects():
+        if issubclass(type(obj), io.IOBase):  # by type: no attribute of obj is read
+            _flush(obj)
+    for stream in (sys.stdout, sys.stderr):  # replaced streams need not be io objects
+        _flush(stream)
 
 
 def _flush(stream) -> None:
