@@ -27,10 +27,12 @@ class Table:
     def __init__(self, rows, clock=None, round_s=10.0, first=1):
         self.rows, self.clock, self.round_s, self.first = rows, clock or Clock(), round_s, first
         self.calls: list[tuple[int, list[str]]] = []
+        self.shares: list[float] = []  # each round's probes' share of their length
 
-    def __call__(self, number, live):
+    def __call__(self, number, live, share):
         self.calls.append((number, list(live)))
-        self.clock.t += self.round_s
+        self.shares.append(share)
+        self.clock.t += self.round_s * share
         row = self.rows[number - self.first]
         return {n: Measured(row[n], row[n] * 0.01) if row.get(n) else None for n in live}
 
@@ -160,6 +162,27 @@ def test_the_budget_ends_the_race_and_its_last_look_is_the_planned_one():
     assert len(table.calls) == 2 and raced.rounds == 2
     assert raced.look.level == pytest.approx(race.look_level(4, 4, 1))
     assert "2 of 4 rounds fit in the budget" in raced.stopped, raced.stopped
+
+
+def test_a_round_that_would_end_past_the_budget_is_cut_to_the_time_left():
+    """Rounds of 10 s and 28 s left: two full rounds, then a third cut to the 8 s left (80% of
+    a round, over `race.CUT_ROUND_SHARE`). Without the cut the race stopped after two rounds,
+    kept the baseline (two rounds of 1.08x and 1.12x do not show the gain) and left 8 s
+    unspent; the third round shows it."""
+    rows = [{"baseline": 100.0, "A": 100.0 * r} for r in (1.08, 1.12, 1.08, 1.12)]
+    two, _ = run(rows, planned=4, deadline=25.0)  # 5 s left after two rounds: no third
+    assert two.rounds == 2 and two.look.verdict is Verdict.KEEP, two
+    raced, table = run(rows, planned=4, deadline=28.0)
+    assert table.shares == [1.0, 1.0, pytest.approx(0.8)], table.shares
+    assert raced.rounds == 3 and table.clock.t == pytest.approx(28.0)
+    assert raced.look.verdict is Verdict.SWITCH and raced.look.decided.winner == "A", raced
+
+
+@pytest.mark.parametrize("left_s, share", [(12.0, 1.0), (10.0, 1.0), (7.5, 0.75),
+                                           (7.4, None), (0.0, None), (-3.0, None)])
+def test_a_round_is_cut_down_to_its_share_and_no_further(left_s, share):
+    got = race.round_share(left_s, 10.0)
+    assert got == (pytest.approx(share) if share is not None else None)
 
 
 def test_a_resume_mid_race_judges_the_earlier_rounds_with_the_new_ones():

@@ -497,9 +497,14 @@ def _race(prober: Prober, state: TuneState, frame: _Frame, lineup: _Lineup, plan
     deadline = prober.clock.monotonic() + lineup.left_s if lineup.left_s is not None else None
     held = [state]
 
-    def measure(number: int, live: list[str]) -> dict[str, object]:
-        held[0], got = remeasure(prober, held[0], [(n, cfgs[n]) for n in live], 1,
-                                 plan.window_of(), turns=plan.turns, first=number)
+    def measure(number: int, live: list[str], share: float) -> dict[str, object]:
+        if share < 1.0:
+            prober.tell(Note.info(
+                f"confirmation: round {number}'s probes are cut to {share:.0%} of their "
+                f"length, to end within the budget left"))
+        windows = {n: w * share for n, w in plan.window_of().items()}
+        held[0], got = remeasure(prober, held[0], [(n, cfgs[n]) for n in live], 1, windows,
+                                 turns=plan.turns, first=number)
         return {n: ms[0] for n, ms in got.items()}
 
     raced = race.run(policy, measure, score, names=names, clock=prober.clock,

@@ -55,7 +55,9 @@ ESSENTIAL_ENTRIES = 2  # the baseline and the best: what a short budget confirms
 # takes the two a switch needs instead when probes this share of those lengths fit: minGPT's
 # shape had 200 s for rounds of 107 s, ran one, and left 96 s of its 6-minute budget unspent.
 SHORTEST_SHARE = 0.8
-TOO_SHORT_SHARE = 0.75  # less than this share of one round left: no re-measurement
+# less than this share of one round left: no re-measurement (the race cuts a round that would
+# end past the budget to the time left down to the same share, `race.CUT_ROUND_SHARE`)
+TOO_SHORT_SHARE = race.CUT_ROUND_SHARE
 # In turns, the time each probe measures, as a share of its sequential window: the rest of a
 # round goes on the probes' start-ups and warm-ups, which a window holds too.
 TURN_MEASURE_SHARE = 0.6
