@@ -331,6 +331,25 @@ def test_ddp_communication_is_timed_through_the_scripts_own_hook_or_ours(tmp_pat
         assert b.share("comm") > 0.0
 
 
+def test_a_sample_s_cost_is_read_over_what_the_cpu_trail_covers():
+    """The CPU trail (the probe loop's polls: when, CPU seconds so far) at 0.6 cores, a figure
+    of 100 samples/s over 10 s: 6 ms of CPU a sample, whether the trail covers the whole span
+    or ends 0.4 s short of it (a late last poll: before, no cost at all); none where it covers
+    under half; in turns only the slices' time counts."""
+    from autotune.measuring.reading import core_s_per_sample
+
+    trail = [(t / 5, 0.6 * t / 5) for t in range(0, 61)]  # 0 to 12 s, a poll every 0.2 s
+    assert core_s_per_sample(trail, 1.0, 11.0, 100.0) == pytest.approx(0.006)
+    short = [(t, c) for t, c in trail if t <= 10.6]
+    assert core_s_per_sample(short, 1.0, 11.0, 100.0) == pytest.approx(0.006)
+    assert core_s_per_sample([(t, c) for t, c in trail if t <= 5.8], 1.0, 11.0, 100.0) is None
+    assert core_s_per_sample(trail[:1], 1.0, 11.0, 100.0) is None
+    # in turns: 0.6 cores while in its two 2 s slices, nothing between them
+    turns = [(0.0, 0.0), (2.0, 0.0), (4.0, 1.2), (6.0, 1.2), (8.0, 2.4), (10.0, 2.4)]
+    assert core_s_per_sample(turns, 1.0, 9.0, 100.0, [(2.0, 4.0), (6.0, 8.0)]) == \
+        pytest.approx(0.006)
+
+
 @pytest.mark.slow
 def test_what_a_sample_costs_is_the_cpu_the_script_used(tmp_path):
     """A script that sleeps for its data and spins one core for its compute: the core-seconds

@@ -26,6 +26,10 @@ from autotune.measuring.result import TrialResult
 from probes import protocol
 from probes.protocol import Mode
 
+# The least share of the figure's span the CPU trail must cover for its core-seconds a sample
+COST_COVER_SHARE = 0.5
+
+
 def _idle_stall(probe: ProbeState, load: ForeignLoad) -> bool:
     """Whether the ranks sat idle through the stall the probe ended in, and for longer than
     the idle pauses a fitted probe allows (`TrialSpec.idle_hang_s`: the baseline's own)."""
@@ -239,21 +243,40 @@ def _notes(probe: ProbeState, span: _Span, load: ForeignLoad,
 def _cost(probe: ProbeState, est: steady.Estimate, turn: alternate.Turn | None = None) -> dict:
     """``core_s_per_sample`` and ``gpu_s_per_sample`` of the result (see `TrialResult`)."""
     out = {}
-    span = est.end_t - est.start_t
-    if turn is not None:  # its CPU between its slices was nil: it ran in its slices only
-        span = sum(min(b, est.end_t) - max(a, est.start_t) for a, b in turn.slices
-                   if b > est.start_t and a < est.end_t)
-    trail = list(probe.cpu_trail)
     local = probe.spec.ranks.launcher.kind is engines.Kind.LOCAL
-    if local and span > 0 and len(trail) >= 2 and trail[0][0] <= est.start_t + probe.poll_s \
-            and trail[-1][0] >= est.end_t - probe.poll_s:
-        used = steady.interp(trail, est.end_t) - steady.interp(trail, est.start_t)
-        out["core_s_per_sample"] = used / (est.samples_per_s * span)
+    if local:
+        cost = core_s_per_sample(list(probe.cpu_trail), est.start_t, est.end_t,
+                                 est.samples_per_s,
+                                 turn.slices if turn is not None else None)
+        if cost is not None:
+            out["core_s_per_sample"] = cost
     plan = probe.group.plan if probe.group is not None else None
     gpus = {slot.gpu.uuid for slot in plan.slots if slot.gpu is not None} if plan else set()
     if gpus and local:
         out["gpu_s_per_sample"] = len(gpus) / est.samples_per_s
     return out
+
+
+def core_s_per_sample(trail: list[tuple[float, float]], start_t: float, end_t: float,
+                      samples_per_s: float,
+                      slices: list[tuple[float, float]] | None = None) -> float | None:
+    """The CPU seconds the trial's processes spent a sample, from ``trail`` ((when, CPU seconds
+    so far) as the probe loop read it) over the figure's span (``start_t`` to ``end_t``, at
+    ``samples_per_s``); in turns only the time within its ``slices`` counts (its CPU between
+    them was nil). Taken over the part of the span the trail covers: on a loaded machine the
+    loop's last poll can fall short of the figure's end (read after it, with the ranks' last
+    ticks) by more than a poll, and a probe in CI once got no core-seconds at all for that.
+    None where the trail covers under `COST_COVER_SHARE` of the span."""
+    if len(trail) < 2 or end_t <= start_t or samples_per_s <= 0:
+        return None
+    lo, hi = max(start_t, trail[0][0]), min(end_t, trail[-1][0])
+    if hi - lo < COST_COVER_SHARE * (end_t - start_t):
+        return None
+    span = hi - lo if slices is None else \
+        sum(min(b, hi) - max(a, lo) for a, b in slices if b > lo and a < hi)
+    if span <= 0:
+        return None
+    return (steady.interp(trail, hi) - steady.interp(trail, lo)) / (samples_per_s * span)
 
 
 def _breakdown(probe: ProbeState, est: steady.Estimate) -> Breakdown | None:
