@@ -64,13 +64,27 @@ def own_rate(text, *, prefix="", after_s=WARMUP_S):
 
 def own_rate_within(text, start_t, end_t, *, prefix=""):
     """The script's own samples/s over the probe's window (``start_t`` to ``end_t`` on the
-    system's monotonic clock), from the running totals it printed with ``at T``."""
-    rows = [(float(n), float(t)) for n, t in
-            re.findall(prefix + r".*?train_samples (\d+) train_s [\d.]+ at ([\d.]+)", text)
-            if start_t <= float(t) <= end_t]
-    assert len(rows) >= 3, f"too few progress lines in {start_t}-{end_t}:\n{text[-2000:]}"
-    (n0, t0), (n1, t1) = rows[0], rows[-1]
-    return (n1 - n0) / (t1 - t0)
+    system's monotonic clock), from the running totals it printed with ``at T``: each end's
+    total read between the two lines around it, so that both count the same span (read from
+    the first line inside to the last, lines half a second apart left up to a second of an
+    8 s window out of the script's count); an end past the lines is read at the line nearest
+    it."""
+    rows = sorted((float(t), float(n)) for n, t in
+                  re.findall(prefix + r".*?train_samples (\d+) train_s [\d.]+ at ([\d.]+)",
+                             text))
+    inside = [r for r in rows if start_t <= r[0] <= end_t]
+    assert len(inside) >= 3, f"too few progress lines in {start_t}-{end_t}:\n{text[-2000:]}"
+    t0, t1 = max(start_t, rows[0][0]), min(end_t, rows[-1][0])
+    return (_total_at(rows, t1) - _total_at(rows, t0)) / (t1 - t0)
+
+
+def _total_at(rows, t):
+    """The running total at ``t``, between the (time, total) rows around it."""
+    after = next(i for i, (u, _) in enumerate(rows) if u >= t)
+    if after == 0:
+        return rows[0][1]
+    (ta, na), (tb, nb) = rows[after - 1], rows[after]
+    return na + (nb - na) * (t - ta) / (tb - ta)
 
 
 def agrees(ours, theirs, rel=0.05):
