@@ -155,8 +155,9 @@ def select_candidate(prober: Prober, state: TuneState, known: Mapping[tuple, Kno
                      ) -> tuple[TuneState, list[tuple[str, dict]], int]:
     """One round in turns of the baseline, the best and the runner-up (``entries[:3]``) that
     chooses between the two candidates, and judges nothing: the entries the later rounds judge
-    (the baseline, the one that scored more in that round, and any entry past the runner-up)
-    and the rounds it took (one). The later rounds are fresh processes, so their interval is
+    (the baseline, the runner-up where that round shows it ahead of the best beyond their own
+    intervals (`runner_ahead`), else the best, and any entry past the runner-up) and the rounds
+    it took (one). The later rounds are fresh processes, so their interval is
     one candidate's at 95%, with no allowance for the choice.
 
     Under a budget, where rounds take turns, this comes before keeping the runner-up or
@@ -178,10 +179,8 @@ def select_candidate(prober: Prober, state: TuneState, known: Mapping[tuple, Kno
     windows = probe_windows(prober, state, known, list(three.values()))
     state, got = remeasure(prober, state, entries[:3], 1, dict(zip(three, windows)),
                            turns=True, chooses=True)
-    scores = {}
-    for name in (best_name, runner_name):
-        s = _scored(scorer, three[name], got[name][0])
-        scores[name] = s.value if s is not None else None
+    scores = {name: _scored(scorer, three[name], got[name][0])
+              for name in (best_name, runner_name)}
     base = got["baseline"][0]
 
     def said(name: str) -> str:
@@ -192,13 +191,32 @@ def select_candidate(prober: Prober, state: TuneState, known: Mapping[tuple, Kno
             if base is not None and base.samples_per_s > 0 else ""
         return f"{name} {r.samples_per_s:.1f} samples/s{vs}"
 
-    chosen = runner_name if scores[runner_name] is not None and (
-        scores[best_name] is None or scores[runner_name] > scores[best_name]) else best_name
+    ahead = runner_ahead(scores[best_name], scores[runner_name])
+    chosen = runner_name if ahead is not False else best_name
     other = runner_name if chosen == best_name else best_name
+    what = f"chose {said(chosen)} over {said(other)}" if ahead is not False else (
+        f"read {said(runner_name)} and {said(best_name)}, apart by less than their own "
+        f"intervals: the search's order stands")
     state = prober.note(state, Note.info(
-        f"confirmation: round 1 chose {said(chosen)} over {said(other)}; the rounds after it "
-        f"judge {chosen} against the baseline, one candidate at 95%"))
+        f"confirmation: round 1 {what}; the rounds after it judge {chosen} against the "
+        f"baseline, one candidate at 95%"))
     return state, [entries[0], (chosen, three[chosen]), *entries[3:]], 1
+
+
+def runner_ahead(best: objective.Score | None, runner: objective.Score | None) -> bool | None:
+    """Whether the choosing round (`select_candidate`) puts the runner-up ahead of the search's
+    best: True where its score exceeds the best's by more than the two figures' own 95%
+    intervals together, or the best gave none; False where it does not; None where the
+    runner-up gave no score (the best stays). A round that cannot tell the two apart leaves
+    the search's order, whose probes each measured to their own interval: word_lm's shape at
+    6m had its best, batch 64, at 2170 ± 80 and the runner-up, batch 32, at 1607 ± 96 (under
+    the baseline); the round read 32 at 2115 ± 228 and 64 at 2044 ± 438, chose 32 on that, and
+    kept the defaults at 0.86 of 64."""
+    if runner is None or runner.value is None:
+        return None
+    if best is None or best.value is None:
+        return True
+    return runner.value - best.value > math.hypot(runner.ci_half, best.ci_half)
 
 
 def _probe_verdict(prober: Prober, state: TuneState, cfg: dict,
