@@ -192,11 +192,13 @@ def select_candidate(prober: Prober, state: TuneState, known: Mapping[tuple, Kno
         return f"{name} {r.samples_per_s:.1f} samples/s{vs}"
 
     ahead = runner_ahead(scores[best_name], scores[runner_name])
-    chosen = runner_name if ahead is not False else best_name
+    chosen = runner_name if ahead else best_name
     other = runner_name if chosen == best_name else best_name
-    what = f"chose {said(chosen)} over {said(other)}" if ahead is not False else (
-        f"read {said(runner_name)} and {said(best_name)}, apart by less than their own "
-        f"intervals: the search's order stands")
+    led = ahead is False and scores[best_name] is not None and \
+        scores[runner_name].value > scores[best_name].value
+    what = f"chose {said(chosen)} over {said(other)}" if not led else (
+        f"read {said(runner_name)} and {said(best_name)}, the runner-up ahead by less than "
+        f"their own intervals: the search's order stands")
     state = prober.note(state, Note.info(
         f"confirmation: round 1 {what}; the rounds after it judge {chosen} against the "
         f"baseline, one candidate at 95%"))
