@@ -167,6 +167,20 @@ def confirm_rounds(fake) -> dict[int, set[str]]:
     return out
 
 
+def lucky_worker(*, later: float, one_thread: float):
+    """Samples/s by knobs: the script's config 100, a worker 140 in its first process (the
+    machine ran fast) and ``later`` in every one after, one thread ``one_thread``, both 105."""
+    calls = {}
+
+    def rate(knobs):
+        key = (knobs["threads"], knobs["workers"])
+        calls[key] = calls.get(key, 0) + 1
+        if key == (2, 1):
+            return 140.0 if calls[key] == 1 else later
+        return {(2, 0): 100.0, (1, 0): one_thread, (1, 1): 105.0}[key]
+    return rate
+
+
 @pytest.mark.parametrize("choose, second, budget_s", [
     (True, 0.85, 260.0), (True, 0.6, 200.0), (False, 0.85, 260.0)])
 def test_a_first_round_in_turns_chooses_the_runner_up_over_a_best_that_was_a_lucky_reading(
@@ -186,16 +200,7 @@ def test_a_first_round_in_turns_chooses_the_runner_up_over_a_best_that_was_a_luc
     if not choose:
         monkeypatch.setattr(confirm_plan, "selection_fits", lambda *a, **kw: False)
     clock, told = FakeClock(), []
-    calls = {}
-
-    def lucky(knobs):
-        key = (knobs["threads"], knobs["workers"])
-        calls[key] = calls.get(key, 0) + 1
-        if key == (2, 1):
-            return 140.0 if calls[key] == 1 else 101.0
-        return {(2, 0): 100.0, (1, 0): 115.0, (1, 1): 105.0}[key]
-
-    fake = Timed(clock, apart(1.0, second, lucky))
+    fake = Timed(clock, apart(1.0, second, lucky_worker(later=101.0, one_thread=115.0)))
     report, _, run_dir = tune(tmp_path, fake, budget_s=budget_s, clock=clock, confirm_rounds=3,
                               notify=told.append, fix_tokens=("batch_size=16", "instances=1"),
                               space_tokens=("workers=0,1",))
@@ -231,16 +236,7 @@ def test_a_first_round_that_cannot_tell_the_best_two_apart_leaves_the_search_s_o
     from autotune.tuning import confirm
     monkeypatch.setattr(confirm, "turns_refused", lambda *a, **kw: "")
     clock, told = FakeClock(), []
-    calls = {}
-
-    def lucky(knobs):
-        key = (knobs["threads"], knobs["workers"])
-        calls[key] = calls.get(key, 0) + 1
-        if key == (2, 1):
-            return 140.0 if calls[key] == 1 else 112.0
-        return {(2, 0): 100.0, (1, 0): 113.0, (1, 1): 105.0}[key]
-
-    fake = Timed(clock, apart(1.0, 0.85, lucky))
+    fake = Timed(clock, apart(1.0, 0.85, lucky_worker(later=112.0, one_thread=113.0)))
     report, _, _ = tune(tmp_path, fake, budget_s=260.0, clock=clock, confirm_rounds=3,
                         notify=told.append, fix_tokens=("batch_size=16", "instances=1"),
                         space_tokens=("workers=0,1",))
