@@ -194,8 +194,7 @@ def select_candidate(prober: Prober, state: TuneState, known: Mapping[tuple, Kno
     ahead = runner_ahead(scores[best_name], scores[runner_name])
     chosen = runner_name if ahead else best_name
     other = runner_name if chosen == best_name else best_name
-    led = ahead is False and scores[best_name] is not None and \
-        scores[runner_name].value > scores[best_name].value
+    led = ahead is False and scores[runner_name].value > scores[best_name].value
     what = f"chose {said(chosen)} over {said(other)}" if not led else (
         f"read {said(runner_name)} and {said(best_name)}, the runner-up ahead by less than "
         f"their own intervals: the search's order stands")
@@ -207,8 +206,8 @@ def select_candidate(prober: Prober, state: TuneState, known: Mapping[tuple, Kno
 
 def runner_ahead(best: objective.Score | None, runner: objective.Score | None) -> bool | None:
     """Whether the choosing round (`select_candidate`) puts the runner-up ahead of the search's
-    best: True where its score exceeds the best's by more than the two figures' own 95%
-    intervals together, or the best gave none; False where it does not; None where the
+    best: True where its gain over the best (`decision.gain_of`) exceeds the two figures' own
+    95% intervals together, or the best gave none; False where it does not; None where the
     runner-up gave no score (the best stays). A round that cannot tell the two apart leaves
     the search's order, whose probes each measured to their own interval: word_lm's shape at
     6m had its best, batch 64, at 2170 ± 80 and the runner-up, batch 32, at 1607 ± 96 (under
@@ -218,7 +217,8 @@ def runner_ahead(best: objective.Score | None, runner: objective.Score | None) -
         return None
     if best is None or best.value is None:
         return True
-    return runner.value - best.value > math.hypot(runner.ci_half, best.ci_half)
+    gain = decision.gain_of(runner.value, runner.ci_half, best.value, best.ci_half)
+    return gain is not None and gain[0] - 1 > gain[1]
 
 
 def _probe_verdict(prober: Prober, state: TuneState, cfg: dict,
