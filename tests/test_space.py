@@ -451,7 +451,7 @@ def test_a_runner_up_that_keeps_the_batch_is_confirmed_under_a_budget_only_above
     made the search keep ~225 s of 5m for it, stopping at 71 s; the baseline is the better
     alternative. One measured above the baseline stays."""
     from autotune.measuring.outcome import Outcome
-    from autotune.tuning import confirm, objective
+    from autotune.tuning import confirm_entries, objective
     from autotune.tuning.records import Known
 
     sp = build()  # the script's batch 32, thread_pct 100
@@ -464,8 +464,8 @@ def test_a_runner_up_that_keeps_the_batch_is_confirmed_under_a_budget_only_above
     scorer = objective.Scorer(objective.Objective())
     full = [("baseline", sp.baseline), ("trial-2", sp.config({**sp.baseline, **cfgs[2]})),
             ("trial-1", sp.config({**sp.baseline, **cfgs[1]}))]
-    assert [n for n, _ in confirm.essential(sp, full, known=known, scorer=scorer)] == kept
-    assert [n for n, _ in confirm.essential(sp, full)] == ["baseline", "trial-2", "trial-1"]
+    assert [n for n, _ in confirm_entries.essential(sp, full, known=known, scorer=scorer)] == kept
+    assert [n for n, _ in confirm_entries.essential(sp, full)] == ["baseline", "trial-2", "trial-1"]
 
 
 
@@ -486,11 +486,11 @@ def test_a_runner_up_that_keeps_the_batch_is_confirmed_under_a_budget_only_above
 ])
 def test_a_budget_confirms_the_best_and_only_a_batch_keeping_alternative_beside_it(entries,
                                                                                    kept):
-    from autotune.tuning import confirm
+    from autotune.tuning import confirm_entries
 
     sp = build()
     full = [(n, sp.config({**sp.baseline, **c})) for n, c in entries]
-    assert [n for n, _ in confirm.essential(sp, full)] == kept
+    assert [n for n, _ in confirm_entries.essential(sp, full)] == kept
 
 
 @pytest.mark.parametrize("keeper_value, confirmed", [(90.0, False), (105.0, True)])
@@ -500,7 +500,7 @@ def test_a_batch_keeping_alternative_is_confirmed_only_if_it_beat_the_baseline(k
     thread cut) measured 0.6x the baseline; confirming it beside the winner in every round
     only widened the winner's interval. One measured above the baseline is confirmed."""
     from autotune.measuring.outcome import Outcome
-    from autotune.tuning import confirm, objective
+    from autotune.tuning import confirm_entries, objective
     from autotune.tuning.records import Known
 
     sp = build()  # the script's batch 32, thread_pct 100
@@ -510,7 +510,7 @@ def test_a_batch_keeping_alternative_is_confirmed_only_if_it_beat_the_baseline(k
     for n, c in cfgs.items():
         cfg = sp.config({**sp.baseline, **c})
         known[sp.key(cfg)] = Known(n, Outcome.OK, values[n], 2.0, cfg)
-    entries = confirm.candidates(sp, known, objective.Scorer(objective.Objective()))
+    entries = confirm_entries.candidates(sp, known, objective.Scorer(objective.Objective()))
     names = [n for n, _ in entries]
     assert names[:3] == ["baseline", "trial-1", "trial-2"]
     assert ("trial-3" in names) is confirmed

@@ -241,7 +241,7 @@ class Lineup(enum.Enum):
 
     ALL = "all"  # every entry
     CHOOSE = "choose"  # a first round in turns chooses between the best and the runner-up
-    ESSENTIAL = "essential"  # the runner-up left out (`autotune.tuning.confirm.essential`)
+    ESSENTIAL = "essential"  # the runner-up left out (`autotune.tuning.confirm_entries.essential`)
 
 
 def plan_lineup(entries: Sequence[Entry], essential: int, *, asked: int, left_s: float | None,

@@ -61,7 +61,7 @@ class SearchResult:
 
 def budget_plan(prober: Prober, state: TuneState, left_s: float) -> confirm_plan.BudgetPlan:
     """What ``left_s`` of the budget holds after the baseline (`confirm_plan.plan_budget`), the
-    confirmation measuring the best and the baseline (`confirm.essential`)."""
+    confirmation measuring the best and the baseline (`confirm_entries.essential`)."""
     probe_s = prober.typical_s(state)
     return confirm_plan.plan_budget(left_s, state.settings.budget_s, probe_s,
                                     asked=state.settings.confirm_rounds,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from autotune.tuning import confirm, confirm_plan, confirm_rounds, decision, spread
+from autotune.tuning import confirm_entries, confirm_plan, confirm_rounds, decision, spread
 from autotune.tuning.answers import Answers
 from autotune.tuning.prober import Prober
 from autotune.tuning.records import TuneSettings
@@ -70,7 +70,7 @@ class Budget:
         """The search's best config and the script's own, by score: (value, 95% half-width)
         each; None while no config beats the script's."""
         sp, known = self.space, self.answers.known
-        top = confirm.best(sp, known, self.answers.scorer, 1)
+        top = confirm_entries.best(sp, known, self.answers.scorer, 1)
         base = known.get(sp.key(sp.baseline))
         if not top or base is None:
             return None
@@ -152,7 +152,7 @@ class Budget:
         there is nothing to confirm yet, and nor does one whose probe (``probe_s``) and rounds
         the budget left cannot hold while no gain is found: its rounds could not run, and
         nothing else needs the time (the search then probes on to the budget's end)."""
-        entries = confirm.candidates(self.space, self.answers.known, self.answers.scorer)
+        entries = confirm_entries.candidates(self.space, self.answers.known, self.answers.scorer)
         kept = self.reserve_of(entries) if self.worth_confirming() else 0.0
         if joining is not None and len(entries) >= 2:
             also = [entries[0], ("joining", dict(joining)), *entries[1:2]]  # as the best
@@ -175,12 +175,12 @@ class Budget:
 
     def plan(self, entries: list[tuple[str, dict]], *,
              least_rounds: int = decision.PLANNED_ROUNDS) -> confirm_plan.ConfirmPlan:
-        """The confirmation of the `confirm.essential` ``entries`` as the search reserves for
-        it (`confirm_plan.plan_confirmation`; under a budget the runner-up is left out:
-        `confirm.finish`), at the rounds the budget keeps (`planned_rounds`), never under
+        """The confirmation of the `confirm_entries.essential` ``entries`` as the search
+        reserves for it (`confirm_plan.plan_confirmation`; under a budget the runner-up is left
+        out: `confirm.finish`), at the rounds the budget keeps (`planned_rounds`), never under
         ``least_rounds`` of search-length probes."""
         s, state, known = self.settings, self.state, self.answers.known
-        entries = confirm.essential(self.space, entries, known=known,
+        entries = confirm_entries.essential(self.space, entries, known=known,
                                     scorer=self.answers.scorer)  # what a budget confirms
         return confirm_plan.plan_confirmation(
             confirm_rounds.plan_entries(self.prober, state, known, entries),

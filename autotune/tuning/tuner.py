@@ -28,8 +28,8 @@ from autotune.measuring import trial
 from autotune.hardware import fingerprint
 from autotune.store.journal import Journal
 from autotune import Note, UsageError
-from autotune.tuning import (baseline, confirm, decision, memory, objective, payback,
-                             search)
+from autotune.tuning import (baseline, confirm, confirm_entries, decision, memory, objective,
+                             payback, search)
 from autotune.tuning.confirm_plan import MIN_SEARCH_PROBES, Stretch
 from autotune.tuning.confirm_rounds import Earlier
 from autotune.tuning.prober import Notify, Prober, RunTrial
@@ -193,7 +193,7 @@ class Tuner:
                                  f"config(s); picked {c.picked}: the fastest within "
                                  f"{objective.PICK_WITHIN_REL:.0%} of the best samples/J"))
             prober.emit(Event.PARETO, front=[p.to_dict() for p in c.front], picked=c.picked,
-                        points=[p.to_dict() for p in confirm.pareto_points(
+                        points=[p.to_dict() for p in confirm_entries.pareto_points(
                             space, self.found.known, scorer)],
                         within_rel=objective.PICK_WITHIN_REL)
         report = self._report(handle, c, note)
