@@ -4,34 +4,34 @@ import math
 
 import pytest
 
-from autotune.tuning import decision
+from autotune.tuning import decision, search_rules
 from autotune.tuning.decision import Measured
 
 
 def test_oom_rules_out_larger_batches_and_more_ranks():
     ooms = [{"batch_size": 128, "instances": 1}]
-    assert decision.oom_blocks({"batch_size": 128, "instances": 1}, ooms) == ooms[0]
-    assert decision.oom_blocks({"batch_size": 256, "instances": 2}, ooms) == ooms[0]
-    assert decision.oom_blocks({"batch_size": 64, "instances": 2}, ooms) is None
+    assert search_rules.oom_blocks({"batch_size": 128, "instances": 1}, ooms) == ooms[0]
+    assert search_rules.oom_blocks({"batch_size": 256, "instances": 2}, ooms) == ooms[0]
+    assert search_rules.oom_blocks({"batch_size": 64, "instances": 2}, ooms) is None
     two_ranks = [{"batch_size": 128, "instances": 2}]
-    assert decision.oom_blocks({"batch_size": 256, "instances": 1}, two_ranks) is None
-    assert decision.oom_blocks({"workers": 2}, ooms) is None
+    assert search_rules.oom_blocks({"batch_size": 256, "instances": 1}, two_ranks) is None
+    assert search_rules.oom_blocks({"workers": 2}, ooms) is None
 
 
 def test_cannot_reach():
-    assert decision.cannot_reach(50.0, 5.0, 100.0)  # 55 < 90
-    assert not decision.cannot_reach(85.0, 6.0, 100.0)  # 91 >= 90: might still get there
-    assert not decision.cannot_reach(10.0, math.inf, 100.0)  # interval not known yet
-    assert not decision.cannot_reach(10.0, 1.0, None)  # nothing to compare with
+    assert search_rules.cannot_reach(50.0, 5.0, 100.0)  # 55 < 90
+    assert not search_rules.cannot_reach(85.0, 6.0, 100.0)  # 91 >= 90: might still get there
+    assert not search_rules.cannot_reach(10.0, math.inf, 100.0)  # interval not known yet
+    assert not search_rules.cannot_reach(10.0, 1.0, None)  # nothing to compare with
 
 
 def test_convergence_waits_for_patience():
-    c = decision.Convergence(patience=3, rel=0.05, min_trials=4)
+    c = search_rules.Convergence(patience=3, rel=0.05, min_trials=4)
     assert not c.update(100.0)
     assert not c.update(102.0)  # +2%: not an improvement
     assert not c.update(None)  # a failed probe counts as no gain
     assert c.update(101.0)  # 3 without gain, 4 seen
-    c = decision.Convergence(patience=2, rel=0.05, min_trials=2)
+    c = search_rules.Convergence(patience=2, rel=0.05, min_trials=2)
     c.update(100.0)
     c.update(99.0)
     assert not c.update(120.0)  # a real gain resets the count
@@ -236,9 +236,9 @@ def test_combine_joins_the_moves_that_paid_off():
     base = {"batch_size": 32, "workers": 0, "thread_pct": 100}
     moves = [({**base, "batch_size": 256}, 130.0), ({**base, "workers": 2}, 200.0),
              ({**base, "thread_pct": 50}, 101.0), ({**base, "bucket_mb": 5}, None)]
-    assert decision.combine(base, 100.0, moves) == {"batch_size": 256, "workers": 2,
+    assert search_rules.combine(base, 100.0, moves) == {"batch_size": 256, "workers": 2,
                                                   "thread_pct": 100}
-    assert decision.combine(base, 100.0, moves[1:]) is None  # one move alone is measured already
+    assert search_rules.combine(base, 100.0, moves[1:]) is None  # one move alone is measured already
 
 
 def test_confirmation_fits_what_is_left_of_the_budget():
@@ -300,8 +300,8 @@ def test_combine_takes_the_better_of_two_moves_of_one_knob():
     workers = {"batch_size": 32, "workers": 2}
     for moves in ([(down, 110.0), (up, 120.0), (workers, 130.0)],
                   [(up, 120.0), (down, 110.0), (workers, 130.0)]):
-        assert decision.combine(base, 100.0, moves) == {"batch_size": 64, "workers": 2}
-    assert decision.combine(base, 100.0, [(down, 110.0), (up, 120.0)]) is None
+        assert search_rules.combine(base, 100.0, moves) == {"batch_size": 64, "workers": 2}
+    assert search_rules.combine(base, 100.0, [(down, 110.0), (up, 120.0)]) is None
 
 
 # The machine's drift from slice to slice, which two probes taking turns share.

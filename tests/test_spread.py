@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from autotune.tuning import decision, spread
+from autotune.tuning import decision, search_rules, spread
 from autotune.tuning.learned import Learned
 from autotune.tuning.spread import ProcessSpread, Side
 from test_study import FakeProbe, machine, tune  # noqa: F401  (machine: a fixture)
@@ -52,7 +52,7 @@ def test_unmeasured_the_assumed_figure_stands_and_says_why():
     s = ProcessSpread(first=side(100.0), why="--trials 3 leaves too few probes")
     assert not s.measured and not s.pending and s.between_rel is None
     assert s.process_rel() == decision.PROCESS_NOISE_REL
-    assert s.margin_rel() == decision.PRUNE_MARGIN_REL
+    assert s.margin_rel() == search_rules.PRUNE_MARGIN_REL
     assert "not measured (--trials 3 leaves too few probes)" in s.text()
     assert ProcessSpread(first=side(100.0)).pending
 
@@ -65,7 +65,7 @@ def test_a_probe_with_a_figure_but_no_interval_leaves_the_spread_unmeasured():
     assert not s.measured and s.between_rel is None
     assert "no figure, or none with an interval" in s.why
     assert s.process_rel() == decision.PROCESS_NOISE_REL
-    assert s.margin_rel() == decision.PRUNE_MARGIN_REL and s.upper_rel() is None
+    assert s.margin_rel() == search_rules.PRUNE_MARGIN_REL and s.upper_rel() is None
     assert "was not measured" in s.text()
     assert spread.ProcessSpread.from_dict(s.to_dict()) == s
 

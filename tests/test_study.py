@@ -13,7 +13,7 @@ import pytest
 
 from autotune import AutotuneError, Note
 from autotune.hardware import fingerprint
-from autotune.tuning import decision, space
+from autotune.tuning import search_rules, space
 from autotune.tuning import study as studies
 from autotune.store.journal import Journal
 from conftest import journal
@@ -843,7 +843,7 @@ def test_convergence_counts_gains_over_the_mean_of_the_baselines_two_processes(t
     names = [s.ranks.name for s in searched]
     after = names[[s.ranks.knobs.get("batch_size") for s in searched].index(64) + 1:]
     after = [n for n in after if n != "baseline-again"]
-    patience = decision.Convergence().patience
+    patience = search_rules.Convergence().patience
     assert len(after) >= patience, [(n, s.ranks.knobs) for n, s in zip(names, searched)]
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from autotune.measuring.noise import NoiseEstimate
 from autotune.measuring.outcome import Outcome
-from autotune.tuning import decision, objective, spread
+from autotune.tuning import objective, search_rules, spread
 from autotune.tuning import study as studies
 from autotune.tuning.records import Known
 from autotune.tuning.space import Space
@@ -31,7 +31,7 @@ class Answers:
     ooms: list[dict] = field(default_factory=list)
     measured: int = 0  # probes this run took in the search (and earlier controllers of it)
     duplicate_streak: int = 0  # proposals in a row of configs answered already
-    convergence: decision.Convergence = field(default_factory=decision.Convergence)
+    convergence: search_rules.Convergence = field(default_factory=search_rules.Convergence)
     fed: list[tuple[int | None, float | None]] = field(default_factory=list)  # as it saw them
     learned: set[int] = field(default_factory=set)  # study trials whose answer is in `known`
     noises: list[NoiseEstimate] = field(default_factory=list)
@@ -79,7 +79,7 @@ class Answers:
         """Configs of the space ruled out by an OOM and not measured."""
         sp = self.space
         return sum(1 for cfg in sp.configs()
-                   if sp.key(cfg) not in self.known and decision.oom_blocks(cfg, self.ooms))
+                   if sp.key(cfg) not in self.known and search_rules.oom_blocks(cfg, self.ooms))
 
     def pool_baseline(self, measured: spread.ProcessSpread,
                       revised: dict[int, float]) -> None:
@@ -106,7 +106,7 @@ class Answers:
         # the convergence rule counts gains over the mean too: nanoGPT's shape read its
         # baseline at 144.0 then 129.7, and a batch at 144.5 (+5.6% on the mean) counted as no
         # gain over the first; the search converged six probes in with most of its budget left
-        self.convergence = decision.Convergence()
+        self.convergence = search_rules.Convergence()
         self.fed = [(n, score.value if n == k.number else v) for n, v in self.fed]
         for _, v in self.fed:
             self.convergence.update(v)

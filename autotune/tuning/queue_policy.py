@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from autotune.measuring.outcome import Outcome
-from autotune.tuning import decision
+from autotune.tuning import decision, search_rules
 from autotune.tuning.space import knobs_text
 
 if TYPE_CHECKING:  # types only: the records module reads the study, which this never does
@@ -163,7 +163,7 @@ def release_smaller(sp: Space, parts: Breakdown | None, known: Mapping[tuple, Kn
     if sp.key(smaller) not in {sp.key(c) for c in held_now(sp, parts)}:
         return None
     big, base = known.get(sp.key(larger)), known.get(sp.key(sp.baseline))
-    if base is None or (big is None and not decision.oom_blocks(larger, ooms)):
+    if base is None or (big is None and not search_rules.oom_blocks(larger, ooms)):
         return None
     gain = None
     if big is not None and not big.infeasible:
@@ -218,7 +218,7 @@ def walk(sp: Space, known: Mapping[tuple, Known], ooms: Sequence[Mapping], score
     far = nxt is None
     if far:
         nxt = sp.batch_far(line, min_gain_rel=decision.MIN_GAIN_REL, blocked=blocked)
-    if nxt is None or decision.oom_blocks(nxt, ooms):
+    if nxt is None or search_rules.oom_blocks(nxt, ooms):
         return None
     best = max((b for b, v in line.items() if v is not None), key=lambda b: line[b])
     steps = abs(sp.index("batch_size", nxt["batch_size"]) - sp.index("batch_size", best))
@@ -241,10 +241,10 @@ def combine(sp: Space, known: Mapping[tuple, Known], ooms: Sequence[Mapping],
     moves = sp.one_at_a_time()
     base = known.get(sp.key(sp.baseline))
     answered = [known.get(sp.key(c)) for c in moves]
-    if base is None or not all(a is not None or decision.oom_blocks(c, ooms)
+    if base is None or not all(a is not None or search_rules.oom_blocks(c, ooms)
                                for a, c in zip(answered, moves)):
         return False, None
-    combo = decision.combine(sp.baseline, score(base).value or 0.0, [
+    combo = search_rules.combine(sp.baseline, score(base).value or 0.0, [
         (c, score(a).value if a is not None and not a.infeasible else None)
         for c, a in zip(moves, answered)])
     if combo is not None and sp.key(combo) not in known:
@@ -271,7 +271,7 @@ def misjudged(sp: Space, known: Mapping[tuple, Known], score: Scorer, *,
             continue
         s = score(k)
         if s.value is None or not math.isfinite(s.ci_half) or \
-                decision.cannot_reach(s.value, s.ci_half, floor, margin_rel=margin_rel):
+                search_rules.cannot_reach(s.value, s.ci_half, floor, margin_rel=margin_rel):
             continue
         out.append(Queued(cfg, "again", f"{knobs_text(cfg)} probed again: pruned at "
                                         f"{s.value:.1f} before the spread between processes "

@@ -18,7 +18,7 @@ from autotune import AutotuneError, Note
 from autotune.measuring.noise import NoiseEstimate
 from autotune.measuring.outcome import Outcome
 from autotune.measuring.series import Source
-from autotune.tuning import confirm_plan, decision, fitting, objective, spread
+from autotune.tuning import confirm_plan, fitting, objective, search_rules, spread
 from autotune.tuning import study as studies
 from autotune.tuning.answers import Answers
 from autotune.tuning.confirm_rounds import turns_refused
@@ -195,7 +195,7 @@ class Search:
             return self._record_baseline(trial, cfg)
         if key in a.known:
             return self._replay(trial, a.known[key])
-        blocker = decision.oom_blocks(cfg, a.ooms)
+        blocker = search_rules.oom_blocks(cfg, a.ooms)
         if blocker is not None:
             a.duplicate_streak += 1
             studies.record_outcome(trial, Outcome.OOM, not_tried=True)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from autotune.tuning import confirm_entries, confirm_plan, confirm_rounds, decision, spread
+from autotune.tuning import (confirm_entries, confirm_plan, confirm_rounds, decision,
+                             search_rules, spread)
 from autotune.tuning.answers import Answers
 from autotune.tuning.prober import Prober
 from autotune.tuning.records import TuneSettings
@@ -59,7 +60,7 @@ class Budget:
         short, it measures nothing)."""
         sp, s = self.space, self.settings
         cfg = sp.config({**sp.baseline, "batch_size": batch})
-        if decision.oom_blocks(cfg, self.answers.ooms) is not None:
+        if search_rules.oom_blocks(cfg, self.answers.ooms) is not None:
             return True
         if s.budget_s is None or s.seconds:
             return False
@@ -198,7 +199,7 @@ class Budget:
         probe of batch 96 at half the threads (54 s) had raised that average."""
         sp, known, ooms = self.space, self.answers.known, self.answers.ooms
         left = [c for c in sp.configs() if sp.key(c) not in known
-                and not decision.oom_blocks(c, ooms)]
+                and not search_rules.oom_blocks(c, ooms)]
         if not left:
             return self.prober.typical_s(self.state)
         return min(self.prober.probe_s(self.state, *sp.trial_knobs(c)) for c in left)

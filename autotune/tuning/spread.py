@@ -19,7 +19,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from autotune.tuning import decision
+from autotune.tuning import decision, search_rules
 
 MIN_CONFIGS = 4  # a search expected to see fewer configs spends no probe on a repeat
 BETWEEN_FLOOR = 0.01  # below this, processes are as alike as this VM's clock can tell
@@ -155,7 +155,7 @@ class ProcessSpread:
         best's low end. Two processes each carry the spread between processes."""
         b = self.between_rel
         if b is None:
-            return decision.PRUNE_MARGIN_REL
+            return search_rules.PRUNE_MARGIN_REL
         return min(MARGIN_CAP, max(MARGIN_FLOOR, math.sqrt(2) * b))
 
     def upper_rel(self) -> float | None:

@@ -36,7 +36,7 @@ from optuna.pruners import BasePruner
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from autotune import AutotuneError, UsageError
-from autotune.tuning import decision
+from autotune.tuning import search_rules
 from autotune.measuring.outcome import Outcome
 from autotune.tuning.trial_attrs import LEGACY_OUTCOMES, TrialAttrs
 
@@ -129,7 +129,7 @@ class IntervalPruner(BasePruner):
     `observe`, called just before ``trial.report``.
     """
 
-    def __init__(self, *, margin_rel: float = decision.PRUNE_MARGIN_REL, min_measure_s: float = 2.0):
+    def __init__(self, *, margin_rel: float = search_rules.PRUNE_MARGIN_REL, min_measure_s: float = 2.0):
         self.margin_rel = margin_rel
         self.min_measure_s = min_measure_s
         self._latest: dict[int, tuple[float, float]] = {}  # number -> (ci_half, measured_s)
@@ -148,7 +148,7 @@ class IntervalPruner(BasePruner):
             return False
         floor = best_floor(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
                            self.revised)
-        return decision.cannot_reach(trial.intermediate_values[step], ci_half, floor,
+        return search_rules.cannot_reach(trial.intermediate_values[step], ci_half, floor,
                                    margin_rel=self.margin_rel)
 
 

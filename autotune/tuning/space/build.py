@@ -101,7 +101,7 @@ class Space:
         the smaller back (`autotune.tuning.queue_policy.release_smaller`).
 
         With a handful of noisy probes, learning each knob's direction first beats random
-        starting points; `autotune.tuning.decision.combine` then joins the moves that paid off.
+        starting points; `autotune.tuning.search_rules.combine` then joins the moves that paid off.
 
         On a GPU whose one rank may be joined by others (``instances`` searched), the rank count
         moves before the share, and the lone rank's share does not move at all: a share below
