@@ -34,7 +34,7 @@ def probe(tmp_path, script, *args, on_progress=None, on_start=None, **over):
     return result
 
 
-def test_ok_script_measured(tmp_path):
+def test_ok_script_measured_and_left_at_a_batch_boundary(tmp_path):
     r = probe(tmp_path, "ok.py")
     assert r.outcome == Outcome.OK, r.reason
     assert r.samples_per_s > 0 and 0 < r.ci_half
@@ -42,6 +42,7 @@ def test_ok_script_measured(tmp_path):
     assert r.seen["batch_size"] == 16 and r.seen["workers"] == 0
     assert r.steps_per_s > 0
     assert r.peak_rss_bytes > 10 * 2**20
+    assert r.exit_code == 0  # left at a batch boundary on our request, not killed
 
 
 def test_crash_at_start(tmp_path):
@@ -142,11 +143,6 @@ def test_a_start_that_is_busy_or_not_yet_late_is_no_signal(tmp_path, busy, expec
     r = probe(tmp_path, "slow_steps.py", *args, startup_s=300.0, max_s=14.0,
               expect_first_s=expect_first_s)
     assert r.outcome == Outcome.NO_SIGNAL, r.reason
-
-
-def test_stop_is_clean(tmp_path):
-    r = probe(tmp_path, "ok.py")
-    assert r.exit_code == 0  # left at a batch boundary on our request, not killed
 
 
 SLOW = ("--sample-s", "0", "--first-step-s", "0", "--per-sample-ms", "0", "--jitter", "0",
