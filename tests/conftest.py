@@ -28,6 +28,13 @@ for _sig, _handler in ((signal.SIGINT, signal.default_int_handler),
     if signal.getsignal(_sig) == signal.SIG_IGN:
         signal.signal(_sig, _handler)
 
+# The suite's two workers each start ranks that use every core (two threads on two), and
+# OpenMP's threads spin while they wait for work by default: two such ranks at once spun
+# against each other and took 2-5 times the wall and CPU time of the same two ranks whose
+# threads sleep while they wait (measured here, ok.py twice at once). Every process the tests
+# start inherits this; a value set outside the suite stands.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 @pytest.fixture(autouse=True)
 def _private_runs_dir(tmp_path, monkeypatch):
