@@ -382,7 +382,8 @@ def test_a_finished_tune_extended_by_more_rounds_decides_on_all_of_them(tmp_path
     toy = str(SCRIPTS / "tune_toy.py")
     runs = tmp_path / "runs"
     p = autotune("tune", *QUIET, "--json", "--trials", "3", "--seconds", "10",
-                 "--confirm-rounds", "1", "--seed", "3", "--space", "batch_size=8:64",
+                 "--confirm-rounds", "1", "--confirm-seconds", "5", "--seed", "3",
+                 "--space", "batch_size=8:64",
                  "--fix", "workers=0", "instances=1", "--recipe-dir", str(tmp_path / "recipes"),
                  "--runs-dir", str(runs), "--", toy, "--work", "1", cwd=tmp_path, timeout=400)
     assert p.returncode == 0, p.stderr[-3000:]

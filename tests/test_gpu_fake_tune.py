@@ -32,7 +32,8 @@ def test_wrap_searches_mps_clients_and_share_then_runs_on_every_gpu(tmp_path):
         env.update(FAKE_RANK_OUT=str(out), AUTOTUNE_RUNS_DIR=str(tmp_path / "runs"))
         p = subprocess.run(
             [sys.executable, "-m", "autotune", "wrap", "--plain", "--json", "--foreign-limit",
-             "1000", "--trials", "4", "--seconds", "8", "--confirm-rounds", "1", "--seed", "1",
+             "1000", "--trials", "4", "--seconds", "8", "--confirm-rounds", "1",
+             "--confirm-seconds", "5", "--seed", "1",
              "--space", "instances=1:2", "thread_pct=50:100", "--fix", "workers=0",
              "batch_size=8", "bucket_mb=25", "--recipe-dir", str(tmp_path / "recipes"), "--",
              TRAIN, "--run-seconds", "4"],

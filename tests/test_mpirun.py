@@ -78,7 +78,9 @@ def test_probe_under_mpirun_is_measured_and_leaves_nothing(mpi, tmp_path):
                  "--data-dir", str(tmp_path / "data")),
         instances=2, cwd=str(tmp_path), log_dir=tmp_path / "logs", name="mpiprobe",
         launcher=engines.Launcher(kind="mpirun", mpi=mpi), device="cpu", max_s=60.0,
-        min_measure_s=4.0, foreign_limit_cores=1e9))
+        min_measure_s=4.0, target_rel=0.5, foreign_limit_cores=1e9))
+    # no figure is compared here, so any estimate will do: the probe ends once it has one
+    # (at the default 5% it measured to its limit)
     assert r.outcome == Outcome.OK, (r.reason, r.log_tail)
     assert r.source == "dataloader" and r.samples_per_s > 0
     assert r.seen.get("backend") == "gloo"

@@ -33,7 +33,7 @@ def probe(tmp_path, command, **over):
     name = f"s{uuid.uuid4().hex[:8]}"
     spec = dict(command=tuple(command), cwd=str(tmp_path), log_dir=tmp_path / "logs", name=name,
                 knobs={"threads": 1}, max_s=25.0, min_measure_s=3.0, target_rel=0.08,
-                hang_s=10.0, startup_s=30.0, grace_s=3.0, foreign_limit_cores=1e9)
+                hang_s=10.0, startup_s=30.0, grace_s=10.0, foreign_limit_cores=1e9)
     spec.update(over)
     result = run_trial(TrialSpec.of(**spec))
     assert trial_processes(name) == [], "a process of the trial outlived it"
@@ -99,7 +99,9 @@ def test_explicit_flag_wins_and_a_hard_coded_worker_count_is_tuned(tmp_path):
     assert r.seen["batch_size"] == 8 and r.seen["workers"] == 0
     note = next(n.text for n in r.notes if n.text.startswith("batch_size stays 8"))
     assert "'-b {batch_size}'" in note
-    assert r.source == "dataloader" and r.exit_code == 0  # never ends: stopped cleanly
+    # never ends: stopped cleanly (at a batch boundary, its loader's worker shut down: over
+    # 3 s once on CI's two cores under three workers, so the helper's grace is 10 s)
+    assert r.source == "dataloader" and r.exit_code == 0
     assert agrees(r.samples_per_s, own_rate(log(r)))
 
 
@@ -250,7 +252,8 @@ def test_a_script_asking_for_nccl_on_a_cpu_host_trains_on_gloo_and_is_told(tmp_p
     this CPU host, so a probe must too. One rank runs as plain python (no RANK: no process
     group); two ranks get torchrun's variables, and gloo in place of nccl, told in the notes."""
     r = probe(tmp_path, script("shape_nccl_default.py"), instances=instances,
-              metric=SAMPLES_PER_S, max_s=30.0)
+              metric=SAMPLES_PER_S, max_s=30.0, target_rel=0.5,
+              min_measure_s=1.0)  # no figure compared here: any estimate will do
     assert r.outcome == Outcome.OK, r.reason
     if instances == 1:
         assert "backend" not in r.seen and not any("nccl" in n.text for n in r.notes), r.notes
