@@ -28,7 +28,7 @@ for _sig, _handler in ((signal.SIGINT, signal.default_int_handler),
     if signal.getsignal(_sig) == signal.SIG_IGN:
         signal.signal(_sig, _handler)
 
-# The suite's two workers each start ranks that use every core (two threads on two), and
+# The suite's workers each start ranks that use every core (two threads on two), and
 # OpenMP's threads spin while they wait for work by default: two such ranks at once spun
 # against each other and took 2-5 times the wall and CPU time of the same two ranks whose
 # threads sleep while they wait (measured here, ok.py twice at once). Every process the tests

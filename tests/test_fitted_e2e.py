@@ -17,9 +17,9 @@ from autotune.store.journal import read_events
 from conftest import HEAVY, SCRIPTS, autotune, last_json, live_children
 
 # each test tunes for minutes, mostly waiting on its script's slow steps, and judges timings:
-# with the suite's heaviest tunes, one after another (`HEAVY`). On a third worker of their own
-# beside two busy ones (tried: three workers on two cores), the slow-steps tune's probes ran
-# longer than planned and it stopped with a budget it could not use
+# with the suite's heaviest tunes, one after another (`HEAVY`), so on one worker of CI's three.
+# (Three workers on two cores once ran the slow-steps tune's probes longer than planned; that
+# was while the ranks' OpenMP threads spun, before conftest made them sleep.)
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(HEAVY)]
 
 QUIET = ["--plain", "--foreign-limit", "1000"]

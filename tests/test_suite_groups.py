@@ -54,11 +54,16 @@ def test_an_xdist_group_runs_on_one_worker_under_the_suites_own_options(tmp_path
 
 def test_the_readme_s_test_command_is_the_one_ci_runs():
     """README's second command and `.ci/run`'s are one line, word for word: the split of the
-    suite into its runs (the cluster bed's alone, then the rest) is what a user runs."""
+    suite into its runs (the Slurm tune with the default foreign-load guard alone, then the
+    other cluster tests beside the rest) is what a user runs."""
     readme = (ROOT / "README.md").read_text().splitlines()
     at = next(i for i, line in enumerate(readme) if line.startswith("The second command"))
     shown = next(line.strip() for line in readme[at + 1:] if line.strip())
     ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
           if line and not line.startswith(("#", "set ", "cd "))]
     assert ci == [shown]
-    assert ' -m cluster && ' in shown and '-m "not cluster"' in shown
+    alone = " -m cluster tests/test_cluster_tune.py && "
+    beside = " -m cluster --ignore=tests/test_cluster_tune.py > tests-cluster.log 2>&1 & "
+    assert alone in shown and beside in shown and '-m "not cluster"' in shown
+    assert shown.index(alone) < shown.index(beside) < shown.index('-m "not cluster"')
+    assert shown.endswith('[ "$main" = 0 ] && [ "$cluster" = 0 ]; }')
