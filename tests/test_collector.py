@@ -209,6 +209,9 @@ def test_settle_gives_up_on_a_connection_still_open():
     try:
         ch = Channel(col.addr, col.token)
         assert ch.open(rank=0, pid=1)
+        # the collector has read the hello, so it holds the connection (on a loaded machine
+        # settle once ran before the collector's thread accepted it, and found nothing open)
+        wait_for(col.drain)
         t0 = time.monotonic()
         assert col.settle(timeout_s=0.3) is False
         assert time.monotonic() - t0 >= 0.3
