@@ -27,6 +27,7 @@ class Channel:
         self._closing = False
         self.sock: socket.socket | None = None
         self.alive = False
+        self.refused = False  # the last open found nobody listening at the address
         self._send_lock = threading.Lock()
 
     def open(self, **hello) -> bool:
@@ -35,7 +36,8 @@ class Channel:
             self.sock.settimeout(CONNECT_TIMEOUT_S)
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             nonce, rest = self._challenge()
-        except (OSError, ValueError):
+        except (OSError, ValueError) as exc:
+            self.refused = isinstance(exc, ConnectionRefusedError)
             if self.sock is not None:
                 self.sock.close()
             self.sock = None

@@ -124,6 +124,29 @@ def _leave_group() -> None:
         time.sleep(wait_s)
 
 
+def _leave_group_later() -> None:
+    threading.Thread(target=_leave_group, name="autotune-orphan-guard", daemon=True).start()
+
+
+def controller_gone(named: str) -> bool:
+    """Whether the controller ``named`` ("host:pid", `protocol.ENV_CONTROLLER`) ran on this host
+    and has ended. False whenever that cannot be told (another host, no such variable)."""
+    host, _, pid = named.rpartition(":")
+    if not host or host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # there, but not ours to signal
+        return False
+    try:  # killed, but not yet reaped by its parent: a zombie answers signal 0
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[:1] in ([b"Z"], [b"X"])
+    except OSError:
+        return False
+
+
 class Meter:
     """Cumulative counters of one process plus its link to the controller."""
 
@@ -180,6 +203,13 @@ class Meter:
             sub=sub,
         )
         if not ok:
+            if self.channel.refused and controller_gone(self.env.get(protocol.ENV_CONTROLLER, "")):
+                # killed before this rank started: nobody would ever stop or reap it
+                print(f"autotune: the controller at {addr} has ended; stopping this run",
+                      file=sys.stderr, flush=True)
+                self.stop_requested.set()
+                _leave_group_later()
+                return
             print(f"autotune: cannot reach the controller at {addr}; the script runs unmeasured",
                   file=sys.stderr)
             return
@@ -191,7 +221,7 @@ class Meter:
         """The controller is gone (killed, say): nobody will stop or reap us, so leave."""
         print("autotune: lost the controller; stopping this run", file=sys.stderr, flush=True)
         self.stop_requested.set()
-        threading.Thread(target=_leave_group, name="autotune-orphan-guard", daemon=True).start()
+        _leave_group_later()
 
     def _on_stop(self, msg: dict) -> None:
         self.stop_requested.set()

@@ -41,6 +41,9 @@ VERSION = 2
 # --- environment: controller -> training process -------------------------------------------
 ENV_ADDR = "AUTOTUNE_ADDR"  # "host:port" of the controller's collector
 ENV_TOKEN = "AUTOTUNE_TOKEN"  # per-run secret, hex
+# "host:pid" of the process that holds the collector: a rank on that host that cannot reach the
+# collector because that process has ended leaves, instead of running on with nobody to stop it
+ENV_CONTROLLER = "AUTOTUNE_CONTROLLER"
 ENV_TRIAL = "AUTOTUNE_TRIAL"  # trial id; also marks every process of the trial for clean-up
 ENV_MODE = "AUTOTUNE_MODE"  # a `Mode` value: "full" | "synthetic" | "io"
 ENV_TICK_S = "AUTOTUNE_TICK_S"  # seconds between ticks

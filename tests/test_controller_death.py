@@ -1,15 +1,21 @@
-"""The controller dying (kill -9, a closed terminal) leaves no process of the run behind."""
+"""The controller dying (kill -9, a closed terminal) leaves no process of the run behind, even
+when it dies before a rank has reached it."""
 
+import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+import uuid
 
 import psutil
 import pytest
 
-from conftest import SCRIPTS
+from autotune.launching.rank_command import PROJECT_ROOT
+from conftest import SCRIPTS, trial_processes
+from probes import meter, protocol
 
 pytestmark = pytest.mark.slow
 
@@ -87,3 +93,59 @@ def test_sighup_of_controller_cleans_up_and_says_so(tmp_path):
             p.kill()
         if ctl.poll() is None:
             ctl.kill()
+
+
+def refused_addr() -> str:
+    """A loopback address nobody listens at: a collector whose process has ended."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def ended_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_controller_gone_only_when_its_process_on_this_host_has_ended():
+    host = socket.gethostname()
+    assert meter.controller_gone(f"{host}:{ended_pid()}")
+    assert not meter.controller_gone(f"{host}:{os.getpid()}")
+    assert not meter.controller_gone(f"another-{host}:{ended_pid()}")  # cannot be told
+    assert not meter.controller_gone("") and not meter.controller_gone(f"{host}:x")
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # ended, not yet reaped
+    try:
+        assert poll(lambda: psutil.Process(zombie.pid).status() == psutil.STATUS_ZOMBIE, 30)
+        assert meter.controller_gone(f"{host}:{zombie.pid}")
+    finally:
+        zombie.wait()
+
+
+@pytest.mark.parametrize("ended", [True, False])
+def test_a_rank_whose_controller_ended_before_it_connected_leaves(tmp_path, ended):
+    """The controller killed while its rank still starts: the rank finds nobody at the address.
+    If the controller's process has ended the rank stops, loader workers and all; if it still
+    runs (a network fault, say) the script carries on unmeasured."""
+    copy_scripts(tmp_path)
+    controller = ended_pid() if ended else os.getpid()
+    marker = f"t{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), protocol.ENV_ADDR: refused_addr(),
+           protocol.ENV_TOKEN: "00", protocol.ENV_TRIAL: marker,
+           protocol.ENV_CONTROLLER: f"{socket.gethostname()}:{controller}"}
+    steps = "1000000000" if ended else "200"  # never ends by itself, or soon
+    rank = subprocess.Popen([sys.executable, "-m", "probes.boot", str(tmp_path / "ok.py"),
+                             "--steps", steps, "--workers", "1"], env=env, cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # it ends its own process group
+    try:
+        _, err = rank.communicate(timeout=120)
+        assert rank.returncode == 0, err[-2000:]
+        if ended:
+            assert "has ended; stopping this run" in err, err[-2000:]
+        else:
+            assert "the script runs unmeasured" in err and "stopping" not in err, err[-2000:]
+        assert poll(lambda: not trial_processes(marker), 30), trial_processes(marker)
+    finally:
+        if rank.poll() is None:
+            os.killpg(rank.pid, signal.SIGKILL)

@@ -93,8 +93,9 @@ class Collector:
         return f"{self.advertise or host}:{port}"
 
     def env(self) -> dict[str, str]:
-        """What a rank needs to reach us."""
-        return {protocol.ENV_ADDR: self.addr, protocol.ENV_TOKEN: self.token}
+        """What a rank needs to reach us, and to tell that we are gone if it cannot."""
+        return {protocol.ENV_ADDR: self.addr, protocol.ENV_TOKEN: self.token,
+                protocol.ENV_CONTROLLER: f"{socket.gethostname()}:{os.getpid()}"}
 
     def drain(self) -> list[Received]:
         out = []
