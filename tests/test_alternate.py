@@ -61,8 +61,11 @@ def test_two_probes_take_turns_and_each_is_read_from_its_own_slices(tmp_path):
     # each figure is its slices': 8 samples a step of ~20 ms (+ the step), against ~60 ms
     assert len(a.slice_rates) == len(ta.slices) and all(a.slice_rates)
     assert ta.measured_s() >= 4.0 and tb.measured_s() >= 4.0
-    # from batch to batch inside them: all of a slice but the edges' part-batches
-    assert 0.7 * ta.measured_s() < a.measured_s <= ta.measured_s()
+    # from batch to batch inside them: all of a slice but its edges, where the batches before
+    # the rank's first report in the slice, and after its last, are not read: a tick at most
+    # each (plus a resumed process's wait for a core, under load)
+    lost_per_slice = (ta.measured_s() - a.measured_s) / len(ta.slices)
+    assert 0 <= lost_per_slice < 2 * fast.tick_s + EDGE_S, (a.measured_s, ta.measured_s())
     assert 1.8 < a.samples_per_s / b.samples_per_s < 3.2, (a.samples_per_s, b.samples_per_s)
     assert trial_processes(name) == [] and live_children() == []
 
