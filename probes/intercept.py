@@ -477,9 +477,11 @@ class Interceptor:
         timed dispatcher is registered at the first forward pass; it runs DDP's default
         allreduce, or the hook the script registers later (DDP takes one registration only, so
         the later one goes to the dispatcher instead). A model with a built-in (C++) hook
-        trains as it would, its communication untimed, and so does one that refuses ours.
+        trains as it would, its communication untimed, and so does one that refuses ours, and
+        every model where `protocol.ENV_LEAVE_DDP_ALLREDUCE` asks it (the full run).
         """
         meter = self.meter
+        dispatch = meter.env.get(protocol.ENV_LEAVE_DDP_ALLREDUCE) != "1"
         register = DDP.register_comm_hook
         builtin = DDP._register_builtin_comm_hook
 
@@ -531,7 +533,7 @@ class Interceptor:
         @functools.wraps(forward)
         def ddp_forward(model, *args, **kwargs):
             meter.close_backward()  # a backward pass not seen to end ends here
-            if not getattr(model, "_autotune_comm", False):
+            if dispatch and not getattr(model, "_autotune_comm", False):
                 model._autotune_comm = True
                 try:
                     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks

@@ -41,6 +41,9 @@ from probes import protocol
 from probes.protocol import Mode
 
 POLL_S = 0.2
+# The ranks' output as it comes; DDP's own allreduce left to DDP: the probes measured the parts
+# of a step, and a run's breakdown then counts communication within backward
+FULL_RUN_ENV = {"PYTHONUNBUFFERED": "1", protocol.ENV_LEAVE_DDP_ALLREDUCE: "1"}
 
 
 @dataclass(frozen=True)
@@ -262,7 +265,7 @@ def run_full(spec: FullRunSpec, journal: Journal, *, out=None) -> int:
                          {"ok": check.ok, "text": check.text})
 
     try:
-        group = start_group(ranks, channel=collector.env(), extra_env={"PYTHONUNBUFFERED": "1"},
+        group = start_group(ranks, channel=collector.env(), extra_env=FULL_RUN_ENV,
                             pipe_output=True, on_output=on_output)
         signals.launched = group.launched
         code, ended = _supervise(spec, signals, collector, journal, on_poll=tell)
