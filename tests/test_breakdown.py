@@ -491,3 +491,36 @@ def test_a_script_with_a_dataloader_charges_no_forward_to_a_second_backward(now)
     now.t = 1.0
     c.backward_end()
     assert c.snapshot()["forward"] == pytest.approx(0.2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hook", ["none", "fp16"])
+def test_the_full_run_leaves_ddp_s_own_allreduce_to_ddp(tmp_path, hook):
+    """`autotune run` of two DDP ranks: with no hook of the script's, DDP keeps its own (C++)
+    allreduce, untimed (the probes' dispatcher routed every bucket through Python, which cost
+    short steps about 5%), so the run's communication counts within backward; a hook the script
+    registers is its own cost, and is still timed."""
+    from autotune.hardware import fingerprint
+    from autotune.store.journal import read_events
+    from autotune.tuning import recipes
+    from conftest import autotune
+
+    script = str(SCRIPTS / "ddp_toy.py")
+    recipe = recipes.save(recipes.Recipe(
+        name="ddp", knobs={"instances": 2}, samples_per_s=1.0, ci_half=0.1,
+        baseline_samples_per_s=1.0, speedup=1.0, kept_baseline=True,
+        fingerprint=fingerprint.current([script]), script_path=script), tmp_path)
+    p = autotune("run", "--plain", "--recipe", str(recipe), "--", script, "--comm-hook", hook,
+                 "--run-seconds", "8", cwd=tmp_path,
+                 env=dict(os.environ, AUTOTUNE_RUNS_DIR=str(tmp_path / "runs")), timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    run_dir, = (tmp_path / "runs").iterdir()
+    events, _ = read_events(run_dir)
+    ended = next(e for e in events if e["event"] == "fullrun_ended")
+    whole = breakdown.Breakdown.from_dict(ended.get("breakdown"))
+    assert whole is not None and whole.ranks == 2, ended
+    assert whole.share("backward") > 0, whole.shares
+    if hook == "none":
+        assert whole.share("comm") == 0.0, whole.shares
+    else:
+        assert whole.share("comm") > 0.0, whole.shares
