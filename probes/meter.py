@@ -124,10 +124,6 @@ def _leave_group() -> None:
         time.sleep(wait_s)
 
 
-def _leave_group_later() -> None:
-    threading.Thread(target=_leave_group, name="autotune-orphan-guard", daemon=True).start()
-
-
 def controller_gone(named: str) -> bool:
     """Whether the controller ``named`` ("host:pid", `protocol.ENV_CONTROLLER`) ran on this host
     and has ended. False whenever that cannot be told (another host, no such variable)."""
@@ -205,10 +201,7 @@ class Meter:
         if not ok:
             if self.channel.refused and controller_gone(self.env.get(protocol.ENV_CONTROLLER, "")):
                 # killed before this rank started: nobody would ever stop or reap it
-                print(f"autotune: the controller at {addr} has ended; stopping this run",
-                      file=sys.stderr, flush=True)
-                self.stop_requested.set()
-                _leave_group_later()
+                self._leave(f"the controller at {addr} has ended")
                 return
             print(f"autotune: cannot reach the controller at {addr}; the script runs unmeasured",
                   file=sys.stderr)
@@ -218,10 +211,13 @@ class Meter:
         self._ticker.start()
 
     def _on_lost(self) -> None:
+        self._leave("lost the controller")
+
+    def _leave(self, why: str) -> None:
         """The controller is gone (killed, say): nobody will stop or reap us, so leave."""
-        print("autotune: lost the controller; stopping this run", file=sys.stderr, flush=True)
+        print(f"autotune: {why}; stopping this run", file=sys.stderr, flush=True)
         self.stop_requested.set()
-        _leave_group_later()
+        threading.Thread(target=_leave_group, name="autotune-orphan-guard", daemon=True).start()
 
     def _on_stop(self, msg: dict) -> None:
         self.stop_requested.set()

@@ -409,28 +409,35 @@ def test_a_loader_in_the_main_process_is_tuned_to_its_bound_or_the_recipe_names_
         summary["kept_baseline"] and "rounds" in summary["reason"]), summary["reason"]
 
 
+def full_run(tmp_path, script, knobs, *args):
+    """`autotune run` of ``script ARGS`` with a recipe holding ``knobs``, which must succeed:
+    the finished process and the run's journal events."""
+    from autotune.hardware import fingerprint
+    from autotune.store.journal import read_events
+    from autotune.tuning import recipes
+    from conftest import autotune
+
+    script = str(script)
+    recipe = recipes.save(recipes.Recipe(
+        name="br", knobs=knobs, samples_per_s=1.0, ci_half=0.1, baseline_samples_per_s=1.0,
+        speedup=1.0, kept_baseline=True, fingerprint=fingerprint.current([script]),
+        script_path=script), tmp_path)
+    p = autotune("run", "--plain", "--recipe", str(recipe), "--", script, *args, cwd=tmp_path,
+                 env=dict(os.environ, AUTOTUNE_RUNS_DIR=str(tmp_path / "runs")), timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    run_dir, = (tmp_path / "runs").iterdir()
+    return p, read_events(run_dir)[0]
+
+
 @pytest.mark.slow
 def test_the_full_run_reports_where_its_time_goes_live_and_over_the_whole_run(tmp_path):
     """`autotune run`: each progress report carries the shares since the last one, the end the
     whole run's, whose data wait is the script's own within ten points; the monitor's line
     and the report show it."""
     from autotune.monitor.text import event_line
-    from autotune.hardware import fingerprint
-    from autotune.tuning import recipes
-    from autotune.store.journal import read_events
-    from conftest import autotune
 
-    script = str(SCRIPTS / "data_wait.py")
-    recipe = recipes.save(recipes.Recipe(
-        name="dw", knobs={"workers": 0}, samples_per_s=1.0, ci_half=0.1,
-        baseline_samples_per_s=1.0, speedup=1.0, kept_baseline=True,
-        fingerprint=fingerprint.current([script]), script_path=script), tmp_path)
-    p = autotune("run", "--plain", "--recipe", str(recipe), "--", script, "--item-ms", "2",
-                 "--max-seconds", "16", "--log-every", "10", cwd=tmp_path,
-                 env=dict(os.environ, AUTOTUNE_RUNS_DIR=str(tmp_path / "runs")), timeout=180)
-    assert p.returncode == 0, p.stderr[-3000:]
-    run_dir, = (tmp_path / "runs").iterdir()
-    events, _ = read_events(run_dir)
+    p, events = full_run(tmp_path, SCRIPTS / "data_wait.py", {"workers": 0}, "--item-ms", "2",
+                         "--max-seconds", "16", "--log-every", "10")
     live = [e["breakdown"] for e in events
             if e["event"] == "fullrun_progress" and e.get("breakdown")]
     assert live, [e for e in events if e["event"] == "fullrun_progress"]
@@ -500,22 +507,8 @@ def test_the_full_run_leaves_ddp_s_own_allreduce_to_ddp(tmp_path, hook):
     allreduce, untimed (the probes' dispatcher routed every bucket through Python, which cost
     short steps about 5%), so the run's communication counts within backward; a hook the script
     registers is its own cost, and is still timed."""
-    from autotune.hardware import fingerprint
-    from autotune.store.journal import read_events
-    from autotune.tuning import recipes
-    from conftest import autotune
-
-    script = str(SCRIPTS / "ddp_toy.py")
-    recipe = recipes.save(recipes.Recipe(
-        name="ddp", knobs={"instances": 2}, samples_per_s=1.0, ci_half=0.1,
-        baseline_samples_per_s=1.0, speedup=1.0, kept_baseline=True,
-        fingerprint=fingerprint.current([script]), script_path=script), tmp_path)
-    p = autotune("run", "--plain", "--recipe", str(recipe), "--", script, "--comm-hook", hook,
-                 "--run-seconds", "8", cwd=tmp_path,
-                 env=dict(os.environ, AUTOTUNE_RUNS_DIR=str(tmp_path / "runs")), timeout=180)
-    assert p.returncode == 0, p.stderr[-3000:]
-    run_dir, = (tmp_path / "runs").iterdir()
-    events, _ = read_events(run_dir)
+    _, events = full_run(tmp_path, SCRIPTS / "ddp_toy.py", {"instances": 2}, "--comm-hook", hook,
+                         "--run-seconds", "8")
     ended = next(e for e in events if e["event"] == "fullrun_ended")
     whole = breakdown.Breakdown.from_dict(ended.get("breakdown"))
     assert whole is not None and whole.ranks == 2, ended
