@@ -18,7 +18,7 @@ from autotune.tuning.baseline import BASELINE_TRIES
 from autotune.measuring.outcome import Outcome
 from probes import autostart, protocol
 from conftest import autotune
-from test_shapes_e2e import agrees, log, own_rate, probe, script
+from test_shapes_e2e import agrees, log, own_rate_within, probe, script
 from test_shapes_probes import received
 
 ADDR = {protocol.ENV_ADDR: "127.0.0.1:1"}
@@ -224,7 +224,8 @@ def test_ranks_started_with_torch_multiprocessing_spawn_are_measured(tmp_path):
     assert r.seen["batch_size"] == 16 and r.seen["bucket_mb"] is None
     assert any(n.text.startswith(STARTED_NOTE) for n in r.notes)
     # Both ranks carry the environment's rank 0 and are summed: the job's figure.
-    own = own_rate(text, prefix="rank 0 ") + own_rate(text, prefix="rank 1 ")
+    own = sum(own_rate_within(text, r.window_start_t, r.window_end_t, prefix=f"rank {k} ")
+              for k in (0, 1))
     assert agrees(r.samples_per_s, own)  # probe() checks that no process outlived the trial
 
 
@@ -238,7 +239,8 @@ def test_a_spawned_ranks_own_figure_scales_by_torchs_world_size(tmp_path):
     assert r.outcome == Outcome.OK and r.source == "metric", r.reason
     assert r.seen["world_size"] == 2
     text = log(r)
-    assert agrees(r.samples_per_s, 2 * own_rate(text, prefix="rank 0 "))
+    assert agrees(r.samples_per_s,
+                  2 * own_rate_within(text, r.window_start_t, r.window_end_t, prefix="rank 0 "))
 
 
 @pytest.mark.slow

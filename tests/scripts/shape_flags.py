@@ -1,10 +1,10 @@
 """Knobs exposed as flags under several spellings (``-b``, ``--batch-size``, ``--batch_size``,
 ``--batchSize``, ``--trainer.batch_size``), the DataLoader's worker count hard-coded (not exposed
 at all). Prints what its DataLoader got, then its own throughput, with running totals of samples
-trained on and seconds spent in the loop:
+trained on and seconds spent in the loop, and the monotonic clock's time of the line:
 
     loader batch_size=32 num_workers=0
-    epoch 0 step 40 samples/s 702.3 train_samples 1280 train_s 1.823
+    epoch 0 step 40 samples/s 702.3 train_samples 1280 train_s 1.823 at 5123.456
 
 Runs ``--epochs`` epochs of ``--samples`` samples (0: until stopped).
 """
@@ -48,7 +48,8 @@ while not args.epochs or epoch < args.epochs:
         now = time.perf_counter()
         if now - last >= args.log_s:
             print(f"epoch {epoch} step {step} samples/s {(samples - logged) / (now - last):.1f}"
-                  f" train_samples {samples} train_s {now - start:.3f}")
+                  f" train_samples {samples} train_s {now - start:.3f} at {time.monotonic():.3f}",
+                  flush=True)
             last, logged = now, samples
     epoch += 1
 print(f"done: {epoch} epochs, {step} steps")

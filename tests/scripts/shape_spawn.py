@@ -1,8 +1,9 @@
 """DDP that starts its own ranks: ``torch.multiprocessing.spawn`` starts the ranks (gloo), each
-builds its DataLoader and model in the child and prints what it got, then its own throughput:
+builds its DataLoader and model in the child and prints what it got, then its own throughput
+(with the monotonic clock's time of the line):
 
     rank 1 loader batch_size=16 num_workers=0 threads 1 bucket_mb 25.0 world 2
-    rank 1 samples/s 702.3 train_samples 1280 train_s 1.823
+    rank 1 samples/s 702.3 train_samples 1280 train_s 1.823 at 5123.456
 
 The main process only waits for them (under autotune it is the one process autotune started).
 """
@@ -49,7 +50,8 @@ def train(rank, world, batch_size):
             now = time.perf_counter()
             if now - last >= 0.5:
                 print(f"rank {rank} samples/s {(samples - logged) / (now - last):.1f}"
-                      f" train_samples {samples} train_s {now - start:.3f}", flush=True)
+                      f" train_samples {samples} train_s {now - start:.3f}"
+                      f" at {time.monotonic():.3f}", flush=True)
                 last, logged = now, samples
 
 
