@@ -434,17 +434,19 @@ class Interceptor:
     def _install_steps(self, torch) -> None:
         meter = self.meter
 
-        in_step = set()  # optimizers inside their step (steps may nest: a wrapper's)
+        # how many optimizers are inside their step (steps may nest: a wrapper's); a count,
+        # not their ids: ``id()`` is an audit event, which the probes' write watch hears
+        depth = [0]
 
         def before_step(optimizer, args, kwargs):
             meter.close_backward()
-            if not in_step:
+            if not depth[0]:
                 meter.clock.optimizer_begin()
-            in_step.add(id(optimizer))
+            depth[0] += 1
 
         def after_step(optimizer, args, kwargs):
-            in_step.discard(id(optimizer))
-            if not in_step:
+            depth[0] = max(0, depth[0] - 1)
+            if not depth[0]:
                 meter.clock.optimizer_end()
             meter.count_step()
             meter.maybe_stop()

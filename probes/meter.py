@@ -112,6 +112,17 @@ def started_by_script(method: str) -> dict:
 
 ORPHAN_GRACE_S = 10.0
 
+# This process's pid, kept by a fork hook: the counting hooks compare against it on every batch
+# and step, where ``os.getpid()`` would be a system call each time.
+_pid = [os.getpid()]
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
+
+
+def current_pid() -> int:
+    """``os.getpid()`` without the system call (`_pid`)."""
+    return _pid[0]
+
 
 def _leave_group() -> None:
     """Give the script time to stop at a batch boundary, then end its process group."""
@@ -230,7 +241,7 @@ class Meter:
     def _ours(self) -> bool:
         # A forked child holds a copy of the parent's socket: writing to it (or shutting it
         # down) would speak for the parent. It reports only once `_check_fork` reconnected it.
-        return self.channel is not None and os.getpid() == self.pid
+        return self.channel is not None and current_pid() == self.pid
 
     def send_tick(self) -> None:
         if not self._ours():
@@ -273,7 +284,7 @@ class Meter:
     def _check_fork(self) -> None:
         # A process forked by the script (Hogwild workers, say) counts for itself and reports
         # on its own connection; threads and sockets do not survive fork.
-        if os.getpid() != self.pid:
+        if _pid[0] != self.pid:
             self._reset_counters()
             self.lock = threading.Lock()
             self.channel = None
@@ -282,7 +293,7 @@ class Meter:
             _at_child_exit(self._close_child)
 
     def _close_child(self) -> None:
-        if os.getpid() == self.pid:
+        if current_pid() == self.pid:
             self.close(exit_code=0)
 
     def count_batch(self, batch, *, training: bool) -> None:

@@ -68,6 +68,8 @@ class GradNorms:
         self._taking: bool | None = None  # this backward pass's buckets: norms taken or not
         self._taken_at = -SAMPLE_GAP_S  # when the last step whose norms were taken began
         self._taken_step: int | None = None  # that step's optimizer steps (its later passes)
+        self.seen = False  # a bucket has come (`takes`, `before`, `after`): until then a
+        # backward pass has nothing to close
 
     def takes(self, steps: int, now: float | None = None) -> bool:
         """Whether this bucket's norms are taken (``steps``: the meter's optimizer steps).
@@ -77,6 +79,7 @@ class GradNorms:
         the last one taken; a later pass of the same step never is (it would be skipped)."""
         now = time.perf_counter() if now is None else now
         with self.lock:
+            self.seen = True
             if self._taking is None:
                 fresh = self._fresh(steps)
                 self._taking = fresh and now - self._taken_at >= SAMPLE_GAP_S
@@ -93,19 +96,25 @@ class GradNorms:
         """The bucket as the hook gets it: the rank's own gradient."""
         sq = _sq(tensor)
         with self.lock:
+            self.seen = True
             self._before.append(sq)
 
     def after(self, tensor) -> None:
         """The bucket the hook's future returned: the ranks' average."""
         sq = _sq(tensor)
         with self.lock:
+            self.seen = True
             self._after.append(sq)
 
     def close(self, *, samples: int, steps: int) -> None:
         """A backward pass ended (or the next began): its buckets, if any, make one step.
 
         ``samples``: the meter's training samples so far; ``steps``: its optimizer steps.
+        Before any bucket (no DDP, or none yet) there is nothing to close: it returns at once,
+        as it is called twice on every step.
         """
+        if not self.seen:
+            return
         with self.lock:
             before, after, self._before, self._after = self._before, self._after, [], []
             taking, self._taking = self._taking, None

@@ -252,9 +252,10 @@ class StepClock:
         with self.lock:
             self.total["optimizer"] += max(0.0, (end - start) - self._nested)
             self._settled = (end, end_ev)
-            nested = tuple(self._nested_events)
-            if all(a is not None and b is not None for a, b in nested):
-                self._pair("optimizer", start_ev, end_ev, nested, sampled=sampled)
+            if start_ev is not None and end_ev is not None:  # events: none on the host clock
+                nested = tuple(self._nested_events)
+                if all(a is not None and b is not None for a, b in nested):
+                    self._pair("optimizer", start_ev, end_ev, nested, sampled=sampled)
             self._in_optimizer, self._nested, self._nested_events = False, 0.0, []
 
     def _pair(self, part: str, start, end, nested: tuple = (), *,

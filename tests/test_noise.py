@@ -276,3 +276,18 @@ def test_a_two_rank_probe_estimates_the_noise_scale_within_a_factor_of_2(tmp_pat
     truth = exact_noise_scale()
     assert got["noise_scale"] is not None, got
     assert truth / 2 <= got["noise_scale"] <= truth * 2, (got, truth)
+
+
+def test_passes_closed_before_any_bucket_change_nothing():
+    """Closed twice a step with no DDP bucket yet (one rank, or before the first allreduce): no
+    step counted, and the first synchronised step's batch still starts where the last left."""
+    norms, fresh = GradNorms(), GradNorms()
+    for steps in range(3):
+        norms.close(samples=16 * steps, steps=steps)
+    assert not norms.seen and norms.snapshot() == fresh.snapshot()
+    bucket_step(norms, [torch.tensor([3.0, 4.0])], [torch.tensor([1.0])])
+    norms.close(samples=64, steps=3)
+    bucket_step(norms, [torch.tensor([2.0])], [torch.tensor([1.0])])
+    norms.close(samples=80, steps=4)
+    assert norms.snapshot() == {"local_sq": 25.0 + 4.0, "avg_sq": 1.0 + 1.0, "steps": 2,
+                                "samples": 64 + 16, "skipped": 0}

@@ -177,3 +177,24 @@ def test_the_end_of_the_scripts_data_is_told_from_other_exceptions():
     assert error_report(pep479)["kind"] == protocol.ERROR_STOP_ITERATION
     assert error_report(raised(lambda: 1 / 0))["kind"] == "exception"
     assert error_report(RuntimeError("generator raised StopIteration"))["kind"] == "exception"
+
+
+def test_the_meter_knows_a_forked_child_s_pid_without_asking_the_kernel():
+    """The counting hooks compare the pid on every batch and step: a fork hook keeps it, so a
+    forked child (a Hogwild worker, say) still tells itself from its parent."""
+    import os
+
+    from probes.meter import current_pid
+
+    assert current_pid() == os.getpid()
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: its own pid, as the kernel gives it
+        os.write(write, f"{current_pid()} {os.getpid()}".encode())
+        os._exit(0)
+    os.close(write)
+    seen, real = map(int, os.read(read, 64).split())
+    os.close(read)
+    os.waitpid(child, 0)
+    assert seen == real == child != os.getpid()
+    assert current_pid() == os.getpid()
