@@ -23,12 +23,14 @@ per-round ratios to the plain run of the same round; the spread is their min-max
 any ratio is below ``--min-ratio`` (0.97) or a config gave no figure.
 
 Beside it, a micro-benchmark of the meter's own cost per step, in microseconds: the counting
-hooks, the step clock (host; CUDA events on a GPU) and the channel's tick.
+hooks, the step clock (host; CUDA events on a GPU) and the channel's tick. On the CPU also the
+hooks' cost inside the `short` config's own training loop (`bench/hook_cost.py`): in the loop
+each call costs several times what it costs alone.
 
 Writes ``bench/results/parity-<date>-<host>.json`` (``--out`` to change it)::
 
     {"device": "<NVML's name, or 'cpu'>", "configs": [{"config", "ranks", "mps", "plain", "run",
-     "probe", "run_ratio", "probe_ratio", ...}], "meter_us": {...}, ...}
+     "probe", "run_ratio", "probe_ratio", ...}], "meter_us": {...}, "hook_cost_us": {...}, ...}
 
     .venv/bin/python bench/bench_parity.py [--rounds 3] [--lines 6] [--seconds 60]
                                            [--configs NAME...]
@@ -61,6 +63,7 @@ for _p in (str(ROOT), str(ROOT / "bench")):
         sys.path.insert(0, _p)
 
 from bench.common import say  # noqa: E402
+from bench import hook_cost  # noqa: E402
 from bench.meter_cost import meter_cost_us  # noqa: E402
 from bench.shapes import STOP_S, THREAD_VARS, start, timed_run  # noqa: E402
 
@@ -485,7 +488,7 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=None,
                    help="OMP_NUM_THREADS for every CPU config, as a user writes it (default: "
                         "not set: torch's own for one rank, torchrun's one each for several)")
-    p.add_argument("--no-meter", action="store_true", help="skip the meter's micro-benchmark")
+    p.add_argument("--no-meter", action="store_true", help="skip the meter's micro-benchmark and the hooks' cost in the loop")
     p.add_argument("--probe-one", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.probe_one:
@@ -523,6 +526,9 @@ def main(argv=None) -> int:
     meter = {} if args.no_meter else meter_cost_us()
     if meter:
         say(f"# the meter's cost per step, us: {meter}")
+    in_loop = {} if args.no_meter or device != "cpu" else hook_cost.in_own_process(40)
+    if in_loop:
+        say(f"# the hooks' cost per step inside the short config's loop, us: {in_loop}")
     for c in configs:
         ctx.recipes[c.name] = write_recipe(c, work)
     out = args.out or _out_path()
@@ -535,6 +541,7 @@ def main(argv=None) -> int:
                   "span_s": args.span, "lines_for": ctx.lines_for,
                   "threads": args.threads,
                   "min_ratio": args.min_ratio, "complete": complete, "meter_us": meter,
+                  "hook_cost_us": in_loop,
                   "configs": rows}
         out.write_text(json.dumps(report, indent=2) + "\n")
 

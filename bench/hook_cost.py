@@ -1,0 +1,177 @@
+"""The meter's cost per step inside a real training loop: the hooks on and off in turns.
+
+`bench/meter_cost.py` times each hook alone in a tight loop, where everything it touches stays
+in the caches. Inside a training step every call costs several times that. This bench trains the
+`short` parity config's model (the compute-bound example at 64 features, 128 hidden, batch 16,
+one thread) in one process and switches autotune's hooks on and off between blocks of one epoch
+each. Every way meets the same machine at nearly the same time, so the per-step difference is
+read to a few microseconds where separate runs move by a tenth.
+
+The ways: ``off`` (torch as it comes), ``on`` (the loader, backward and optimizer hooks of a
+full run), and ``on`` with the step clock or the counters left out (``no-clock``,
+``no-counts``), which split the cost by what the hooks do.
+
+    .venv/bin/python bench/hook_cost.py [--blocks 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+WAYS = ("off", "on", "no-clock", "no-counts")
+COUNTERS = ("count_batch", "count_step", "count_backward", "close_backward")
+
+
+class _NoClock:
+    """A step clock that marks nothing."""
+
+    def __getattr__(self, name):
+        return _nothing
+
+
+def _nothing(*args, **kwargs) -> None:
+    return None
+
+
+class Hooks:
+    """autotune's hooks on torch in this process, switched on and off as a whole."""
+
+    def __init__(self):
+        import torch
+        from torch.optim import optimizer as topt
+        from torch.utils.data import DataLoader
+        from torch.utils.data import dataloader as dl
+
+        from probes.intercept import Interceptor
+        from probes.meter import Meter
+
+        self.torch, self.topt = torch, topt
+        self.loader_cls, self.iter_cls = DataLoader, dl._BaseDataLoaderIter
+        self.plain = self._patched()
+        self.meter = Meter({})
+        interceptor = Interceptor(self.meter, {})
+        interceptor._install_loader(torch)
+        interceptor._install_steps(torch)
+        self.ours = self._patched()
+        self.counters = {name: getattr(self.meter, name) for name in COUNTERS}
+        self.clock = self.meter.clock
+
+    def _patched(self) -> dict:
+        return {"init": self.loader_cls.__init__, "iter": self.loader_cls.__iter__,
+                "next": self.iter_cls.__next__,
+                "backward": self.torch.Tensor.backward,
+                "pre": dict(self.topt._global_optimizer_pre_hooks),
+                "post": dict(self.topt._global_optimizer_post_hooks)}
+
+    def use(self, way: str) -> None:
+        patches = self.plain if way == "off" else self.ours
+        self.loader_cls.__init__ = patches["init"]
+        self.loader_cls.__iter__ = patches["iter"]
+        self.iter_cls.__next__ = patches["next"]
+        self.torch.Tensor.backward = patches["backward"]
+        for name in ("pre", "post"):
+            hooks = getattr(self.topt, f"_global_optimizer_{name}_hooks")
+            hooks.clear()
+            hooks.update(patches[name])
+        for name, fn in self.counters.items():
+            setattr(self.meter, name, _nothing if way == "no-counts" else fn)
+        self.meter.clock = _NoClock() if way == "no-clock" else self.clock
+
+
+def _training():
+    """The `short` config's model, data, loader and optimizer."""
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, 64, generator=g)
+    data = TensorDataset(x, (x @ torch.randn(64, 10, generator=g)).argmax(dim=1))
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(),
+                          nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loader = DataLoader(data, batch_size=16, shuffle=True, num_workers=0)
+    return model, optimizer, loader, nn.CrossEntropyLoss()
+
+
+def epoch_us_per_step(model, optimizer, loader, loss_fn) -> float:
+    """One epoch of the example's step; microseconds of CPU a step (this thread's)."""
+    t0, steps = time.thread_time(), 0
+    for x, y in loader:
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+        loss.item()
+        steps += 1
+    return (time.thread_time() - t0) / steps * 1e6
+
+
+def hook_cost_us(blocks: int = 60, ways=WAYS) -> dict:
+    """Per way: the median microseconds a step, and the median over blocks of its difference
+    from the ``off`` block of the same turn; ``samples``: what the meter counted (the hooks
+    ran in the ``on`` blocks and only there)."""
+    import torch
+
+    torch.set_num_threads(1)
+    hooks = Hooks()
+    training = _training()
+    hooks.use("off")
+    for _ in range(2):  # warm: the allocator, the first steps' one-time work
+        epoch_us_per_step(*training)
+    per_way: dict[str, list[float]] = {w: [] for w in ways}
+    counted: dict[str, int] = {w: 0 for w in ways}
+    try:
+        for _ in range(blocks):
+            for way in ways:
+                hooks.use(way)
+                before = hooks.meter.samples
+                per_way[way].append(epoch_us_per_step(*training))
+                counted[way] += hooks.meter.samples - before
+    finally:
+        hooks.use("off")
+    out = {"blocks": blocks, "steps_per_block": len(training[2])}
+    for way in ways:
+        diff = [a - b for a, b in zip(per_way[way], per_way["off"])]
+        out[way] = {"us_per_step": round(statistics.median(per_way[way]), 1),
+                    "over_off_us": round(statistics.median(diff), 1), "samples": counted[way]}
+    return out
+
+
+def in_own_process(blocks: int, timeout_s: float = 600.0) -> dict:
+    """`hook_cost_us` in a fresh interpreter on one thread (the hooks patch torch where they
+    run); its error as ``{"error": ...}``."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    try:
+        done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--blocks",
+                               str(blocks)], capture_output=True, text=True, env=env,
+                              timeout=timeout_s)
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (subprocess.TimeoutExpired, ValueError, IndexError) as exc:
+        return {"error": f"bench/hook_cost.py gave no figure ({exc})"}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--blocks", type=int, default=60, help="turns of every way (60)")
+    args = p.parse_args(argv)
+    if args.blocks < 1:
+        p.error(f"--blocks must be >= 1, but got {args.blocks}")
+    print(json.dumps(hook_cost_us(args.blocks)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
