@@ -28,7 +28,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 WAYS = ("off", "on", "no-clock", "no-counts")
-COUNTERS = ("count_batch", "count_step", "count_backward", "close_backward")
+COUNTERS = ("count_batch", "count_step", "backward_ended", "close_backward")
 
 
 class _NoClock:

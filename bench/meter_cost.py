@@ -40,7 +40,7 @@ def meter_cost_us(steps: int = 20000) -> dict:
 
     def hooks():
         m.count_batch(batch, training=True)
-        m.count_backward()
+        m.backward_ended()
         m.close_backward()
         m.count_step()
 

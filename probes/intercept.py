@@ -463,8 +463,7 @@ class Interceptor:
             meter.clock.backward_begin()
             result = backward(tensor, *args, **kwargs)
             meter.clock.backward_end()
-            meter.close_backward()
-            meter.count_backward()
+            meter.backward_ended()
             if not meter.steps:  # weights updated by hand: a backward pass ends the step
                 meter.maybe_stop()
             return result

@@ -29,6 +29,10 @@ def batch_len(batch) -> int:
     shape = getattr(batch, "shape", None)
     if shape is not None:
         return int(shape[0]) if len(shape) else 1
+    if type(batch) in (list, tuple) and batch:  # (inputs, targets): read at once, every batch
+        shape = getattr(batch[0], "shape", None)
+        if shape is not None and len(shape) and shape[0]:
+            return int(shape[0])
     if isinstance(batch, dict):
         for value in batch.values():
             n = batch_len(value)
@@ -164,6 +168,7 @@ class Meter:
         self.tick_s = float(env.get(protocol.ENV_TICK_S, protocol.DEFAULT_TICK_S))
         self.lock = threading.Lock()
         self.stop_requested = threading.Event()
+        self.stopping = False  # the same, read by the hooks on every batch and step
         self.stopped_by_us = False
         # the script started a torch.distributed group in this process (`probes.intercept`):
         # its native threads may outlive the script (`probes.boot.leave`)
@@ -227,10 +232,14 @@ class Meter:
     def _leave(self, why: str) -> None:
         """The controller is gone (killed, say): nobody will stop or reap us, so leave."""
         print(f"autotune: {why}; stopping this run", file=sys.stderr, flush=True)
-        self.stop_requested.set()
+        self._request_stop()
         threading.Thread(target=_leave_group, name="autotune-orphan-guard", daemon=True).start()
 
     def _on_stop(self, msg: dict) -> None:
+        self._request_stop()
+
+    def _request_stop(self) -> None:
+        self.stopping = True
         self.stop_requested.set()
 
     def _tick_loop(self) -> None:
@@ -320,7 +329,9 @@ class Meter:
             if not self.tick_first_step_t:
                 self.tick_first_step_t = self.last_step_t
 
-    def count_backward(self) -> None:
+    def backward_ended(self) -> None:
+        """A backward pass ended: counted, and (`close_backward`) its buckets' norms closed.
+        One call for both, as it comes on every step."""
         self._check_fork()
         with self.lock:
             self.backwards += 1
@@ -328,9 +339,14 @@ class Meter:
                 self.last_step_t = time.monotonic()
                 if not self.tick_first_step_t:
                     self.tick_first_step_t = self.last_step_t
+            samples, steps = self.samples, self.steps
+        if self.noise.seen:
+            self.noise.close(samples=samples, steps=steps)
 
     def close_backward(self) -> None:
         """A backward pass ended: the buckets DDP's hook saw in it make one step's norms."""
+        if not self.noise.seen:  # no DDP bucket yet: nothing to close (`GradNorms.close`)
+            return
         self._check_fork()
         with self.lock:
             samples, steps = self.samples, self.steps
@@ -338,6 +354,6 @@ class Meter:
 
     def maybe_stop(self) -> None:
         """Leave the script at a batch/step boundary when the controller asked for it."""
-        if self.stop_requested.is_set() and not self.stopped_by_us:
+        if self.stopping and not self.stopped_by_us:
             self.stopped_by_us = True
             raise SystemExit(0)
