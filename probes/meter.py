@@ -293,7 +293,7 @@ class Meter:
     def _check_fork(self) -> None:
         # A process forked by the script (Hogwild workers, say) counts for itself and reports
         # on its own connection; threads and sockets do not survive fork.
-        if _pid[0] != self.pid:
+        if current_pid() != self.pid:
             self._reset_counters()
             self.lock = threading.Lock()
             self.channel = None
@@ -330,8 +330,7 @@ class Meter:
                 self.tick_first_step_t = self.last_step_t
 
     def backward_ended(self) -> None:
-        """A backward pass ended: counted, and (`close_backward`) its buckets' norms closed.
-        One call for both, as it comes on every step."""
+        """A backward pass ended: counted, and its buckets' norms closed (`close_backward`)."""
         self._check_fork()
         with self.lock:
             self.backwards += 1
@@ -339,13 +338,13 @@ class Meter:
                 self.last_step_t = time.monotonic()
                 if not self.tick_first_step_t:
                     self.tick_first_step_t = self.last_step_t
-            samples, steps = self.samples, self.steps
-        if self.noise.seen:
-            self.noise.close(samples=samples, steps=steps)
+        self.close_backward()
 
     def close_backward(self) -> None:
-        """A backward pass ended: the buckets DDP's hook saw in it make one step's norms."""
-        if not self.noise.seen:  # no DDP bucket yet: nothing to close (`GradNorms.close`)
+        """A backward pass ended: the buckets DDP's hook saw in it make one step's norms.
+        Before any bucket (no DDP, or none yet) there is nothing to close, and it comes twice
+        on every step: it returns at once."""
+        if not self.noise.seen:
             return
         self._check_fork()
         with self.lock:

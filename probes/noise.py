@@ -110,11 +110,7 @@ class GradNorms:
         """A backward pass ended (or the next began): its buckets, if any, make one step.
 
         ``samples``: the meter's training samples so far; ``steps``: its optimizer steps.
-        Before any bucket (no DDP, or none yet) there is nothing to close: it returns at once,
-        as it is called twice on every step.
         """
-        if not self.seen:
-            return
         with self.lock:
             before, after, self._before, self._after = self._before, self._after, [], []
             taking, self._taking = self._taking, None
