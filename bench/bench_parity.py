@@ -488,7 +488,8 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=None,
                    help="OMP_NUM_THREADS for every CPU config, as a user writes it (default: "
                         "not set: torch's own for one rank, torchrun's one each for several)")
-    p.add_argument("--no-meter", action="store_true", help="skip the meter's micro-benchmark and the hooks' cost in the loop")
+    p.add_argument("--no-meter", action="store_true",
+                   help="skip the meter's micro-benchmark and the hooks' cost in the loop")
     p.add_argument("--probe-one", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.probe_one:

@@ -58,9 +58,9 @@ class Hooks:
         self.loader_cls, self.iter_cls = DataLoader, dl._BaseDataLoaderIter
         self.plain = self._patched()
         self.meter = Meter({})
-        interceptor = Interceptor(self.meter, {})
-        interceptor._install_loader(torch)
-        interceptor._install_steps(torch)
+        # all of a full run's patches; the loop calls no set_num_threads and no DDP, so only
+        # the loader's and the steps' are switched
+        Interceptor(self.meter, {}).install()
         self.ours = self._patched()
         self.counters = {name: getattr(self.meter, name) for name in COUNTERS}
         self.clock = self.meter.clock
@@ -87,19 +87,25 @@ class Hooks:
         self.meter.clock = _NoClock() if way == "no-clock" else self.clock
 
 
+EXAMPLE = ROOT / "examples" / "compute_bound" / "train.py"
+
+
 def _training():
-    """The `short` config's model, data, loader and optimizer."""
+    """The `short` config's model, data, loader and optimizer, made by the example's own
+    functions with `bench_parity`'s sizes and the example's defaults."""
+    import importlib.util
+
     import torch
     from torch import nn
-    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data import DataLoader
 
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(4096, 64, generator=g)
-    data = TensorDataset(x, (x @ torch.randn(64, 10, generator=g)).argmax(dim=1))
-    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(),
-                          nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10))
+    spec = importlib.util.spec_from_file_location("compute_bound_train", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    torch.manual_seed(0)
+    model = example.make_model(64, 128)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loader = DataLoader(data, batch_size=16, shuffle=True, num_workers=0)
+    loader = DataLoader(example.make_data(4096, 64), batch_size=16, shuffle=True, num_workers=0)
     return model, optimizer, loader, nn.CrossEntropyLoss()
 
 
