@@ -32,10 +32,12 @@ COUNTERS = ("count_batch", "count_step", "backward_ended", "close_backward")
 
 
 class _NoClock:
-    """A step clock that marks nothing."""
+    """A step clock that times no step: the hooks skip its marks as between sampled steps."""
 
-    def __getattr__(self, name):
-        return _nothing
+    timed = False
+
+    def optimizer_end(self) -> None:
+        return None
 
 
 def _nothing(*args, **kwargs) -> None:

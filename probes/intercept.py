@@ -349,16 +349,19 @@ class Interceptor:
         DataLoader.__iter__ = __iter__
 
         next_ = dl._BaseDataLoaderIter.__next__
-        mode = meter.mode
+        io, synthetic = meter.mode == "io", meter.mode == "synthetic"
+        grad_enabled, monotonic = torch.is_grad_enabled, time.monotonic
 
+        # every batch passes here: the checks are attribute reads, the calls the fewest
         def __next__(it):
-            meter.maybe_stop()
-            training = torch.is_grad_enabled()
-            if mode == "io" and training:
+            if meter.stopping:
+                meter.maybe_stop()
+            training = grad_enabled()
+            if io and training:
                 interceptor._drain(it, next_)  # never returns
-            start = time.monotonic()
+            start = monotonic()
             try:
-                if mode == "synthetic" and training:
+                if synthetic and training:
                     batch = interceptor._replay(it, next_)
                 else:
                     batch = next_(it)
@@ -366,8 +369,13 @@ class Interceptor:
                 _name_dead_worker(it, exc)
                 raise
             if training:
-                meter.clock.data(start, time.monotonic())
-            meter.count_batch(batch, training=training)
+                end = monotonic()
+                clock = meter.clock
+                if clock.timed:  # a sampled step (`probes.parts`): the others mark nothing
+                    clock.data(start, end)
+                meter.count_batch(batch, training=True, now=end)
+            else:
+                meter.count_batch(batch, training=False)
             return batch
 
         dl._BaseDataLoaderIter.__next__ = __next__
@@ -439,17 +447,20 @@ class Interceptor:
         depth = [0]
 
         def before_step(optimizer, args, kwargs):
-            meter.close_backward()
-            if not depth[0]:
+            if meter.noise.seen:
+                meter.close_backward()
+            if not depth[0] and meter.clock.timed:
                 meter.clock.optimizer_begin()
             depth[0] += 1
 
         def after_step(optimizer, args, kwargs):
-            depth[0] = max(0, depth[0] - 1)
+            if depth[0]:
+                depth[0] -= 1
             if not depth[0]:
-                meter.clock.optimizer_end()
+                meter.clock.optimizer_end()  # on every step: it counts them
             meter.count_step()
-            meter.maybe_stop()
+            if meter.stopping:
+                meter.maybe_stop()
 
         from torch.optim.optimizer import (register_optimizer_step_post_hook,
                                            register_optimizer_step_pre_hook)
@@ -460,12 +471,16 @@ class Interceptor:
         backward = torch.Tensor.backward
 
         def tensor_backward(tensor, *args, **kwargs):
-            meter.clock.backward_begin()
+            clock = meter.clock
+            timed = clock.timed
+            if timed:
+                clock.backward_begin()
             result = backward(tensor, *args, **kwargs)
-            meter.clock.backward_end()
+            if timed:
+                clock.backward_end()
             meter.backward_ended()
-            if not meter.steps:  # weights updated by hand: a backward pass ends the step
-                meter.maybe_stop()
+            if meter.stopping and not meter.steps:  # weights updated by hand: a backward
+                meter.maybe_stop()  # pass ends the step
             return result
 
         torch.Tensor.backward = tensor_backward
@@ -493,7 +508,8 @@ class Interceptor:
 
             @functools.wraps(hook)
             def timed_hook(state, bucket):
-                meter.clock.bucket_launched()
+                if meter.clock.timed:
+                    meter.clock.bucket_launched()
                 if not multi:
                     return hook(state, bucket)
                 norms = meter.noise

@@ -255,16 +255,19 @@ class Meter:
     def send_tick(self) -> None:
         if not self._ours():
             return
-        with self.lock:
+        with self.lock:  # the ticker and the last tick (`close`) take turns; the hooks don't
+            # a tick's first batch and step, taken and cleared in one go: a hook sets them
+            # only when clear, and no other thread runs between these statements (no call)
+            first_batch_t, self.tick_first_batch_t = self.tick_first_batch_t, 0.0
+            first_step_t, self.tick_first_step_t = self.tick_first_step_t, 0.0
             fields = {protocol.TICK_T: time.monotonic(), protocol.TICK_SAMPLES: self.samples,
                       protocol.TICK_BATCHES: self.batches,
                       protocol.TICK_EVAL_SAMPLES: self.eval_samples,
                       protocol.TICK_STEPS: self.steps, protocol.TICK_BACKWARDS: self.backwards,
                       protocol.TICK_LAST_BATCH_T: self.last_batch_t,
                       protocol.TICK_LAST_STEP_T: self.last_step_t,
-                      protocol.TICK_FIRST_BATCH_T: self.tick_first_batch_t,
-                      protocol.TICK_FIRST_STEP_T: self.tick_first_step_t}
-            self.tick_first_batch_t = self.tick_first_step_t = 0.0
+                      protocol.TICK_FIRST_BATCH_T: first_batch_t,
+                      protocol.TICK_FIRST_STEP_T: first_step_t}
         fields[protocol.TICK_PARTS] = self.clock.snapshot()
         fields[protocol.TICK_PARTS_CLOCK] = self.clock.clock
         noise = self.noise.snapshot()
@@ -290,55 +293,65 @@ class Meter:
         self.channel.close()
 
     # -- counting (called from the hooks, on the training thread) -------------------------
+    # These run on every batch and step, inside the script's loop, where each Python call costs
+    # several times what it costs alone (`bench/hook_cost.py`): so no lock and few calls. The
+    # ticker reads each counter whole (the interpreter's lock); a tick that saw a batch's
+    # samples and not yet its count is mended by the next, the counters being cumulative.
     def _check_fork(self) -> None:
         # A process forked by the script (Hogwild workers, say) counts for itself and reports
         # on its own connection; threads and sockets do not survive fork.
         if current_pid() != self.pid:
-            self._reset_counters()
-            self.lock = threading.Lock()
-            self.channel = None
-            self.connect(sub=True)
-            self.send(protocol.SEEN, **started_by_script("fork"))
-            _at_child_exit(self._close_child)
+            self._forked()
+
+    def _forked(self) -> None:
+        self._reset_counters()
+        self.lock = threading.Lock()
+        self.channel = None
+        self.connect(sub=True)
+        self.send(protocol.SEEN, **started_by_script("fork"))
+        _at_child_exit(self._close_child)
 
     def _close_child(self) -> None:
         if current_pid() == self.pid:
             self.close(exit_code=0)
 
-    def count_batch(self, batch, *, training: bool) -> None:
-        self._check_fork()
+    def count_batch(self, batch, *, training: bool, now: float | None = None) -> None:
+        """A batch left a loader at ``now`` (read here when not given)."""
+        if _pid[0] != self.pid:
+            self._forked()
         n = batch_len(batch)
-        now = time.monotonic()
-        with self.lock:
-            if training:
-                self.samples += n
-                self.batches += 1
-                self.last_batch_t = now
-                if not self.first_batch_t:
-                    self.first_batch_t = now
-                if not self.tick_first_batch_t:
-                    self.tick_first_batch_t = now
-            else:
-                self.eval_samples += n
+        if not training:
+            self.eval_samples += n
+            return
+        if now is None:
+            now = time.monotonic()
+        self.samples += n
+        self.batches += 1
+        self.last_batch_t = now
+        if not self.first_batch_t:
+            self.first_batch_t = now
+        if not self.tick_first_batch_t:
+            self.tick_first_batch_t = now
 
     def count_step(self) -> None:
-        self._check_fork()
-        with self.lock:
-            self.steps += 1
-            self.last_step_t = time.monotonic()
-            if not self.tick_first_step_t:
-                self.tick_first_step_t = self.last_step_t
+        if _pid[0] != self.pid:
+            self._forked()
+        self.steps += 1
+        self.last_step_t = now = time.monotonic()
+        if not self.tick_first_step_t:
+            self.tick_first_step_t = now
 
     def backward_ended(self) -> None:
         """A backward pass ended: counted, and its buckets' norms closed (`close_backward`)."""
-        self._check_fork()
-        with self.lock:
-            self.backwards += 1
-            if not self.steps:  # weights updated by hand: backward passes are the steps
-                self.last_step_t = time.monotonic()
-                if not self.tick_first_step_t:
-                    self.tick_first_step_t = self.last_step_t
-        self.close_backward()
+        if _pid[0] != self.pid:
+            self._forked()
+        self.backwards += 1
+        if not self.steps:  # weights updated by hand: backward passes are the steps
+            self.last_step_t = now = time.monotonic()
+            if not self.tick_first_step_t:
+                self.tick_first_step_t = now
+        if self.noise.seen:
+            self.close_backward()
 
     def close_backward(self) -> None:
         """A backward pass ended: the buckets DDP's hook saw in it make one step's norms.
@@ -347,9 +360,7 @@ class Meter:
         if not self.noise.seen:
             return
         self._check_fork()
-        with self.lock:
-            samples, steps = self.samples, self.steps
-        self.noise.close(samples=samples, steps=steps)
+        self.noise.close(samples=self.samples, steps=self.steps)
 
     def maybe_stop(self) -> None:
         """Leave the script at a batch/step boundary when the controller asked for it."""

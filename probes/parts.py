@@ -33,24 +33,30 @@ events, read with ``elapsed_time`` once ``query()`` says the later one has compl
 next tick; nothing waits for the GPU). The data wait stays the host's: it is the host that waits
 for the loader. `clock` says which the sums are.
 
-The events are not free: each is a host call into the driver, and reading them back takes the
-clock's lock from the ticker. Under MPS, with several ranks feeding one GPU from few cores, that
-may be a share of a short step. So the clock measures its own cost (``AUTOTUNE_STEP_CLOCK``
-unset or ``auto``): over its first `CALIBRATE_STEPS` steps with CUDA up it times every event it
-records and every read-back, against the steps' own wall time, then keeps the cheapest timing
-whose cost is within `COST_BUDGET` of a step (`choose_every`):
+Marking is not free. Each boundary is a few Python calls on the training thread, and inside a
+training loop each costs several times what it costs alone: `bench/hook_cost.py` measured the
+host's marks at about 20 us a step on a 2-core VM, 3% of a 0.6 ms step. A CUDA event is a host
+call into the driver besides, and reading it back takes the clock's lock from the ticker; under
+MPS, with several ranks feeding one GPU from few cores, that may be a share of a short step. So
+the clock times one step in ``every`` (sampled steps: a sampled step marks all of its
+boundaries, the others none, and the hooks skip their calls), its sums of those steps scaled
+by the steps since the choice over the sampled ones (the fully timed steps before it count
+once). Over its first `CALIBRATE_STEPS` steps it times every step and measures them, and the
+events' own cost with them (``AUTOTUNE_STEP_CLOCK`` unset or ``auto``), then keeps the cheapest
+timing whose cost is within `COST_BUDGET` of a step (`choose_every`), the host's marks counted
+at `HOST_MARKS_S`:
 
-- events on every step, when they cost that little;
-- else events on one step in ``every`` (sampled steps: a sampled step records all of its
-  boundaries, the others none), the device's sums of those steps scaled by the steps since
-  the choice over the sampled ones (the fully timed steps before it count once); a step
-  is sampled at least `MIN_SAMPLED_PER_S` times a second, so that each tick's window of the
-  breakdown still holds sampled steps and its interval stays what it states;
-- else the host's clock alone (``host``), said as such.
+- every step, when that costs that little;
+- else one step in ``every``, where a step is sampled at least `MIN_SAMPLED_PER_S` times a
+  second, so that each tick's window of the breakdown still holds sampled steps and its
+  interval stays what it states;
+- with CUDA, events too costly even so: the host's clock alone (``host``), said as such.
 
-``AUTOTUNE_STEP_CLOCK=host`` keeps the host's clock from the start, ``events`` times every step
-with events (no measurement). `choice` says what was chosen and why, in one line (the meter
-passes it on as a note).
+A process that initialises CUDA after the clock chose on the host's clock times every step
+again and chooses anew with the events. ``AUTOTUNE_STEP_CLOCK=host`` keeps the host's clock from
+the start, ``events`` times every step with events (no measurement). `choice` says what was
+chosen for the events and why, in one line (the meter passes it on as a note); the host's
+sampling goes unsaid, as it changes no figure.
 """
 
 from __future__ import annotations
@@ -63,20 +69,29 @@ from probes.protocol import PARTS
 
 HOST, CUDA = "host", "cuda-events"
 AUTO, EVENTS = "auto", "events"  # AUTOTUNE_STEP_CLOCK: measured choice, or events every step
-CALIBRATE_STEPS = 20  # steps timed with events on every boundary before the choice
-COST_BUDGET = 0.005  # the events' host cost may be this share of a step
+CALIBRATE_STEPS = 20  # steps timed on every boundary before the choice
+COST_BUDGET = 0.005  # the marks' host cost may be this share of a step
+HOST_MARKS_S = 20e-6  # the host's marks of one step inside a training loop (`bench/hook_cost.py`)
 MAX_EVERY = 16  # sampled: one step in at most this many...
 MIN_SAMPLED_PER_S = 4.0  # ...and at least this many sampled steps a second (one a tick)
 
 
 def choose_every(cost_s: float, step_s: float) -> int:
-    """Pure: record events on one step in this many (1: every step; 0: none, the host's clock)
-    for events costing ``cost_s`` of host time a step, in steps of ``step_s`` wall time."""
+    """Pure: time one step in this many (1: every step; 0: none can be, within the budget)
+    for marks costing ``cost_s`` of host time a step, in steps of ``step_s`` wall time."""
     if step_s <= 0 or cost_s <= COST_BUDGET * step_s:
         return 1
-    need = math.ceil(cost_s / (COST_BUDGET * step_s))
+    need = math.ceil(cost_s / (COST_BUDGET * step_s) - 1e-9)  # 8.000000001 is 8
     most = min(MAX_EVERY, max(1, int(1.0 / (MIN_SAMPLED_PER_S * step_s))))
     return need if need <= most else 0
+
+
+def host_every(step_s: float) -> int:
+    """Pure: time one step in this many on the host's clock alone, in steps of ``step_s``: as
+    `choose_every` for the host's marks, or as rarely as a tick's window allows when even that
+    costs more than the budget (there is nothing cheaper to fall back on)."""
+    every = choose_every(HOST_MARKS_S, step_s)
+    return every or min(MAX_EVERY, max(1, int(1.0 / (MIN_SAMPLED_PER_S * step_s))))
 
 
 def _torch_cuda():
@@ -92,23 +107,31 @@ class StepClock:
 
     ``cuda``: a ``torch.cuda``-like module (tests hand in a fake); None finds torch's. Events are
     recorded only once it reports ``is_initialized()``, and never with ``events`` false (the
-    host's clock only: ``AUTOTUNE_STEP_CLOCK=host``).
+    host's clock only: ``AUTOTUNE_STEP_CLOCK=host``). The hooks call the marks only while
+    `timed` (a sampled step); a mark called between sampled steps does nothing.
     """
 
     def __init__(self, cuda=None, *, events: bool = True, mode: str = AUTO):
         self.events = events
         self.mode = mode if events else HOST
-        self.every = 1  # events on one step in this many (`choose_every`)
-        self.choice = ""  # what was chosen and why, once chosen
-        self._timed = True  # this step records its events
-        self._steps = 0  # steps ended since the first event
+        self.every = 1  # one step in this many is timed (`choose_every`, `host_every`)
+        self.choice = ""  # what was chosen for the events and why, once chosen
+        self.timed = True  # this step marks its boundaries
+        # a mark may record an event: the events on, this step timed, and CUDA not found down
+        # since the step began (on the CPU one look a timed step, at its end: each look is a
+        # call into torch on the training thread)
+        self._looking = events
+        self._evented = False  # the calibration under way or done timed CUDA events
+        self._steps = 0  # steps ended since the calibration began
         self._in_phase = 0  # steps ended since one in ``every`` was chosen (every > 1)
-        self._sampled = 0  # ...of which recorded events
-        self._step_t = 0.0  # when the latest step ended (host)
+        self._sampled = 0  # ...of which were timed
+        self._step_t = 0.0  # when the latest timed step ended (host)
         self._cost_s = 0.0  # host seconds in event calls and read-backs while calibrating
         self._calib_s = 0.0  # wall seconds of the calibration steps
         self.lock = threading.Lock()
-        self.total = dict.fromkeys(PARTS, 0.0)  # host seconds
+        self.total = dict.fromkeys(PARTS, 0.0)  # host seconds of steps timed in full
+        self.total_sampled = dict.fromkeys(PARTS, 0.0)  # ...of the sampled steps (every > 1)
+        self._sums = self.total  # where this phase's host seconds go
         self.device = dict.fromkeys(PARTS, 0.0)  # CUDA event seconds of steps timed in full
         self.device_sampled = dict.fromkeys(PARTS, 0.0)  # ...of the sampled steps (every > 1)
         self.clock = HOST
@@ -128,25 +151,26 @@ class StepClock:
         # them, and whether they were recorded on a sampled step (scaled) or every step (not)
         self._pending: list[tuple[str, object, object, tuple, bool]] = []
 
-    # -- marks --------------------------------------------------------------------------------
-    def _mark(self) -> tuple[float, object]:
-        """Now, on the host and (once CUDA is up) on the current stream."""
-        return time.monotonic(), self._event()
-
     @classmethod
     def from_env(cls, value: str | None) -> StepClock:
         """``AUTOTUNE_STEP_CLOCK``: ``host``, ``events``, or the measured choice (else)."""
         value = (value or "").strip().lower()
         return cls(events=value != HOST, mode=EVENTS if value == EVENTS else AUTO)
 
+    # -- marks --------------------------------------------------------------------------------
+    def _mark(self) -> tuple[float, object]:
+        """Now, on the host and (once CUDA is up) on the current stream."""
+        return time.monotonic(), self._event() if self._looking else None
+
     def _event(self, force: bool = False):
-        if not self.events or not (self._timed or force):
+        if not self.events or not (self.timed or force):
             return None
         cuda = self._cuda
         if cuda is None:  # found once, on the first mark (the script has imported torch by
             cuda = self._cuda = _torch_cuda()  # then): an import a mark cost 1-2 us of a step
         try:
             if cuda is None or not cuda.is_initialized():
+                self._looking = False  # not again before the step's end (`optimizer_end`)
                 return None
             t0 = time.perf_counter()
             event = cuda.Event(enable_timing=True)
@@ -157,118 +181,171 @@ class StepClock:
             self._cost_s += time.perf_counter() - t0
         return event
 
-    def _step_ended(self, end: float, timed_next: bool) -> None:
-        """A step ended at ``end`` (host): counted, and the choice made once calibrated."""
-        if self._step_t and self._any_event:
+    def _step_ended(self, end: float, timed_next: bool, evented: bool) -> None:
+        """A step ended at ``end`` (host; a timed step's, or one before a timed step), its end
+        recorded a CUDA event or not: counted, and the choice made once calibrated."""
+        if evented and not self._evented:  # CUDA came up: calibrate again, with its events
+            self._recalibrate()
+        elif self._step_t:
             self._steps += 1
             if self.every > 1:
                 self._in_phase += 1
-                self._sampled += self._timed
+                self._sampled += self.timed
             if self._steps <= CALIBRATE_STEPS:
                 self._calib_s += end - self._step_t
-            if self._steps == CALIBRATE_STEPS and self.mode == AUTO:
+            if self._steps == CALIBRATE_STEPS and self.mode != EVENTS:
                 self._choose()
         self._step_t = end
-        self._timed = timed_next
+        self.timed = timed_next
 
-    @property
-    def _any_event(self) -> bool:
-        return self.clock == CUDA or bool(self._pending)
+    def _recalibrate(self) -> None:
+        """Time every step again from here: the sampled host sums so far, scaled, join the
+        full ones, and the choice is made anew over the next steps."""
+        scale = self._in_phase / self._sampled if self._sampled else 0.0
+        for part, seconds in self.total_sampled.items():
+            self.total[part] += seconds * scale
+            self.total_sampled[part] = 0.0
+        self._evented, self.every, self._sums, self.choice = True, 1, self.total, ""
+        self._steps = self._in_phase = self._sampled = 0
+        self._cost_s = self._calib_s = 0.0
 
     def _next_timed(self) -> bool:
-        return self.events and (self.every <= 1 or (self._steps + 1) % self.every == 0)
+        return self.every <= 1 or (self._steps + 1) % self.every == 0
 
     def _choose(self) -> None:
-        cost = self._cost_s / CALIBRATE_STEPS
         step = self._calib_s / CALIBRATE_STEPS
-        self.every = choose_every(cost, step)
-        said = f"its events cost {cost * 1e6:.0f} us of a {step * 1e3:.1f} ms step"
-        if self.every == 1:
-            self.choice = f"step clock: CUDA events on every step ({said})"
-        elif self.every:
-            self.choice = f"step clock: CUDA events on 1 step in {self.every} ({said})"
-        else:
-            self.events, self.mode = False, HOST
-            self.choice = (f"step clock: the host's ({said}: over {COST_BUDGET:.1%} of a step "
-                           f"even on 1 step in {MAX_EVERY}, or sampled too rarely)")
+        if self._evented and self.events:
+            cost = self._cost_s / CALIBRATE_STEPS
+            every = choose_every(cost + HOST_MARKS_S, step)
+            said = (f"its events cost {cost * 1e6:.0f} us and its host marks about "
+                    f"{HOST_MARKS_S * 1e6:.0f} us of a {step * 1e3:.1f} ms step")
+            if every == 1:
+                self.choice = f"step clock: CUDA events on every step ({said})"
+            elif every:
+                self.choice = f"step clock: CUDA events on 1 step in {every} ({said})"
+            else:
+                self.events, self.mode = False, HOST
+                self.choice = (f"step clock: the host's ({said}: over {COST_BUDGET:.1%} of a "
+                               f"step even on 1 step in {MAX_EVERY}, or sampled too rarely)")
+            if every:
+                self._sample(every)
+                return
+        self._sample(host_every(step))
+
+    def _sample(self, every: int) -> None:
+        self.every = every
+        self._sums = self.total_sampled if every > 1 else self.total
 
     def data(self, start: float, end: float) -> None:
         """The loader's ``__next__`` ran from ``start`` to ``end`` (host) for a training batch."""
-        event = self._event()
-        with self.lock:
-            self.total["data"] += end - start
-            self._handed, self._forward_open, self._loader = (end, event), True, True
+        if not self.timed:
+            return
+        self._sums["data"] += end - start
+        self._handed = (end, self._event() if self._looking else None)
+        self._forward_open = self._loader = True
 
     def bucket_launched(self) -> None:
-        self._launch = self._mark()
+        if self.timed:
+            self._launch = self._mark()
 
     def backward_begin(self) -> None:
-        self._backward = self._mark()
+        if self.timed:
+            self._backward = self._mark()
 
     def backward_end(self) -> None:
+        if not self.timed:
+            return
         end, end_ev = self._mark()
         start, start_ev = self._backward
-        with self.lock:
-            if self._forward_open:
-                self.total["forward"] += max(0.0, start - self._handed[0])
-                self._pair("forward", self._handed[1], start_ev)
-                self._forward_open = False
-            elif self._in_optimizer:  # a closure's forward, run by the step itself
-                self.total["forward"] += max(0.0, start - self._inner[0])
-                self._pair("forward", self._inner[1], start_ev)
-            elif not self._loader and self._settled[0] > 0:  # no DataLoader: since the last
-                self.total["forward"] += max(0.0, start - self._settled[0])  # step's end
-                self._pair("forward", self._settled[1], start_ev)
-            if not self._in_optimizer:
-                self._settled = (end, end_ev)
-            if self._in_optimizer:  # all of it since the mark is forward/backward/comm
-                self._nested += max(0.0, end - self._inner[0])
-                self._nested_events.append((self._inner[1], end_ev))
-                self._inner = (end, end_ev)
-            launched, launch_ev = self._launch
-            exposed = end - launched if start <= launched <= end else 0.0
-            self.total["comm"] += exposed
-            self.total["backward"] += (end - start) - exposed
-            if start <= launched <= end:
-                self._pair("backward", start_ev, launch_ev)
-                self._pair("comm", launch_ev, end_ev)
-            else:
-                self._pair("backward", start_ev, end_ev)
+        sums, in_optimizer = self._sums, self._in_optimizer
+        forward_from = None  # the forward pass's start, when one ends at this backward's start
+        if self._forward_open:
+            forward_from = self._handed
+            self._forward_open = False
+        elif in_optimizer:  # a closure's forward, run by the step itself
+            forward_from = self._inner
+        elif not self._loader and self._settled[0] > 0:  # no DataLoader: since the last
+            forward_from = self._settled  # step's end
+        if forward_from is not None:
+            sums["forward"] += max(0.0, start - forward_from[0])
+        if in_optimizer:  # all of it since the mark is forward/backward/comm
+            self._nested += max(0.0, end - self._inner[0])
+            self._nested_events.append((self._inner[1], end_ev))
+            self._inner = (end, end_ev)
+        else:
+            self._settled = (end, end_ev)
+            if not self._step_t:  # no optimizer step seen: a backward pass ends the step
+                self._looking = self.events
+        launched, launch_ev = self._launch
+        exposed = start <= launched <= end
+        if exposed:
+            sums["comm"] += end - launched
+            sums["backward"] += launched - start
+        else:
+            sums["backward"] += end - start
+        if launched:
             self._launch = (0.0, None)
+        if end_ev is None:  # the host's clock: no events to keep
+            return
+        if forward_from is not None:
+            self._pair("forward", forward_from[1], start_ev)
+        if exposed:
+            self._pair("backward", start_ev, launch_ev)
+            self._pair("comm", launch_ev, end_ev)
+        else:
+            self._pair("backward", start_ev, end_ev)
 
     def optimizer_begin(self) -> None:
-        mark = self._mark()
-        with self.lock:
-            self._optimizer = self._inner = mark
-            self._in_optimizer, self._nested, self._nested_events = True, 0.0, []
+        if not self.timed:
+            return
+        self._optimizer = self._inner = self._mark()
+        self._in_optimizer, self._nested = True, 0.0
+        if self._nested_events:
+            self._nested_events = []
 
     def optimizer_end(self) -> None:
+        """A step ended (called on every step: it counts them for the sampling)."""
+        every, timed = self.every, self.timed
+        if not timed and every > 1 and (self._steps + 1) % every:  # nor the next one: only
+            self._steps += 1  # counted (the quick way: most steps of a sampled phase)
+            self._in_phase += 1
+            return
         timed_next = self._next_timed()
-        # the next sampled step's forward runs from this end: recorded when it is sampled
-        end, end_ev = time.monotonic(), self._event(force=timed_next)
+        # this step's optimizer closes here when it was timed, and the next timed step's
+        # forward may run from here: the step's one look for CUDA
+        end = time.monotonic()
+        end_ev = self._event(force=True) if self.events and (timed_next or self._looking) \
+            else None
         start, start_ev = self._optimizer
-        sampled = self.every > 1  # this step's phase, before the choice its end may make
-        self._step_ended(end, timed_next)
-        with self.lock:
-            self.total["optimizer"] += max(0.0, (end - start) - self._nested)
-            self._settled = (end, end_ev)
-            if start_ev is not None and end_ev is not None:  # events: none on the host clock
-                nested = tuple(self._nested_events)
-                if all(a is not None and b is not None for a, b in nested):
-                    self._pair("optimizer", start_ev, end_ev, nested, sampled=sampled)
-            self._in_optimizer, self._nested, self._nested_events = False, 0.0, []
+        sums, sampled = self._sums, self.every > 1  # this step's phase, before its end chooses
+        self._step_ended(end, timed_next, end_ev is not None)
+        self._looking = end_ev is not None and self.timed
+        self._settled = (end, end_ev)
+        if not timed:
+            return
+        sums["optimizer"] += max(0.0, (end - start) - self._nested)
+        if start_ev is not None and end_ev is not None:  # events: none on the host clock
+            nested = tuple(self._nested_events)
+            if all(a is not None and b is not None for a, b in nested):
+                self._pair("optimizer", start_ev, end_ev, nested, sampled=sampled)
+        self._in_optimizer, self._nested = False, 0.0
+        if self._nested_events:
+            self._nested_events = []
 
     def _pair(self, part: str, start, end, nested: tuple = (), *,
               sampled: bool | None = None) -> None:
+        """A part's events, kept for the ticker to read back (`_resolve`): under the lock, as
+        the ticker swaps the list; the host's sums need none (the ticker only copies them)."""
         if start is not None and end is not None:
-            self._pending.append((part, start, end, nested,
-                                  self.every > 1 if sampled is None else sampled))
+            with self.lock:
+                self._pending.append((part, start, end, nested,
+                                      self.every > 1 if sampled is None else sampled))
 
     # -- reading ------------------------------------------------------------------------------
     def snapshot(self) -> dict[str, float]:
         """The sums so far: the device's where CUDA events timed the step, else the host's. On
-        sampled steps the device's sums are scaled to all the steps of that phase; the steps
-        timed in full before it (the calibration's, start-up's slow ones among them) count once:
+        sampled steps the sums are scaled to all the steps of that phase; the steps timed in
+        full before it (the calibration's, start-up's slow ones among them) count once:
         scaled with the rest, a first step of cuDNN's autotuning grew with every step after it,
         and a window's shares summed to 1.8 on an H200."""
         t0 = time.perf_counter()
@@ -276,12 +353,13 @@ class StepClock:
             self._resolve()
             if self._steps < CALIBRATE_STEPS:  # the read-back is the events' cost too
                 self._cost_s += time.perf_counter() - t0
+            scale = self._in_phase / self._sampled if self._sampled else 0.0
+            host = {p: self.total[p] + self.total_sampled[p] * scale for p in PARTS}
             if self.clock == CUDA and self.mode != HOST:
-                scale = self._in_phase / self._sampled if self._sampled else 0.0
-                return {p: self.total[p] if p == "data"
+                return {p: host[p] if p == "data"
                         else self.device[p] + self.device_sampled[p] * scale for p in PARTS}
             self.clock = HOST
-            return dict(self.total)
+            return host
 
     def _resolve(self) -> None:
         """Add the pairs whose later event has completed; the rest wait for the next tick."""

@@ -9,16 +9,19 @@ import pytest
 import probes.parts as parts
 from probes import protocol
 from probes.meter import Meter
-from probes.parts import CALIBRATE_STEPS, StepClock, choose_every
+from probes.parts import CALIBRATE_STEPS, StepClock, choose_every, host_every
 
 
 class Clocks:
-    """time.monotonic and time.perf_counter for `probes.parts`, moved by hand."""
+    """time.monotonic and time.perf_counter for `probes.parts`, moved by hand; ``reads``
+    counts the clock's own readings."""
 
     def __init__(self):
         self.t = 0.0
+        self.reads = 0
 
     def __call__(self):
+        self.reads += 1
         return self.t
 
 
@@ -51,9 +54,10 @@ def fake_cuda(clocks, record_s):
 
     class Cuda:
         recorded = 0
+        up = True  # False: a process that has not initialised CUDA (yet)
 
         def is_initialized(self):
-            return True
+            return self.up
 
     Cuda.Event = Event
     return Cuda()
@@ -82,6 +86,56 @@ def steps(clock, clocks, n, *, forward_s=0.004, backward_s=0.004, optimizer_s=0.
 ])
 def test_the_cheapest_timing_within_the_budget_is_chosen(cost_s, step_s, every):
     assert choose_every(cost_s, step_s) == every
+
+
+@pytest.mark.parametrize("step_s, every", [
+    (0.010, 1),  # the host's marks, 20 us, are 0.2% of a 10 ms step
+    (0.0005, 8),  # 4% of a 0.5 ms step: one in 8 is within 0.5%
+    (0.0001, 16),  # 20% of 0.1 ms: even 1 in 16 is over, and there is nothing cheaper
+])
+def test_the_hosts_clock_is_sampled_on_steps_too_short_for_its_marks(step_s, every):
+    assert host_every(step_s) == every
+
+
+def test_between_sampled_steps_the_hosts_clock_reads_no_time(clocks):
+    """On the CPU (no CUDA) a 0.5 ms step spends 4% of itself in the host's marks when every
+    step is timed (`bench/hook_cost.py`), so after calibrating the clock times one step in 8
+    and the others mark nothing; its sums, scaled, are still each part's time."""
+    cuda = fake_cuda(clocks, 0.0)
+    cuda.up = False
+    clock = StepClock(cuda=cuda)
+    part_s = dict(forward_s=0.0002, backward_s=0.0002, optimizer_s=0.0001)
+    steps(clock, clocks, CALIBRATE_STEPS + 1, **part_s)
+    assert clock.every == 8 and clock.choice == "", clock.choice
+    reads = clocks.reads
+    steps(clock, clocks, 80, **part_s)
+    # a timed step reads the clock at its four marks, the step before it at its end
+    assert clocks.reads - reads <= 80 // 8 * 5 + 5, clocks.reads - reads
+    snap = clock.snapshot()
+    n = CALIBRATE_STEPS + 81
+    assert clock.clock == parts.HOST and type(cuda).recorded == 0
+    assert snap["forward"] == pytest.approx(0.0002 * n, rel=0.05)
+    assert snap["backward"] == pytest.approx(0.0002 * n, rel=0.05)
+    assert snap["optimizer"] == pytest.approx(0.0001 * n, rel=0.05)
+
+
+def test_cuda_that_comes_up_after_the_host_chose_is_timed_in_full_and_chosen_for_again(clocks):
+    """A script that trains on the CPU first and moves to the GPU later: the clock chose one
+    step in 8 on the host's clock, then meets CUDA, times every step again with its events
+    and chooses for them; the host's sums so far are kept."""
+    cuda = fake_cuda(clocks, 20e-6)
+    cuda.up = False
+    clock = StepClock(cuda=cuda)
+    steps(clock, clocks, CALIBRATE_STEPS + 1, forward_s=0.0002, backward_s=0.0002,
+          optimizer_s=0.0001)
+    assert clock.every == 8
+    host_forward = clock.snapshot()["forward"]
+    cuda.up = True
+    steps(clock, clocks, 8)  # the next sampled step looks for CUDA at its end and finds it
+    assert clock.every == 1 and type(cuda).recorded > 0
+    steps(clock, clocks, CALIBRATE_STEPS + 1)
+    assert clock.every == 3 and "1 step in 3" in clock.choice, clock.choice
+    assert clock.total["forward"] >= host_forward
 
 
 def test_events_that_cost_a_share_of_a_short_step_are_recorded_on_sampled_steps(clocks):
@@ -135,7 +189,7 @@ def test_events_too_costly_to_sample_give_the_hosts_clock(clocks):
     cuda = fake_cuda(clocks, 500e-6)  # 3 ms of a 13 ms step
     clock = StepClock(cuda=cuda)
     steps(clock, clocks, CALIBRATE_STEPS + 1)
-    assert clock.every == 0 and "the host's" in clock.choice
+    assert not clock.events and clock.every == 1 and "the host's" in clock.choice
     before = type(cuda).recorded
     steps(clock, clocks, 10)
     assert type(cuda).recorded == before  # no event any more
