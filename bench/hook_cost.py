@@ -34,7 +34,7 @@ COUNTERS = ("count_batch", "count_step", "backward_ended", "close_backward")
 class _NoClock:
     """A step clock that times no step: the hooks skip its marks as between sampled steps."""
 
-    timed = False
+    timed, skip = False, 0
 
     def optimizer_end(self) -> None:
         return None

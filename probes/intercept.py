@@ -359,7 +359,9 @@ class Interceptor:
             training = grad_enabled()
             if io and training:
                 interceptor._drain(it, next_)  # never returns
-            start = monotonic()
+            clock = meter.clock
+            timed = training and clock.timed  # a sampled step (`probes.parts`): the others
+            start = monotonic() if timed else 0.0  # mark nothing
             try:
                 if synthetic and training:
                     batch = interceptor._replay(it, next_)
@@ -370,12 +372,11 @@ class Interceptor:
                 raise
             if training:
                 end = monotonic()
-                clock = meter.clock
-                if clock.timed:  # a sampled step (`probes.parts`): the others mark nothing
+                if timed:
                     clock.data(start, end)
-                meter.count_batch(batch, training=True, now=end)
+                meter.count_batch(batch, True, end)
             else:
-                meter.count_batch(batch, training=False)
+                meter.count_batch(batch, False)
             return batch
 
         dl._BaseDataLoaderIter.__next__ = __next__
@@ -456,8 +457,12 @@ class Interceptor:
         def after_step(optimizer, args, kwargs):
             if depth[0]:
                 depth[0] -= 1
-            if not depth[0]:
-                meter.clock.optimizer_end()  # on every step: it counts them
+            if not depth[0]:  # a step ended: between sampled steps only counted down
+                clock = meter.clock
+                if clock.skip:
+                    clock.skip -= 1
+                else:
+                    clock.optimizer_end()
             meter.count_step()
             if meter.stopping:
                 meter.maybe_stop()

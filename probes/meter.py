@@ -315,7 +315,7 @@ class Meter:
         if current_pid() == self.pid:
             self.close(exit_code=0)
 
-    def count_batch(self, batch, *, training: bool, now: float | None = None) -> None:
+    def count_batch(self, batch, training: bool, now: float | None = None) -> None:
         """A batch left a loader at ``now`` (read here when not given)."""
         if _pid[0] != self.pid:
             self._forked()

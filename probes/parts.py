@@ -117,6 +117,10 @@ class StepClock:
         self.every = 1  # one step in this many is timed (`choose_every`, `host_every`)
         self.choice = ""  # what was chosen for the events and why, once chosen
         self.timed = True  # this step marks its boundaries
+        # step ends to come that need nothing but counting down (between sampled steps): the
+        # hooks count them down themselves, without a call, and `optimizer_end` would too
+        self.skip = 0
+        self._owed = 0  # ...the steps those were, counted at the next call
         # a mark may record an event: the events on, this step timed, and CUDA not found down
         # since the step began (on the CPU one look a timed step, at its end: each look is a
         # call into torch on the training thread)
@@ -206,6 +210,7 @@ class StepClock:
             self.total[part] += seconds * scale
             self.total_sampled[part] = 0.0
         self._evented, self.every, self._sums, self.choice = True, 1, self.total, ""
+        self.skip = self._owed = 0
         self._steps = self._in_phase = self._sampled = 0
         self._cost_s = self._calib_s = 0.0
 
@@ -304,13 +309,21 @@ class StepClock:
             self._nested_events = []
 
     def optimizer_end(self) -> None:
-        """A step ended (called on every step: it counts them for the sampling)."""
-        every, timed = self.every, self.timed
-        if not timed and every > 1 and (self._steps + 1) % every:  # nor the next one: only
-            self._steps += 1  # counted (the quick way: most steps of a sampled phase)
-            self._in_phase += 1
+        """A step ended (every step's end, but those `skip` counts down: it counts them for
+        the sampling)."""
+        if self.skip:
+            self.skip -= 1
             return
-        timed_next = self._next_timed()
+        if self._owed:
+            self._steps += self._owed
+            self._in_phase += self._owed
+            self._owed = 0
+        timed, timed_next = self.timed, self._next_timed()
+        if not (timed or timed_next):  # between sampled steps (the first, after a choice)
+            self._steps += 1
+            self._in_phase += 1
+            self._skip_to_next()
+            return
         # this step's optimizer closes here when it was timed, and the next timed step's
         # forward may run from here: the step's one look for CUDA
         end = time.monotonic()
@@ -319,6 +332,8 @@ class StepClock:
         start, start_ev = self._optimizer
         sums, sampled = self._sums, self.every > 1  # this step's phase, before its end chooses
         self._step_ended(end, timed_next, end_ev is not None)
+        if not timed_next:
+            self._skip_to_next()
         self._looking = end_ev is not None and self.timed
         self._settled = (end, end_ev)
         if not timed:
@@ -331,6 +346,13 @@ class StepClock:
         self._in_optimizer, self._nested = False, 0.0
         if self._nested_events:
             self._nested_events = []
+
+    def _skip_to_next(self) -> None:
+        """Let the step ends up to the one before the next sampled step pass uncounted: that
+        one's end is the next timed step's start, and the next call."""
+        every = self.every
+        if every > 1:
+            self.skip = self._owed = max(0, (self._steps // every + 1) * every - 2 - self._steps)
 
     def _pair(self, part: str, start, end, nested: tuple = (), *,
               sampled: bool | None = None) -> None:
