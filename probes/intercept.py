@@ -329,9 +329,12 @@ class Interceptor:
         DataLoader.__init__ = __init__
 
         base_iter = DataLoader.__iter__
+        replays = meter.mode in ("io", "synthetic")
 
         def __iter__(loader):
             it = base_iter(loader)
+            if not replays:  # a full run or probe reads none of these, and every attribute
+                return it  # added to the iterator slows torch's own reads of it each batch
             try:
                 # A persistent-worker loader holds its iterator: a strong ref back would make a
                 # cycle that outlives the script's last use of the loader, so its workers would
