@@ -234,7 +234,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from probes.intercept import Interceptor
 from probes.meter import Meter
 
-torch.set_num_threads(1)
+EPOCHS = 12  # about 1,500 steps: a sampled clock's estimate steadies over many steps, and a
+torch.set_num_threads(1)  # loaded machine's stall in one sampled step is a small share of it
 meter = Meter({"AUTOTUNE_MODE": sys.argv[1]})
 Interceptor(meter, {}).install()
 model = nn.Linear(8, 2)
@@ -242,7 +243,7 @@ opt = torch.optim.SGD(model.parameters(), lr=0.01)
 loader = DataLoader(TensorDataset(torch.randn(512, 8), torch.randint(0, 2, (512,))),
                     batch_size=4)
 t0, n = time.monotonic(), 0
-for _ in range(3):
+for _ in range(EPOCHS):
     it = iter(loader)
     ours = sorted(k for k in vars(it) if k.startswith("_autotune"))
     for x, y in it:
@@ -276,11 +277,11 @@ def test_the_hooks_on_a_real_loop_of_short_steps_count_every_step_and_time_a_sam
                               os.path.abspath(__file__))))
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
-    assert got["counted"] == got["steps"] >= 3 * 128  # a replayed epoch may hold more
+    assert got["counted"] == got["steps"] >= 12 * 128  # a replayed epoch may hold more
     assert got["samples"] == 4 * got["steps"]
     assert got["every"] > 1, got
-    spent = sum(got["parts"].values())
-    assert 0.3 * got["wall"] < spent < 1.2 * got["wall"], got
+    spent = sum(got["parts"].values())  # scaled from one step in `every`: an estimate
+    assert 0.3 * got["wall"] < spent < 1.3 * got["wall"], got
     if mode == "full":
         assert got["ours"] == []
     else:
