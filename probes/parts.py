@@ -82,16 +82,20 @@ def choose_every(cost_s: float, step_s: float) -> int:
     if step_s <= 0 or cost_s <= COST_BUDGET * step_s:
         return 1
     need = math.ceil(cost_s / (COST_BUDGET * step_s) - 1e-9)  # 8.000000001 is 8
-    most = min(MAX_EVERY, max(1, int(1.0 / (MIN_SAMPLED_PER_S * step_s))))
-    return need if need <= most else 0
+    return need if need <= most_every(step_s) else 0
+
+
+def most_every(step_s: float) -> int:
+    """Pure: the rarest sampling steps of ``step_s`` allow: at most `MAX_EVERY`, and at least
+    `MIN_SAMPLED_PER_S` sampled steps a second."""
+    return min(MAX_EVERY, max(1, int(1.0 / (MIN_SAMPLED_PER_S * step_s))))
 
 
 def host_every(step_s: float) -> int:
     """Pure: time one step in this many on the host's clock alone, in steps of ``step_s``: as
     `choose_every` for the host's marks, or as rarely as a tick's window allows when even that
     costs more than the budget (there is nothing cheaper to fall back on)."""
-    every = choose_every(HOST_MARKS_S, step_s)
-    return every or min(MAX_EVERY, max(1, int(1.0 / (MIN_SAMPLED_PER_S * step_s))))
+    return choose_every(HOST_MARKS_S, step_s) or most_every(step_s)
 
 
 def _torch_cuda():
