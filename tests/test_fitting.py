@@ -591,7 +591,7 @@ def test_the_budget_stops_the_search_when_the_cheapest_config_left_does_not_fit(
                                 lambda self: self.prober.typical_s(self.state))
         else:
             monkeypatch.undo()
-        report, _, _ = tune(tmp_path / where, fake, seconds=None, budget_s=420.0, clock=clock,
+        report, _, _ = tune(tmp_path / where, fake, seconds=None, budget_s=360.0, clock=clock,
                             confirm_rounds=3, fix_tokens=("instances=1", "threads=2"))
         probed = [s for s in fake.specs if s.ranks.name.startswith("trial-")]
         return report, probed, clock.t
@@ -601,7 +601,7 @@ def test_the_budget_stops_the_search_when_the_cheapest_config_left_does_not_fit(
     assert old.stop_reason.rule is Stop.BUDGET, old.stop_reason
     assert len(new_probed) > len(old_probed), ([s.ranks.knobs for s in old_probed],
                                                [s.ranks.knobs for s in new_probed])
-    assert new_t <= 420.0 + 10 and old_t <= 420.0 + 10
+    assert new_t <= 360.0 + 10 and old_t <= 360.0 + 10
 
 
 def test_a_larger_batch_warms_up_for_as_many_steps_as_the_nearest_probe_did():

@@ -164,6 +164,24 @@ def test_the_budget_ends_the_race_and_its_last_look_is_the_planned_one():
     assert "2 of 4 rounds fit in the budget" in raced.stopped, raced.stopped
 
 
+@pytest.mark.parametrize("prior, verdict", [
+    ((), Verdict.KEEP),  # two rounds alone: one degree of freedom, 1.0 inside
+    ((0.030,), Verdict.SWITCH),  # the script's config 3% apart in its two processes, pooled
+    ((0.5,), Verdict.KEEP),  # ...or 40% apart: wider still
+])
+def test_two_rounds_the_budget_ended_pool_the_script_s_config_measured_twice(prior, verdict):
+    """A budget that holds two rounds of a gain near +10% (word_lm as it comes held two of
+    batch 128 against 20, 1.10x and 1.07x, which pooled still read 0.994x at the low end): the
+    race pools their spread with the script's own config in its two search processes
+    (`decision.POOL_UNDER_DOF`)."""
+    rows = [{"baseline": 100.0, "A": 100.0 * r} for r in (1.12, 1.09, 1.12, 1.09)]
+    policy = Race(4, 4, 1, keeps=frozenset({"baseline"}), prior=prior)
+    table = Table(rows, round_s=10.0)
+    raced = race.run(policy, table, score, names=["baseline", "A"], clock=table.clock,
+                     deadline=25.0)
+    assert raced.rounds == 2 and raced.look.verdict is verdict, raced.look.decided.reason
+
+
 def test_a_round_that_would_end_past_the_budget_is_cut_to_the_time_left():
     """Rounds of 10 s and 28 s left: two full rounds, then a third cut to the 8 s left (80% of
     a round, over `race.CUT_ROUND_SHARE`). Without the cut the race stopped after two rounds,

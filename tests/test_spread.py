@@ -173,3 +173,55 @@ def test_a_search_of_a_few_trials_spends_no_probe_on_the_repeat(tmp_path, machin
     assert "baseline-again" not in [s.ranks.name for s in fake.specs]
     assert not report.process_noise.measured
     assert "--trials 3 leaves too few probes" in report.process_noise.why
+
+
+def test_two_rounds_pool_their_spread_with_the_script_s_config_measured_twice():
+    """Two rounds alone leave their spread one degree of freedom (t 15.9 at 96%): word_lm as
+    it comes read its batch 128 at 1.10x and 1.07x of batch 20 in two rounds, with the script's
+    own config 84.8 and 87.4 in its two processes, and kept batch 20 at 0.862x-1.362x. The pair
+    is a round of one config against itself: pooled, it is a second degree of freedom."""
+    pair = spread.measure(side(84.8, rel_ci=0.066), side(87.4, rel_ci=0.040))
+    assert pair.pair_logs() == (pytest.approx(math.log(87.4 / 84.8)),)
+    assert ProcessSpread(first=side(84.8)).pair_logs() == ()
+    base = [decision.Measured(100.0, 2.0), decision.Measured(100.0, 2.0)]
+    cand = [decision.Measured(112.0, 2.0), decision.Measured(109.0, 2.0)]
+    level = 0.96
+    alone = decision.decide({"baseline": base, "A": cand}, "baseline", level=level)
+    pooled = decision.decide({"baseline": base, "A": cand}, "baseline", level=level,
+                             prior=pair.pair_logs())
+    assert alone.kept_baseline and alone.rounds_needed == 3, alone.reason
+    assert not pooled.kept_baseline and pooled.speedup_low > 1.0, pooled.reason
+    # the interval is the pooled t: one more degree of freedom, the pair's square added
+    logs = [math.log(112 / 100), math.log(109 / 100)]
+    m = sum(logs) / 2
+    sd = math.sqrt((sum((x - m) ** 2 for x in logs) + math.log(87.4 / 84.8) ** 2) / 2)
+    half = decision.t_quantile(0.98, 2) * sd / math.sqrt(2)
+    assert pooled.speedup_low == pytest.approx(pooled.speedup * math.exp(-half), rel=1e-9)
+
+
+def test_a_pair_far_apart_widens_two_rounds_and_leaves_three_or_more_to_their_own_spread():
+    """The pair ran one process after the other; rounds taking turns lose the drift between
+    them, so the pair errs wide. It never widens three rounds or more: their own spread
+    stands alone there (`decision.POOL_UNDER_DOF`)."""
+    apart = spread.measure(side(100.0), side(60.0)).pair_logs()  # 40% apart
+    two = {"baseline": [decision.Measured(100.0, 1.0)] * 2,
+           "A": [decision.Measured(115.0, 1.0), decision.Measured(114.0, 1.0)]}
+    assert not decision.decide(two, "baseline").kept_baseline
+    assert decision.decide(two, "baseline", prior=apart).kept_baseline
+    three = {"baseline": [decision.Measured(100.0, 1.0)] * 3,
+             "A": [decision.Measured(r, 1.0) for r in (115.0, 114.0, 116.0)]}
+    alone = decision.decide(three, "baseline")
+    pooled = decision.decide(three, "baseline", prior=apart)
+    assert (pooled.speedup_low, pooled.speedup_high) == (alone.speedup_low, alone.speedup_high)
+
+
+def test_the_rounds_planned_count_the_pooled_pair():
+    """The planner sizes the rounds on the statistic the race will use: at a +10% gain and a
+    spread between processes of 2%, two rounds with the pair pooled show it, where alone they
+    need three."""
+    within = 0.02
+    assert decision.rounds_planned(1.10, 0.02, within, 1) == 3
+    assert decision.rounds_planned(1.10, 0.02, within, 1, prior_dof=1) == 2
+    # from three rounds on the pair adds nothing: a gain three rounds need still needs them
+    assert decision.rounds_planned(1.06, 0.02, within, 1, prior_dof=1) == \
+        decision.rounds_planned(1.06, 0.02, within, 1)

@@ -744,7 +744,8 @@ def test_a_move_pruned_against_a_lucky_first_figure_is_probed_again(tmp_path, ma
     does 125 (+4% on their mean), 64 does 140. Against the first figure 32 is pruned; the second
     process shows that figure was far off, so 32 is probed once more, and the walk goes on from
     it to 64, which wins. (nanoGPT's shape read its own config at 216.4, then 141.6, and pruned
-    its 16 against the first.)"""
+    its 16 against the first.) Three rounds confirm it: two would pool their spread with that
+    pair of processes 51% apart (`decision.POOL_UNDER_DOF`), which no +17% clears."""
     calls = []
 
     def rate(k):
@@ -753,7 +754,7 @@ def test_a_move_pruned_against_a_lucky_first_figure_is_probed_again(tmp_path, ma
             return {1: 150.0, 2: 90.0}.get(len(calls), 120.0)
         return {32: 125.0, 64: 140.0}.get(k["batch_size"], 80.0)
     fake, told = FakeProbe(rate), []
-    report, t, _ = tune(tmp_path, fake, trials=8, confirm_rounds=2, notify=told.append,
+    report, t, _ = tune(tmp_path, fake, trials=8, confirm_rounds=3, notify=told.append,
                         fix_tokens=("workers=0", "instances=1", "threads=2"))
     texts = [n.text for n in told]
     searched = [k.get("batch_size") for k in fake.measured()[1:]]
@@ -769,13 +770,14 @@ def test_moves_are_judged_against_the_mean_of_the_baselines_two_processes(tmp_pa
                                                                          resumed):
     """Batch 32 is +6% on the truth but -12% on the baseline's first figure: judged against
     that figure the batch walk stopped there; against the mean of the baseline's two processes
-    it walks on to 64 (+12%), which wins. A resumed run judges the same way."""
+    it walks on to 64 (+12%), which wins over three rounds (two would pool their spread with
+    that pair 40% apart). A resumed run judges the same way."""
     told, fake = [], _first_high_then_low()
     fixed = ("workers=0", "instances=1")
     if resumed:  # ended after the second process, then resumed for one more trial
         tune(tmp_path, fake, trials=6, confirm_rounds=0, fix_tokens=fixed, notify=told.append)
         assert "baseline-again" in [s.ranks.name for s in fake.specs]
-    report, t, _ = tune(tmp_path, fake, trials=7 if resumed else 6, confirm_rounds=2,
+    report, t, _ = tune(tmp_path, fake, trials=7 if resumed else 6, confirm_rounds=3,
                         notify=told.append, fix_tokens=fixed, resume=resumed)
     names = [s.ranks.name for s in fake.specs]
     assert names.count("baseline-again") == 1 and names[-1] != "baseline-again", names

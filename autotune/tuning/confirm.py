@@ -218,6 +218,12 @@ class _Frame:
         """Throughput and energy together (the Pareto front's pick), not one score."""
         return self.scorer.objective.multi
 
+    @property
+    def prior(self) -> tuple[float, ...]:
+        """The script's own config in two processes, as a round against itself
+        (`ProcessSpread.pair_logs`): pooled with the rounds' spread."""
+        return self.spread.pair_logs() if self.spread is not None else ()
+
     def planning_rel(self) -> float:
         """The spread the rounds are planned on (`ProcessSpread.planning_rel`)."""
         return self.spread.planning_rel() if self.spread is not None else self.process_rel
@@ -233,7 +239,7 @@ class _Frame:
         scores = [x for x in (score(n) for n in names if n != "baseline") if x is not None]
         best = max(scores, key=lambda x: x[0], default=None)
         return needed_rounds(best, score("baseline"), self.planning_rel(), candidates,
-                             one_round_rel=one_round_rel)
+                             one_round_rel=one_round_rel, prior_dof=len(self.prior))
 
     def searched(self, name: str) -> Round:
         """What the search measured of an entry (the baseline: the mean of its two processes,
@@ -398,7 +404,7 @@ def _policy(frame: _Frame, lineup: _Lineup, plan: ConfirmPlan, before: int) -> R
                 max(1, len(lineup.entries) - 1),
                 keeps=frozenset(n for n in lineup.names
                                 if n == "baseline" or frame.space.keeps_batch(frame.cfgs[n])),
-                multi=frame.multi, process_rel=frame.process_rel)
+                multi=frame.multi, process_rel=frame.process_rel, prior=frame.prior)
 
 
 def _race(prober: Prober, state: TuneState, frame: _Frame, lineup: _Lineup, plan: ConfirmPlan,

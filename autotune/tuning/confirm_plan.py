@@ -123,11 +123,13 @@ class ConfirmPlan:
 
 def needed_rounds(best: tuple[float, float] | None, base: tuple[float, float] | None,
                   planning_rel: float, candidates: int, *,
-                  one_round_rel: float | None = None) -> tuple[int | None, str]:
+                  one_round_rel: float | None = None,
+                  prior_dof: int = 0) -> tuple[int | None, str]:
     """The rounds the search's best gain needs (`decision.rounds_planned`; one where
     ``one_round_rel``, the spread's upper bound, lets one decide) and why, from the best's and
-    the baseline's scores as the search measured them (value, 95% half-width); None where
-    there is no gain to show (or none of a size rounds can show)."""
+    the baseline's scores as the search measured them (value, 95% half-width), the rounds'
+    spread pooled with ``prior_dof`` pairs of one config's processes; None where there is no
+    gain to show (or none of a size rounds can show)."""
     if best is None or base is None:
         return None, ""
     gain = decision.gain_of(best[0], best[1], base[0], base[1])
@@ -135,7 +137,7 @@ def needed_rounds(best: tuple[float, float] | None, base: tuple[float, float] | 
         return None, ""
     speedup, within = gain
     n = decision.rounds_planned(speedup, planning_rel, within, candidates,
-                                one_round_rel=one_round_rel)
+                                one_round_rel=one_round_rel, prior_dof=prior_dof)
     if n is None:
         return None, ""
     return n, (f"the search's best measured {speedup - 1:+.1%} with a spread between processes "
@@ -269,6 +271,7 @@ def _statistic(candidates: int, rounds: int, most: int, turns: bool) -> str:
     level = race.look_level(rounds, rounds, candidates, most) * 100
     floor = ", floored by slices paired within each round" if turns else ""
     return (f"the speed-up's t interval over the rounds' ratios to the baseline{floor}, "
+            f"two rounds' spread pooled with the script's own config measured twice, "
             f"looked at after every round, {level:.4g}% at the planned look "
             f"({candidates} candidate(s))")
 

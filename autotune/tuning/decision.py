@@ -68,6 +68,9 @@ KEPT = "kept the script's defaults: "  # how a reason that keeps them begins
 # processes, and a second round of its batch 256 against 32 (~90 s) was the probe of 256 a
 # five-minute budget lacked.
 MIN_ROUNDS = 2
+# The rounds' own degrees of freedom under which the script's config in two processes is
+# pooled with their spread (`_spread`): two rounds, whose t quantile alone is 15.9 at 96%.
+POOL_UNDER_DOF = 2
 # Rounds a budget keeps for the confirmation at the least. Two rounds leave the per-round
 # spread one degree of freedom: with two candidates the t quantile is 25.5, and at 5% between
 # rounds only a gain past ~2.4x clears 1.0 (nanoGPT's batch 64 won both rounds by 1.31x and
@@ -230,7 +233,8 @@ def speedup_interval(speedup: float, pairs: Sequence[tuple[float, float]],
                      candidates: int = 1,
                      process_rel: float = PROCESS_NOISE_REL,
                      paired: Sequence[tuple[Slices, Slices]] | None = None,
-                     level: float | None = None) -> tuple[float, float]:
+                     level: float | None = None,
+                     prior: Sequence[float] = ()) -> tuple[float, float]:
     """The interval of ``speedup`` that holds when the two configs are run again, in new
     processes, at `level_for` ``candidates`` (95% for one): from the spread of the per-round
     ratios (``pairs``: winner, baseline) when there are two rounds or more, never narrower than
@@ -242,7 +246,9 @@ def speedup_interval(speedup: float, pairs: Sequence[tuple[float, float]],
     the interval at the paired slices' own (`paired_half`) instead of the probes' own: each
     probe's interval holds the machine's drift from slice to slice, which fell on both alike.
     ``level``: the interval's confidence as given (`autotune.tuning.race`'s looks), instead of
-    `level_for` ``candidates``."""
+    `level_for` ``candidates``. ``prior``: log ratios of the same config in two processes
+    (`autotune.tuning.spread.ProcessSpread.pair_logs`), pooled with the rounds' spread
+    (`_between_half`)."""
     level = level_for(candidates) if level is None else level
     z = _z(level)
     within = math.hypot(_own_rel(winner), _own_rel(base)) * z / 1.96  # the probes' 95% -> level
@@ -252,7 +258,7 @@ def speedup_interval(speedup: float, pairs: Sequence[tuple[float, float]],
         half = inside
     logs = [math.log(w / b) for w, b in pairs if w > 0 and b > 0]
     if len(logs) >= 2:
-        half = max(half, _between_half(logs, level))
+        half = max(half, _between_half(logs, level, prior))
     else:
         one = math.hypot(within, z * math.sqrt(2) * process_rel)
         half = math.log1p(one) if math.isfinite(one) else math.inf
@@ -261,40 +267,62 @@ def speedup_interval(speedup: float, pairs: Sequence[tuple[float, float]],
     return speedup * math.exp(-half), speedup * math.exp(half)
 
 
-def _between_half(logs: Sequence[float], level: float) -> float:
-    """Half-width, in log terms, of the mean per-round log ratio at ``level``."""
+def _between_half(logs: Sequence[float], level: float, prior: Sequence[float] = ()) -> float:
+    """Half-width, in log terms, of the mean per-round log ratio at ``level``, from the
+    rounds' spread (`_spread`)."""
+    sd, dof = _spread(logs, prior)
+    return t_quantile((1 + level) / 2, dof) * sd / math.sqrt(len(logs))
+
+
+def _spread(logs: Sequence[float], prior: Sequence[float] = ()) -> tuple[float, int]:
+    """The standard deviation of a round's log ratio, and its degrees of freedom, from the
+    rounds' ``logs`` (two or more).
+
+    ``prior``: log ratios whose true value is known to be 0 (the script's own config measured
+    in two processes, one after another), each one more degree of freedom of that spread,
+    pooled with the rounds' own (a pooled variance) while those have fewer than
+    `POOL_UNDER_DOF`: two rounds alone leave the t quantile one degree of freedom (15.9 at
+    96%), and with one such pair two (4.8). Two configs in two new processes differ by what
+    two processes of one config differ by, and more where one ran in a drift the other
+    missed, which rounds taking turns take away: so the pair errs wide. From three rounds on
+    the rounds' own spread stands alone, which a wide pair would only widen."""
     n = len(logs)
     m = sum(logs) / n
-    sd = math.sqrt(sum((x - m) ** 2 for x in logs) / (n - 1))
-    return t_quantile((1 + level) / 2, n - 1) * sd / math.sqrt(n)
+    ss, dof = sum((x - m) ** 2 for x in logs), n - 1
+    if dof < POOL_UNDER_DOF and prior:
+        ss, dof = ss + sum(p * p for p in prior), dof + len(prior)
+    return math.sqrt(ss / dof), dof
 
 
 def rounds_needed(speedup: float, logs: Sequence[float], within: float, candidates: int, *,
-                  min_gain_rel: float = MIN_GAIN_REL, level: float | None = None) -> int | None:
+                  min_gain_rel: float = MIN_GAIN_REL, level: float | None = None,
+                  prior: Sequence[float] = ()) -> int | None:
     """The fewest interleaved rounds whose interval would lie above 1.0 if the gain and the
     spread seen held (the spread of the per-round log ratios ``logs`` and the probes' own
     relative interval ``within``, both narrowing as 1/sqrt(rounds)); None from fewer than two
     rounds, for a gain under ``min_gain_rel``, or beyond `MAX_ROUNDS_NEEDED`. ``level``: the
-    interval's confidence as given, instead of `level_for` ``candidates``."""
+    interval's confidence as given, instead of `level_for` ``candidates``. ``prior``: as
+    `_between_half`'s, pooled with the rounds' spread."""
     if len(logs) < 2 or speedup - 1 <= min_gain_rel:
         return None
     now = len(logs)
-    m = sum(logs) / now
-    sd = math.sqrt(sum((x - m) ** 2 for x in logs) / (now - 1))
+    sd, _ = _spread(logs, prior)
     return _fewest_rounds(math.log(speedup), sd, within * math.sqrt(now),
                           level_for(candidates) if level is None else level,
-                          start=max(now + 1, MIN_ROUNDS))
+                          start=max(now + 1, MIN_ROUNDS), prior_dof=len(prior))
 
 
 def _fewest_rounds(gain: float, sd: float, within_one: float, level: float, *,
-                   start: int) -> int | None:
+                   start: int, prior_dof: int = 0) -> int | None:
     """The fewest rounds from ``start`` whose interval of the log speed-up ``gain`` lies above
-    0: the t-interval of rounds spread ``sd`` apart, and the probes' own relative interval
+    0: the t-interval of rounds spread ``sd`` apart (with ``prior_dof`` more degrees of
+    freedom where `_spread` pools its pairs), and the probes' own relative interval
     ``within_one`` of one round; both narrow as 1/sqrt(rounds). None beyond
     `MAX_ROUNDS_NEEDED`."""
     for n in range(start, MAX_ROUNDS_NEEDED + 1):
         w = math.log1p(within_one * _z(level) / 1.96 / math.sqrt(n))
-        if gain > max(w, t_quantile((1 + level) / 2, n - 1) * sd / math.sqrt(n)):
+        t = t_quantile((1 + level) / 2, n - 1 + (prior_dof if n - 1 < POOL_UNDER_DOF else 0))
+        if gain > max(w, t * sd / math.sqrt(n)):
             return n
     return None
 
@@ -321,22 +349,23 @@ def one_round_half(within: float, one_round_rel: float, candidates: int) -> floa
 
 def rounds_planned(speedup: float, process_rel: float, within: float, candidates: int, *,
                    min_gain_rel: float = MIN_GAIN_REL,
-                   one_round_rel: float | None = None) -> int | None:
+                   one_round_rel: float | None = None, prior_dof: int = 0) -> int | None:
     """The rounds a confirmation plans for a gain the search measured, before any round runs:
     the fewest whose interval would lie above 1.0 if the gain held, each round's log ratio
     spread as two new processes do (``process_rel`` each: sqrt(2) of it, more than a round's
     ratio shows, since a round's load moves both of its configs) and the probes' own relative
     interval were ``within``. Fixed before the rounds, so the decision still looks once. One
     round where ``one_round_rel`` (the spread's upper bound, when measured) lets one decide
-    (`one_round_half`). None for a gain under ``min_gain_rel`` (nothing to show) or beyond
-    `MAX_ROUNDS_NEEDED`."""
+    (`one_round_half`). ``prior_dof``: the pairs of one config's processes the rounds' spread
+    will be pooled with (`_between_half`). None for a gain under ``min_gain_rel`` (nothing to
+    show) or beyond `MAX_ROUNDS_NEEDED`."""
     if speedup - 1 <= min_gain_rel:
         return None
     if one_round_rel is not None and \
             math.log(speedup) > one_round_half(within, one_round_rel, candidates):
         return 1
     return _fewest_rounds(math.log(speedup), math.sqrt(2) * math.log1p(process_rel), within,
-                          level_for(candidates), start=MIN_ROUNDS)
+                          level_for(candidates), start=MIN_ROUNDS, prior_dof=prior_dof)
 
 
 def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
@@ -344,7 +373,8 @@ def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
            min_rounds: int = MIN_ROUNDS, process_rel: float = PROCESS_NOISE_REL,
            one_round_rel: float | None = None,
            slices: Mapping[str, Sequence[Slices | None]] | None = None,
-           looks: int = 1, level: float | None = None, words: str = "") -> Decision:
+           looks: int = 1, level: float | None = None, words: str = "",
+           prior: Sequence[float] = ()) -> Decision:
     """Pick the winner of the interleaved re-measurement; the baseline unless the gain is
     beyond doubt.
 
@@ -361,7 +391,9 @@ def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
     (`speedup_interval`'s ``paired``). ``looks``: the looks the confirmation planned at its
     rounds, the 5% shared among them as among the candidates, so that together they hold it.
     ``level``: each candidate's interval at this confidence instead (`autotune.tuning.race`
-    shares the 5% among its looks itself), said in the reason as ``words``.
+    shares the 5% among its looks itself), said in the reason as ``words``. ``prior``: log
+    ratios of the script's own config in two processes, pooled with the rounds' spread
+    (`_between_half`).
     """
     k = candidates if candidates is not None else max(1, len(results) - 1)
     at = k * max(1, looks)  # the level's correction: candidates and looks alike
@@ -389,7 +421,7 @@ def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
     alone = n == 1 and one_round_rel is not None  # one round may decide: the spread is bounded
     low, high = speedup_interval(speedup, pairs, best, base, candidates=at,
                                  process_rel=one_round_rel if alone else process_rel,
-                                 paired=paired, level=level)
+                                 paired=paired, level=level, prior=prior)
     noise = max(min_gain_rel, 1 - low / speedup if speedup > 0 and math.isfinite(high)
                 else math.inf)
     gain = f"{name} measured {speedup - 1:+.1%}"
@@ -406,7 +438,7 @@ def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
     inside = paired_half(paired, LEVEL) if paired else None
     needed = rounds_needed(speedup, logs, math.expm1(inside) if inside is not None
                            else math.hypot(_own_rel(best), _own_rel(base)), at,
-                           min_gain_rel=min_gain_rel, level=level)
+                           min_gain_rel=min_gain_rel, level=level, prior=prior)
     why = _kept_why(n, speedup, claim, needed, min_rounds=min_rounds, min_gain_rel=min_gain_rel,
                     one_round_rel=one_round_rel if alone else None)
     return Decision(baseline, True, 1.0, base, base, noise,

@@ -136,6 +136,7 @@ class Race:
     min_gain_rel: float = MIN_GAIN_REL
     process_rel: float = decision.PROCESS_NOISE_REL
     min_rounds: int = MIN_ROUNDS
+    prior: tuple[float, ...] = ()  # one config's processes against each other (`decision.decide`)
 
     def look(self, by: Sequence[Rounds], slices: Mapping | None, *, rounds: int,
              live: Sequence[str], last: bool, one_round_rel: float | None = None) -> Look:
@@ -194,7 +195,8 @@ class Race:
                                self.baseline, min_gain_rel=self.min_gain_rel,
                                candidates=self.candidates, min_rounds=self.min_rounds,
                                process_rel=self.process_rel, one_round_rel=one_round_rel,
-                               slices=slices or None, level=level, words=words)
+                               slices=slices or None, level=level, words=words,
+                               prior=self.prior)
 
     def drops(self, results: Rounds, slices: Mapping | None, live: Sequence[str],
               rounds: int) -> list[Drop]:
@@ -237,7 +239,8 @@ class Race:
         paired = decision.paired_slices(results, slices, name, other)
         return decision.speedup_interval(mine.samples_per_s / theirs.samples_per_s, pairs,
                                          mine, theirs, process_rel=self.process_rel,
-                                         paired=paired, level=decision.LEVEL)
+                                         paired=paired, level=decision.LEVEL,
+                                         prior=self.prior)
 
 
 @dataclass(frozen=True)

@@ -108,7 +108,8 @@ class Budget:
         if scores is None or measured is None or not measured.measured:
             return s.confirm_rounds
         n, _ = confirm_plan.needed_rounds(*scores, measured.planning_rel(), 1,
-                                          one_round_rel=measured.upper_rel())
+                                          one_round_rel=measured.upper_rel(),
+                                          prior_dof=len(measured.pair_logs()))
         return confirm_plan.rounds_kept(s.confirm_rounds, n, budgeted=s.budget_s is not None)
 
     def repeat_may_save_a_round(self) -> tuple[float, int] | None:

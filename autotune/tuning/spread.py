@@ -158,6 +158,14 @@ class ProcessSpread:
             return search_rules.PRUNE_MARGIN_REL
         return min(MARGIN_CAP, max(MARGIN_FLOOR, math.sqrt(2) * b))
 
+    def pair_logs(self) -> tuple[float, ...]:
+        """The pair as a round of one config against itself: the log ratio of its two figures,
+        whose true value is 0, which the confirmation pools with its rounds' spread
+        (`autotune.tuning.decision._between_half`); none when not measured."""
+        if not self.measured:
+            return ()
+        return (math.log(self.second.samples_per_s / self.first.samples_per_s),)
+
     def upper_rel(self) -> float | None:
         """The spread between processes at its `UPPER_LEVEL` upper bound from this one pair
         (`upper_rel`); None when not measured."""
