@@ -55,15 +55,22 @@ def test_reportable_paths():
     assert not writes.reportable("/home/u/proj/probe/ckpt.pt", watch, "/home/u/proj/probe")
 
 
-def test_written_paths_of_audit_events():
-    assert writes.written_paths("open", ("a", "r", os.O_RDONLY)) == []
-    assert writes.written_paths("open", ("a", "w", os.O_WRONLY | os.O_CREAT)) == [("a", "write")]
-    assert writes.written_paths("open", ("a", None, os.O_RDWR)) == [("a", "write")]
-    assert writes.written_paths("os.remove", ("a", -1)) == [("a", "delete")]
-    assert writes.written_paths("os.remove", ("a", 5)) == []  # relative to a directory fd
-    assert writes.written_paths("os.rename", ("a", "b", -1, -1)) == [("a", "rename"),
-                                                                    ("b", "rename")]
-    assert writes.written_paths("exec", ("code",)) == []
+def test_the_paths_each_wrapped_call_writes():
+    assert writes.opened(("a",), {}) == [] and writes.opened(("a", "rb"), {}) == []
+    assert writes.opened(("a", "w"), {}) == [("a", "write")]
+    assert writes.opened(("a",), {"mode": "r+b"}) == [("a", "write")]
+    assert writes.opened((), {"file": "a", "mode": "x"}) == [("a", "write")]
+    assert writes.opened((3, "w"), {}) == []  # a descriptor, no path
+    assert writes.os_opened(("a", os.O_RDONLY), {}) == []
+    assert writes.os_opened(("a", os.O_WRONLY | os.O_CREAT), {}) == [("a", "write")]
+    assert writes.os_opened(("a", os.O_RDWR), {"dir_fd": 5}) == []  # relative to a directory
+    assert writes.removed(("a",), {}) == [("a", "delete")]
+    assert writes.removed(("a",), {"dir_fd": 5}) == []
+    assert writes.removed(("/abs/a",), {"dir_fd": 5}) == [("/abs/a", "delete")]
+    assert writes.renamed(("a", "b"), {}) == [("a", "rename"), ("b", "rename")]
+    assert writes.renamed(("a", "b"), {"src_dir_fd": 5}) == [("b", "rename")]
+    assert writes.truncated(("a", 0), {}) == [("a", "truncate")]
+    assert writes.truncated((4, 0), {}) == []
 
 
 def test_write_watch_in_a_process(tmp_path):
@@ -73,8 +80,9 @@ def test_write_watch_in_a_process(tmp_path):
     (tree / "old.txt").write_text("precious")
     (tree / "data.txt").write_text("input")
     code = f"""
-        import json, os, sys, torch
+        import json, logging, os, pathlib, shutil, sys, torch
         from probes import protocol, writes
+        sys.addaudithook = None                        # the watch installs no audit hook
 
         class Meter:
             def send(self, kind, **fields):
@@ -93,14 +101,32 @@ def test_write_watch_in_a_process(tmp_path):
         open({str(scratch / 'probe.txt')!r}, "w").close()     # the probe's own directory
         open({str(elsewhere / 'out.txt')!r}, "w").close()     # outside the tree
         os.remove("data.txt")
+        pathlib.Path("notes.txt").write_text("x")     # pathlib: io.open
+        pathlib.Path("touched").touch()               # pathlib: os.open
+        os.replace("notes.txt", "moved.txt")          # both paths (notes.txt told already)
+        os.makedirs("runs/a", exist_ok=True)
+        open("runs/a/events", "w").close()
+        shutil.rmtree("runs")                          # its top directory, once
+        log = logging.FileHandler("train.log")         # logging opens through open()
+        log.close()
+        x = object()
+        ids = sum(id(x) > 0 for _ in range(1000))      # no audit hook hears these
+        print(json.dumps({{"ids": ids}}))
     """
     done = run_py(code)
     assert done.returncode == 0, done.stderr
     seen = [json.loads(line) for line in done.stdout.splitlines()]
-    assert [(w["path"], w["op"], w["existed"]) for w in seen] == [
+    assert seen[-1] == {"ids": 1000}
+    assert [(w["path"], w["op"], w["existed"]) for w in seen[:-1]] == [
         (str(tree / "old.txt"), "write", True),
         (str(tree / "ckpt.pt"), "write", False),
         (str(tree / "data.txt"), "delete", True),
+        (str(tree / "notes.txt"), "write", False),
+        (str(tree / "touched"), "write", False),
+        (str(tree / "moved.txt"), "rename", False),
+        (str(tree / "runs" / "a" / "events"), "write", False),
+        (str(tree / "runs"), "delete", True),
+        (str(tree / "train.log"), "write", False),
     ]
 
 
