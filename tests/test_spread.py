@@ -191,6 +191,8 @@ def test_two_rounds_pool_their_spread_with_the_script_s_config_measured_twice():
                              prior=pair.pair_logs())
     assert alone.kept_baseline and alone.rounds_needed == 3, alone.reason
     assert not pooled.kept_baseline and pooled.speedup_low > 1.0, pooled.reason
+    assert "2 interleaved rounds, beyond doubt (their spread pooled with the script's own " \
+        "config measured twice)" in pooled.reason, pooled.reason
     # the interval is the pooled t: one more degree of freedom, the pair's square added
     logs = [math.log(112 / 100), math.log(109 / 100)]
     m = sum(logs) / 2

@@ -430,7 +430,9 @@ def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
     if (n >= min_rounds or alone) and speedup - 1 > min_gain_rel and low > 1.0:
         over = (f"one interleaved round, beyond doubt even were processes "
                 f"±{one_round_rel:.1%} apart (the upper bound of the spread measured between "
-                f"them)" if n == 1 else f"{n} interleaved rounds, beyond doubt")
+                f"them)" if n == 1 else f"{n} interleaved rounds, beyond doubt" +
+                (" (their spread pooled with the script's own config measured twice)"
+                 if prior and n - 1 < POOL_UNDER_DOF else ""))
         return Decision(name, False, speedup, best, base, noise,
                         f"{gain} against the baseline over {over}: {claim}", low, high,
                         rounds=n, candidates=k, looks=looks)
