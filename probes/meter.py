@@ -158,6 +158,18 @@ def controller_gone(named: str) -> bool:
         return False
 
 
+def _ended_by_now(named: str, wait_s: float = 1.0) -> bool:
+    """`controller_gone`, asked again for up to ``wait_s``: a controller killed while this rank
+    connected may still be exiting when the connection fails."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        if controller_gone(named):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+
+
 class Meter:
     """Cumulative counters of one process plus its link to the controller."""
 
@@ -215,8 +227,10 @@ class Meter:
             sub=sub,
         )
         if not ok:
-            if self.channel.refused and controller_gone(self.env.get(protocol.ENV_CONTROLLER, "")):
-                # killed before this rank started: nobody would ever stop or reap it
+            if _ended_by_now(self.env.get(protocol.ENV_CONTROLLER, "")):
+                # killed before this rank started (refused), or while it connected (the
+                # connection reset, or closed in the middle of the greeting): nobody would
+                # ever stop or reap it
                 self._leave(f"the controller at {addr} has ended")
                 return
             print(f"autotune: cannot reach the controller at {addr}; the script runs unmeasured",

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -120,6 +121,47 @@ def test_controller_gone_only_when_its_process_on_this_host_has_ended():
         assert meter.controller_gone(f"{host}:{zombie.pid}")
     finally:
         zombie.wait()
+
+
+def closing_addr() -> tuple[str, socket.socket]:
+    """A loopback address that accepts a connection and closes it at once, unanswered: a
+    controller killed while its rank connected (the CI once saw a rank run on so)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def serve():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"127.0.0.1:{server.getsockname()[1]}", server
+
+
+def test_a_rank_whose_controller_ended_while_it_connected_leaves(tmp_path):
+    copy_scripts(tmp_path)
+    addr, server = closing_addr()
+    marker = f"t{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), protocol.ENV_ADDR: addr,
+           protocol.ENV_TOKEN: "00", protocol.ENV_TRIAL: marker,
+           protocol.ENV_CONTROLLER: f"{socket.gethostname()}:{ended_pid()}"}
+    rank = subprocess.Popen([sys.executable, "-m", "probes.boot", str(tmp_path / "ok.py"),
+                             "--steps", "1000000000", "--workers", "1"], env=env, cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        _, err = rank.communicate(timeout=120)
+        assert rank.returncode == 0, err[-2000:]
+        assert "has ended; stopping this run" in err, err[-2000:]
+        assert poll(lambda: not trial_processes(marker), 30), trial_processes(marker)
+    finally:
+        server.close()
+        if rank.poll() is None:
+            os.killpg(rank.pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("ended", [True, False])
