@@ -288,10 +288,22 @@ def _spread(logs: Sequence[float], prior: Sequence[float] = ()) -> tuple[float, 
     the rounds' own spread stands alone, which a wide pair would only widen."""
     n = len(logs)
     m = sum(logs) / n
-    ss, dof = sum((x - m) ** 2 for x in logs), n - 1
-    if dof < POOL_UNDER_DOF and prior:
-        ss, dof = ss + sum(p * p for p in prior), dof + len(prior)
+    ss = sum((x - m) ** 2 for x in logs)
+    if _pools(n, len(prior)):
+        ss += sum(p * p for p in prior)
+    dof = _dof(n, len(prior))
     return math.sqrt(ss / dof), dof
+
+
+def _pools(rounds: int, pairs: int) -> bool:
+    """Whether ``rounds`` pool their spread with ``pairs`` of one config's processes
+    (`_spread`): while their own degrees of freedom are under `POOL_UNDER_DOF`."""
+    return pairs > 0 and rounds - 1 < POOL_UNDER_DOF
+
+
+def _dof(rounds: int, pairs: int) -> int:
+    """The degrees of freedom of ``rounds``' spread, the pairs pooled where `_pools` says."""
+    return rounds - 1 + (pairs if _pools(rounds, pairs) else 0)
 
 
 def rounds_needed(speedup: float, logs: Sequence[float], within: float, candidates: int, *,
@@ -321,7 +333,7 @@ def _fewest_rounds(gain: float, sd: float, within_one: float, level: float, *,
     `MAX_ROUNDS_NEEDED`."""
     for n in range(start, MAX_ROUNDS_NEEDED + 1):
         w = math.log1p(within_one * _z(level) / 1.96 / math.sqrt(n))
-        t = t_quantile((1 + level) / 2, n - 1 + (prior_dof if n - 1 < POOL_UNDER_DOF else 0))
+        t = t_quantile((1 + level) / 2, _dof(n, prior_dof))
         if gain > max(w, t * sd / math.sqrt(n)):
             return n
     return None
@@ -432,7 +444,7 @@ def decide(results: Mapping[str, Sequence[Measured | None]], baseline: str, *,
                 f"±{one_round_rel:.1%} apart (the upper bound of the spread measured between "
                 f"them)" if n == 1 else f"{n} interleaved rounds, beyond doubt" +
                 (" (their spread pooled with the script's own config measured twice)"
-                 if prior and n - 1 < POOL_UNDER_DOF else ""))
+                 if _pools(n, len(prior)) else ""))
         return Decision(name, False, speedup, best, base, noise,
                         f"{gain} against the baseline over {over}: {claim}", low, high,
                         rounds=n, candidates=k, looks=looks)
