@@ -12,10 +12,10 @@ three rounds of new processes (docs/benchmarks.md, "Search"; docs/runs/ has the 
 
 Each process first runs alone from its start to `WARM_S` past its first batch, so start-ups and
 warm-ups never overlap and never count. A slice lasts a quarter of the time each process is to
-measure (`MIN_SLICES`), within `MIN_SLICE_S` and `SLICE_S`, and at least `SLICE_BATCHES` batches
-(long steps: minGPT's are 1-2.5 s), so that a round costs what a probe of each config one after
-the other would (the budget plans it so) and its slices stay well inside the drift's 10-30 s.
-Each probe's figure is read from its own slices only
+measure (`MIN_SLICES`), within `MIN_SLICE_S` and `SLICE_S`, and at least `SLICE_BATCHES`
+whole batches (long steps: minGPT's are 1-2.5 s), so that a round costs what a probe of each
+config one after the other would (the budget plans it so) and its slices stay well inside the
+drift's 10-30 s. Each probe's figure is read from its own slices only
 (`autotune.measuring.steady.slices_estimate`). The trials themselves run as ever
 (`autotune.measuring.trial.run_trial`), one thread each; their loops stand still while held.
 
@@ -141,11 +141,20 @@ class Turn:
                    and self.count - first >= SLICE_BATCHES, MAX_SLICE_S)
 
     def run_slice(self, slice_s: float) -> None:
-        """Release it for one slice: ``slice_s`` and `SLICE_BATCHES` at least, then hold it."""
-        self.release()
+        """Release it for one slice: ``slice_s`` and `SLICE_BATCHES` whole batches at least,
+        then hold it.
+
+        The first batch end a slice sees is not a whole one: the batch its hold interrupted
+        ends just after the release (a script paced by the clock finds the held time gone), or
+        it ended before the hold and its tick came late. `steady.slice_parts` leaves it out
+        for long steps, so the slice waits for one more: with three ends only, one of them a
+        hair before the release by the meter's clock, the CI's loaded machine read no slice
+        of a 0.6 s-step probe and so no figure. The slice starts before the release, so
+        that no batch ended in it lies before its start."""
         t0, first = time.monotonic(), self.count
+        self.release()
         self._wait(lambda: time.monotonic() - t0 >= slice_s
-                   and self.count - first >= SLICE_BATCHES, MAX_SLICE_S)
+                   and self.count - first >= SLICE_BATCHES + 1, MAX_SLICE_S)
         t1 = time.monotonic()
         if not self.done.is_set():
             self.hold()
