@@ -469,6 +469,34 @@ def test_stop_kill_ends_a_run_that_outstays_its_grace(tmp_path):
 
 
 @pytest.mark.slow
+def test_stop_ends_a_run_whose_ranks_ignore_ctrl_c_with_sigterm_after_the_grace(tmp_path):
+    """A rank that trains on through SIGINT gets SIGTERM once the grace is over, as a second
+    Ctrl-C would: the controller still writes the run's end, and nothing of it is left."""
+    copy_scripts(tmp_path)
+    script = tmp_path / "deaf.py"
+    shutil.copy(SCRIPTS / "deaf.py", script)
+    recipe = ok_recipe(tmp_path, script)
+    runs = tmp_path / "runs"
+    rid = started_id(autotune("run", "-d", "--recipe", str(recipe), "--runs-dir", str(runs),
+                              str(script), "--workers", "2", cwd=tmp_path, timeout=120))
+    try:
+        wait_for(lambda: journal(runs / rid, "fullrun_progress"), timeout_s=90, poll_s=0.5,
+                 what="the full run training")
+        p = autotune("stop", rid, "--grace", "3", "--runs-dir", str(runs), timeout=120)
+        assert p.returncode == 0, p.stderr
+        assert "get SIGTERM, and SIGKILL 10 s later, as a second Ctrl-C would" in p.stderr
+        assert "deaf.py" in p.stderr  # the processes still there are named
+        row = ps_row(tmp_path, rid)
+        assert row["state"] == "stopped" and row["exit_code"] == 130, row
+        assert "SIGINT: training on" in (runs / rid / "logs" / "fullrun.log").read_text()
+        assert wait_for(lambda: not run_processes(tmp_path), timeout_s=20,
+                        what="no process of the run left")
+    finally:
+        for proc in run_processes(tmp_path):
+            proc.kill()
+
+
+@pytest.mark.slow
 def test_run_again_starts_with_the_runs_own_launcher_keep_batch_and_samples_per_step(tmp_path):
     """What the full run was started with beside its recipe and command comes back with
     ``--again``; a launcher given again replaces the run's."""

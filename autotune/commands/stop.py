@@ -18,6 +18,8 @@ from autotune.store.events import Event
 from autotune.store.journal import Journal
 
 GRACE_S = 60.0
+RANKS_GRACE_S = 10.0  # the run's processes, from their SIGTERM to their SIGKILL
+ENDING_S = 20.0  # the controller, from its processes' end to its own
 POLL_S = 0.2
 
 
@@ -26,14 +28,18 @@ def add_parser(sub):
                        description="Send the run's controller SIGINT, as Ctrl-C in its terminal "
                                    "would: a probe or the full run's ranks stop at a batch "
                                    "boundary, the journal and what was found are written, and "
-                                   "no process of the run is left. Waits until it has ended.")
+                                   "no process of the run is left. Waits until it has ended. "
+                                   "Processes of the run still there after the grace get "
+                                   "SIGTERM, and SIGKILL 10 s later, as a second Ctrl-C would "
+                                   "(the controller still writes the run's end).")
     p.add_argument("run", metavar="RUN",
                    help="the run's id (a unique prefix is enough) or its directory")
     p.add_argument("--grace", type=positive_float, default=GRACE_S, metavar="S",
-                   help=f"seconds to wait for the run to end (default {GRACE_S:g})")
+                   help=f"seconds to wait for the run to end before its processes get "
+                        f"SIGTERM (default {GRACE_S:g})")
     p.add_argument("--kill", action="store_true",
                    help="after the grace, kill the controller and every process of the run "
-                        "(SIGKILL) and end its journal (exit code 137)")
+                        "(SIGKILL) at once and end its journal (exit code 137)")
     add_runs_dir_arg(p)
     return p
 
@@ -68,9 +74,9 @@ def _wait_gone(ctl: controllers.Controller, timeout_s: float) -> bool:
     return not ctl.alive()
 
 
-def _kill(ctl: controllers.Controller, run_dir, grace_s: float) -> None:
-    """SIGKILL the controller and every process under it (each rank's group whole), and end
-    the journal it could not end."""
+def _under(ctl: controllers.Controller) -> tuple[psutil.Process | None, list, set[int]]:
+    """The controller's process, every process under it, and their process groups (each rank
+    is one, with its DataLoader workers), the controller's own and ours left out."""
     try:
         root = psutil.Process(ctl.pid)
         tree = root.children(recursive=True)
@@ -82,13 +88,69 @@ def _kill(ctl: controllers.Controller, run_dir, grace_s: float) -> None:
             groups.add(os.getpgid(p.pid))
         except OSError:
             pass
-    if root is not None and ctl.alive():
-        root.kill()
-    for pgid in groups - {os.getpgid(0)}:
+    for pid in (ctl.pid, 0):
         try:
-            os.killpg(pgid, signal.SIGKILL)
+            groups.discard(os.getpgid(pid))
         except OSError:
             pass
+    return root, tree, groups
+
+
+def _command(cmdline: list[str]) -> str:
+    """A process's command in a few words: a rank's script, not the interpreter and the
+    probes that start it."""
+    words = cmdline[cmdline.index("probes.boot") + 1:] if "probes.boot" in cmdline else cmdline
+    if not words:
+        return "?"
+    return " ".join([os.path.basename(words[0]), *words[1:3]])[:60]
+
+
+def _described(procs: list[psutil.Process]) -> str:
+    said = []
+    for p in procs[:4]:
+        try:
+            said.append(f"pid {p.pid} ({_command(p.cmdline())})")
+        except psutil.Error:
+            pass
+    more = f" and {len(procs) - 4} more" if len(procs) > 4 else ""
+    return ", ".join(said) + more if said else "none"
+
+
+def _signal_groups(groups: set[int], sig: int) -> None:
+    for pgid in groups:
+        try:
+            os.killpg(pgid, sig)
+        except OSError:
+            pass
+
+
+def _end_ranks(ctl: controllers.Controller, run_dir) -> None:
+    """The run outstayed its grace: its ranks get SIGTERM, and SIGKILL `RANKS_GRACE_S` later,
+    as a second Ctrl-C does in its terminal. The controller stays: it sees them end and writes
+    the run's end, as for any stop."""
+    _, tree, groups = _under(ctl)
+    print(f"autotune: run {run_dir.name} is still stopping; its processes ({_described(tree)}) "
+          f"get SIGTERM, and SIGKILL {RANKS_GRACE_S:g} s later, as a second Ctrl-C would",
+          file=sys.stderr, flush=True)
+    _signal_groups(groups, signal.SIGTERM)
+    if _wait_gone(ctl, RANKS_GRACE_S):
+        return
+    _, tree, groups = _under(ctl)
+    _signal_groups(groups, signal.SIGKILL)
+    for p in tree:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
+def _kill(ctl: controllers.Controller, run_dir, grace_s: float) -> None:
+    """SIGKILL the controller and every process under it (each rank's group whole), and end
+    the journal it could not end."""
+    root, tree, groups = _under(ctl)
+    if root is not None and ctl.alive():
+        root.kill()
+    _signal_groups(groups, signal.SIGKILL)
     for p in tree:
         try:
             p.kill()
@@ -113,11 +175,15 @@ def run(args) -> int:
     print(f"autotune: stopping run {run_dir.name} (pid {ctl.pid}) as Ctrl-C would; waiting "
           f"up to {args.grace:g} s", file=sys.stderr, flush=True)
     if not _wait_gone(ctl, args.grace):
-        if not args.kill:
-            raise AutotuneError(f"run {run_dir.name} has not ended within {args.grace:g} s "
-                                f"(pid {ctl.pid} is still stopping it); 'autotune stop --kill "
-                                f"{run_dir.name}' kills it")
-        _kill(ctl, run_dir, args.grace)
+        if args.kill:
+            _kill(ctl, run_dir, args.grace)
+        else:
+            _end_ranks(ctl, run_dir)
+            if not _wait_gone(ctl, ENDING_S):
+                raise AutotuneError(f"run {run_dir.name} has not ended within {args.grace:g} s "
+                                    f"and the SIGTERM of its processes (pid {ctl.pid} is still "
+                                    f"stopping it); 'autotune stop --kill {run_dir.name}' kills "
+                                    f"it")
     after = info(run_dir)
     code = "" if after.exit_code is None else f", exit code {after.exit_code}"
     print(f"run {after.id} {after.state_text}{code}")
