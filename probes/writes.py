@@ -32,6 +32,7 @@ import io
 import os
 import shutil
 import sys
+import threading
 
 from probes import protocol
 
@@ -119,7 +120,7 @@ class WriteWatch:
         self.watch = [os.path.realpath(d) for d in watch]
         self.scratch = os.path.realpath(scratch) if scratch else None
         self.reported: set[str] = set()
-        self._busy = False
+        self._noting = threading.local()  # a thread noting a path: its own calls meanwhile
 
     def install(self) -> None:
         if not self.watch:
@@ -140,17 +141,20 @@ class WriteWatch:
         """``fn``, noting first the paths a call of it writes (``paths(args, kwargs)``)."""
         watch = self
 
+        noting = self._noting
+
         @functools.wraps(fn)
         def call(*args, **kwargs):
-            if not watch._busy:
-                watch._busy = True  # what noting a path calls is not noted
+            # what noting a path calls is not noted; another thread's calls meanwhile are
+            if not getattr(noting, "on", False):
+                noting.on = True
                 try:
                     for raw, op in paths(args, kwargs):
                         watch._note(raw, op)
                 except Exception:  # noqa: BLE001 - watching must never break the script
                     pass
                 finally:
-                    watch._busy = False
+                    noting.on = False
             return fn(*args, **kwargs)
 
         return call

@@ -130,6 +130,43 @@ def test_write_watch_in_a_process(tmp_path):
     ]
 
 
+def test_write_watch_notes_another_thread_s_file_while_it_notes_one(tmp_path):
+    """The guard that keeps the watch from noting its own calls is the noting thread's: a
+    checkpoint thread's file, opened while the training thread's path is being sent, is
+    noted too."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    code = f"""
+        import json, os, sys, threading
+        from probes import protocol, writes
+
+        sending, other_done = threading.Event(), threading.Event()
+
+        class Meter:
+            def send(self, kind, **fields):
+                print(json.dumps(fields["paths"][0]["path"]), flush=True)
+                if not sending.is_set():
+                    sending.set()  # the first path is being sent: another thread writes now
+                    other_done.wait(10)
+
+        os.environ[protocol.ENV_WATCH_DIRS] = {str(tree)!r}
+        writes.watch(Meter())
+        os.chdir({str(tree)!r})
+
+        def checkpoint():
+            sending.wait(10)
+            open("ckpt.pt", "w").close()
+            other_done.set()
+
+        threading.Thread(target=checkpoint).start()
+        open("log.txt", "w").close()
+    """
+    done = run_py(code)
+    assert done.returncode == 0, done.stderr
+    assert sorted(json.loads(line) for line in done.stdout.splitlines()) == \
+        [str(tree / "ckpt.pt"), str(tree / "log.txt")]
+
+
 # -- sitecustomize / autostart ----------------------------------------------------------------
 @pytest.mark.parametrize("argv, started", [
     (["python", "train.py"], True),
