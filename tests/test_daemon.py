@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -466,6 +467,38 @@ def test_stop_kill_ends_a_run_that_outstays_its_grace(tmp_path):
     finally:
         for proc in run_processes(tmp_path):
             proc.kill()
+
+
+def test_stop_past_its_grace_leaves_an_mps_daemon_to_the_controller(tmp_path, monkeypatch,
+                                                                     capsys):
+    """What `autotune stop` SIGTERMs once the grace is over: the run's ranks, not the MPS
+    control daemon its controller started (the controller quits it, as NVIDIA's guide asks)."""
+    from autotune.commands import stop
+
+    fake_mps = tmp_path / "nvidia-cuda-mps-control"
+    shutil.copy(shutil.which("sleep"), fake_mps)
+    code = ("import subprocess, sys, time\n"
+            "kids = [subprocess.Popen(a, start_new_session=True) for a in "
+            f"(['sleep', '60'], [{str(fake_mps)!r}, '60'])]\n"
+            "print(' '.join(str(k.pid) for k in kids), flush=True)\n"
+            "time.sleep(60)\n")
+    ctl_proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        rank, mps = (psutil.Process(int(x)) for x in ctl_proc.stdout.readline().split())
+        ctl = controller.Controller(ctl_proc.pid, psutil.Process(ctl_proc.pid).create_time(),
+                                    socket.gethostname())
+        monkeypatch.setattr(stop, "RANKS_GRACE_S", 0.5)
+        stop._end_ranks(ctl, tmp_path / "run-x")
+        said = capsys.readouterr().err
+        assert f"pid {rank.pid} (sleep 60)" in said and str(mps.pid) not in said, said
+        assert wait_for(lambda: not rank.is_running() or
+                        rank.status() == psutil.STATUS_ZOMBIE, timeout_s=10, what="the rank")
+        assert mps.is_running() and mps.status() != psutil.STATUS_ZOMBIE
+    finally:
+        for p in psutil.Process(ctl_proc.pid).children(recursive=True):
+            p.kill()
+        ctl_proc.kill()
+        ctl_proc.wait()
 
 
 @pytest.mark.slow

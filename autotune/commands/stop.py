@@ -21,6 +21,7 @@ GRACE_S = 60.0
 RANKS_GRACE_S = 10.0  # the run's processes, from their SIGTERM to their SIGKILL
 ENDING_S = 20.0  # the controller, from its processes' end to its own
 POLL_S = 0.2
+MPS_PREFIX = "nvidia-cuda-mps"  # the control daemon and its server
 
 
 def add_parser(sub):
@@ -74,14 +75,19 @@ def _wait_gone(ctl: controllers.Controller, timeout_s: float) -> bool:
     return not ctl.alive()
 
 
-def _under(ctl: controllers.Controller) -> tuple[psutil.Process | None, list, set[int]]:
+def _under(ctl: controllers.Controller, *, spare_mps: bool = False
+           ) -> tuple[psutil.Process | None, list, set[int]]:
     """The controller's process, every process under it, and their process groups (each rank
-    is one, with its DataLoader workers), the controller's own and ours left out."""
+    is one, with its DataLoader workers), the controller's own and ours left out.
+    ``spare_mps``: an MPS daemon the controller started is left to it (it stops one with
+    ``quit`` on its way out, as NVIDIA's guide asks; a signal could leave its server behind)."""
     try:
         root = psutil.Process(ctl.pid)
         tree = root.children(recursive=True)
     except psutil.Error:
         root, tree = None, []
+    if spare_mps:
+        tree = [p for p in tree if not _is_mps(p)]
     groups = set()
     for p in tree:
         try:
@@ -94,6 +100,13 @@ def _under(ctl: controllers.Controller) -> tuple[psutil.Process | None, list, se
         except OSError:
             pass
     return root, tree, groups
+
+
+def _is_mps(p: psutil.Process) -> bool:
+    try:
+        return p.name().startswith(MPS_PREFIX)
+    except psutil.Error:
+        return False
 
 
 def _command(cmdline: list[str]) -> str:
@@ -128,14 +141,14 @@ def _end_ranks(ctl: controllers.Controller, run_dir) -> None:
     """The run outstayed its grace: its ranks get SIGTERM, and SIGKILL `RANKS_GRACE_S` later,
     as a second Ctrl-C does in its terminal. The controller stays: it sees them end and writes
     the run's end, as for any stop."""
-    _, tree, groups = _under(ctl)
+    _, tree, groups = _under(ctl, spare_mps=True)
     print(f"autotune: run {run_dir.name} is still stopping; its processes ({_described(tree)}) "
           f"get SIGTERM, and SIGKILL {RANKS_GRACE_S:g} s later, as a second Ctrl-C would",
           file=sys.stderr, flush=True)
     _signal_groups(groups, signal.SIGTERM)
     if _wait_gone(ctl, RANKS_GRACE_S):
         return
-    _, tree, groups = _under(ctl)
+    _, tree, groups = _under(ctl, spare_mps=True)
     _signal_groups(groups, signal.SIGKILL)
     for p in tree:
         try:
