@@ -126,7 +126,7 @@ def _described(procs: list[psutil.Process]) -> str:
         except psutil.Error:
             pass
     more = f" and {len(procs) - 4} more" if len(procs) > 4 else ""
-    return ", ".join(said) + more if said else "none"
+    return ", ".join(said) + more if said else "gone by now"
 
 
 def _signal_groups(groups: set[int], sig: int) -> None:
@@ -142,6 +142,10 @@ def _end_ranks(ctl: controllers.Controller, run_dir) -> None:
     as a second Ctrl-C does in its terminal. The controller stays: it sees them end and writes
     the run's end, as for any stop."""
     _, tree, groups = _under(ctl, spare_mps=True)
+    if not tree:
+        print(f"autotune: run {run_dir.name} is still stopping, and no process of it is left "
+              f"but its controller (pid {ctl.pid})", file=sys.stderr, flush=True)
+        return
     print(f"autotune: run {run_dir.name} is still stopping; its processes ({_described(tree)}) "
           f"get SIGTERM, and SIGKILL {RANKS_GRACE_S:g} s later, as a second Ctrl-C would",
           file=sys.stderr, flush=True)
