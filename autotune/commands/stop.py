@@ -137,6 +137,16 @@ def _signal_groups(groups: set[int], sig: int) -> None:
             pass
 
 
+def _kill_all(tree: list[psutil.Process], groups: set[int]) -> None:
+    """SIGKILL each group whole, then each process (one that left its group among them)."""
+    _signal_groups(groups, signal.SIGKILL)
+    for p in tree:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
 def _end_ranks(ctl: controllers.Controller, run_dir) -> None:
     """The run outstayed its grace: its ranks get SIGTERM, and SIGKILL `RANKS_GRACE_S` later,
     as a second Ctrl-C does in its terminal. The controller stays: it sees them end and writes
@@ -152,13 +162,7 @@ def _end_ranks(ctl: controllers.Controller, run_dir) -> None:
     _signal_groups(groups, signal.SIGTERM)
     if _wait_gone(ctl, RANKS_GRACE_S):
         return
-    _, tree, groups = _under(ctl, spare_mps=True)
-    _signal_groups(groups, signal.SIGKILL)
-    for p in tree:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
+    _kill_all(*_under(ctl, spare_mps=True)[1:])
 
 
 def _kill(ctl: controllers.Controller, run_dir, grace_s: float) -> None:
@@ -167,12 +171,7 @@ def _kill(ctl: controllers.Controller, run_dir, grace_s: float) -> None:
     root, tree, groups = _under(ctl)
     if root is not None and ctl.alive():
         root.kill()
-    _signal_groups(groups, signal.SIGKILL)
-    for p in tree:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
+    _kill_all(tree, groups)
     _wait_gone(ctl, 10.0)
     if info(run_dir).status is Status.LOST:
         Journal(run_dir).emit(Event.RUN_ENDED, exit_code=128 + signal.SIGKILL,
