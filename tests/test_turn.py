@@ -42,8 +42,8 @@ class LongSteps:
                 self._end(now)  # the interrupted batch: its time was used up while held
                 next_end = now + STEP_S
             elif running and now >= next_end:
-                self._end(now)
-                next_end = now + STEP_S
+                self._end(next_end)  # stamped when it ended, as the meter does, however
+                next_end += STEP_S  # late this thread woke to see it
             was_running = running
             time.sleep(0.005)
 
