@@ -12,6 +12,7 @@ import psutil
 from autotune import AutotuneError, UsageError
 from autotune.commands.monitor import add_runs_dir_arg, runs_root
 from autotune.commands.common import positive_float
+from autotune.launching import rank_command
 from autotune.monitor.runs import Status, info
 from autotune.store import controller as controllers, rundir
 from autotune.store.events import Event
@@ -112,7 +113,7 @@ def _is_mps(p: psutil.Process) -> bool:
 def _command(cmdline: list[str]) -> str:
     """A process's command in a few words: a rank's script, not the interpreter and the
     probes that start it."""
-    words = cmdline[cmdline.index("probes.boot") + 1:] if "probes.boot" in cmdline else cmdline
+    words = rank_command.user_command(cmdline)
     if not words:
         return "?"
     return " ".join([os.path.basename(words[0]), *words[1:3]])[:60]

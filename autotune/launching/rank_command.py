@@ -67,12 +67,22 @@ def is_python_script(path: str) -> bool:
     return first.startswith(b"#!") and b"python" in first
 
 
+BOOT_MODULE = "probes.boot"  # the runner a Python rank starts under (`rank_argv`)
+
+
 def rank_argv(command: Sequence[str], *, python: str | None = None) -> list[str]:
     """argv of one rank: a Python script under the boot runner, anything else as given."""
     python = python or sys.executable
     if command and is_python_script(command[0]):
-        return [python, "-m", "probes.boot", *command]
+        return [python, "-m", BOOT_MODULE, *command]
     return list(command)
+
+
+def user_command(argv: Sequence[str]) -> list[str]:
+    """Pure: the user's own command in a rank's argv (`rank_argv`'s), the interpreter and the
+    boot runner left out; any other argv as it is."""
+    argv = list(argv)
+    return argv[argv.index(BOOT_MODULE) + 1:] if BOOT_MODULE in argv else argv
 
 
 def rank_env(base: Mapping[str, str], *, knobs: Mapping[str, float], skip: set[str],

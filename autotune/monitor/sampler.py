@@ -14,12 +14,13 @@ from pathlib import Path
 
 import psutil
 
+from autotune.launching import rank_command
 from autotune.store.journal import Journal
 from autotune.store.events import Event
 
 INTERVAL_S = 2.0
 FIRST_AFTER_S = 0.5
-RANK_MARK = "probes.boot"  # in the argv of every Python rank (autotune.launching.rank_command.rank_argv)
+RANK_MARK = rank_command.BOOT_MODULE  # in the argv of every Python rank (`rank_command.rank_argv`)
 
 
 def _alive(p: psutil.Process) -> bool:
