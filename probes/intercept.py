@@ -18,7 +18,7 @@ import time
 import weakref
 
 from probes import protocol
-from probes.meter import Meter
+from probes.meter import PID, Meter
 
 
 def knobs_from_env(env=None) -> dict[str, float]:
@@ -353,16 +353,17 @@ class Interceptor:
 
         next_ = dl._BaseDataLoaderIter.__next__
         io, synthetic = meter.mode == "io", meter.mode == "synthetic"
-        grad_enabled, monotonic = torch.is_grad_enabled, time.monotonic
+        grad_enabled, monotonic, Tensor = torch.is_grad_enabled, time.monotonic, torch.Tensor
 
-        # every batch passes here: the checks are attribute reads, the calls the fewest
-        def __next__(it):
-            if meter.stopping:
-                meter.maybe_stop()
+        def next_in_full(it):
+            """Any batch: the replaying modes', a sampled step's, an evaluation's, the last."""
+            m = meter
+            if m.stopping:
+                m.maybe_stop()
             training = grad_enabled()
             if io and training:
                 interceptor._drain(it, next_)  # never returns
-            clock = meter.clock
+            clock = m.clock
             timed = training and clock.timed  # a sampled step (`probes.parts`): the others
             start = monotonic() if timed else 0.0  # mark nothing
             try:
@@ -377,9 +378,48 @@ class Interceptor:
                 end = monotonic()
                 if timed:
                     clock.data(start, end)
-                meter.count_batch(batch, True, end)
+                m.count_batch(batch, True, end)
             else:
-                meter.count_batch(batch, False)
+                m.count_batch(batch, False)
+            return batch
+
+        if replays:
+            dl._BaseDataLoaderIter.__next__ = next_in_full
+            return
+
+        # Every batch of a full run or probe passes here, inside the script's loop, where each
+        # bytecode costs (`bench/hook_cost.py`): a training batch between sampled steps is
+        # counted inline, as `Meter.count_batch` counts it, its size read as `batch_len` reads
+        # a tensor or an ``(inputs, targets)`` pair; every other batch goes the whole way.
+        def __next__(it):
+            m = meter
+            if m.stopping or m.clock.timed or not grad_enabled():
+                return next_in_full(it)
+            try:
+                batch = next_(it)
+            except (ConnectionError, EOFError) as exc:
+                _name_dead_worker(it, exc)
+                raise
+            kind = type(batch)
+            if kind is tuple or kind is list:
+                first = batch[0] if batch else None
+                shape = first.shape if type(first) is Tensor else None
+                n = shape[0] if shape else 0
+            elif kind is Tensor:
+                shape = batch.shape
+                n = shape[0] if shape else 1
+            else:
+                n = 0
+            if n and PID[0] == m.pid:
+                m.samples += n
+                m.batches += 1
+                m.last_batch_t = now = monotonic()
+                if not m.tick_first_batch_t:
+                    m.tick_first_batch_t = now
+                    if not m.first_batch_t:
+                        m.first_batch_t = now
+            else:
+                m.count_batch(batch, True)
             return batch
 
         dl._BaseDataLoaderIter.__next__ = __next__
@@ -448,27 +488,40 @@ class Interceptor:
 
         # how many optimizers are inside their step (steps may nest: a wrapper's); a count,
         # not their ids: ``id()`` is an audit event, which the probes' write watch hears
-        depth = [0]
+        depth = 0
+        monotonic = time.monotonic
 
+        # These run on every step, inside the script's loop: the common case is counted
+        # inline, as `Meter.count_step` and `Meter.backward_ended` count it.
         def before_step(optimizer, args, kwargs):
-            if meter.noise.seen:
-                meter.close_backward()
-            if not depth[0] and meter.clock.timed:
-                meter.clock.optimizer_begin()
-            depth[0] += 1
+            nonlocal depth
+            m = meter
+            if m.noise.seen:
+                m.close_backward()
+            if not depth and m.clock.timed:
+                m.clock.optimizer_begin()
+            depth += 1
 
         def after_step(optimizer, args, kwargs):
-            if depth[0]:
-                depth[0] -= 1
-            if not depth[0]:  # a step ended: between sampled steps only counted down
-                clock = meter.clock
+            nonlocal depth
+            m = meter
+            if depth:
+                depth -= 1
+            if not depth:  # a step ended: between sampled steps only counted down
+                clock = m.clock
                 if clock.skip:
                     clock.skip -= 1
                 else:
                     clock.optimizer_end()
-            meter.count_step()
-            if meter.stopping:
-                meter.maybe_stop()
+            if PID[0] == m.pid:
+                m.steps += 1
+                m.last_step_t = now = monotonic()
+                if not m.tick_first_step_t:
+                    m.tick_first_step_t = now
+            else:
+                m.count_step()
+            if m.stopping:
+                m.maybe_stop()
 
         from torch.optim.optimizer import (register_optimizer_step_post_hook,
                                            register_optimizer_step_pre_hook)
@@ -479,16 +532,20 @@ class Interceptor:
         backward = torch.Tensor.backward
 
         def tensor_backward(tensor, *args, **kwargs):
-            clock = meter.clock
-            timed = clock.timed
-            if timed:
+            m = meter
+            clock = m.clock
+            if clock.timed:
                 clock.backward_begin()
-            result = backward(tensor, *args, **kwargs)
-            if timed:
+                result = backward(tensor, *args, **kwargs)
                 clock.backward_end()
-            meter.backward_ended()
-            if meter.stopping and not meter.steps:  # weights updated by hand: a backward
-                meter.maybe_stop()  # pass ends the step
+            else:
+                result = backward(tensor, *args, **kwargs)
+            if m.steps and not m.noise.seen and PID[0] == m.pid:
+                m.backwards += 1
+                return result
+            m.backward_ended()
+            if m.stopping and not m.steps:  # weights updated by hand: a backward
+                m.maybe_stop()  # pass ends the step
             return result
 
         torch.Tensor.backward = tensor_backward

@@ -117,15 +117,15 @@ def started_by_script(method: str) -> dict:
 ORPHAN_GRACE_S = 10.0
 
 # This process's pid, kept by a fork hook: the counting hooks compare against it on every batch
-# and step, where ``os.getpid()`` would be a system call each time.
-_pid = [os.getpid()]
+# and step (``PID[0]``), where ``os.getpid()`` would be a system call each time.
+PID = [os.getpid()]
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
+    os.register_at_fork(after_in_child=lambda: PID.__setitem__(0, os.getpid()))
 
 
 def current_pid() -> int:
-    """``os.getpid()`` without the system call (`_pid`)."""
-    return _pid[0]
+    """``os.getpid()`` without the system call (`PID`)."""
+    return PID[0]
 
 
 def _leave_group() -> None:
@@ -331,7 +331,7 @@ class Meter:
 
     def count_batch(self, batch, training: bool, now: float | None = None) -> None:
         """A batch left a loader at ``now`` (read here when not given)."""
-        if _pid[0] != self.pid:
+        if PID[0] != self.pid:
             self._forked()
         n = batch_len(batch)
         if not training:
@@ -348,7 +348,7 @@ class Meter:
             self.tick_first_batch_t = now
 
     def count_step(self) -> None:
-        if _pid[0] != self.pid:
+        if PID[0] != self.pid:
             self._forked()
         self.steps += 1
         self.last_step_t = now = time.monotonic()
@@ -357,7 +357,7 @@ class Meter:
 
     def backward_ended(self) -> None:
         """A backward pass ended: counted, and its buckets' norms closed (`close_backward`)."""
-        if _pid[0] != self.pid:
+        if PID[0] != self.pid:
             self._forked()
         self.backwards += 1
         if not self.steps:  # weights updated by hand: backward passes are the steps

@@ -34,8 +34,8 @@ next tick; nothing waits for the GPU). The data wait stays the host's: it is the
 for the loader. `clock` says which the sums are.
 
 Marking is not free. Each boundary is a few Python calls on the training thread, and inside a
-training loop each costs several times what it costs alone: `bench/hook_cost.py` measured the
-host's marks at about 20 us a step on a 2-core VM, 3% of a 0.6 ms step. A CUDA event is a host
+training loop each costs several times what it costs alone: `bench/hook_cost.py` measured a
+sampled step's marks at 15-25 us on a 2-core VM, 3-5% of a 0.5 ms step. A CUDA event is a host
 call into the driver besides, and reading it back takes the clock's lock from the ticker; under
 MPS, with several ranks feeding one GPU from few cores, that may be a share of a short step. So
 the clock times one step in ``every`` (sampled steps: a sampled step marks all of its
@@ -44,7 +44,8 @@ by the steps since the choice over the sampled ones (the fully timed steps befor
 once). Over its first `CALIBRATE_STEPS` steps it times every step and measures them, and the
 events' own cost with them (``AUTOTUNE_STEP_CLOCK`` unset or ``auto``), then keeps the cheapest
 timing whose cost is within `COST_BUDGET` of a step (`choose_every`), the host's marks counted
-at `HOST_MARKS_S`:
+at `HOST_MARKS_S`; on the host's clock alone, within `HOST_BUDGET` (`host_every`), as the host's
+marks need no more sampled steps than the breakdown's interval does:
 
 - every step, when that costs that little;
 - else one step in ``every``, where a step is sampled at least `MIN_SAMPLED_PER_S` times a
@@ -70,18 +71,19 @@ from probes.protocol import PARTS
 HOST, CUDA = "host", "cuda-events"
 AUTO, EVENTS = "auto", "events"  # AUTOTUNE_STEP_CLOCK: measured choice, or events every step
 CALIBRATE_STEPS = 20  # steps timed on every boundary before the choice
-COST_BUDGET = 0.005  # the marks' host cost may be this share of a step
+COST_BUDGET = 0.005  # the marks' host cost may be this share of a step, with CUDA events...
+HOST_BUDGET = 0.002  # ...and on the host's clock alone
 HOST_MARKS_S = 20e-6  # the host's marks of one step inside a training loop (`bench/hook_cost.py`)
-MAX_EVERY = 16  # sampled: one step in at most this many...
+MAX_EVERY = 64  # sampled: one step in at most this many...
 MIN_SAMPLED_PER_S = 4.0  # ...and at least this many sampled steps a second (one a tick)
 
 
-def choose_every(cost_s: float, step_s: float) -> int:
-    """Pure: time one step in this many (1: every step; 0: none can be, within the budget)
+def choose_every(cost_s: float, step_s: float, budget: float = COST_BUDGET) -> int:
+    """Pure: time one step in this many (1: every step; 0: none can be, within ``budget``)
     for marks costing ``cost_s`` of host time a step, in steps of ``step_s`` wall time."""
-    if step_s <= 0 or cost_s <= COST_BUDGET * step_s:
+    if step_s <= 0 or cost_s <= budget * step_s:
         return 1
-    need = math.ceil(cost_s / (COST_BUDGET * step_s) - 1e-9)  # 8.000000001 is 8
+    need = math.ceil(cost_s / (budget * step_s) - 1e-9)  # 8.000000001 is 8
     return need if need <= most_every(step_s) else 0
 
 
@@ -93,9 +95,9 @@ def most_every(step_s: float) -> int:
 
 def host_every(step_s: float) -> int:
     """Pure: time one step in this many on the host's clock alone, in steps of ``step_s``: as
-    `choose_every` for the host's marks, or as rarely as a tick's window allows when even that
-    costs more than the budget (there is nothing cheaper to fall back on)."""
-    return choose_every(HOST_MARKS_S, step_s) or most_every(step_s)
+    `choose_every` for the host's marks within `HOST_BUDGET`, or as rarely as a tick's window
+    allows when even that costs more (there is nothing cheaper to fall back on)."""
+    return choose_every(HOST_MARKS_S, step_s, HOST_BUDGET) or most_every(step_s)
 
 
 def _torch_cuda():
@@ -114,6 +116,16 @@ class StepClock:
     host's clock only: ``AUTOTUNE_STEP_CLOCK=host``). The hooks call the marks only while
     `timed` (a sampled step); a mark called between sampled steps does nothing.
     """
+
+    # Slots, not an instance dict: the hooks read and call the clock on every step, and past 30
+    # attributes an instance's dict is its own, where the interpreter's fast paths for its
+    # attributes and methods fail on every call (`bench/hook_cost.py`).
+    __slots__ = ("events", "mode", "every", "choice", "timed", "skip", "_owed", "_looking",
+                 "_evented", "_steps", "_in_phase", "_sampled", "_step_t", "_cost_s", "_calib_s",
+                 "lock", "total", "total_sampled", "_sums", "device", "device_sampled", "clock",
+                 "_cuda", "_handed", "_forward_open", "_loader", "_settled", "_backward",
+                 "_optimizer", "_in_optimizer", "_inner", "_nested", "_nested_events", "_launch",
+                 "_pending")
 
     def __init__(self, cuda=None, *, events: bool = True, mode: str = AUTO):
         self.events = events
