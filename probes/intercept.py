@@ -559,17 +559,19 @@ class Interceptor:
         allreduce, or the hook the script registers later (DDP takes one registration only, so
         the later one goes to the dispatcher instead). A model with a built-in (C++) hook
         trains as it would, its communication untimed, and so does one that refuses ours, and
-        every model where `protocol.ENV_LEAVE_DDP_ALLREDUCE` asks it (the full run).
+        every model where `protocol.ENV_LEAVE_DDP_ALLREDUCE` asks it (the full run). Where
+        `protocol.ENV_NOISE` asks it, the hook also takes the noise scale's norms.
         """
         meter = self.meter
         dispatch = meter.env.get(protocol.ENV_LEAVE_DDP_ALLREDUCE) != "1"
+        noise = meter.env.get(protocol.ENV_NOISE) == "1"
         register = DDP.register_comm_hook
         builtin = DDP._register_builtin_comm_hook
 
         def timed(hook, model):
-            # the gradient noise scale's norms (`probes.noise`): at one rank there is no
-            # second batch to compare with, and they would cost for nothing
-            multi = _world_size(model) > 1
+            # the gradient noise scale's norms (`probes.noise`), when asked for: at one rank
+            # there is no second batch to compare with, and they would cost for nothing
+            multi = noise and _world_size(model) > 1
 
             @functools.wraps(hook)
             def timed_hook(state, bucket):

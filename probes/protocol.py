@@ -77,6 +77,10 @@ ENV_SCRATCH_DIR = "AUTOTUNE_SCRATCH_DIR"  # the probe's own working directory wh
 # untimed, instead of the timed Python dispatcher (the full run: the probes measured the parts,
 # and routing every bucket through Python cost a 2-rank CPU run of 3 ms steps some 5%)
 ENV_LEAVE_DDP_ALLREDUCE = "AUTOTUNE_LEAVE_DDP_ALLREDUCE"
+# "1": a DDP rank of a world of two or more takes the gradient norms of the noise scale
+# (probes.noise) in its communication hook; else it takes none: only a goodput tune and
+# `autotune probe` use them, and at two CPU ranks of 2 ms steps they cost about 3% even sampled
+ENV_NOISE = "AUTOTUNE_NOISE"
 
 
 

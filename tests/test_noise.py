@@ -291,3 +291,70 @@ def test_passes_closed_before_any_bucket_change_nothing():
     norms.close(samples=80, steps=4)
     assert norms.snapshot() == {"local_sq": 25.0 + 4.0, "avg_sq": 1.0 + 1.0, "steps": 2,
                                 "samples": 64 + 16, "skipped": 0}
+
+
+NORMS_ASKED = r"""
+import json, os, sys
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+
+def rank(r, env, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    from probes.intercept import Interceptor
+    from probes.meter import Meter
+
+    torch.set_num_threads(1)
+    meter = Meter(env)
+    Interceptor(meter, {}).install()
+    dist.init_process_group("gloo", rank=r, world_size=2)
+    model = nn.parallel.DistributedDataParallel(nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(60):  # 50 ms between norms taken: some steps' worth even on a fast machine
+        opt.zero_grad()
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        torch.distributed.barrier()
+    out.put((r, meter.noise.seen, meter.noise.snapshot()["steps"], meter.steps))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    import socket
+
+    env = json.loads(sys.argv[1])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    ps = [ctx.Process(target=rank, args=(r, env, port, out)) for r in range(2)]
+    for p in ps:
+        p.start()
+    got = sorted(out.get(timeout=120) for _ in ps)
+    for p in ps:
+        p.join()
+    print(json.dumps(got))
+"""
+
+
+@pytest.mark.parametrize("asked", [False, True])
+def test_a_ddp_rank_takes_the_norms_only_when_asked(asked, tmp_path):
+    """Two real DDP ranks through the real hooks: the noise scale's norms cost a short step at
+    two ranks some 3% even sampled, so a rank takes them only with `AUTOTUNE_NOISE` (a goodput
+    tune, `autotune probe`); every step is counted either way."""
+    import os
+
+    env = {"AUTOTUNE_NOISE": "1"} if asked else {}
+    script = tmp_path / "norms.py"  # a file: spawned ranks import its functions from it
+    script.write_text(NORMS_ASKED)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, str(script), json.dumps(env)], capture_output=True,
+                          text=True, timeout=180, cwd=root,
+                          env={**os.environ, "PYTHONPATH": root})
+    assert done.returncode == 0, done.stderr[-2000:]
+    for _, seen, taken, steps in json.loads(done.stdout.strip().splitlines()[-1]):
+        assert steps == 60
+        assert seen is asked and (taken > 0) is asked, (seen, taken)

@@ -90,6 +90,7 @@ def run(args) -> int:
                     mode=mode, max_s=args.seconds, samples_per_step=args.samples_per_step,
                     hang_s=fitting.UNTIMED_BUSY_HANG_S, idle_hang_s=fitting.UNTIMED_IDLE_HANG_S,
                     metric=args.metric if mode != "io" else None, watch_dirs=watched,
+                    noise=True,  # the report prints the noise scale
                     **({"foreign_limit_cores": args.foreign_limit}
                        if args.foreign_limit is not None else {})),
                     on_progress=live)

@@ -63,6 +63,9 @@ class TrialSpec:
     # (`autotune.measuring.outcome.classify`).
     attempt: int | None = None
     last_attempt: bool = True
+    # The gradient noise scale (`probes.protocol.ENV_NOISE`): measured only where it is used
+    # (a goodput tune, `autotune probe`); its norms cost a short step at two ranks some 3%.
+    noise: bool = False
 
     @classmethod
     def of(cls, **fields) -> TrialSpec:

@@ -140,7 +140,8 @@ def result_of(probe: ProbeState, exit_codes: list[int | None], load: ForeignLoad
         energy=probe.energy.per_sample(est.start_t, est.end_t, est.samples_per_s *
                                        (est.end_t - est.start_t))
         if has_estimate and probe.energy is not None else None,
-        noise=_noise(probe, est) if has_estimate and turn is None else None,
+        noise=_noise(probe, est) if has_estimate and turn is None and probe.spec.noise
+        else None,
         kernel_cores=span.unowned.kernel_cores, steal_cores=span.unowned.steal_cores,
         slice_rates=tuple(None if part is None else part[0] / part[1] for part in parts),
         **(_cost(probe, est, turn) if has_estimate else {}), **_pace(probe))

@@ -51,6 +51,8 @@ def run_trial(spec: TrialSpec, *, on_progress: Callable[[steady.Estimate], bool]
     load = ForeignLoad(others=turn.others if turn is not None else None)
     base_env = dict(os.environ if asked.env is None else asked.env)
     base_env[protocol.ENV_TICK_S] = str(spec.tick_s)
+    if spec.noise:
+        base_env[protocol.ENV_NOISE] = "1"
     base_env.update(series.watch_env(asked.command, asked.cwd, spec.watch_dirs))
     if spec.metric:
         base_env["PYTHONUNBUFFERED"] = "1"  # lines are timed when they reach the log

@@ -26,6 +26,7 @@ from autotune.measuring.probe_state import TrialSpec
 from autotune.measuring.trial_events import TrialEvents
 from autotune.store.journal import Journal
 from autotune.tuning import fitting, state as states
+from autotune.tuning.objective import Kind
 from autotune.tuning.records import TuneSettings
 from autotune.store.events import Event
 from autotune.tuning.state import TuneState
@@ -80,7 +81,7 @@ class Prober:
                     cwd=s.cwd, log_dir=self.run_dir / "logs", name=name,
                     max_s=s.seconds or baseline_max_s(s), min_measure_s=s.min_measure_s,
                     samples_per_step=per_step, foreign_limit_cores=s.foreign_limit_cores,
-                    launcher=self.launcher)
+                    launcher=self.launcher, noise=Kind.GOODPUT in s.objective.kinds)
         fit = self._fit(state, knobs, instances)
         if fit is None:  # a pause of the script's own is not known yet
             spec.update(hang_s=fitting.UNTIMED_BUSY_HANG_S,
