@@ -400,6 +400,19 @@ def test_notes_on_sources_disagreement_and_writes():
     assert note.kind is NoteKind.WARNING
 
 
+def test_a_count_is_read_over_the_span_asked_and_only_where_it_covers_it():
+    # 100 samples/s for 10 s, then 50 samples/s: the count over the metric's window, not its own
+    points = [(float(t), 100.0 * t) for t in range(11)] + [(10.0 + t, 1000.0 + 50 * t)
+                                                            for t in range(1, 11)]
+    assert series.rate_over(points, 2.0, 8.0) == pytest.approx(100.0)
+    assert series.rate_over(points, 12.5, 19.5) == pytest.approx(50.0)
+    assert series.rate_over(points, 5.0, 15.0) == pytest.approx(75.0)
+    assert series.rate_over(points, -1.0, 8.0) == 0.0  # before the count began
+    assert series.rate_over(points, 2.0, 21.0) == 0.0  # after it ended
+    assert series.rate_over(points, 8.0, 8.0) == 0.0
+    assert series.rate_over(points[:1], 0.0, 0.0) == 0.0
+
+
 def test_an_error_after_the_stop_is_teardown_unless_out_of_memory():
     from autotune.launching.collector import Received
 

@@ -103,6 +103,17 @@ class _Span:
         return cls(est, has_estimate, parts, ran_s, foreign, unowned)
 
 
+def _counted_rate(probe: ProbeState, est: steady.Estimate | None) -> float:
+    """What autotune counted beside a --metric figure: over the metric's own window, so the two
+    compare like with like; its own steady span where the count does not cover that window."""
+    points, count, _ = probe.counted_series()
+    if est is not None and est.windows >= 3:
+        over = series.rate_over(points, est.start_t, est.end_t)
+        if over > 0:
+            return over
+    return series.rate(points, count)
+
+
 def result_of(probe: ProbeState, exit_codes: list[int | None], load: ForeignLoad,
             log_path: Path, turn: alternate.Turn | None = None) -> TrialResult:
     """What the ended probe measured (`TrialResult`), and how it ended (`classify`)."""
@@ -115,7 +126,7 @@ def result_of(probe: ProbeState, exit_codes: list[int | None], load: ForeignLoad
     has_estimate = span.has_estimate
     outcome, reason = classify(_observed(probe, ending, span, load, tail, log_path))
     ticks = [r.tick for r in probe.ranks.values()]
-    counted = series.rate(*probe.counted_series()[:2]) if probe.source is series.Source.METRIC else 0.0
+    counted = _counted_rate(probe, est) if probe.source is series.Source.METRIC else 0.0
     spec = probe.spec
     return TrialResult(
         outcome=outcome, reason=reason,

@@ -216,3 +216,11 @@ def rate(points: Points, count: int) -> float:
     est = steady.estimate(points, batches=count) if points else None
     return est.samples_per_s if est is not None and est.windows >= 3 else 0.0
 
+
+def rate_over(points: Points, start_t: float, end_t: float) -> float:
+    """Samples/s of a cumulative series between two times on its clock, read where the series
+    covers them; 0 when it does not cover the span or the span is empty."""
+    if len(points) < 2 or end_t <= start_t or start_t < points[0][0] or end_t > points[-1][0]:
+        return 0.0
+    return (steady.interp(points, end_t) - steady.interp(points, start_t)) / (end_t - start_t)
+
