@@ -29,6 +29,7 @@ from autotune.launching import reach
 from probes import protocol
 
 HELLO_TIMEOUT_S = 5.0
+SWEEP_S = 1.0  # how often connections without a hello are looked at, at most
 VERSION_MISMATCH = "ProtocolVersionMismatch"  # exc_type of the error queued for a refused rank
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,11 @@ class Collector:
         self._server.listen(64)
         self._server.setblocking(False)
         self._sel.register(self._server, selectors.EVENT_READ)
+        # `close` wakes the loop through this pair; else the loop wakes only for the ranks'
+        # messages and, once a second, to drop connections that never said hello
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ)
         self._conns: dict[int, _Conn] = {}
         self._next_id = 1
         self._closed = threading.Event()
@@ -136,6 +142,10 @@ class Collector:
 
     def close(self) -> None:
         self._closed.set()
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
         self._thread.join(timeout=2)
         with self._lock:
             for conn in self._conns.values():
@@ -143,15 +153,19 @@ class Collector:
             self._conns.clear()
         self._server.close()
         self._sel.close()
+        self._wake_r.close()
+        self._wake_w.close()
 
     # -- loop --------------------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._closed.is_set():
             try:
-                events = self._sel.select(timeout=0.1)
+                events = self._sel.select(timeout=SWEEP_S)
             except OSError:
                 return
             for key, _ in events:
+                if key.fileobj is self._wake_r:
+                    continue  # `close`: the loop's condition ends it
                 if key.fileobj is self._server:
                     self._accept()
                 else:

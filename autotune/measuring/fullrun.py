@@ -40,7 +40,10 @@ from autotune.store.events import Event
 from probes import protocol
 from probes.protocol import Mode
 
-POLL_S = 0.2
+POLL_S = 0.2  # how often the run is read: its meters' messages, its processes' exits
+# how often its processes' CPU is read for the other load: each read walks the ranks' threads'
+# /proc files, a cost the ranks share the cores with (~1% of a core at five a second, 2 ranks)
+LOAD_EVERY_S = 1.0
 # The ranks' output as it comes; DDP's own allreduce left to DDP: the probes measured the parts
 # of a step, and a run's breakdown then counts communication within backward
 FULL_RUN_ENV = {"PYTHONUNBUFFERED": "1", protocol.ENV_LEAVE_DDP_ALLREDUCE: "1"}
@@ -340,6 +343,7 @@ def _supervise(spec: FullRunSpec, signals: _Signals, collector: Collector, journ
     reported = 0
     held = _Held.of(spec)
     load = ForeignLoad()
+    next_load = 0.0
     said_signal = False
     said_notes = 0
 
@@ -357,8 +361,10 @@ def _supervise(spec: FullRunSpec, signals: _Signals, collector: Collector, journ
         if signals.first is not None and not said_signal:
             said_signal = True
             _say_signal(signals.first, journal)
-        load.sample([p for lp in launched for p in lp.tree()])
         now = time.monotonic()
+        if now >= next_load:
+            next_load = now + LOAD_EVERY_S
+            load.sample([p for lp in launched for p in lp.tree()])
         if now >= next_report:
             next_report = now + spec.progress_every_s
             reported = _report(meter, last_report, now, held, load, journal) or reported

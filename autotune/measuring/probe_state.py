@@ -21,6 +21,7 @@ from autotune.measuring.script_facts import Seen
 from probes import protocol
 
 POLL_S = 0.2  # how often a running probe is read: its meters' messages, its processes' CPU
+TREE_EVERY_S = 1.0  # how often its processes are looked for (`ProbeState.processes`)
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,8 @@ class ProbeState:
         # (when, CPU seconds of the trial's processes so far): idle checks and core-seconds
         self.cpu_trail: collections.deque = collections.deque()
         self.poll_s = POLL_S  # how often the trail is read
+        self._procs: list | None = None  # `processes`, as last found, and when
+        self._procs_t = 0.0
         self.samples_per_step, self.step_note = series.samples_per_step(
             spec.ranks.command, spec.ranks.knobs, spec.samples_per_step)
         self.metric = MetricLog(parse_metric(spec.metric)) if spec.metric else None
@@ -128,14 +131,21 @@ class ProbeState:
         self.marked: proc.MarkedScan | None = None
 
     def processes(self) -> list:
-        """The trial's live processes on this host: our launches' trees, the services working
-        for them (MPS), and the ranks an engine started here with their children."""
+        """The trial's processes on this host: our launches' trees, the services working for
+        them (MPS), and the ranks an engine started here with their children. Found anew at
+        most every `TREE_EVERY_S` (a walk reads every rank thread's /proc files, on the cores
+        the ranks train on); between walks, the last walk's (one that has ended reads as
+        gone wherever its CPU time is read)."""
+        now = time.monotonic()
+        if self._procs is not None and now < self._procs_t + TREE_EVERY_S:
+            return self._procs
         procs = [p for lp in self.launched for p in lp.tree()]
         if self.group is not None:
             procs += self.group.service_processes()
         if self.marked is not None:
             procs += self.marked.processes()
-        return list({p.pid: p for p in procs}.values())
+        self._procs, self._procs_t = list({p.pid: p for p in procs}.values()), now
+        return self._procs
 
     def idle_for(self, over_s: float, now: float) -> bool:
         """The ranks used next to no CPU over the last ``over_s`` seconds."""

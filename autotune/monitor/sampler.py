@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 
+from autotune.hardware import proc
 from autotune.launching import rank_command
 from autotune.store.journal import Journal
 from autotune.store.events import Event
@@ -38,7 +39,7 @@ def run_processes(root_pid: int | None = None) -> tuple[int, int, list[int]]:
     """
     try:
         root = psutil.Process(root_pid or os.getpid())
-        desc = [p for p in root.children(recursive=True) if _alive(p)]
+        desc = [p for p in proc.descendants(root) if _alive(p)]  # this tree's files only
     except psutil.Error:
         return 0, 0, []
     marked = set()
