@@ -242,3 +242,16 @@ def test_a_send_racing_close_is_a_silent_no_op(monkeypatch):
         assert ch.sock is None and not ch.alive
     finally:
         col.close()
+
+
+def test_close_wakes_the_loop_that_otherwise_sleeps_until_its_sweep(monkeypatch):
+    from autotune.launching import collector
+
+    monkeypatch.setattr(collector, "SWEEP_S", 60.0)  # no timeout would end the wait in time
+    col = Collector()
+    ch = Channel(col.addr, col.token)
+    assert ch.open(rank=0, pid=1)
+    wait_for(lambda: col.drain())
+    col.close()  # joins the loop for at most 2 s: only the wake ends its select by then
+    assert not col._thread.is_alive()
+    ch.close()

@@ -8,6 +8,8 @@ import sys
 import textwrap
 import time
 
+import types
+
 import pytest
 
 from autotune import Note, NoteKind
@@ -411,6 +413,22 @@ def test_a_count_is_read_over_the_span_asked_and_only_where_it_covers_it():
     assert series.rate_over(points, 2.0, 21.0) == 0.0  # after it ended
     assert series.rate_over(points, 8.0, 8.0) == 0.0
     assert series.rate_over(points[:1], 0.0, 0.0) == 0.0
+
+
+def test_a_probe_looks_for_its_processes_at_most_once_a_walk_interval(monkeypatch):
+    class Launch:
+        walks = 0
+
+        def tree(self):
+            Launch.walks += 1
+            return [types.SimpleNamespace(pid=100 + Launch.walks)]
+
+    probe = probe_state.ProbeState(spec(), None)
+    probe.launched = [Launch()]
+    first = probe.processes()
+    assert probe.processes() is first and Launch.walks == 1  # within TREE_EVERY_S: the same
+    monkeypatch.setattr(probe_state, "TREE_EVERY_S", 0.0)
+    assert [p.pid for p in probe.processes()] == [102] and Launch.walks == 2
 
 
 def test_an_error_after_the_stop_is_teardown_unless_out_of_memory():
