@@ -147,13 +147,7 @@ class _Meter:
     def span_rate(self, start_t: float, end_t: float) -> float | None:
         """Samples/s over ``[start_t, end_t]`` cut to the batches inside it: from the first
         batch at the earliest, to the latest at the last (None: no time between them)."""
-        points = self.series()[0]
-        if len(points) < 2:
-            return None
-        lo, hi = max(start_t, points[0][0]), min(end_t, points[-1][0])
-        if hi <= lo:
-            return None
-        return (steady.interp(points, hi) - steady.interp(points, lo)) / (hi - lo)
+        return series.span_rate(self.series()[0], start_t, end_t)
 
     def steady(self) -> steady.Estimate | None:
         """The whole run's steady samples/s, as a probe's (`steady.estimate`)."""

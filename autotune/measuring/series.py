@@ -217,10 +217,21 @@ def rate(points: Points, count: int) -> float:
     return est.samples_per_s if est is not None and est.windows >= 3 else 0.0
 
 
+def span_rate(points: Points, start_t: float, end_t: float) -> float | None:
+    """Samples/s of a cumulative series over ``[start_t, end_t]`` cut to the series: from its
+    first point at the earliest to its last at the latest (None: no time between them)."""
+    if len(points) < 2:
+        return None
+    lo, hi = max(start_t, points[0][0]), min(end_t, points[-1][0])
+    if hi <= lo:
+        return None
+    return (steady.interp(points, hi) - steady.interp(points, lo)) / (hi - lo)
+
+
 def rate_over(points: Points, start_t: float, end_t: float) -> float:
     """Samples/s of a cumulative series between two times on its clock, read where the series
     covers them; 0 when it does not cover the span or the span is empty."""
     if len(points) < 2 or end_t <= start_t or start_t < points[0][0] or end_t > points[-1][0]:
         return 0.0
-    return (steady.interp(points, end_t) - steady.interp(points, start_t)) / (end_t - start_t)
+    return span_rate(points, start_t, end_t) or 0.0
 
