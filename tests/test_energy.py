@@ -86,3 +86,15 @@ def test_joules_per_sample_over_the_measured_span(tmp_path, monkeypatch):
     assert energy.EnergyPerSample.from_dict(e.to_dict()) == e
     assert e.describe() == "GPU unavailable: no GPU in use; CPU package 0.1 J (RAPL package energy)"
     assert m.per_sample(20.0, 40.0, samples=1000).cpu_j is None  # beyond what was read
+
+
+def test_a_span_past_the_last_reading_is_charged_the_power_read(tmp_path, monkeypatch):
+    # 10 W read at the polls, the last 0.5 s before the span's end: the span's 8 s hold 80 J,
+    # not the 75 J the readings reach
+    root = powercap(tmp_path / "powercap", [(0, 2**32)])
+    monkeypatch.setenv("AUTOTUNE_RAPL_ROOT", str(root))
+    m = energy.EnergyMeter([])
+    for t in (0.0, 2.0, 4.0, 6.0, 8.5):
+        (root / "intel-rapl:0" / "energy_uj").write_text(f"{int(t * 10_000_000)}\n")
+        m.read(t)
+    assert m.per_sample(1.0, 9.0, samples=80).cpu_j == pytest.approx(1.0)

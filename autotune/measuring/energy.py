@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.hardware import nvml
-from autotune.measuring import steady
+from autotune.measuring import series
 
 RAPL_ROOT = Path("/sys/class/powercap")
 
@@ -204,4 +204,7 @@ class EnergyMeter:
         pts = [(row[0], row[col]) for row in self.trail if row[col] is not None]
         if samples <= 0 or len(pts) < 2 or pts[0][0] > start_t + 1.0 or pts[-1][0] < end_t - 1.0:
             return None
-        return (steady.interp(pts, end_t) - steady.interp(pts, start_t)) / samples
+        # the power over the part of the span the readings cover (they come at the polls, and
+        # the last may be a poll before the span's end), over the whole span
+        watts = series.span_rate(pts, start_t, end_t)
+        return None if watts is None else watts * (end_t - start_t) / samples
