@@ -2,6 +2,7 @@
 recipe that holds exactly it, the ratios and what fails the bench. The bench itself runs real
 training for minutes; it is run by hand and on the device (bench/gpu_device_call.sh)."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -112,3 +113,33 @@ def test_the_hooks_cost_in_the_loop_is_read_with_them_on_and_off_in_turns():
     assert got["off"]["samples"] == got["pass-through"]["samples"] == 0
     assert all(got[w]["us_per_step"] > 0 for w in hook_cost.WAYS)
     assert got["off"]["over_off_us"] == 0.0
+
+
+def test_pooled_rounds_give_the_median_a_sign_test_interval():
+    from bench import parity_pool as pp
+
+    # 9 values: the sign test's 95% interval is the 2nd and 8th smallest (coverage 0.961)
+    lo, hi, cover = pp.median_interval([0.9, 1.0, 0.95, 0.97, 0.99, 1.02, 0.93, 0.96, 1.05])
+    assert (lo, hi) == (0.93, 1.02) and cover == pytest.approx(1 - 2 * 10 / 512)
+    # too few for 95%: the min and max, and what they cover (1 - 2/2**5)
+    assert pp.median_interval([3.0, 1.0, 2.0, 5.0, 4.0]) == (1.0, 5.0, pytest.approx(0.9375))
+    reports = [{"configs": [{"config": "short-1r", "run_ratios": [0.9, 1.0],
+                             "probe_ratios": [0.8]}]},
+               {"configs": [{"config": "short-1r", "run_ratios": [1.1], "probe_ratios": []},
+                            {"config": "short-2r", "run_ratios": [], "probe_ratios": [0.95]}]}]
+    rows = pp.pooled(reports)
+    assert [r["config"] for r in rows] == ["short-1r", "short-2r"]
+    assert rows[0]["run"]["rounds"] == 3 and rows[0]["run"]["median"] == pytest.approx(1.0)
+    assert rows[0]["probe"]["median"] == 0.8 and rows[1]["run"] is None
+    assert "0.950 (0.950-0.950, 1 rounds)" in pp.table(rows)
+
+
+def test_the_comm_hook_bench_prices_the_probe_s_dispatcher_against_ddp_s_own(capsys):
+    from bench import comm_hook_cost
+
+    assert comm_hook_cost.main(["--blocks", "2", "--steps", "5"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    # the probe's copy really ran through our dispatcher, the other through DDP's C++ one
+    assert out["dispatcher_registered"] is True
+    assert out["ddp-own"]["over_ddp_own_us"] == 0.0
+    assert out["probe-hook"]["us_per_step"] > 0 and out["probe-hook"]["cpu_us_per_step"] > 0
