@@ -18,8 +18,11 @@ first holds start-up). A plain run and a run through ``autotune run`` stop once 
 printed as many lines after its first as it prints in ``--span`` seconds started plain (at
 least ``--lines``; counted once per config before the rounds: `calibrate`), and every way's
 figure, the probe's too, stands on that many lines after its first, so that the three measure
-a like stretch of the run; a probe ends as the tuner's do, within ``--seconds``. A config's ``run_ratio`` and ``probe_ratio`` are the medians of the
-per-round ratios to the plain run of the same round; the spread is their min-max. Exits 1 when
+a like stretch of the run; a probe ends as the tuner's do, within ``--seconds``. A config's
+``run_ratio`` and ``probe_ratio`` are the medians of the per-round ratios to the plain run of
+the same round; the spread is their min-max. Each run's foreign load is kept beside its figure
+(``load``): the CPU other programs took meanwhile and the hypervisor's steal, in cores, from
+start to stop. Exits 1 when
 any ratio is below ``--min-ratio`` (0.97) or a config gave no figure.
 
 Beside it, a micro-benchmark of the meter's own cost per step, in microseconds: the counting
@@ -363,17 +366,45 @@ def probe_main(spec_text: str) -> int:
 RUNNERS = {"plain": one_plain, "run": one_run, "probe": one_probe}
 
 
+# -- foreign load -----------------------------------------------------------------------------
+def _cpu_now() -> tuple[float, float, float, float]:
+    """(monotonic s, programs' CPU s on the machine, hypervisor steal s, this process's and
+    its waited-for descendants' CPU s)."""
+    import psutil
+
+    t = psutil.cpu_times()
+    mine = os.times()
+    return (time.monotonic(), t.user + t.nice + t.system, getattr(t, "steal", 0.0),
+            mine.user + mine.system + mine.children_user + mine.children_system)
+
+
+def load_between(a: tuple[float, float, float, float],
+                 b: tuple[float, float, float, float]) -> dict[str, float]:
+    """Pure: what other programs (``others``) and the hypervisor (``steal``) took of the
+    machine between two `_cpu_now` readings, in cores. A run's own processes are this bench's
+    children, waited for by the time of the second reading, so they are not counted."""
+    dt = b[0] - a[0]
+    if dt <= 0:
+        return {"others": 0.0, "steal": 0.0}
+    others = (b[1] - a[1]) - (b[3] - a[3])
+    return {"others": round(max(0.0, others) / dt, 3), "steal": round((b[2] - a[2]) / dt, 3)}
+
+
+
+
 # -- figures ----------------------------------------------------------------------------------
 def rotations(rounds: int) -> list[tuple[str, ...]]:
     """Pure: round r starts the ways rotated by r (plain run probe, run probe plain, ...)."""
     return [tuple(WAYS[(i + r) % len(WAYS)] for i in range(len(WAYS))) for r in range(rounds)]
 
 
-def summarise(c: Config, rates: Mapping[str, Sequence[float | None]]) -> dict:
+def summarise(c: Config, rates: Mapping[str, Sequence[float | None]],
+              loads: Mapping[str, Sequence[Mapping[str, float]]] | None = None) -> dict:
     """Pure: the medians of each way's figures and of the per-round ratios to plain, with the
-    ratios' min and max."""
+    ratios' min and max; ``loads``: each run's foreign load (`load_between`), kept by round."""
     row: dict = {"config": c.name, "ranks": c.ranks, "mps": c.mps, "knobs": dict(c.knobs),
-                 "rounds": {w: list(rates.get(w, ())) for w in WAYS}}
+                 "rounds": {w: list(rates.get(w, ())) for w in WAYS},
+                 "load": {w: [dict(x) for x in (loads or {}).get(w, ())] for w in WAYS}}
     for w in WAYS:
         got = [r for r in rates.get(w, ()) if r]
         row[w] = statistics.median(got) if got else None
@@ -438,18 +469,23 @@ def measure(configs: Sequence[Config], ctx: Ctx, rounds: int,
     """Every config's ways over ``rounds`` rounds; ``after_round`` gets the rows so far (a
     report written each round survives a run cut short)."""
     rates = {c.name: {w: [] for w in WAYS} for c in configs}
+    loads = {c.name: {w: [] for w in WAYS} for c in configs}
     for rnd, order in enumerate(rotations(rounds), start=1):
         if rnd > 1:
-            after_round([summarise(c, rates[c.name]) for c in configs])
+            after_round([summarise(c, rates[c.name], loads[c.name]) for c in configs])
         for c in configs:
             for way in order:
-                t0 = time.monotonic()
+                before = _cpu_now()
                 rate = first_lines_rate(RUNNERS[way](c, ctx), c.rate, ctx.lines_for[c.name])
+                after = _cpu_now()
+                load = load_between(before, after)
                 rates[c.name][way].append(rate)
+                loads[c.name][way].append(load)
                 say(f"round {rnd} {c.name:<12} {way:<6} "
                     + (f"{rate:9.1f} samples/s" if rate else "no figure")
-                    + f" ({time.monotonic() - t0:.0f} s)")
-    return [summarise(c, rates[c.name]) for c in configs]
+                    + f" ({after[0] - before[0]:.0f} s; other programs {load['others']:.2f} "
+                      f"cores, steal {load['steal']:.2f})")
+    return [summarise(c, rates[c.name], loads[c.name]) for c in configs]
 
 
 def _warm(configs: Sequence[Config], ctx: Ctx) -> None:

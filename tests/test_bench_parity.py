@@ -143,3 +143,18 @@ def test_the_comm_hook_bench_prices_the_probe_s_dispatcher_against_ddp_s_own(cap
     assert out["dispatcher_registered"] is True
     assert out["ddp-own"]["over_ddp_own_us"] == 0.0
     assert out["probe-hook"]["us_per_step"] > 0 and out["probe-hook"]["cpu_us_per_step"] > 0
+
+
+def test_a_run_s_foreign_load_is_the_machine_s_cpu_less_its_own_processes():
+    # 10 s: the machine's programs took 25 CPU s, the bench and its waited-for runs 20 of
+    # them; the hypervisor held a core for 1 s of the 10
+    load = bp.load_between((100.0, 1000.0, 5.0, 50.0), (110.0, 1025.0, 6.0, 70.0))
+    assert load == {"others": 0.5, "steal": 0.1}
+    # the bench's own count may run ahead of the kernel's ticks: never below nothing
+    assert bp.load_between((0.0, 0.0, 0.0, 0.0), (1.0, 1.0, 0.0, 1.5))["others"] == 0.0
+    row = bp.summarise(bp._compute(1), {"plain": [100.0], "run": [99.0], "probe": [98.0]},
+                       {"plain": [load], "run": [], "probe": []})
+    assert row["load"]["plain"] == [{"others": 0.5, "steal": 0.1}] and row["load"]["run"] == []
+    before = bp._cpu_now()
+    sum(i * i for i in range(200_000))  # this process's own work is not foreign
+    assert bp._cpu_now()[3] > before[3]
