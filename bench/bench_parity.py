@@ -25,6 +25,10 @@ the same round; the spread is their min-max. Each run's foreign load is kept bes
 start to stop. Exits 1 when
 any ratio is below ``--min-ratio`` (0.97) or a config gave no figure.
 
+``--extra-ways probe-ddp-own`` adds a fourth way to the same rounds, reported and not judged:
+a probe whose ranks keep DDP's own allreduce, as the full run's do, which tells the probe's
+timed communication hook apart from the rest of a probe.
+
 Beside it, a micro-benchmark of the meter's own cost per step, in microseconds: the counting
 hooks, the step clock (host; CUDA events on a GPU) and the channel's tick. On the CPU also the
 hooks' cost inside the `short` config's own training loop (`bench/hook_cost.py`): in the loop
@@ -72,6 +76,10 @@ from bench.shapes import STOP_S, THREAD_VARS, start, timed_run  # noqa: E402
 
 EXAMPLES = ROOT / "examples"
 WAYS = ("plain", "run", "probe")
+# ways that tell a cost apart (``--extra-ways``), measured and reported like the others but not
+# judged: a probe whose ranks keep DDP's own allreduce in C++, as the full run's do (no timed
+# dispatcher of ours, so its breakdown has no communication share)
+EXTRA_WAYS = ("probe-ddp-own",)
 MIN_RATIO = 0.97
 # the examples' own line: "epoch 1 step 40 loss 2.2893 samples/s 1319.3"
 EXAMPLE_RATE = re.compile(r"^(?:\[rank 0\] )?epoch \d+ step \d+ loss [0-9.naif]+ .*?samples/s "
@@ -300,10 +308,11 @@ def first_lines_rate(text: str, pattern: re.Pattern, lines: int) -> float | None
     return sum(rates[1:]) / len(rates[1:]) if len(rates) > 1 else None
 
 
-def one_probe(c: Config, ctx: Ctx) -> str:
-    """The probe in its own process (`probe_main`), and rank 0's log."""
+def one_probe(c: Config, ctx: Ctx, *, ddp_own: bool = False) -> str:
+    """The probe in its own process (`probe_main`), and rank 0's log; ``ddp_own``: its ranks
+    keep DDP's own allreduce (`EXTRA_WAYS`)."""
     spec = {"config": c.name, "device": c.device, "threads": c.threads, "seconds": ctx.seconds,
-            "min_s": ctx.probe_min_s, "log_dir": str(ctx.work / "probes")}
+            "min_s": ctx.probe_min_s, "log_dir": str(ctx.work / "probes"), "ddp_own": ddp_own}
     argv = [sys.executable, str(Path(__file__).resolve()), "--probe-one", json.dumps(spec)]
     out = _run_to_end(argv, ctx, ctx.seconds + 60.0)
     last = out.strip().splitlines()[-1] if out.strip() else ""
@@ -345,9 +354,13 @@ def probe_main(spec_text: str) -> int:
     from autotune.measuring.trial import TrialSpec, run_trial
     from autotune.tuning import space
 
+    from probes import protocol
+
     spec = json.loads(spec_text)
     c = next(x for x in configs_for(spec["device"], spec.get("threads"))
              if x.name == spec["config"])
+    if spec.get("ddp_own"):  # the ranks inherit this process's environment
+        os.environ[protocol.ENV_LEAVE_DDP_ALLREDUCE] = "1"
     fp = fingerprint.current([sys.executable, *c.script])
     knobs, instances = space.rank_knobs(c.recipe_knobs, cores=fp.cores, device=c.device,
                                         devices=max(1, fp.gpu_count) if c.device == "gpu" else 1)
@@ -363,7 +376,8 @@ def probe_main(spec_text: str) -> int:
     return 0
 
 
-RUNNERS = {"plain": one_plain, "run": one_run, "probe": one_probe}
+RUNNERS = {"plain": one_plain, "run": one_run, "probe": one_probe,
+           "probe-ddp-own": lambda c, ctx: one_probe(c, ctx, ddp_own=True)}
 
 
 # -- foreign load -----------------------------------------------------------------------------
@@ -393,22 +407,23 @@ def load_between(a: tuple[float, float, float, float],
 
 
 # -- figures ----------------------------------------------------------------------------------
-def rotations(rounds: int) -> list[tuple[str, ...]]:
+def rotations(rounds: int, ways: Sequence[str] = WAYS) -> list[tuple[str, ...]]:
     """Pure: round r starts the ways rotated by r (plain run probe, run probe plain, ...)."""
-    return [tuple(WAYS[(i + r) % len(WAYS)] for i in range(len(WAYS))) for r in range(rounds)]
+    return [tuple(ways[(i + r) % len(ways)] for i in range(len(ways))) for r in range(rounds)]
 
 
 def summarise(c: Config, rates: Mapping[str, Sequence[float | None]],
               loads: Mapping[str, Sequence[Mapping[str, float]]] | None = None) -> dict:
     """Pure: the medians of each way's figures and of the per-round ratios to plain, with the
     ratios' min and max; ``loads``: each run's foreign load (`load_between`), kept by round."""
+    ways = [*WAYS, *(w for w in EXTRA_WAYS if w in rates)]
     row: dict = {"config": c.name, "ranks": c.ranks, "mps": c.mps, "knobs": dict(c.knobs),
-                 "rounds": {w: list(rates.get(w, ())) for w in WAYS},
-                 "load": {w: [dict(x) for x in (loads or {}).get(w, ())] for w in WAYS}}
-    for w in WAYS:
+                 "rounds": {w: list(rates.get(w, ())) for w in ways},
+                 "load": {w: [dict(x) for x in (loads or {}).get(w, ())] for w in ways}}
+    for w in ways:
         got = [r for r in rates.get(w, ()) if r]
         row[w] = statistics.median(got) if got else None
-    for w in ("run", "probe"):
+    for w in ways[1:]:
         ratios = [a / p for a, p in zip(rates.get(w, ()), rates.get("plain", ())) if a and p]
         row[f"{w}_ratios"] = ratios
         row[f"{w}_ratio"] = statistics.median(ratios) if ratios else None
@@ -443,6 +458,12 @@ def table(rows: Sequence[dict]) -> str:
                      f"{_f(r['plain'], 1):>10}{_f(r['run'], 1):>10}{_f(r['probe'], 1):>10}"
                      f"{_f(r['run_ratio']) + spread['run']:>22}"
                      f"{_f(r['probe_ratio']) + spread['probe']:>22}")
+    for r in rows:
+        for w in EXTRA_WAYS:
+            if r.get(f"{w}_ratio") is not None:
+                lo, hi = r[f"{w}_spread"]
+                lines.append(f"{r['config']:<14}{w}: {_f(r[w], 1)} samples/s, "
+                             f"{_f(r[f'{w}_ratio'])} ({_f(lo, 2)}-{_f(hi, 2)}) of plain")
     return "\n".join(lines)
 
 
@@ -465,12 +486,13 @@ def device_name() -> str:
 
 
 def measure(configs: Sequence[Config], ctx: Ctx, rounds: int,
-            after_round=lambda rows: None) -> list[dict]:
-    """Every config's ways over ``rounds`` rounds; ``after_round`` gets the rows so far (a
-    report written each round survives a run cut short)."""
-    rates = {c.name: {w: [] for w in WAYS} for c in configs}
-    loads = {c.name: {w: [] for w in WAYS} for c in configs}
-    for rnd, order in enumerate(rotations(rounds), start=1):
+            after_round=lambda rows: None, extra: Sequence[str] = ()) -> list[dict]:
+    """Every config's ways (and the ``extra`` ones) over ``rounds`` rounds; ``after_round``
+    gets the rows so far (a report written each round survives a run cut short)."""
+    ways = (*WAYS, *extra)
+    rates = {c.name: {w: [] for w in ways} for c in configs}
+    loads = {c.name: {w: [] for w in ways} for c in configs}
+    for rnd, order in enumerate(rotations(rounds, ways), start=1):
         if rnd > 1:
             after_round([summarise(c, rates[c.name], loads[c.name]) for c in configs])
         for c in configs:
@@ -524,6 +546,9 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=None,
                    help="OMP_NUM_THREADS for every CPU config, as a user writes it (default: "
                         "not set: torch's own for one rank, torchrun's one each for several)")
+    p.add_argument("--extra-ways", nargs="+", choices=EXTRA_WAYS, default=(),
+                   help="more ways, measured in the same rounds and reported, not judged: "
+                        "probe-ddp-own is a probe whose ranks keep DDP's own allreduce")
     p.add_argument("--no-meter", action="store_true",
                    help="skip the meter's micro-benchmark and the hooks' cost in the loop")
     p.add_argument("--probe-one", help=argparse.SUPPRESS)
@@ -576,7 +601,7 @@ def main(argv=None) -> int:
                   "commit": commit, "when": datetime.datetime.now().isoformat(timespec="seconds"),
                   "rounds": args.rounds, "lines": args.lines, "seconds": args.seconds,
                   "span_s": args.span, "lines_for": ctx.lines_for,
-                  "threads": args.threads,
+                  "threads": args.threads, "extra_ways": list(args.extra_ways),
                   "min_ratio": args.min_ratio, "complete": complete, "meter_us": meter,
                   "hook_cost_us": in_loop,
                   "configs": rows}
@@ -587,7 +612,8 @@ def main(argv=None) -> int:
         ctx.lines_for[c.name] = calibrate(c, ctx)
         say(f"# {c.name}: every figure stands on {ctx.lines_for[c.name]} of the script's lines "
             f"after its first (~{ctx.span_s:g} s started plain)")
-    rows = measure(configs, ctx, args.rounds, after_round=lambda r: write(r, False))
+    rows = measure(configs, ctx, args.rounds, after_round=lambda r: write(r, False),
+                   extra=tuple(dict.fromkeys(args.extra_ways)))
     say(table(rows))
     write(rows, True)
     say(f"# report: {out}")

@@ -158,3 +158,15 @@ def test_a_run_s_foreign_load_is_the_machine_s_cpu_less_its_own_processes():
     before = bp._cpu_now()
     sum(i * i for i in range(200_000))  # this process's own work is not foreign
     assert bp._cpu_now()[3] > before[3]
+
+
+def test_an_extra_way_is_rotated_measured_and_reported_but_not_judged():
+    ways = (*bp.WAYS, "probe-ddp-own")
+    assert bp.rotations(2, ways) == [ways, ("run", "probe", "probe-ddp-own", "plain")]
+    row = bp.summarise(bp._compute(2), {"plain": [100.0, 100.0], "run": [99.0, 98.0],
+                                        "probe": [98.0, 97.0], "probe-ddp-own": [80.0, 90.0]})
+    assert row["probe-ddp-own_ratio"] == pytest.approx(0.85)
+    assert row["probe-ddp-own_spread"] == pytest.approx([0.8, 0.9])
+    assert bp.failures([row], 0.97) == []  # its 0.85 does not fail the bench
+    assert "probe-ddp-own: 85.0 samples/s, 0.850 (0.80-0.90) of plain" in bp.table([row])
+    assert "probe-ddp-own" not in bp.summarise(bp._compute(1), {"plain": [1.0]})["rounds"]
