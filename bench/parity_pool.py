@@ -1,12 +1,12 @@
 """Parity pooled: the per-round ratios of several `bench_parity` reports, read as one sample.
 
 On this project's 2-core machine one run of a config moves by about a tenth from the next
-(the machine's neighbours, not the config), so the median of 4-6 rounds is known to a few
-percent at best: a 0.97 threshold then passes or fails by the draw. Rounds from several
-reports on the same code are one larger sample of the same ratio. For each config and way this
-prints the pooled rounds, their median and a distribution-free 95% interval for it (order
-statistics of the binomial, as a sign test gives it; no assumption about the noise's shape),
-and the reports it read.
+(the machine, not the config), so the median of 4-6 rounds is known to a few percent at best:
+a 0.97 threshold then passes or fails by the draw. Rounds from several reports on the same
+code are one larger sample of the same ratio. For each config and way (``run``, ``probe`` and
+any of `bench_parity`'s ``--extra-ways``) this prints the pooled rounds, their median and a
+distribution-free 95% interval for it (order statistics of the binomial, as a sign test gives
+it; no assumption about the noise's shape), and the reports it read.
 
     .venv/bin/python bench/parity_pool.py bench/results/parity-2026-12-02*.json [--commits C..]
 """
@@ -49,8 +49,9 @@ def pooled(reports: Sequence[dict]) -> list[dict]:
     for report in reports:
         for row in report.get("configs", ()):
             ways = by.setdefault(row["config"], {w: [] for w in WAYS})
-            for w in WAYS:
-                ways[w].extend(r for r in row.get(f"{w}_ratios") or () if r)
+            extra = [k[:-len("_ratios")] for k in row if k.endswith("_ratios")]
+            for w in dict.fromkeys([*WAYS, *extra]):  # `bench_parity --extra-ways` too
+                ways.setdefault(w, []).extend(r for r in row.get(f"{w}_ratios") or () if r)
     out = []
     for config, ways in by.items():
         row: dict = {"config": config}
@@ -66,10 +67,11 @@ def pooled(reports: Sequence[dict]) -> list[dict]:
 
 
 def table(rows: Sequence[dict]) -> str:
-    lines = [f"{'config':<14}" + "".join(f"{w + '/plain':>34}" for w in WAYS)]
+    ways = list(dict.fromkeys(w for row in rows for w in row if w != "config"))
+    lines = [f"{'config':<14}" + "".join(f"{w + '/plain':>34}" for w in ways)]
     for row in rows:
         cells = []
-        for w in WAYS:
+        for w in ways:
             got = row.get(w)
             cells.append("n/a" if not got else
                          f"{got['median']:.3f} ({got['low']:.3f}-{got['high']:.3f}, "

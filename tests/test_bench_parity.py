@@ -132,6 +132,10 @@ def test_pooled_rounds_give_the_median_a_sign_test_interval():
     assert rows[0]["run"]["rounds"] == 3 and rows[0]["run"]["median"] == pytest.approx(1.0)
     assert rows[0]["probe"]["median"] == 0.8 and rows[1]["run"] is None
     assert "0.950 (0.950-0.950, 1 rounds)" in pp.table(rows)
+    extra = pp.pooled([{"configs": [{"config": "short-2r", "run_ratios": [1.0],
+                                     "probe_ratios": [0.9], "probe-ddp-own_ratios": [0.99]}]}])
+    assert extra[0]["probe-ddp-own"]["median"] == 0.99
+    assert "probe-ddp-own/plain" in pp.table(extra)
 
 
 def test_the_comm_hook_bench_prices_the_probe_s_dispatcher_against_ddp_s_own(capsys):
