@@ -353,7 +353,6 @@ def probe_main(spec_text: str) -> int:
     from autotune.hardware import fingerprint
     from autotune.measuring.trial import TrialSpec, run_trial
     from autotune.tuning import space
-
     from probes import protocol
 
     spec = json.loads(spec_text)
@@ -402,8 +401,6 @@ def load_between(a: tuple[float, float, float, float],
         return {"others": 0.0, "steal": 0.0}
     others = (b[1] - a[1]) - (b[3] - a[3])
     return {"others": round(max(0.0, others) / dt, 3), "steal": round((b[2] - a[2]) / dt, 3)}
-
-
 
 
 # -- figures ----------------------------------------------------------------------------------

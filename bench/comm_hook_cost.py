@@ -45,28 +45,34 @@ def _rank(blocks: int, steps: int) -> dict:
     from probes.intercept import Interceptor
     from probes.meter import Meter
 
+    from bench.hook_cost import training
+
     torch.set_num_threads(1)
     meter = Meter({})
     Interceptor(meter, {}).install()  # a probe's patches: DDP gets the dispatcher
     dist.init_process_group("gloo")
 
-    def model(way: str):
-        torch.manual_seed(0)
-        net = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
-        ddp = nn.parallel.DistributedDataParallel(net)
+    def copy(way: str):
+        # the short config's model, optimizer and loader, as `bench.hook_cost` makes them
+        model, optimizer, loader, loss_fn = training()
+        ddp = nn.parallel.DistributedDataParallel(model)
         if way == "ddp-own":
             ddp._autotune_comm = True  # as the full run leaves it: DDP's allreduce in C++
-        return ddp, torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+        return ddp, optimizer, loader, loss_fn
 
-    models = {w: model(w) for w in WAYS}
-    x, y = torch.randn(16, 64), torch.randint(0, 10, (16,))
-    loss_fn = nn.CrossEntropyLoss()
+    models = {w: copy(w) for w in WAYS}
 
     def block(way: str) -> tuple[float, float]:
-        ddp, opt = models[way]
+        ddp, opt, loader, loss_fn = models[way]
+        batches = iter(loader)
         dist.barrier()
         t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(steps):
+            try:
+                x, y = next(batches)
+            except StopIteration:
+                batches = iter(loader)
+                x, y = next(batches)
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(ddp(x), y)
             loss.backward()

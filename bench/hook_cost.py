@@ -104,7 +104,7 @@ class Hooks:
 EXAMPLE = ROOT / "examples" / "compute_bound" / "train.py"
 
 
-def _training():
+def training():
     """The `short` config's model, data, loader and optimizer, made by the example's own
     functions with `bench_parity`'s sizes and the example's defaults."""
     import importlib.util
@@ -144,10 +144,10 @@ def hook_cost_us(blocks: int = 60, ways=WAYS) -> dict:
 
     torch.set_num_threads(1)
     hooks = Hooks()
-    training = _training()
+    parts = training()
     hooks.use("off")
     for _ in range(2):  # warm: the allocator, the first steps' one-time work
-        epoch_us_per_step(*training)
+        epoch_us_per_step(*parts)
     per_way: dict[str, list[float]] = {w: [] for w in ways}
     counted: dict[str, int] = {w: 0 for w in ways}
     try:
@@ -155,11 +155,11 @@ def hook_cost_us(blocks: int = 60, ways=WAYS) -> dict:
             for way in ways:
                 hooks.use(way)
                 before = hooks.meter.samples
-                per_way[way].append(epoch_us_per_step(*training))
+                per_way[way].append(epoch_us_per_step(*parts))
                 counted[way] += hooks.meter.samples - before
     finally:
         hooks.use("off")
-    out = {"blocks": blocks, "steps_per_block": len(training[2])}
+    out = {"blocks": blocks, "steps_per_block": len(parts[2])}
     for way in ways:
         diff = [a - b for a, b in zip(per_way[way], per_way["off"])]
         out[way] = {"us_per_step": round(statistics.median(per_way[way]), 1),

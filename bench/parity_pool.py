@@ -25,9 +25,9 @@ WAYS = ("run", "probe")
 
 
 def median_interval(xs: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
-    """Pure: ``(low, high, coverage)``: the widest-narrowest pair of order statistics
-    ``x(k), x(n-k+1)`` whose coverage of the median is at least ``level`` (the sign test's
-    interval); with too few values for that, the min and max and the coverage they give."""
+    """Pure: ``(low, high, coverage)``: the narrowest pair of order statistics ``x(k),
+    x(n-k+1)`` that covers the median with at least ``level`` (the sign test's interval); with
+    too few values for that, the min and max and the coverage they give."""
     s = sorted(xs)
     n = len(s)
     if n == 0:
