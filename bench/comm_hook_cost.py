@@ -1,22 +1,29 @@
-"""The probe's DDP communication hook, priced inside a real two-rank step: on and off in turns.
+"""DDP's communication under a probe, priced inside a real two-rank step: ways in turns.
 
-A probe times DDP's bucket launches through a communication hook of ours (`probes.intercept`):
-a Python dispatcher that runs DDP's default allreduce and marks the launch for the step clock.
-The full run registers none, so DDP keeps its allreduce in C++. Separate runs of the two move
-by a tenth on this machine; this bench trains two copies of the `short` parity config's model
-in one two-rank gloo group, under all of autotune's hooks, and switches between them every
-block of steps. One copy gets the dispatcher as a probe's model does (at its first forward
-pass), the other is marked as a full run's is and keeps DDP's own allreduce. Both ranks run
-the same blocks in the same order, so each block's difference is read on the same minute of
-the machine.
+On the CPU a probe registers no communication hook: DDP's own timers, read in C++ on one
+iteration in four (`probes.ddp_comm`), time what the backward pass waits for. A Python hook
+(the probe's dispatcher where it must take the noise scale's norms or time a CUDA model, or a
+script's own) routes every bucket through torch's Python allreduce path instead. Separate runs
+move by a tenth on this machine, so this bench trains three copies of the `short` parity
+config's model in one two-rank gloo group, under all of autotune's hooks, and switches between
+them every block of steps:
+
+- ``ddp-own``: DDP as the script builds it without autotune (its timers on their default
+  sampling, one iteration in 100);
+- ``probe``: as a probe's model trains on the CPU (timed by DDP on one iteration in four);
+- ``python-hook``: DDP's default allreduce registered as a Python hook, as the dispatcher runs
+  it.
+
+Both ranks run the same blocks in the same order, so each block's difference is read on the
+same minute of the machine.
 
     .venv/bin/python bench/comm_hook_cost.py [--blocks 40] [--steps 200]
 
 Prints rank 0's figures as one JSON line: per way the median microseconds a step and the median
-per-block difference from DDP's own allreduce, by the wall clock and by the rank's CPU time (all
-its threads: the allreduce's callback runs on gloo's). The CPU time does not count the time
-another program or the hypervisor held the core, which moves the wall clock's blocks by more
-than the hook costs on a busy hour.
+per-block difference from ``ddp-own``, by the wall clock and by the rank's CPU time (all its
+threads: a Python hook's callback runs on gloo's). The CPU time does not count the time another
+program or the hypervisor held the core, which moves the wall clock's blocks by more than a
+hook costs on a busy hour.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-WAYS = ("ddp-own", "probe-hook")
+WAYS = ("ddp-own", "probe", "python-hook")
 
 
 def _rank(blocks: int, steps: int) -> dict:
@@ -42,14 +49,15 @@ def _rank(blocks: int, steps: int) -> dict:
     import torch.distributed as dist
     from torch import nn
 
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    from bench.hook_cost import training
     from probes.intercept import Interceptor
     from probes.meter import Meter
 
-    from bench.hook_cost import training
-
     torch.set_num_threads(1)
     meter = Meter({})
-    Interceptor(meter, {}).install()  # a probe's patches: DDP gets the dispatcher
+    Interceptor(meter, {}).install()  # a probe's patches
     dist.init_process_group("gloo")
 
     def copy(way: str):
@@ -57,7 +65,9 @@ def _rank(blocks: int, steps: int) -> dict:
         model, optimizer, loader, loss_fn = training()
         ddp = nn.parallel.DistributedDataParallel(model)
         if way == "ddp-own":
-            ddp._autotune_comm = True  # as the full run leaves it: DDP's allreduce in C++
+            ddp._set_ddp_runtime_logging_sample_rate(100)  # torch's own sampling
+        elif way == "python-hook":
+            ddp.register_comm_hook(None, default_hooks.allreduce_hook)
         return ddp, optimizer, loader, loss_fn
 
     models = {w: copy(w) for w in WAYS}
@@ -83,7 +93,9 @@ def _rank(blocks: int, steps: int) -> dict:
 
     for way in WAYS:  # warm: buckets rebuilt after the first step, the allocator
         block(way)
-    hooked = getattr(models["probe-hook"][0], "_autotune_slot", None) is not None
+    # what each copy's reducer runs, as DDP says it: no hook (its C++ allreduce) or the Python one
+    hooks = {w: models[w][0]._get_ddp_logging_data().get("comm_hook") or "" for w in WAYS}
+    timed_by_ddp = len(meter.ddp_comm._models)
     wall: dict[str, list[float]] = {w: [] for w in WAYS}
     cpu: dict[str, list[float]] = {w: [] for w in WAYS}
     for b in range(blocks):
@@ -92,7 +104,8 @@ def _rank(blocks: int, steps: int) -> dict:
             wall[way].append(w)
             cpu[way].append(c)
     dist.destroy_process_group()
-    out = {"blocks": blocks, "steps_per_block": steps, "dispatcher_registered": hooked}
+    out = {"blocks": blocks, "steps_per_block": steps, "comm_hooks": hooks,
+           "timed_by_ddp": timed_by_ddp, "exposed_comm_s": round(meter.ddp_comm.read(), 6)}
     for way in WAYS:
         out[way] = {"us_per_step": round(statistics.median(wall[way]), 1),
                     "over_ddp_own_us": round(statistics.median(

@@ -198,6 +198,12 @@ def replayed_epoch_over(*, yielded: int, epoch_len: int | None, started_t: float
     return pace_s is None or now >= started_t + epoch_len * pace_s
 
 
+def _on_cpu(model) -> bool | None:
+    """Whether a DDP model's parameters are on the CPU (None when it cannot be told)."""
+    kind = getattr(model, "device_type", None)
+    return None if kind is None else kind == "cpu"
+
+
 def _in_world() -> bool:
     """This process is a rank of a torch.distributed group of more than one."""
     dist = sys.modules.get("torch.distributed")
@@ -552,15 +558,18 @@ class Interceptor:
 
     # -- DDP --------------------------------------------------------------------------------
     def _install_comm_timing(self, DDP) -> None:
-        """Time DDP's bucket launches through its communication hook (`probes.parts`).
+        """Time DDP's communication, and take the noise scale's norms where they are asked for.
 
-        A hook the script registers before its first forward pass is wrapped. Without one, a
-        timed dispatcher is registered at the first forward pass; it runs DDP's default
+        A model on the CPU is timed by DDP's own timers in C++ (`probes.ddp_comm`, added when
+        it is built): no hook of ours runs there, unless `protocol.ENV_NOISE` asks for the
+        norms, which only a hook can take. A CUDA model's bucket launches are timed through its
+        communication hook (`probes.parts`). The hook the script registers before its first
+        forward pass is wrapped where it must be. Without one, a dispatcher of ours is
+        registered at the first forward pass where a hook is needed; it runs DDP's default
         allreduce, or the hook the script registers later (DDP takes one registration only, so
         the later one goes to the dispatcher instead). A model with a built-in (C++) hook
-        trains as it would, its communication untimed, and so does one that refuses ours, and
-        every model where `protocol.ENV_LEAVE_DDP_ALLREDUCE` asks it (the full run). Where
-        `protocol.ENV_NOISE` asks it, the hook also takes the noise scale's norms.
+        trains as it would, and so does one that refuses ours, and every model where
+        `protocol.ENV_LEAVE_DDP_ALLREDUCE` asks it (the full run).
         """
         meter = self.meter
         dispatch = meter.env.get(protocol.ENV_LEAVE_DDP_ALLREDUCE) != "1"
@@ -568,14 +577,19 @@ class Interceptor:
         register = DDP.register_comm_hook
         builtin = DDP._register_builtin_comm_hook
 
-        def timed(hook, model):
+        def hooked(model) -> tuple[bool, bool]:
+            """(marks the bucket launches, takes the norms): what a hook of ours does for
+            ``model``; a hook doing neither is not registered or wrapped."""
             # the gradient noise scale's norms (`probes.noise`), when asked for: at one rank
             # there is no second batch to compare with, and they would cost for nothing
-            multi = noise and _world_size(model) > 1
+            return _on_cpu(model) is not True, noise and _world_size(model) > 1
+
+        def timed(hook, model):
+            marks, multi = hooked(model)
 
             @functools.wraps(hook)
             def timed_hook(state, bucket):
-                if meter.clock.timed:
+                if marks and meter.clock.timed:
                     meter.clock.bucket_launched()
                 if not multi:
                     return hook(state, bucket)
@@ -594,6 +608,8 @@ class Interceptor:
                 slot[:] = [state, hook]
                 return None
             model._autotune_comm = True
+            if not any(hooked(model)):
+                return register(model, state, hook)
             return register(model, state, timed(hook, model))
 
         @functools.wraps(builtin)
@@ -619,6 +635,8 @@ class Interceptor:
             meter.close_backward()  # a backward pass not seen to end ends here
             if dispatch and not getattr(model, "_autotune_comm", False):
                 model._autotune_comm = True
+                if not any(hooked(model)):  # DDP's own allreduce, timed by DDP
+                    return forward(model, *args, **kwargs)
                 try:
                     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -654,7 +672,10 @@ class Interceptor:
             meter.send(protocol.SEEN, what="ddp", requested={"bucket_mb": requested},
                        applied={"bucket_mb": bound.arguments.get("bucket_cap_mb")},
                        note="")
-            return init(*bound.args, **bound.kwargs)
+            result = init(*bound.args, **bound.kwargs)
+            if _on_cpu(self):  # its communication timed by DDP itself (`probes.ddp_comm`)
+                meter.ddp_comm.add(self)
+            return result
 
         DDP.__init__ = __init__
         self._install_comm_timing(DDP)

@@ -16,8 +16,9 @@ import time
 
 from probes import protocol
 from probes.channel import Channel
+from probes.ddp_comm import DdpComm, moved_to_comm
 from probes.noise import GradNorms
-from probes.parts import StepClock
+from probes.parts import HOST, StepClock
 
 
 def batch_len(batch) -> int:
@@ -200,6 +201,7 @@ class Meter:
         self.clock = StepClock.from_env(self.env.get(protocol.ENV_STEP_CLOCK))
         self.clock_said = False  # the clock's choice, said once as a note
         self.noise = GradNorms()  # gradient norms for the noise scale (probes.noise)
+        self.ddp_comm = DdpComm()  # DDP models on the CPU, timed by DDP (probes.ddp_comm)
         self.last_batch_t = 0.0
         self.last_step_t = 0.0
         self.first_batch_t = 0.0
@@ -282,7 +284,11 @@ class Meter:
                       protocol.TICK_LAST_STEP_T: self.last_step_t,
                       protocol.TICK_FIRST_BATCH_T: first_batch_t,
                       protocol.TICK_FIRST_STEP_T: first_step_t}
-        fields[protocol.TICK_PARTS] = self.clock.snapshot()
+            comm_s = self.ddp_comm.read()
+        parts = self.clock.snapshot()
+        if self.clock.clock == HOST:  # the host's backward passes waited for it
+            parts = moved_to_comm(parts, comm_s)
+        fields[protocol.TICK_PARTS] = parts
         fields[protocol.TICK_PARTS_CLOCK] = self.clock.clock
         noise = self.noise.snapshot()
         if noise["steps"] or noise["skipped"]:

@@ -316,19 +316,17 @@ def test_the_parts_of_a_step_add_up_to_its_time_whatever_runs_inside_the_optimiz
 
 @pytest.mark.slow
 @pytest.mark.parametrize("hook", ["none", "fp16", "builtin", "fp16-late"])
-def test_ddp_communication_is_timed_through_the_scripts_own_hook_or_ours(tmp_path, hook):
-    """Two DDP ranks: with no hook of the script's, ours (DDP's default allreduce, timed)
-    measures exposed communication; a hook the script registers is wrapped and still runs, also
-    one registered after the first forward pass (DDP takes one registration: it goes through
-    ours); a built-in hook trains untimed. No case breaks the script."""
+def test_ddp_communication_on_the_cpu_is_timed_by_ddp_whatever_hook_the_script_has(tmp_path,
+                                                                                  hook):
+    """Two DDP ranks on the CPU: DDP's own timers measure the exposed communication with no
+    hook of the script's, with the script's Python hook (registered before the first forward
+    pass or after it) and with a built-in (C++) one. No case breaks the script."""
     full = probe_full(tmp_path, "--instances", 2, SCRIPTS / "ddp_toy.py", "--comm-hook", hook)
     assert full["outcome"] in ("ok", "foreign-load"), full["reason"]
     b = breakdown.Breakdown.from_dict(full["breakdown"])
     assert b.ranks == 2
-    if hook == "builtin":
-        assert b.share("comm") == 0.0
-    else:
-        assert b.share("comm") > 0.0
+    assert b.share("comm") > 0.0, b.shares
+    assert b.share("backward") > 0.0, b.shares
 
 
 def test_a_sample_s_cost_is_read_over_what_the_cpu_trail_covers():
@@ -504,16 +502,14 @@ def test_a_script_with_a_dataloader_charges_no_forward_to_a_second_backward(now)
 @pytest.mark.parametrize("hook", ["none", "fp16"])
 def test_the_full_run_leaves_ddp_s_own_allreduce_to_ddp(tmp_path, hook):
     """`autotune run` of two DDP ranks: with no hook of the script's, DDP keeps its own (C++)
-    allreduce, untimed (the probes' dispatcher routed every bucket through Python, which cost
-    short steps about 5%), so the run's communication counts within backward; a hook the script
-    registers is its own cost, and is still timed."""
-    _, events = full_run(tmp_path, SCRIPTS / "ddp_toy.py", {"instances": 2}, "--comm-hook", hook,
+    allreduce (a Python hook routes every bucket through torch's Python allreduce path, which
+    cost short steps about 5%), and its own timers still say how long the backward pass waited
+    for it; a hook the script registers is its own, and runs as the script asked."""
+    p, events = full_run(tmp_path, SCRIPTS / "ddp_toy.py", {"instances": 2}, "--comm-hook", hook,
                          "--run-seconds", "8")
+    ran = re.findall(r"ddp_toy: rank \d done after \d+ steps, comm hook (\S+)", p.stdout)
+    assert ran == [{"none": "none", "fp16": "fp16_compress_hook"}[hook]] * 2, p.stdout[-2000:]
     ended = next(e for e in events if e["event"] == "fullrun_ended")
     whole = breakdown.Breakdown.from_dict(ended.get("breakdown"))
     assert whole is not None and whole.ranks == 2, ended
-    assert whole.share("backward") > 0, whole.shares
-    if hook == "none":
-        assert whole.share("comm") == 0.0, whole.shares
-    else:
-        assert whole.share("comm") > 0.0, whole.shares
+    assert whole.share("backward") > 0 and whole.share("comm") > 0, whole.shares

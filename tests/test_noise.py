@@ -317,7 +317,9 @@ def rank(r, env, port, out):
         model(torch.randn(4, 8)).sum().backward()
         opt.step()
         torch.distributed.barrier()
-    out.put((r, meter.noise.seen, meter.noise.snapshot()["steps"], meter.steps))
+    hook = model._get_ddp_logging_data().get("comm_hook") or ""  # what DDP's reducer ran
+    out.put((r, meter.noise.seen, meter.noise.snapshot()["steps"], meter.steps, hook,
+             meter.ddp_comm.read()))
     dist.destroy_process_group()
 
 
@@ -344,7 +346,8 @@ if __name__ == "__main__":
 def test_a_ddp_rank_takes_the_norms_only_when_asked(asked, tmp_path):
     """Two real DDP ranks through the real hooks: the noise scale's norms cost a short step at
     two ranks some 3% even sampled, so a rank takes them only with `AUTOTUNE_NOISE` (a goodput
-    tune, `autotune probe`); every step is counted either way."""
+    tune, `autotune probe`); every step is counted either way. Only then does a hook of ours
+    run on the CPU, where DDP's own timers time the communication either way."""
     import os
 
     env = {"AUTOTUNE_NOISE": "1"} if asked else {}
@@ -355,6 +358,8 @@ def test_a_ddp_rank_takes_the_norms_only_when_asked(asked, tmp_path):
                           text=True, timeout=180, cwd=root,
                           env={**os.environ, "PYTHONPATH": root})
     assert done.returncode == 0, done.stderr[-2000:]
-    for _, seen, taken, steps in json.loads(done.stdout.strip().splitlines()[-1]):
+    for _, seen, taken, steps, hook, comm_s in json.loads(done.stdout.strip().splitlines()[-1]):
         assert steps == 60
         assert seen is asked and (taken > 0) is asked, (seen, taken)
+        assert ("autotune_dispatch" in hook) is asked, hook  # else DDP's C++ allreduce
+        assert comm_s > 0.0

@@ -87,7 +87,8 @@ def main():
         epoch += 1
         if args.run_seconds and time_is_up(t_first, args.run_seconds):
             break
-    say(f"ddp_toy: rank {rank} done after {steps} steps")
+    hook = model._get_ddp_logging_data().get("comm_hook") or "none"  # what DDP's reducer ran
+    say(f"ddp_toy: rank {rank} done after {steps} steps, comm hook {hook}")
     code = args.exit_code if args.fail_rank in (-1, rank) else 0
     if code == 0 and args.linger:
         time.sleep(args.linger)
