@@ -44,8 +44,9 @@ POLL_S = 0.2  # how often the run is read: its meters' messages, its processes' 
 # how often its processes' CPU is read for the other load: each read walks the ranks' threads'
 # /proc files, a cost the ranks share the cores with (~1% of a core at five a second, 2 ranks)
 LOAD_EVERY_S = 1.0
-# The ranks' output as it comes; DDP's own allreduce left to DDP: the probes measured the parts
-# of a step, and a run's breakdown then counts communication within backward
+# The ranks' output as it comes; DDP's own allreduce left to DDP on a GPU too (no hook of ours:
+# the probes measured the parts of a step). On the CPU DDP's own timers time it in every run
+# (`probes.ddp_comm`); on a GPU the run's breakdown counts communication within backward.
 FULL_RUN_ENV = {"PYTHONUNBUFFERED": "1", protocol.ENV_LEAVE_DDP_ALLREDUCE: "1"}
 
 
