@@ -25,9 +25,11 @@ the same round; the spread is their min-max. Each run's foreign load is kept bes
 start to stop. Exits 1 when
 any ratio is below ``--min-ratio`` (0.97) or a config gave no figure.
 
-``--extra-ways probe-ddp-own`` adds a fourth way to the same rounds, reported and not judged:
-a probe whose ranks keep DDP's own allreduce, as the full run's do, which tells the probe's
-timed communication hook apart from the rest of a probe.
+``--extra-ways`` adds ways to the same rounds, reported and not judged: ``probe-ddp-own``, a
+probe whose ranks keep DDP's own allreduce, as the full run's do, which tells the probe's timed
+communication hook apart from the rest of a probe (on a GPU: on the CPU a probe has none), and
+``probe-no-watch``, a probe whose ranks watch no directory for the files they write, which
+tells `probes.writes`' wrappers apart.
 
 Beside it, a micro-benchmark of the meter's own cost per step, in microseconds: the counting
 hooks, the step clock (host; CUDA events on a GPU) and the channel's tick. On the CPU also the
@@ -77,9 +79,11 @@ from bench.shapes import STOP_S, THREAD_VARS, start, timed_run  # noqa: E402
 EXAMPLES = ROOT / "examples"
 WAYS = ("plain", "run", "probe")
 # ways that tell a cost apart (``--extra-ways``), measured and reported like the others but not
-# judged: a probe whose ranks keep DDP's own allreduce in C++, as the full run's do (no timed
-# dispatcher of ours, so its breakdown has no communication share)
-EXTRA_WAYS = ("probe-ddp-own",)
+# judged: a probe whose ranks keep DDP's own allreduce in C++, as the full run's do (on a GPU no
+# timed dispatcher of ours; on the CPU a probe has none since d6319fb), and a probe whose ranks
+# watch no directory for writes (none of `probes.writes`' wrappers: the one thing left in a
+# CPU probe's ranks that a full run's lack)
+EXTRA_WAYS = ("probe-ddp-own", "probe-no-watch")
 MIN_RATIO = 0.97
 # the examples' own line: "epoch 1 step 40 loss 2.2893 samples/s 1319.3"
 EXAMPLE_RATE = re.compile(r"^(?:\[rank 0\] )?epoch \d+ step \d+ loss [0-9.naif]+ .*?samples/s "
@@ -308,11 +312,13 @@ def first_lines_rate(text: str, pattern: re.Pattern, lines: int) -> float | None
     return sum(rates[1:]) / len(rates[1:]) if len(rates) > 1 else None
 
 
-def one_probe(c: Config, ctx: Ctx, *, ddp_own: bool = False) -> str:
+def one_probe(c: Config, ctx: Ctx, *, ddp_own: bool = False, no_watch: bool = False) -> str:
     """The probe in its own process (`probe_main`), and rank 0's log; ``ddp_own``: its ranks
-    keep DDP's own allreduce (`EXTRA_WAYS`)."""
+    keep DDP's own allreduce, ``no_watch``: they watch no directory for writes
+    (`EXTRA_WAYS`)."""
     spec = {"config": c.name, "device": c.device, "threads": c.threads, "seconds": ctx.seconds,
-            "min_s": ctx.probe_min_s, "log_dir": str(ctx.work / "probes"), "ddp_own": ddp_own}
+            "min_s": ctx.probe_min_s, "log_dir": str(ctx.work / "probes"), "ddp_own": ddp_own,
+            "no_watch": no_watch}
     argv = [sys.executable, str(Path(__file__).resolve()), "--probe-one", json.dumps(spec)]
     out = _run_to_end(argv, ctx, ctx.seconds + 60.0)
     last = out.strip().splitlines()[-1] if out.strip() else ""
@@ -369,6 +375,7 @@ def probe_main(spec_text: str) -> int:
         command=(*c.script, *c.placeholders), knobs=knobs, instances=instances, cwd=os.getcwd(),
         log_dir=Path(tempfile.mkdtemp(prefix=f"{c.name}-", dir=spec["log_dir"])),
         name=f"parity-{c.name}", max_s=seconds,
+        watch_dirs=() if spec.get("no_watch") else None,
         min_measure_s=min(float(spec.get("min_s", 10.0)), 0.6 * seconds)))
     print(json.dumps({"log_path": result.log_path, "meter": result.samples_per_s,
                       "outcome": result.outcome.value}), flush=True)
@@ -376,7 +383,8 @@ def probe_main(spec_text: str) -> int:
 
 
 RUNNERS = {"plain": one_plain, "run": one_run, "probe": one_probe,
-           "probe-ddp-own": lambda c, ctx: one_probe(c, ctx, ddp_own=True)}
+           "probe-ddp-own": lambda c, ctx: one_probe(c, ctx, ddp_own=True),
+           "probe-no-watch": lambda c, ctx: one_probe(c, ctx, no_watch=True)}
 
 
 # -- foreign load -----------------------------------------------------------------------------
@@ -545,7 +553,8 @@ def main(argv=None) -> int:
                         "not set: torch's own for one rank, torchrun's one each for several)")
     p.add_argument("--extra-ways", nargs="+", choices=EXTRA_WAYS, default=(),
                    help="more ways, measured in the same rounds and reported, not judged: "
-                        "probe-ddp-own is a probe whose ranks keep DDP's own allreduce")
+                        "probe-ddp-own is a probe whose ranks keep DDP's own allreduce, "
+                        "probe-no-watch one whose ranks watch no directory for writes")
     p.add_argument("--no-meter", action="store_true",
                    help="skip the meter's micro-benchmark and the hooks' cost in the loop")
     p.add_argument("--probe-one", help=argparse.SUPPRESS)

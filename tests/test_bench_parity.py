@@ -177,3 +177,4 @@ def test_an_extra_way_is_rotated_measured_and_reported_but_not_judged():
     assert bp.failures([row], 0.97) == []  # its 0.85 does not fail the bench
     assert "probe-ddp-own: 85.0 samples/s, 0.850 (0.80-0.90) of plain" in bp.table([row])
     assert "probe-ddp-own" not in bp.summarise(bp._compute(1), {"plain": [1.0]})["rounds"]
+    assert set(bp.EXTRA_WAYS) == {"probe-ddp-own", "probe-no-watch"} <= set(bp.RUNNERS)

@@ -2,8 +2,6 @@
 figures DDP hands over, and a real model read while it trains."""
 
 import gc
-import os
-import socket
 
 import pytest
 
@@ -70,12 +68,9 @@ def test_a_real_ddp_model_is_sampled_as_asked_and_its_wait_read_while_it_trains(
     import torch.distributed as dist
     from torch import nn
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    store = dist.TCPStore("127.0.0.1", port, 1, True)
-    dist.init_process_group("gloo", rank=0, world_size=1, store=store)
+    # an in-memory store: no port, and nothing of this group left in the worker's environment
+    # for the subprocesses later tests start
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
     try:
         model = nn.parallel.DistributedDataParallel(nn.Linear(8, 2))
         comm = ddp_comm.DdpComm()
