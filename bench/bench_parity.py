@@ -13,8 +13,23 @@ again, the order rotated each round):
 - ``probe``: autotune's probe of the same config, as the tuner runs one (`run_trial` with the
   knobs `space.rank_knobs` gives them), the script's output read from the probe's rank 0 log.
 
-Each figure is the script's own: the mean of its printed samples/s lines after the first (the
-first holds start-up). A plain run and a run through ``autotune run`` stop once the script has
+Each figure is the script's own: the mean of its printed samples/s lines.
+
+On the CPU the ways of a round take turns on the machine (`bench.turns.take_turns_of`): each
+is started alone until the script printed two lines, then held (its whole process tree,
+controller and ranks, SIGSTOP), and they run one at a time in slices of ``--slice`` seconds
+or more, in the order A B C C B A, until each ran ``--turn-seconds``. A way's figure is the
+mean of its lines that came in one slice with the line before them, so no line that spans a
+hold or the start counts. Runs one after another caught the machine's drift instead: over
+10-30 s its rate moved by as much as the costs sought (per-round ratios of 0.75-1.19 on the
+short config, 2026-12-02), so twelve rounds could not tell 0.97 from 1. A run's and a probe's
+lines are read from rank 0's log as they are written (a line relayed by a held controller
+would be stamped when it caught up), and a probe is held to the end of its turns: its own
+end would come by a clock that ran on through the other ways' slices. Configs under MPS (and
+``--one-after-another``) run the ways one after another, each alone, as follows.
+
+One after another, the first line holds start-up and is left out. A plain run and a run
+through ``autotune run`` stop once the script has
 printed as many lines after its first as it prints in ``--span`` seconds started plain (at
 least ``--lines``; counted once per config before the rounds: `calibrate`), and every way's
 figure, the probe's too, stands on that many lines after its first, so that the three measure
@@ -22,7 +37,7 @@ a like stretch of the run; a probe ends as the tuner's do, within ``--seconds``.
 ``run_ratio`` and ``probe_ratio`` are the medians of the per-round ratios to the plain run of
 the same round; the spread is their min-max. Each run's foreign load is kept beside its figure
 (``load``): the CPU other programs took meanwhile and the hypervisor's steal, in cores, from
-start to stop. Exits 1 when
+start to stop (in turns: the round's, the same for each way). Exits 1 when
 any ratio is below ``--min-ratio`` (0.97) or a config gave no figure.
 
 ``--extra-ways`` adds ways to the same rounds, reported and not judged: ``probe-ddp-own``, a
@@ -75,6 +90,7 @@ from bench.common import say  # noqa: E402
 from bench import hook_cost  # noqa: E402
 from bench.meter_cost import meter_cost_us  # noqa: E402
 from bench.shapes import STOP_S, THREAD_VARS, start, timed_run  # noqa: E402
+from bench import turns  # noqa: E402
 
 EXAMPLES = ROOT / "examples"
 WAYS = ("plain", "run", "probe")
@@ -188,6 +204,8 @@ class Ctx:
     probe_min_s: float = 10.0  # a probe measures at least this long (the tuner's: 5)
     mps_binary: str | None = None
     recipes: dict[str, Path] = field(default_factory=dict)
+    turn_s: float = 0.0  # > 0: the ways of a round take turns, each running this long
+    slice_s: float = 3.0  # ...in slices of at least this long
 
 
 def user_env(base: Mapping[str, str]) -> dict[str, str]:
@@ -373,13 +391,38 @@ def probe_main(spec_text: str) -> int:
     Path(spec["log_dir"]).mkdir(parents=True, exist_ok=True)
     result = run_trial(TrialSpec.of(
         command=(*c.script, *c.placeholders), knobs=knobs, instances=instances, cwd=os.getcwd(),
-        log_dir=Path(tempfile.mkdtemp(prefix=f"{c.name}-", dir=spec["log_dir"])),
+        log_dir=(Path(spec["log_dir"]) if spec.get("fixed_dir") else
+                 Path(tempfile.mkdtemp(prefix=f"{c.name}-", dir=spec["log_dir"]))),
         name=f"parity-{c.name}", max_s=seconds,
         watch_dirs=() if spec.get("no_watch") else None,
-        min_measure_s=min(float(spec.get("min_s", 10.0)), 0.6 * seconds)))
+        min_measure_s=(seconds if spec.get("fixed_dir") else
+                       min(float(spec.get("min_s", 10.0)), 0.6 * seconds))))
     print(json.dumps({"log_path": result.log_path, "meter": result.samples_per_s,
                       "outcome": result.outcome.value}), flush=True)
     return 0
+
+
+def turn_start(way: str, c: Config, ctx: Ctx, rnd: int) -> turns.Start:
+    """Pure but for a fresh log folder: ``way`` of ``c`` as one command of a round in turns
+    (`turns.take_turns_of`). A run's and a probe's rate lines come from rank 0's log (not
+    relayed by a controller held with it), and a probe is held to
+    the end of its turns (its measuring floor at its limit): its own end would come by a
+    clock that ran on through the other ways' slices."""
+    if way == "plain":
+        env = dict(ctx.env)
+        if c.threads:
+            env.update({var: str(c.threads) for var in THREAD_VARS})
+        return turns.Start(tuple(plain_argv(c, sys.executable)), env)
+    log_dir = Path(tempfile.mkdtemp(prefix=f"{c.name}-{rnd}-{way}-", dir=ctx.work))
+    if way == "run":  # its own runs folder: rank 0's log is the one `fullrun.log` under it
+        return turns.Start(tuple(run_argv(c, sys.executable, ctx.recipes[c.name], log_dir)),
+                           ctx.env, log_dir / "*" / "logs" / "fullrun.log")
+    seconds = ctx.seconds * (len(WAYS) + len(EXTRA_WAYS))
+    spec = {"config": c.name, "device": c.device, "threads": c.threads, "seconds": seconds,
+            "min_s": seconds, "log_dir": str(log_dir), "fixed_dir": True,
+            "ddp_own": way == "probe-ddp-own", "no_watch": way == "probe-no-watch"}
+    return turns.Start((sys.executable, str(Path(__file__).resolve()), "--probe-one",
+                        json.dumps(spec)), ctx.env, log_dir / f"parity-{c.name}.log")
 
 
 RUNNERS = {"plain": one_plain, "run": one_run, "probe": one_probe,
@@ -501,6 +544,9 @@ def measure(configs: Sequence[Config], ctx: Ctx, rounds: int,
         if rnd > 1:
             after_round([summarise(c, rates[c.name], loads[c.name]) for c in configs])
         for c in configs:
+            if ctx.turn_s > 0:
+                in_turns(c, ctx, rnd, order, rates[c.name], loads[c.name])
+                continue
             for way in order:
                 before = _cpu_now()
                 rate = first_lines_rate(RUNNERS[way](c, ctx), c.rate, ctx.lines_for[c.name])
@@ -513,6 +559,24 @@ def measure(configs: Sequence[Config], ctx: Ctx, rounds: int,
                     + f" ({after[0] - before[0]:.0f} s; other programs {load['others']:.2f} "
                       f"cores, steal {load['steal']:.2f})")
     return [summarise(c, rates[c.name], loads[c.name]) for c in configs]
+
+
+def in_turns(c: Config, ctx: Ctx, rnd: int, order: Sequence[str],
+             rates: dict[str, list], loads: dict[str, list]) -> None:
+    """Round ``rnd`` of ``c`` with its ways taking turns (`turns.take_turns_of`), started in
+    ``order``: each way's figure, and the round's foreign load (the same for every way)."""
+    before = _cpu_now()
+    got = turns.take_turns_of([turn_start(w, c, ctx, rnd) for w in order], c.rate, ctx.work,
+                              measure_s=ctx.turn_s, start_s=ctx.seconds, slice_s=ctx.slice_s)
+    load = load_between(before, _cpu_now())
+    for way, reading in zip(order, got):
+        rates[way].append(reading.rate)
+        loads[way].append(load)
+        say(f"round {rnd} {c.name:<12} {way:<6} "
+            + (f"{reading.rate:9.1f} samples/s ({len(reading.counted)} lines in "
+               f"{len(reading.slices)} slices, {len(reading.left_out)} left out)"
+               if reading.rate else f"no figure: {reading.tail[-300:]}")
+            + f"; other programs {load['others']:.2f} cores, steal {load['steal']:.2f}")
 
 
 def _warm(configs: Sequence[Config], ctx: Ctx) -> None:
@@ -555,6 +619,14 @@ def main(argv=None) -> int:
                    help="more ways, measured in the same rounds and reported, not judged: "
                         "probe-ddp-own is a probe whose ranks keep DDP's own allreduce, "
                         "probe-no-watch one whose ranks watch no directory for writes")
+    p.add_argument("--turn-seconds", type=float, default=12.0,
+                   help="on the CPU the ways of a round take turns on the machine, each running "
+                        "this long in its slices (12)")
+    p.add_argument("--slice", type=float, default=3.0,
+                   help="a slice of a turn lasts at least this long (3)")
+    p.add_argument("--one-after-another", action="store_true",
+                   help="the ways of a round run one after another, each alone (the way "
+                        "configs under MPS always run), stopped after --lines or --span")
     p.add_argument("--no-meter", action="store_true",
                    help="skip the meter's micro-benchmark and the hooks' cost in the loop")
     p.add_argument("--probe-one", help=argparse.SUPPRESS)
@@ -579,6 +651,8 @@ def main(argv=None) -> int:
               probe_min_s=args.probe_min_s,
               env={**user_env(os.environ), "PYTHONUNBUFFERED": "1",
                    "AUTOTUNE_RUNS_DIR": str(work / "runs")})
+    if not args.one_after_another and not any(c.mps for c in configs):
+        ctx.turn_s, ctx.slice_s = args.turn_seconds, args.slice
     if any(c.mps for c in configs):
         from gpuproof import mpsd
 
@@ -587,10 +661,13 @@ def main(argv=None) -> int:
             p.error("configs under MPS need nvidia-cuda-mps-control on PATH")
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
+    mode = (f"the ways of a round in turns, each running {ctx.turn_s:g} s in slices of "
+            f"{ctx.slice_s:g} s or more" if ctx.turn_s else
+            f"one after another; a run stops after {args.lines} of the script's lines past its "
+            f"first, or {args.seconds:g} s")
     say(f"# bench_parity {datetime.datetime.now():%Y-%m-%d %H:%M} on {platform.node()} "
-        f"({os.cpu_count()} cores, {name}), commit {commit}: {args.rounds} rounds; a run stops "
-        f"after {args.lines} of the script's lines past its first, or {args.seconds:g} s; work "
-        f"dir {work}")
+        f"({os.cpu_count()} cores, {name}), commit {commit}: {args.rounds} rounds, {mode}; "
+        f"work dir {work}")
     meter = {} if args.no_meter else meter_cost_us()
     if meter:
         say(f"# the meter's cost per step, us: {meter}")
@@ -608,13 +685,14 @@ def main(argv=None) -> int:
                   "rounds": args.rounds, "lines": args.lines, "seconds": args.seconds,
                   "span_s": args.span, "lines_for": ctx.lines_for,
                   "threads": args.threads, "extra_ways": list(args.extra_ways),
+                  "turn_s": ctx.turn_s, "slice_s": ctx.slice_s if ctx.turn_s else None,
                   "min_ratio": args.min_ratio, "complete": complete, "meter_us": meter,
                   "hook_cost_us": in_loop,
                   "configs": rows}
         out.write_text(json.dumps(report, indent=2) + "\n")
 
     _warm(configs, ctx)
-    for c in configs:
+    for c in configs if not ctx.turn_s else ():
         ctx.lines_for[c.name] = calibrate(c, ctx)
         say(f"# {c.name}: every figure stands on {ctx.lines_for[c.name]} of the script's lines "
             f"after its first (~{ctx.span_s:g} s started plain)")

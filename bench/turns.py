@@ -15,10 +15,17 @@ before: a script's line counts what it did since its last line at most (minGPT's
 nanoGPT's shapes since the last line, word_lm's over its last few batches), so such a line
 never spans a hold. A slice is at least 2.5 times the gap between a run's lines, so that it
 holds two.
+
+`take_turns_of` takes any command (`Start`): autotune's own ways too (`bench.bench_parity`), whose
+ranks run in sessions of their own under a controller, and whose rank 0 may print to a log file
+rather than to the bench. A hold there stops the whole tree (the root's group, then every
+descendant, looked up again until no new one appears), so the controller's work counts in its
+own slices only, as its ranks' does.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import signal
@@ -30,6 +37,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -39,6 +48,7 @@ from bench import shapes  # noqa: E402
 SLICE_S = 5.0  # a slice at the least
 LINES_PER_SLICE = 2.5  # a slice holds this many of a run's line gaps at the least
 MIN_SLICES = 4  # each run's slices at the least
+TAIL_S = 0.02  # a log file is read this often for new lines
 
 
 @dataclass
@@ -50,20 +60,67 @@ class Reading:
     left_out: list[float] = field(default_factory=list)  # lines that spanned a hold or start
     slices: list[tuple[float, float]] = field(default_factory=list)
     tail: str = ""  # its last line of output
+    stamps: list[float] = field(default_factory=list)  # when each rate line was read
+
+
+@dataclass(frozen=True)
+class Start:
+    """One command of a round: its argv and environment, and where its rate lines come: its
+    own output, or (``log``) a file it writes, read as it grows (a glob pattern: the first
+    file that matches, once one does). A line relayed by a program that is held with the
+    run (autotune's own output) would be stamped when the relay catches up, not when it was
+    written, so such a run's lines are read from its rank 0 log."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    log: Path | None = None
 
 
 class _Run:
-    def __init__(self, run: shapes.PlainRun, cwd: Path, env: Mapping[str, str]):
-        self.proc = shapes.start(run.argv(sys.executable), cwd,
-                                 {**run.environ(env), "PYTHONUNBUFFERED": "1"})
+    def __init__(self, start: Start, cwd: Path):
+        self.proc = shapes.start(list(start.argv), cwd, start.env)
         self.lines: list[tuple[float, str]] = []  # (when it was read, the line)
+        self.out: list[str] = []  # its own output, when its lines come from a log
         self.slices: list[tuple[float, float]] = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
+        self.log = start.log
+        self._done = threading.Event()
+        self.readers = [threading.Thread(target=self._read, daemon=True)]
+        if self.log is not None:
+            self.readers.append(threading.Thread(target=self._tail, daemon=True))
+        for t in self.readers:
+            t.start()
 
     def _read(self) -> None:
         for line in self.proc.stdout:
-            self.lines.append((time.monotonic(), line.rstrip("\n")))
+            if self.log is None:
+                self.lines.append((time.monotonic(), line.rstrip("\n")))
+            else:
+                self.out.append(line.rstrip("\n"))
+        self._done.set()
+
+    def _tail(self) -> None:
+        """The log's lines as they are written, each stamped when first seen (within
+        `TAIL_S`), until the command ended and the log was read to its end."""
+        f, partial = None, ""
+        try:
+            while True:
+                ended = self._done.is_set()
+                if f is None:
+                    found = sorted(glob.glob(str(self.log)))
+                    if found:
+                        f = open(found[0], errors="replace")
+                chunk = f.read() if f is not None else ""
+                if chunk:
+                    now = time.monotonic()
+                    *whole, partial = (partial + chunk).split("\n")
+                    self.lines.extend((now, line) for line in whole)
+                elif ended:
+                    return
+                else:
+                    time.sleep(TAIL_S)
+        finally:
+            if f is not None:
+                f.close()
 
     def rates(self, pattern: re.Pattern) -> list[tuple[float, float]]:
         """(when, figure) of its rate lines so far."""
@@ -74,16 +131,43 @@ class _Run:
                 out.append((t, float(m.group(1))))
         return out
 
+    def _tree(self) -> list[int]:
+        try:
+            return [c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)]
+        except psutil.Error:
+            return []
+
     def signal(self, sig: int) -> None:
+        """``sig`` to its group, then to every descendant (autotune's ranks run in sessions of
+        their own); for SIGSTOP, the tree is looked up again until no new process shows, so
+        that one started while the others were being held is held too."""
         try:
             os.killpg(self.proc.pid, sig)
         except ProcessLookupError:
             pass
+        sent: set[int] = set()
+        for _ in range(5 if sig == signal.SIGSTOP else 1):
+            new = [pid for pid in self._tree() if pid not in sent]
+            if not new:
+                break
+            for pid in new:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            sent.update(new)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
     def stop(self) -> None:
+        """Resumed, then SIGINT to its group as Ctrl-C would; SIGKILL to its tree after
+        `shapes.STOP_S`, and to any descendant still running a second after its root ended
+        (one its root left behind)."""
+        try:
+            tree = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            tree = []
         self.signal(signal.SIGCONT)
         self.signal(signal.SIGINT)
         try:
@@ -91,7 +175,15 @@ class _Run:
         except subprocess.TimeoutExpired:
             self.signal(signal.SIGKILL)
             self.proc.wait()
-        self.reader.join(timeout=shapes.STOP_S)
+        _, alive = psutil.wait_procs(tree, timeout=1.0)  # its root gone: orphans
+        for child in alive:
+            try:
+                child.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(alive, timeout=shapes.STOP_S)
+        for t in self.readers:
+            t.join(timeout=shapes.STOP_S)
 
     def reading(self, pattern: re.Pattern) -> Reading:
         rates = self.rates(pattern)
@@ -99,24 +191,34 @@ class _Run:
         for (t0, _), (t1, rate) in zip(rates, rates[1:]):
             inside = any(a <= t0 and t1 <= b for a, b in self.slices)
             (counted if inside else left_out).append(rate)
-        tail = self.lines[-1][1] if self.lines else ""
+        tail = (self.out or [x for _, x in self.lines] or [""])[-1]
         return Reading(sum(counted) / len(counted) if counted else None, counted, left_out,
-                       list(self.slices), tail)
+                       list(self.slices), tail, [t for t, _ in rates])
 
 
 def take_turns(runs: Sequence[shapes.PlainRun], pattern: re.Pattern, cwd: Path, *,
                measure_s: float, start_s: float = 120.0, slice_s: float = SLICE_S,
                env: Mapping[str, str] | None = None) -> list[Reading]:
-    """``runs`` started one at a time (each alone until it printed two lines of ``pattern``,
+    """Plain ``runs`` of a shape in turns (`take_turns_of`): each its command and environment,
+    with ``PYTHONUNBUFFERED=1`` so that its lines are read as it prints them."""
+    env = os.environ if env is None else env
+    return take_turns_of([Start(tuple(r.argv(sys.executable)),
+                                {**r.environ(env), "PYTHONUNBUFFERED": "1"}) for r in runs],
+                         pattern, cwd, measure_s=measure_s, start_s=start_s, slice_s=slice_s)
+
+
+def take_turns_of(starts: Sequence[Start], pattern: re.Pattern, cwd: Path, *,
+                  measure_s: float, start_s: float = 120.0,
+                  slice_s: float = SLICE_S) -> list[Reading]:
+    """``starts`` started one at a time (each alone until it printed two lines of ``pattern``,
     or ``start_s``), then in turns until each ran ``measure_s`` in `MIN_SLICES` slices or
     more; each run's `Reading`, in order. Every run is stopped (SIGCONT, SIGINT, SIGKILL after
-    `shapes.STOP_S`) before this returns or raises."""
-    env = os.environ if env is None else env
+    `shapes.STOP_S`, to its whole tree) before this returns or raises."""
     started: list[_Run] = []
     slice_of: list[float] = []
     try:
-        for run in runs:
-            r = _Run(run, cwd, env)
+        for one in starts:
+            r = _Run(one, cwd)
             started.append(r)
             deadline = time.monotonic() + start_s
             while r.alive() and len(r.rates(pattern)) < 2 and time.monotonic() < deadline:

@@ -178,3 +178,26 @@ def test_an_extra_way_is_rotated_measured_and_reported_but_not_judged():
     assert "probe-ddp-own: 85.0 samples/s, 0.850 (0.80-0.90) of plain" in bp.table([row])
     assert "probe-ddp-own" not in bp.summarise(bp._compute(1), {"plain": [1.0]})["rounds"]
     assert set(bp.EXTRA_WAYS) == {"probe-ddp-own", "probe-no-watch"} <= set(bp.RUNNERS)
+
+
+def test_in_turns_each_way_is_one_command_and_autotunes_are_read_from_rank_0_s_log(tmp_path):
+    """A round in turns (`bench.turns.take_turns_of`): the plain start as the user types it,
+    its lines on its own output; ``autotune run`` in a runs folder of its own, read from the
+    `fullrun.log` under it; the probe held to its limit (its floor there), read from its rank 0
+    log; a probe-no-watch asks for no write watch."""
+    ctx = bp.Ctx(work=tmp_path, seconds=60.0, env={"PATH": "/bin"})
+    two = bp._compute(2)
+    ctx.recipes[two.name] = tmp_path / "r.toml"
+    plain = bp.turn_start("plain", two, ctx, 1)
+    assert list(plain.argv) == bp.plain_argv(two, sys.executable) and plain.log is None
+    run = bp.turn_start("run", two, ctx, 1)
+    runs = Path(run.argv[run.argv.index("--runs-dir") + 1])
+    assert runs.parent == tmp_path and run.log == runs / "*" / "logs" / "fullrun.log"
+    probe = bp.turn_start("probe", two, ctx, 1)
+    spec = json.loads(probe.argv[probe.argv.index("--probe-one") + 1])
+    assert probe.log == Path(spec["log_dir"]) / "parity-short-2r.log"
+    assert spec["fixed_dir"] and spec["min_s"] == spec["seconds"] >= 3 * ctx.seconds
+    assert not spec["no_watch"] and bp.turn_start("probe-no-watch", two, ctx, 1).argv != \
+        probe.argv
+    assert json.loads(bp.turn_start("probe-no-watch", two, ctx, 2).argv[-1])["no_watch"]
+    assert len({run.log.parent.parent, Path(spec["log_dir"])}) == 2  # a folder each

@@ -102,3 +102,45 @@ def test_the_grids_top_configs_are_judged_again_in_turns_and_grid_best_is_the_be
     assert judged.ratio_to_best(grid, sp, {**sp.baseline, "batch_size": 4}) is None
     mine = runs_left()
     assert not mine, mine
+
+
+# a controller of autotune's kind: its rank in a session of its own, writing to a log file, and
+# (a poor controller) leaving the rank behind when Ctrl-C stops it
+DETACHED = """
+import subprocess, sys
+log = open(sys.argv[1], "w")
+rank = subprocess.Popen(sys.argv[2:], stdout=log, stderr=subprocess.STDOUT,
+                        start_new_session=True)
+try:
+    rank.wait()
+except KeyboardInterrupt:
+    pass
+"""
+
+
+def test_a_run_whose_rank_has_its_own_session_and_log_is_held_whole_and_read_from_its_log(
+        tmp_path):
+    """`take_turns_of` on two such controllers: each rank holds still while the other runs
+    (none of its lines is read outside its own slices, the tail's poll aside), each figure is
+    its own rank's, from its log, and neither rank outlives the turns."""
+    pattern = shapes.SHAPES["mingpt"].rate
+    starts = []
+    for batch in (8, 32):
+        r = run(batch)
+        log = tmp_path / f"rank-{batch}" / "rank0.log"
+        log.parent.mkdir()
+        starts.append(turns.Start(
+            (sys.executable, "-c", DETACHED, str(log), *r.argv(sys.executable)),
+            {**r.environ(dict(__import__("os").environ)), "PYTHONUNBUFFERED": "1"},
+            tmp_path / f"rank-{batch}" / "*.log"))
+    small, large = turns.take_turns_of(starts, pattern, tmp_path, measure_s=3.0, slice_s=1.0)
+    end = max(b for r in (small, large) for _, b in r.slices)  # then each is stopped
+    for r in (small, large):
+        assert len(r.slices) >= turns.MIN_SLICES and len(r.counted) >= 3 * len(r.slices), r
+        first = r.slices[0][0]
+        late = [t for t in r.stamps if first < t < end and
+                not any(a <= t <= b + 0.25 for a, b in r.slices)]
+        assert not late, (late, r.slices)  # held: nothing printed during the other's slices
+    assert 56 < small.rate <= 80 and 224 < large.rate <= 320, (small.rate, large.rate)
+    mine = runs_left()
+    assert not mine, mine  # the ranks its controllers left behind were stopped too
