@@ -291,8 +291,9 @@ def test_the_data_stall_share_is_the_scripts_own_within_ten_points(tmp_path, ite
     assert abs(b.share("data") - truth) <= 0.10, (b.shares, truth)
     if item_ms:
         assert b.binding() in ("data", "forward") and b.share("data") > 0.2
-    else:
-        assert b.share("data") < 0.1 and b.binding() != "data"
+    else:  # (a loaded CI worker's stalls land on whatever the main thread was doing: 0.101
+        # once, within its 10 points of the script's own 0.0x, so the bound is not 0.1)
+        assert b.share("data") < 0.15 and b.binding() != "data"
 
 
 @pytest.mark.slow
