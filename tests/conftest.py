@@ -102,6 +102,18 @@ def autotune(*args, cwd=None, timeout=240, env=None) -> subprocess.CompletedProc
 # 1-1.6 cores of load under each other's probes and ran one past its timeout.
 HEAVY = "heavy-tunes"
 
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Every test of the `HEAVY` group is also marked ``heavy`` (before ``-m`` selects) and
+    moved to the end, so that CI runs them in its second pytest run after the cluster tests,
+    one after another, and the three workers never wait on them (README's test command)."""
+    heavy = [item for item in items
+             if any(m.args[:1] == (HEAVY,) for m in item.iter_markers("xdist_group"))]
+    for item in heavy:
+        item.add_marker(pytest.mark.heavy)
+    items[:] = [item for item in items if item not in heavy] + heavy
+
 PROBE_TRIES = 3  # a probe that got no figure because other programs loaded the CPU
 
 

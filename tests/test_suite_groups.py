@@ -63,7 +63,27 @@ def test_the_readme_s_test_command_is_the_one_ci_runs():
           if line and not line.startswith(("#", "set ", "cd "))]
     assert ci == [shown]
     alone = " -m cluster tests/test_cluster_tune.py && "
-    beside = " -m cluster --ignore=tests/test_cluster_tune.py > tests-cluster.log 2>&1 & "
-    assert alone in shown and beside in shown and '-m "not cluster"' in shown
-    assert shown.index(alone) < shown.index(beside) < shown.index('-m "not cluster"')
+    beside = (' -m "cluster or heavy" --ignore=tests/test_cluster_tune.py --durations=15 > '
+              'tests-cluster.log 2>&1 & ')
+    rest = '-m "not cluster and not heavy"'
+    assert alone in shown and beside in shown and rest in shown
+    assert shown.index(alone) < shown.index(beside) < shown.index(rest)
     assert shown.endswith('[ "$main" = 0 ] && [ "$cluster" = 0 ]; }')
+
+
+def test_the_heavy_tunes_are_marked_heavy_so_ci_runs_them_apart_from_the_workers():
+    """conftest marks every test of the `HEAVY` xdist group ``heavy`` before ``-m`` selects:
+    CI's second run (``-m "cluster or heavy"``) takes exactly them, the workers' run none."""
+    def collected(mark: str) -> set[str]:
+        p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            "--collect-only", "-m", mark, str(ROOT / "tests")],
+                           capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+        return {line for line in p.stdout.splitlines() if "::" in line}
+
+    heavy = collected("heavy")
+    assert heavy and all(any(f in t for f in ("test_fitted_e2e.py", "test_breakdown.py",
+                                              "test_faults_recipes.py")) for t in heavy), heavy
+    assert "tests/test_fitted_e2e.py::test_a_claimed_speed_up_holds_when_the_script_measures_it" \
+        in heavy
+    assert not heavy & collected("not cluster and not heavy")
