@@ -395,7 +395,7 @@ def probe_main(spec_text: str) -> int:
                  Path(tempfile.mkdtemp(prefix=f"{c.name}-", dir=spec["log_dir"]))),
         name=f"parity-{c.name}", max_s=seconds,
         watch_dirs=() if spec.get("no_watch") else None,
-        min_measure_s=(seconds if spec.get("fixed_dir") else
+        min_measure_s=(seconds if spec.get("held") else
                        min(float(spec.get("min_s", 10.0)), 0.6 * seconds))))
     print(json.dumps({"log_path": result.log_path, "meter": result.samples_per_s,
                       "outcome": result.outcome.value}), flush=True)
@@ -419,7 +419,7 @@ def turn_start(way: str, c: Config, ctx: Ctx, rnd: int) -> turns.Start:
                            ctx.env, log_dir / "*" / "logs" / "fullrun.log")
     seconds = ctx.seconds * (len(WAYS) + len(EXTRA_WAYS))
     spec = {"config": c.name, "device": c.device, "threads": c.threads, "seconds": seconds,
-            "min_s": seconds, "log_dir": str(log_dir), "fixed_dir": True,
+            "min_s": seconds, "held": True, "log_dir": str(log_dir), "fixed_dir": True,
             "ddp_own": way == "probe-ddp-own", "no_watch": way == "probe-no-watch"}
     return turns.Start((sys.executable, str(Path(__file__).resolve()), "--probe-one",
                         json.dumps(spec)), ctx.env, log_dir / f"parity-{c.name}.log")

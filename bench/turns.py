@@ -131,9 +131,9 @@ class _Run:
                 out.append((t, float(m.group(1))))
         return out
 
-    def _tree(self) -> list[int]:
+    def _tree(self) -> list[psutil.Process]:
         try:
-            return [c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)]
+            return psutil.Process(self.proc.pid).children(recursive=True)
         except psutil.Error:
             return []
 
@@ -147,7 +147,7 @@ class _Run:
             pass
         sent: set[int] = set()
         for _ in range(5 if sig == signal.SIGSTOP else 1):
-            new = [pid for pid in self._tree() if pid not in sent]
+            new = [p.pid for p in self._tree() if p.pid not in sent]
             if not new:
                 break
             for pid in new:
@@ -164,10 +164,7 @@ class _Run:
         """Resumed, then SIGINT to its group as Ctrl-C would; SIGKILL to its tree after
         `shapes.STOP_S`, and to any descendant still running a second after its root ended
         (one its root left behind)."""
-        try:
-            tree = psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.Error:
-            tree = []
+        tree = self._tree()
         self.signal(signal.SIGCONT)
         self.signal(signal.SIGINT)
         try:

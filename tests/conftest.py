@@ -114,6 +114,7 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.heavy)
     items[:] = [item for item in items if item not in heavy] + heavy
 
+
 PROBE_TRIES = 3  # a probe that got no figure because other programs loaded the CPU
 
 
