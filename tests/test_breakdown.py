@@ -400,7 +400,11 @@ def test_a_loader_in_the_main_process_is_tuned_to_its_bound_or_the_recipe_names_
     # or compute stops it: the verdict says so, and its share leaves the data wait (a third of
     # each step before) at most a fifth
     compute = re.search(r"compute \(forward, backward, optimizer\) takes (\d+)%", verdict["text"])
-    compute_binds = verdict["bottleneck"] == "compute" and compute and int(compute[1]) >= 80
+    # (a mode probe that gave nothing on a loaded machine leaves the ceilings unknown, and the
+    # verdict says how it ended; the full run's own breakdown still names the share)
+    compute_binds = compute and int(compute[1]) >= 80 and (
+        verdict["bottleneck"] == "compute" or
+        verdict["bottleneck"] == "unknown" and "log: " in verdict["text"])
     assert verdict["full_share_of_bound"] >= 0.9 or names_the_stall or compute_binds, verdict
     # loading overlapped with compute, when the rounds show it beyond doubt; else the reason
     # says how many rounds would (a busy machine spreads them)

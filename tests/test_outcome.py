@@ -272,6 +272,14 @@ def test_verdict_unknown_when_mode_failed():
     assert v.bottleneck == "unknown" and "synthetic" in v.text
 
 
+def test_an_unknown_verdict_says_how_the_mode_probe_ended_and_where_its_log_is():
+    v = decide(50.0, None, 100.0, why_none={Mode.SYNTHETIC: "hung: no progress for 30 s; "
+                                                            "log: /runs/x/logs/verdict-synthetic.log"})
+    assert v.bottleneck == "unknown"
+    assert "the synthetic (hung: no progress for 30 s; log: /runs/x/logs/verdict-synthetic.log) " \
+           "probe gave no throughput" in v.text
+
+
 @pytest.mark.parametrize("codes, kw, want", [
     ([5, -15], dict(own=None, stopped_by_us=False), 5),  # the first failure, ours came after
     ([15], dict(own=5, stopped_by_us=True), 5),  # the rank's own code beats the engine's

@@ -7,6 +7,7 @@ the bound says how much is left on the table and which side to work on.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from probes.protocol import Mode
@@ -28,11 +29,14 @@ class Verdict:
 
 
 def decide(full: float | None, synthetic: float | None, io: float | None,
-           parts=None) -> Verdict:
+           parts=None, why_none: Mapping[Mode, str] | None = None) -> Verdict:
     """Verdict from the three throughputs (None or 0 where a mode failed); ``parts``, the full
-    mode's `autotune.measuring.breakdown.Breakdown`, names the share that binds."""
+    mode's `autotune.measuring.breakdown.Breakdown`, names the share that binds; ``why_none``,
+    per mode that gave nothing, how its probe ended (its outcome, reason and log)."""
     if not synthetic or not io:
-        missing = [m.value for m, v in ((Mode.SYNTHETIC, synthetic), (Mode.IO, io)) if not v]
+        why_none = why_none or {}
+        missing = [m.value + (f" ({why_none[m]})" if why_none.get(m) else "")
+                   for m, v in ((Mode.SYNTHETIC, synthetic), (Mode.IO, io)) if not v]
         return Verdict("unknown", 0.0, 0.0,
                        f"no verdict: the {' and '.join(missing)} probe gave no throughput"
                        + (f"; {parts.advice()}" if parts is not None else ""))

@@ -137,16 +137,19 @@ def runner_ahead(best: objective.Score | None, runner: objective.Score | None) -
 def _probe_verdict(prober: Prober, state: TuneState, cfg: dict,
                    full: float) -> tuple[TuneState, bottleneck.Verdict]:
     space = state.space
-    rates = {}
+    rates, why_none = {}, {}
     for mode in (Mode.SYNTHETIC, Mode.IO):
         label = f"verdict-{mode.value}"
         state, r = prober.probe(state, prober.spec(state, *space.trial_knobs(cfg), label,
                                                    mode=mode),
                                 label=label, number=None, cfg=cfg)
         rates[mode] = r.samples_per_s if r.ok else None
+        if not r.ok or not r.samples_per_s:
+            why_none[mode] = f"{r.outcome.value}{': ' + r.reason if r.reason else ''}; " \
+                             f"log: {r.log_path}"
     facts = state.learned.facts(cfg)
     v = bottleneck.decide(full, rates[Mode.SYNTHETIC], rates[Mode.IO],
-                          facts.breakdown if facts is not None else None)
+                          facts.breakdown if facts is not None else None, why_none)
     prober.emit(Event.PROBE_VERDICT, verdict=v.to_dict())
     return state, v
 
