@@ -116,7 +116,9 @@ class LaunchSpec:
     marker: str  # value of AUTOTUNE_TRIAL for this launch
     stdout_path: Path
     stderr_path: Path
-    pipe_output: bool = False  # stream stdout+stderr through on_output as well as to the log
+    # pass each line of stdout+stderr to on_output as well, read back from the log
+    # (`_follow`), not through a pipe
+    stream_output: bool = False
     label: str = "rank 0"
 
 
@@ -129,6 +131,7 @@ class Launched:
     pgid: int
     known: dict[int, float] = field(default_factory=dict)  # pid -> create_time of descendants
     _threads: list[threading.Thread] = field(default_factory=list)
+    _ended: threading.Event = field(default_factory=threading.Event)  # `stop` has ended it
 
     @property
     def pid(self) -> int:
@@ -162,13 +165,13 @@ def start(spec: LaunchSpec, *, on_output=None) -> Launched:
     spec.stdout_path.parent.mkdir(parents=True, exist_ok=True)
     out = open(spec.stdout_path, "ab")
     err = out if spec.stdout_path == spec.stderr_path else open(spec.stderr_path, "ab")
+    streamed_from = out.tell()
     try:
         with _signals_held():  # what they raise comes once the process is registered
             try:
                 popen = subprocess.Popen(
                     list(spec.argv), cwd=spec.cwd, env=env, stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE if spec.pipe_output else out,
-                    stderr=subprocess.STDOUT if spec.pipe_output else err,
+                    stdout=out, stderr=subprocess.STDOUT if spec.stream_output else err,
                     start_new_session=True, close_fds=True)
             except OSError as exc:
                 raise LaunchError(f"cannot start {spec.argv[0]!r}: {exc.strerror or exc}; "
@@ -176,14 +179,15 @@ def start(spec: LaunchSpec, *, on_output=None) -> Launched:
             launched = Launched(spec=spec, popen=popen, pgid=popen.pid)
             _register(launched)
     finally:
-        if not spec.pipe_output:
-            out.close()
-            if err is not out:
-                err.close()
+        out.close()
+        if err is not out:
+            err.close()
     try:
-        if spec.pipe_output:
-            t = threading.Thread(target=_pump, args=(popen, out, err, on_output), daemon=True,
-                                 name=f"autotune-pump-{popen.pid}")
+        if spec.stream_output and on_output is not None:
+            t = threading.Thread(target=_follow,
+                                 args=(spec.stdout_path, streamed_from, launched._ended,
+                                       on_output),
+                                 daemon=True, name=f"autotune-follow-{popen.pid}")
             t.start()
             launched._threads.append(t)
         launched.tree()
@@ -272,17 +276,34 @@ def stop_all(grace_s: float = 2.0) -> list[int]:
     return stopped
 
 
-def _pump(popen, out, err, on_output) -> None:
+FOLLOW_S = 0.25  # how often a streamed launch's log is read for new lines
+
+
+def _follow(path: Path, offset: int, ended: threading.Event, on_output) -> None:
+    """Pass each whole line written to ``path`` past ``offset`` to ``on_output``, read every
+    `FOLLOW_S`, until ``ended`` (`stop` has ended the launch and swept its processes); then
+    the rest, a last line without its newline included.
+
+    The processes write to the file themselves, as a probe's ranks do, so what they print
+    wakes nothing of ours: relayed through a pipe, each line woke a thread of ours on a core
+    the ranks were using (two ranks of 2-3 ms steps read 0.94-0.98 of plain through
+    ``autotune run``, 0.96-0.98 as a probe: docs/benchmarks.md, parity). A line reaches the
+    terminal at most `FOLLOW_S` after it was written."""
+    rest = b""
     try:
-        for line in iter(popen.stdout.readline, b""):
-            out.write(line)
-            out.flush()
-            if on_output is not None:
-                on_output(line.decode(errors="replace"))
-    finally:
-        out.close()
-        if err is not out:
-            err.close()
+        with open(path, "rb") as f:
+            f.seek(offset)
+            while True:
+                last = ended.wait(FOLLOW_S)
+                *lines, rest = (rest + f.read()).split(b"\n")
+                for line in lines:
+                    on_output(line.decode(errors="replace") + "\n")
+                if last:
+                    break
+    except OSError:
+        return  # the log went away: nothing more to pass on
+    if rest:
+        on_output(rest.decode(errors="replace"))
 
 
 @dataclass(frozen=True)
@@ -375,6 +396,7 @@ def stop(launched: Launched, *, grace_s: float = 5.0) -> int | None:
     sweep(launched)
     if _live.get(launched.pid) is launched:
         del _live[launched.pid]
+    launched._ended.set()
     for t in launched._threads:
         t.join(timeout=5)
     return launched.popen.returncode

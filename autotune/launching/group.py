@@ -180,7 +180,7 @@ def plan_for(spec: RanksSpec, base: Mapping[str, str]) -> placement.Plan:
 
 
 def start_group(spec: RanksSpec, *, channel: Mapping[str, str], extra_env: Mapping[str, str] = (),
-                pipe_output: bool = False,
+                stream_output: bool = False,
                 on_output: Callable[[int, str], None] | None = None) -> RankGroup:
     """Place and start the ranks of ``spec``; see the module docstring."""
     base = dict(os.environ if spec.env is None else spec.env)
@@ -206,10 +206,10 @@ def start_group(spec: RanksSpec, *, channel: Mapping[str, str], extra_env: Mappi
     slot_envs = [_slot_env(slot, daemon) for slot in plan.slots]
     if spec.launcher.kind is engines.Kind.LOCAL:
         started = _start_local(spec, plan, base, knobs, skip, argv, slot_envs, channel,
-                               pipe_output, on_output)
+                               stream_output, on_output)
     else:
         started = _start_engine(spec, plan, base, knobs, skip, argv, slot_envs, channel,
-                                pipe_output, on_output)
+                                stream_output, on_output)
     try:
         group = RankGroup(launched=started, plan=plan, launcher=spec.launcher, mps=daemon)
         if daemon is not None:
@@ -230,7 +230,7 @@ def _slot_env(slot: placement.Slot, daemon) -> dict[str, str]:
     return env
 
 
-def _start_local(spec, plan, base, knobs, skip, argv, slot_envs, channel, pipe_output,
+def _start_local(spec, plan, base, knobs, skip, argv, slot_envs, channel, stream_output,
                  on_output) -> list[proc.Launched]:
     world = plan.local_world_size
     port = free_port()
@@ -251,7 +251,7 @@ def _start_local(spec, plan, base, knobs, skip, argv, slot_envs, channel, pipe_o
                 callback = (lambda r: (lambda line: on_output(r, line)))(rank)
             started.append(proc.start(proc.LaunchSpec(
                 argv=tuple(argv), env=env, cwd=spec.cwd, marker=f"{spec.marker}-r{rank}",
-                stdout_path=path, stderr_path=path, pipe_output=pipe_output,
+                stdout_path=path, stderr_path=path, stream_output=stream_output,
                 label=f"rank {rank}"), on_output=callback))
     except BaseException:  # by marker: one `proc.start` returned but not yet appended too
         for lp in proc.live():
@@ -299,7 +299,7 @@ def engine_argv(spec: RanksSpec, plan: placement.Plan, argv, env) -> list[str]:
                              rank_argv=argv)
 
 
-def _start_engine(spec, plan, base, knobs, skip, argv, slot_envs, channel, pipe_output,
+def _start_engine(spec, plan, base, knobs, skip, argv, slot_envs, channel, stream_output,
                   on_output) -> list[proc.Launched]:
     master = spec.launcher.hosts[0].name if spec.launcher.multi_host else "127.0.0.1"
     env = engine_env(spec, plan, base, knobs, skip, slot_envs, channel, master_addr=master,
@@ -311,7 +311,7 @@ def _start_engine(spec, plan, base, knobs, skip, argv, slot_envs, channel, pipe_
         callback = (lambda line: on_output(0, line))
     return [proc.start(proc.LaunchSpec(
         argv=tuple(full_argv), env=env, cwd=spec.cwd, marker=f"{spec.marker}-r0",
-        stdout_path=path, stderr_path=path, pipe_output=pipe_output,
+        stdout_path=path, stderr_path=path, stream_output=stream_output,
         label=spec.launcher.kind), on_output=callback)]
 
 

@@ -264,7 +264,7 @@ def run_full(spec: FullRunSpec, journal: Journal, *, out=None) -> int:
 
     try:
         group = start_group(ranks, channel=collector.env(), extra_env=FULL_RUN_ENV,
-                            pipe_output=True, on_output=on_output)
+                            stream_output=True, on_output=on_output)
         signals.launched = group.launched
         code, ended = _supervise(spec, signals, collector, journal, on_poll=tell)
     finally:
