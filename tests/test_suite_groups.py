@@ -83,7 +83,10 @@ def test_the_heavy_tunes_are_marked_heavy_so_ci_runs_them_apart_from_the_workers
 
     heavy = collected("heavy")
     assert heavy and all(any(f in t for f in ("test_fitted_e2e.py", "test_breakdown.py",
-                                              "test_faults_recipes.py")) for t in heavy), heavy
+                                              "test_faults_recipes.py", "test_frameworks.py"))
+                         for t in heavy), heavy
+    assert "tests/test_frameworks.py::test_tune_and_run_an_unmodified_framework_script" \
+        "[lightning_ddp]" in heavy
     assert "tests/test_fitted_e2e.py::test_a_claimed_speed_up_holds_when_the_script_measures_it" \
         in heavy
     assert not heavy & collected("not cluster and not heavy")
