@@ -86,8 +86,9 @@ def test_warm_start_skips_a_bad_recipe(tmp_path):
 
 
 # instances held: the two-rank probe (two tries of ~5 s at this length) is not what this is
-# about, and each tune here ran it
-WARM_TUNE = ("tune", "--plain", "--trials", "2", "--seconds", "4", "--confirm-rounds", "0",
+# about, and each tune here ran it. Probes of 8 s: CI runs these tunes beside three workers of
+# other tests on two cores, where a start took 19 s and probes of 4, 8 and 16 s gave nothing.
+WARM_TUNE = ("tune", "--plain", "--trials", "2", "--seconds", "8", "--confirm-rounds", "0",
              "--foreign-limit", "1000", "--fix", "threads=1", "instances=1", "--",
              str(SCRIPTS / "tune_toy.py"), "--work", "1")
 

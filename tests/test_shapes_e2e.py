@@ -236,7 +236,8 @@ def test_probe_cwd_keeps_the_probe_out_of_the_users_tree(tmp_path):
     area = user / "probe-area"
     argv = [sys.executable, "-m", "autotune", "probe", "--modes", "full", "--seconds", "15",
             "--json", "--plain", "--probe-cwd", str(area), "--metric", SAMPLES_PER_S,
-            str(SCRIPTS / "shape_pauses.py"), "--sample-s", "0", "--eval-s", "0.3"]
+            str(SCRIPTS / "shape_pauses.py"), "--sample-s", "0", "--eval-s", "0.3",
+            "--log-s", "0.2"]  # a line every 0.2 s: enough of them on a starved CI worker
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     done = subprocess.run(argv, cwd=user, env=env, capture_output=True, text=True, timeout=120)
     full = json.loads(done.stdout.strip().splitlines()[-1])["modes"]["full"]
