@@ -119,6 +119,36 @@ def test_a_probe_is_expected_to_end_on_the_windows_an_interval_needs_not_the_lim
         pytest.approx(12 + 5 + 19 * (0.08 / 0.05) ** 2)
 
 
+def test_a_probe_is_expected_to_take_no_longer_than_the_baseline_took_to_be_tight():
+    """pytorch/examples' word_language_model as it comes: 250 ms steps, the baseline tight
+    after 4 s of measuring, its final estimate ±21% after 6 s (what it measured until its ranks
+    stopped). By that final interval a probe needs 24 s of measuring (the bound of four times
+    the baseline's) and a 5-minute budget held none; by the time it took to be tight, 4 s."""
+    final = ScriptTiming(first_s=4.0, warmup_s=1.0, step_s=0.25, measured_s=6.0,
+                         rel_half=0.21, batch_size=20, threads=2)
+    tight = dataclasses.replace(final, tight_s=4.0)
+    knobs = {"batch_size": 20, "threads": 2}
+    wide, fitted = fitting.limits(final, knobs), fitting.limits(tight, knobs)
+    # 250 ms steps: 0.5 s windows; warm-up 4 steps of 250 ms
+    assert wide.expected_s == pytest.approx(4.0 + 1.0 + 4 * 6.0)
+    assert fitted.expected_s == pytest.approx(4.0 + 1.0 + 4.0)
+    assert fitted.max_s == wide.max_s  # the limit is not cut on it
+    # a larger batch's probe stretches it with its windows (2 steps of 1 s: 2 s windows)
+    big = fitting.limits(tight, {"batch_size": 80, "threads": 2})
+    assert big.expected_s == pytest.approx(4.0 + 4 * 1.0 + 4.0 * 4)
+    # a tighter target than the baseline's (a confirmation's) is not capped by it
+    assert fitting.limits(tight, knobs, target_rel=0.02).expected_s == \
+        fitting.limits(final, knobs, target_rel=0.02).expected_s
+    # never below the windows an interval needs, nor above what the final interval asks
+    assert fitting.expected_measure_s(dataclasses.replace(tight, tight_s=0.5), 0.05) == \
+        pytest.approx(4 * 0.5)
+    calm = dataclasses.replace(tight, rel_half=0.02, tight_s=5.0)
+    assert fitting.expected_measure_s(calm, 0.05) == fitting.measure_s(calm, 0.05, 4)
+    assert "within ±5% after 4 s, where it ended" in tight.describe()
+    assert "where it ended" not in final.describe()
+    assert ScriptTiming.from_dict(tight.to_dict()) == tight
+
+
 def test_a_script_whose_data_runs_out_is_expected_to_last_its_own_run_at_most():
     """The bundled image classifier with --epochs 1: 64 batches, then it exits. Its probes end
     when it does (13-25 s), not after the ~51 s an unending script would measure."""
@@ -143,7 +173,8 @@ def test_a_script_whose_data_runs_out_is_expected_to_last_its_own_run_at_most():
 
 def test_the_baseline_s_own_end_is_kept_only_when_the_script_ended_it():
     base = dict(outcome=Outcome.OK, duration_s=30.0, step_s=0.2, measured_s=10.0,
-                samples_per_s=100.0, ci_half=3.0, first_s=4.0, warmup_s=1.0, paused_s=0.0)
+                samples_per_s=100.0, ci_half=3.0, first_s=4.0, warmup_s=1.0, paused_s=0.0,
+                tight_s=0.0)
 
     class R:  # the fields ScriptTiming.of reads
         def __init__(self, **kw):

@@ -8,6 +8,7 @@ import pytest
 
 from autotune.measuring import steady
 from autotune.measuring.outcome import Outcome
+from autotune.measuring.result import TrialResult
 from autotune.measuring.trial import TrialSpec, run_trial
 from conftest import SCRIPTS, live_children, trial_processes
 
@@ -45,6 +46,17 @@ def test_ok_script_measured_and_left_at_a_batch_boundary(tmp_path):
     assert r.steps_per_s > 0
     assert r.peak_rss_bytes > 10 * 2**20
     assert r.exit_code == 0  # left at a batch boundary on our request, not killed
+
+
+def test_a_probe_ended_once_tight_says_after_how_much_measuring(tmp_path):
+    """The measuring of the estimate that ended it (what later probes are sized on): at least
+    what it was asked to measure, and no more than it ran. Its final estimate is taken anew
+    over all it measured until its ranks left, so it may stand on more."""
+    r = probe(tmp_path, "ok.py", max_s=60.0, min_measure_s=3.0)
+    assert r.outcome == Outcome.OK, r.reason
+    assert r.duration_s < 60.0, r.duration_s  # it ended tight, not at its limit
+    assert 3.0 <= r.tight_s < r.duration_s, (r.tight_s, r.duration_s)
+    assert TrialResult.from_dict(r.to_dict()).tight_s == r.tight_s
 
 
 def test_crash_at_start(tmp_path):
@@ -199,6 +211,7 @@ def test_a_probe_at_its_limit_without_an_interval_measures_on_into_its_overtime(
         return
     assert quick.outcome == Outcome.OK and math.isfinite(quick.ci_half), quick
     assert seen and seen[-1][1], seen  # it ended on an estimate with an interval
+    assert quick.tight_s == 0.0  # ...that was never tight
     if not over_notes:  # it had an interval at its limit: it ended there
         assert quick.duration_s < 12.0 + 3.0, quick.duration_s
     else:  # none at its limit: it measured on only until its first estimate with one

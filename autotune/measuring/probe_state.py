@@ -112,6 +112,7 @@ class ProbeState:
         self.last_progress = (0, 0, 0)
         self.first_progress: tuple[float, int] | None = None  # (when, batches or steps)
         self.estimate: steady.Estimate | None = None
+        self.tight_s = 0.0  # measuring of the estimate that ended it as tight (0: none did)
         self.source = series.Source.NONE
         self.hung_s: float | None = None
         self.stopped_by_us = False

@@ -155,6 +155,7 @@ def result_of(probe: ProbeState, exit_codes: list[int | None], load: ForeignLoad
         else None,
         kernel_cores=span.unowned.kernel_cores, steal_cores=span.unowned.steal_cores,
         slice_rates=tuple(None if part is None else part[0] / part[1] for part in parts),
+        tight_s=probe.tight_s,
         **(_cost(probe, est, turn) if has_estimate else {}), **_pace(probe))
 
 

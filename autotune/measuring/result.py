@@ -84,6 +84,9 @@ class TrialResult:
     # taking turns (`autotune.measuring.alternate`): each slice's samples/s in the order it
     # ran, None where too few batches ended in it; a confirmation pairs them across configs
     slice_rates: tuple[float | None, ...] = ()
+    # the measuring time of the estimate that ended it as tight (its final estimate, over
+    # all it measured until its ranks stopped, may read wider); 0 when none ended it so
+    tight_s: float = 0.0
 
     @property
     def foreign_flagged(self) -> bool:

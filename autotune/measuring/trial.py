@@ -189,13 +189,15 @@ def _hung(probe: ProbeState, progress: tuple[int, int, int], now: float, tree: l
 
 
 def _measured_enough(probe: ProbeState) -> bool:
-    """Whether the probe's estimate (just brought up to date) ends it: tight, or showing ranks
-    that train alone where that was asked (`TrialSpec.alone_after_s`), or pruned by its
-    ``on_progress`` (``probe.pruned`` then says so)."""
+    """Whether the probe's estimate (just brought up to date) ends it: tight (``probe.tight_s``
+    then says after how much measuring), or showing ranks that train alone where that was
+    asked (`TrialSpec.alone_after_s`), or pruned by its ``on_progress`` (``probe.pruned`` then
+    says so)."""
     spec, est = probe.spec, probe.estimate
     if est is None:
         return False
     if est.tight(spec.target_rel, spec.min_measure_s):
+        probe.tight_s = est.measured_s
         return True
     if spec.alone_after_s is not None and est.measured_s >= spec.alone_after_s \
             and est.windows >= 3 and not probe.script.facts.get("backend"):

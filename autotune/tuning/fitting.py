@@ -75,6 +75,10 @@ class ScriptTiming:
     # finite loader, one epoch); 0 when autotune ended it. Such a script's probes last no
     # longer than its run does, however little that measured.
     ended_s: float = 0.0
+    # measuring after which its estimate was tight and ended it (`TrialResult.tight_s`); 0 when
+    # it ran to its limit. Its final estimate, over all it measured until its ranks stopped,
+    # may read wider: word_language_model's was tight after 4 s and read ±21% after 6.
+    tight_s: float = 0.0
 
     @classmethod
     def of(cls, result, knobs: Mapping[str, float]) -> ScriptTiming | None:
@@ -87,7 +91,8 @@ class ScriptTiming:
                    rel_half=result.ci_half / result.samples_per_s,
                    paused_s=result.paused_s, batch_size=int(knobs.get("batch_size") or 0),
                    threads=int(knobs.get("threads") or 0),
-                   ended_s=result.duration_s if result.outcome == Outcome.ENDED else 0.0)
+                   ended_s=result.duration_s if result.outcome == Outcome.ENDED else 0.0,
+                   tight_s=result.tight_s)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -99,6 +104,8 @@ class ScriptTiming:
     def describe(self) -> str:
         return (f"first batch after {self.first_s:.1f} s, {_secs(self.step_s)} per step, "
                 f"±{self.rel_half:.0%} after {self.measured_s:.0f} s of measuring" +
+                (f" (within ±{TARGET_REL:.0%} after {self.tight_s:.0f} s, where it ended)"
+                 if self.tight_s else "") +
                 (f"; its data ran out {self.ended_s:.0f} s after launch" if self.ended_s else ""))
 
 
@@ -212,6 +219,20 @@ def measure_s(t: ScriptTiming, target_rel: float, windows: int = MIN_WINDOWS) ->
     return max(need, windows * _window_s(t.step_s))
 
 
+def expected_measure_s(t: ScriptTiming, target_rel: float) -> float:
+    """Measuring time a probe ending once tight is expected to take at the baseline's pace:
+    `measure_s` on `steady.MIN_TIGHT_WINDOWS` windows, and for a target no tighter than the
+    baseline's own (`TARGET_REL`) no more than the baseline took to be tight
+    (`ScriptTiming.tight_s`): a final interval made wide by the measuring after that says
+    little about how soon a probe gets tight (word_language_model's baseline, tight after 4 s,
+    read ±21% after 6, and its first plan expected probes of 42 s that then took 10-13 s).
+    A probe's limit is not shortened by it (`limits` takes `measure_s`)."""
+    need = measure_s(t, target_rel, steady.MIN_TIGHT_WINDOWS)
+    if t.tight_s > 0 and target_rel >= TARGET_REL:
+        need = min(need, max(t.tight_s, steady.MIN_TIGHT_WINDOWS * _window_s(t.step_s)))
+    return need
+
+
 def own_run_s(t: ScriptTiming, knobs: Mapping[str, float], factor: float) -> float | None:
     """After its first batch, how long the script runs before it ends on its own under
     ``knobs`` (its steps ``factor`` times the baseline's), for a script whose data ran out in
@@ -248,7 +269,7 @@ def limits(t: ScriptTiming, knobs: Mapping[str, float], instances: int = 1, *,
     stretch = _window_s(step) / _window_s(t.step_s)
     tight = steady.MIN_TIGHT_WINDOWS
     expected = start + warm_steps * t.step_s * stretch + \
-        max(measure_s(t, target_rel, tight) * stretch, tight * _window_s(step))
+        max(expected_measure_s(t, target_rel) * stretch, tight * _window_s(step))
     run_s = own_run_s(t, knobs, f)
     if run_s is not None:
         expected = min(expected, start + run_s + END_S)
