@@ -214,14 +214,20 @@ def test_earlier_rounds_are_read_back_for_an_extension():
                                      "reason": "", **more})
 
     best = (Event.BEST, {"knobs": cfg})
+    # round 1 chose trial-3 over trial-5 and counts for it; trial-7 (the batch-keeping
+    # alternative) joined from round 2
     evs = events(STARTED, rnd(1, "baseline", 9.0, chooses=True), rnd(1, "trial-3", 12.0,
-                 chooses=True), rnd(2, "baseline", 10.0), rnd(2, "trial-3", 13.0),
-                 rnd(3, "baseline", 11.0), rnd(3, "trial-3", None), best)
+                 chooses=True), rnd(1, "trial-5", 11.0, chooses=True),
+                 rnd(2, "baseline", 10.0), rnd(2, "trial-3", 13.0), rnd(2, "trial-7", 10.5),
+                 rnd(3, "baseline", 11.0), rnd(3, "trial-3", None), rnd(3, "trial-7", 10.6),
+                 best)
     e = earlier_rounds(evs)
-    assert e.entries == (("baseline", {}), ("trial-3", cfg))
-    assert [r and r.samples_per_s for r in e.rounds["baseline"]] == [10.0, 11.0]
-    assert [r and r.samples_per_s for r in e.rounds["trial-3"]] == [13.0, None]
-    assert e.count == 2 and e.last_round == 3
+    assert e.entries == (("baseline", {}), ("trial-3", cfg), ("trial-7", cfg))
+    assert [r and r.samples_per_s for r in e.rounds["baseline"]] == [9.0, 10.0, 11.0]
+    assert [r and r.samples_per_s for r in e.rounds["trial-3"]] == [12.0, 13.0, None]
+    assert [r and r.samples_per_s for r in e.rounds["trial-7"]] == [None, 10.5, 10.6]
+    assert e.count == 3 and e.last_round == 3
+    assert e.candidates == 3  # trial-5 entered the race too
     assert earlier_rounds(events(STARTED, best)) is None
 
 

@@ -351,8 +351,8 @@ def confirmation_section(state: RunState) -> str:
     return ("<h2>Confirmation</h2><table class='confirmation'><tr><th>round</th><th>config</th>"
             "<th>knobs</th><th>samples/s</th><th>outcome</th></tr>" + "".join(body) +
             "</table><p class='note'>the top configs and the baseline re-measured in separate "
-            "processes, interleaved; the best above is decided on these, but for a round "
-            "marked (chose), which chose between the search's best two and judges nothing</p>")
+            "processes, interleaved; the best above is decided on these. A round marked "
+            "(chose) ran the search's best two and kept one; it counts for the one kept</p>")
 
 
 def _num(v):

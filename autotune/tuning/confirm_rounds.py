@@ -58,6 +58,9 @@ class Earlier:
     entries: tuple[tuple[str, dict], ...]
     rounds: Mapping[str, tuple[EarlierRound | None, ...]]
     last_round: int  # the highest round number used: the new rounds are numbered after it
+    # candidates that entered its race: those judged, and a runner-up its choosing round
+    # dropped (0: those judged)
+    candidates: int = 0
 
     @property
     def count(self) -> int:
@@ -65,16 +68,16 @@ class Earlier:
 
 
 def earlier_rounds(events: Sequence[Mapping]) -> Earlier | None:
-    """The confirmation the journal's last ``best`` was decided on: its judging rounds (not
-    those that only chose between candidates), each round the last one written under its
-    number (a session interrupted mid-confirmation wrote rounds that a later one re-ran), for
-    the entries the last session confirmed. None when it had no rounds."""
+    """The confirmation the journal's last ``best`` was decided on: its rounds (a round that
+    chose between the best and the runner-up among them, the race's first), each round the
+    last one written under its number (a session interrupted mid-confirmation wrote rounds
+    that a later one re-ran), for the entries the last session confirmed, and how many
+    candidates entered it. None when it had no rounds."""
     last_best = max((i for i, e in enumerate(events) if e.get("event") == Event.BEST),
                     default=None)
     if last_best is None:
         return None
-    confirmations = [e for e in events[:last_best]
-                     if e.get("event") == Event.CONFIRMATION and not e.get("chooses")]
+    confirmations = [e for e in events[:last_best] if e.get("event") == Event.CONFIRMATION]
     if not confirmations:
         return None
     last_round = max(int(e.get("round") or 0) for e in confirmations)
@@ -97,9 +100,14 @@ def earlier_rounds(events: Sequence[Mapping]) -> Earlier | None:
         return EarlierRound(float(rate), float(e.get("ci_half") or 0.0),
                             slice_rates=tuple(slices) if slices else None)
 
-    rounds = {n: tuple(kept(by[(n, r)]) for r in sorted({r for m, r in by if m == n}))
+    # by round number, None where an entry had no probe (one past the runner-up in a round
+    # that chose between the best two)
+    numbers = sorted({r for _, r in by})
+    rounds = {n: tuple(kept(by[(n, r)]) if (n, r) in by else None for r in numbers)
               for n in names}
-    return Earlier(tuple((n, knobs[n]) for n in names if n in knobs), rounds, last_round)
+    entered = {str(e["trial"]) for e in confirmations} - {"baseline"}
+    return Earlier(tuple((n, knobs[n]) for n in names if n in knobs), rounds, last_round,
+                   len(entered))
 
 
 def entry_probe_s(prober: Prober, state: TuneState, known: Mapping[tuple, Known],
@@ -184,8 +192,8 @@ def remeasure(prober: Prober, state: TuneState, entries, rounds: int,
               ) -> tuple[TuneState, dict[str, list]]:
     """``rounds`` rounds of ``entries``, numbered from ``first``: taking turns, or one probe
     after another (interleaved), each measuring on past its window (`OVERTIME_SHARE` of it at
-    most) while its figure has no interval yet. Rounds that ``chooses`` between candidates
-    (`autotune.tuning.confirm.select_candidate`) and judge nothing say so in their events."""
+    most) while its figure has no interval yet. A round that ``chooses`` between candidates
+    (`autotune.tuning.confirm.select_candidate`, the race's first) says so in its events."""
     if turns:
         return _remeasure_in_turns(prober, state, entries, rounds, windows, deadline, first,
                                    chooses)
