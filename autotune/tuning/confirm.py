@@ -384,6 +384,8 @@ def _plan_rounds(prober: Prober, state: TuneState, frame: _Frame, lineup: _Lineu
         needed, why = frame.needed(
             lineup.names, lineup.candidates,
             one_round_rel=frame.spread.upper_rel() if frame.spread is not None else None)
+        if needed is not None and lineup.selected:  # the choosing round is one of them
+            needed = max(1, needed - lineup.selected)
     plan = plan_confirmation(plan_entries(prober, state, frame.known, list(entries)),
                              asked=frame.settings.confirm_rounds, left_s=left_s,
                              budget_s=frame.settings.budget_s, stretch=stretch, needed=needed,
