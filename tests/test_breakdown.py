@@ -230,6 +230,20 @@ def test_shares_and_other_from_the_ticks():
     assert breakdown.Breakdown.from_dict(gpu.to_dict()).clock == "cuda-events"
 
 
+def test_a_part_whose_sum_steps_back_has_a_share_of_zero_not_below():
+    """A part's sum that ends the span a little lower than it began (seen on a two-rank DDP
+    toy's backward: -0.0034 over a probe) reads 0; a recipe holding the breakdown reads back."""
+    from autotune.tuning import recipes
+    pts = ticks({"data": 0.01, "forward": 0.08}, 80)
+    pts = [(t, {**parts, "backward": 0.05 - 0.001 * t}) for t, parts in pts]
+    b = breakdown.from_ticks([pts], 2.0, 18.0, windows=8)
+    assert b.share("backward") == 0.0 and b.share("forward") == pytest.approx(0.80)
+    assert all(0.0 <= share <= 1.0 and half >= 0.0 for share, half in b.shares.values()), b.shares
+    pair_ok = recipes._KINDS["a [share, half-width] pair"]
+    table = b.to_dict()["shares"]
+    assert all(pair_ok(v) for v in table.values()), table
+
+
 def test_what_more_workers_can_gain_is_the_data_wait_taken_back_whole():
     """A knob acting on one group gains at most that group's time, at the upper end of its
     interval: a step waiting 10% ±2 for data runs at most 1/(1 - 0.12) as fast without the wait.

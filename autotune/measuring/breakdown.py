@@ -180,7 +180,10 @@ def from_ticks(per_rank: Sequence[PartPoints], start_t: float, end_t: float, *,
         whole = [(_at(pts, end_t, part) - _at(pts, start_t, part)) / (end_t - start_t)
                  for pts in ranks] if part != "other" else None
         mean = sum(whole) / len(whole) if whole is not None else sum(xs) / n
-        shares[part] = (mean, steady.batch_means_ci(xs))
+        # a part's sum may step back a little between ticks (a two-rank DDP toy's backward
+        # read -0.3% over a probe's span, and the recipe holding it could not be read back):
+        # a share of wall time is never below 0
+        shares[part] = (max(0.0, mean), steady.batch_means_ci(xs))
     rest = max(0.0, 1.0 - sum(shares[p][0] for p in PARTS))
     shares["other"] = (rest, shares["other"][1])
     return Breakdown(shares, len(ranks), clock)
