@@ -439,9 +439,13 @@ def _race(prober: Prober, state: TuneState, frame: _Frame, lineup: _Lineup, plan
     """Announce and run the race (`race.run`) within the budget left, after ``earlier``'s
     rounds or the round that chose between the best two (judged with its own): each round
     runs the entries still in it once (`remeasure`, one round, numbered on from the
-    journal's); an entry none of them measured stands on the search's own figure. No re-measurement: the search's own figures, one
-    round each, which cannot switch."""
-    before = earlier.count if earlier else lineup.selected
+    journal's); an entry none of them measured stands on the search's own figure. No
+    re-measurement: the search's own figures, one round each, which cannot switch."""
+    if earlier is not None:  # the rounds before the race's own, and the last one's number
+        before, last, prior = earlier.count, earlier.last_round, \
+            {n: list(rs) for n, rs in earlier.rounds.items()}
+    else:
+        before, last, prior = lineup.selected, lineup.selected, lineup.chose
     policy = _policy(frame, lineup, plan, before)
     names, cfgs = lineup.names, dict(lineup.entries)
 
@@ -475,9 +479,7 @@ def _race(prober: Prober, state: TuneState, frame: _Frame, lineup: _Lineup, plan
 
     raced = race.run(policy, measure, score, names=names, clock=prober.clock,
                      deadline=deadline,
-                     first=(earlier.last_round if earlier else lineup.selected) + 1,
-                     earlier={n: list(rs) for n, rs in earlier.rounds.items()}
-                     if earlier else lineup.chose, one_round=one_round)
+                     first=last + 1, earlier=prior, one_round=one_round)
     state = held[0]
     for drop in raced.dropped:
         state = prober.note(state, Note.info(
