@@ -78,3 +78,26 @@ def test_a_move_pruned_against_a_lucky_baseline_is_queued_again_once():
     twice = {SP.key(cfg(64)): 2}
     assert queue_policy.misjudged(SP, known, score, floor=98.0, margin_rel=0.05, counts=twice,
                                   waiting=set()) == []
+
+
+def test_a_second_look_takes_the_pruned_config_nearest_the_bar_that_fits_once():
+    """The bar: a floor of 100 less a 3% margin, 97. Pruned: batch 64 at 80 ± 2 (15% under
+    it), 16 at 70 ± 2 (26% under: past `SECOND_LOOK_REL`), 8 at 60 ± 2; measured: 128 at 90."""
+    known = answered((32, 0, 102.0), (64, 0, 80.0, Outcome.PRUNED),
+                     (16, 0, 70.0, Outcome.PRUNED), (8, 0, 60.0, Outcome.PRUNED),
+                     (128, 0, 90.0))
+
+    def look(counts=None, fits=lambda c: True, floor=100.0):
+        return queue_policy.second_look(SP, known, score, floor=floor, margin_rel=0.03,
+                                        counts=counts or {}, fits=fits)
+
+    q = look()
+    assert q.cfg["batch_size"] == 64 and q.design == "again" and "15% under" in q.note
+    # probed twice already, or its probe does not fit: none of the others is near enough
+    assert look(counts={SP.key(cfg(64)): 2}) is None
+    assert look(fits=lambda c: c["batch_size"] != 64) is None
+    # a lower bar brings 16 within reach; 64 stays the nearest, and where it has had its
+    # second look, 16 is next
+    assert look(floor=85.0).cfg["batch_size"] == 64
+    assert look(floor=85.0, counts={SP.key(cfg(64)): 2}).cfg["batch_size"] == 16
+    assert look(floor=None) is None  # no bar yet: nothing was pruned against one

@@ -146,8 +146,8 @@ class Search:
         self.answers.rebuild(self.handle.trials())
         self._use_spread()
         a = self.answers
-        return SearchResult(dict(a.known), a.measured, self._stop_reason(), self.source,
-                            self.state, tuple(a.noises))
+        return SearchResult(dict(a.known), a.measured, self._stop_reason(look_again=False),
+                            self.source, self.state, tuple(a.noises))
 
     def _keep(self, **changes) -> None:
         self.state = dataclasses.replace(self.state, **changes)
@@ -449,7 +449,10 @@ class Search:
             self.handle.pruner.margin_rel = measured.margin_rel()
             self.answers.pool_baseline(measured, self.handle.pruner.revised)
 
-    def _stop_reason(self) -> StopReason | None:
+    def _stop_reason(self, *, look_again: bool = True) -> StopReason | None:
+        """Why the search stops now, or None. Under a budget, a space measured or a sampler
+        that proposes only configs measured first takes a second look at a pruned config
+        (`StudyQueue.second_look`; not with ``look_again`` False: a finished search read back)."""
         s, a = self.settings, self.answers
         if s.max_trials is not None and a.measured + 1 >= s.max_trials:
             return StopReason(Stop.TRIALS, count=s.max_trials)
@@ -458,10 +461,13 @@ class Search:
             if self.elapsed() + self.budget.cheapest_left_s() + reserve > s.budget_s:
                 return StopReason(Stop.BUDGET, reserved=bool(reserve))
         answered = len(a.known) + (a.blocked_count() if a.ooms else 0)
-        if answered >= self.size:
-            return StopReason(Stop.EXHAUSTED, count=self.size)
-        if a.duplicate_streak >= DUPLICATE_STREAK:
-            return StopReason(Stop.DUPLICATES)
+        ended = StopReason(Stop.EXHAUSTED, count=self.size) if answered >= self.size else \
+            StopReason(Stop.DUPLICATES) if a.duplicate_streak >= DUPLICATE_STREAK else None
+        if ended is not None:
+            if look_again and self.queue.second_look():
+                a.duplicate_streak = 0
+                return None
+            return ended
         young = s.budget_s is not None and self.elapsed() < CONVERGE_AFTER_SHARE * s.budget_s
         c = a.convergence
         if c.since_best >= c.patience and c.seen >= c.min_trials and not young:

@@ -168,6 +168,14 @@ class StudyQueue:
                                            in_study=self.in_study):
             self.queue(q)
 
+    def counts(self) -> dict[tuple | None, int]:
+        """How many trials of the study hold each config key."""
+        counts: dict[tuple | None, int] = {}
+        for t in self.handle.trials():
+            key = self.key_of(t)
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
     def requeue_misjudged(self) -> None:
         """The moves pruned before the spread between processes was measured that it shows
         misjudged (`queue_policy.misjudged`), queued once more."""
@@ -178,12 +186,32 @@ class StudyQueue:
                                    pruner.revised)
         waiting = {self.key_of(t) for t in self.handle.trials()
                    if t.state == studies.TrialState.WAITING}
-        counts: dict[tuple | None, int] = {}
-        for t in self.handle.trials():
-            key = self.key_of(t)
-            counts[key] = counts.get(key, 0) + 1
         for q in queue_policy.misjudged(self.space, self.answers.known, self.answers.score, floor=floor,
-                                        margin_rel=pruner.margin_rel, counts=counts,
+                                        margin_rel=pruner.margin_rel, counts=self.counts(),
                                         waiting=waiting):
             del self.answers.known[self.space.key(q.cfg)]
             self.queue(q)
+
+    def second_look(self) -> bool:
+        """Under a budget, with nothing queued, the pruned config nearest the best probed once
+        more where the budget holds its probe (`queue_policy.second_look`); True when one was
+        queued (the search goes on for it)."""
+        if self.state.settings.budget_s is None or not self.handle.prunes or \
+                self.handle.trials(states=(studies.TrialState.WAITING,)):
+            return False
+        pruner = self.handle.pruner
+        floor = studies.best_floor(self.handle.trials(states=(studies.TrialState.COMPLETE,)),
+                                   pruner.revised)
+
+        def fits(cfg) -> bool:
+            left, need_s = self.budget.room(cfg)
+            return left >= need_s
+
+        q = queue_policy.second_look(self.space, self.answers.known, self.answers.score,
+                                     floor=floor, margin_rel=pruner.margin_rel,
+                                     counts=self.counts(), fits=fits)
+        if q is None:
+            return False
+        del self.answers.known[self.space.key(q.cfg)]
+        self.queue(q)
+        return True
