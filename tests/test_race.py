@@ -228,3 +228,28 @@ def test_the_batch_keeping_alternative_is_not_dropped_behind_a_leader_that_chang
     assert not raced.dropped and all("K" in live for _, live in table.calls)
     alone, _ = run(rows, planned=3)
     assert [d.name for d in alone.dropped] == ["K"]
+
+
+def test_a_leader_the_rounds_would_show_at_the_look_after_the_most_runs_on_to_it():
+    """word_lm's shape at 6m: after the choosing round and five more, batch 64 read 1.243x,
+    1.063x, 1.401x, 1.181x, 1.372x and 1.220x the baseline. At the look after round 6 (99.99%
+    with two candidates) its interval held 1.0; at the level of the look after the most rounds
+    (7) those six rounds already lie above it. The race runs on to round 7 and switches there
+    where the gain holds; it stopped at round 6 and kept the defaults, as though a seventh
+    round could not show the gain."""
+    ratios = [1.243, 1.063, 1.401, 1.181, 1.372, 1.220, 1.22]
+    rows = [{"baseline": 100.0, "A": 100.0 * r, "B": 95.0 if i == 0 else None}
+            for i, r in enumerate(ratios)]
+    policy = Race(4, 7, 2)
+    so_far = {n: [Measured(r[n], r[n] * 0.01) if r[n] else None for r in rows[:6]]
+              for n in ("baseline", "A")}
+    look = policy.look([so_far], None, rounds=6, live=["baseline", "A"], last=False)
+    assert look.verdict is Verdict.CONTINUE and look.decided.rounds_needed == 7, look
+    assert look.decided.kept_baseline and look.level > 0.999
+    ahead = policy.decide(so_far, None, ["baseline", "A"],
+                          level=race.look_level(7, 4, 2, 7))
+    assert not ahead.kept_baseline and ahead.speedup_low > 1.0, ahead.reason
+    raced, table = run(rows, planned=4, most=7)
+    assert raced.look.verdict is Verdict.SWITCH and raced.look.decided.winner == "A", raced
+    assert raced.rounds == 7 == len(table.calls)
+    assert "at the look after the most rounds" in raced.look.decided.reason
