@@ -81,8 +81,9 @@ def test_a_move_pruned_against_a_lucky_baseline_is_queued_again_once():
 
 
 def test_a_second_look_takes_the_pruned_config_nearest_the_bar_that_fits_once():
-    """The bar: a floor of 100 less a 3% margin, 97. Pruned: batch 64 at 80 ± 2 (15% under
-    it), 16 at 70 ± 2 (26% under: past `SECOND_LOOK_REL`), 8 at 60 ± 2; measured: 128 at 90."""
+    """The bar: a floor of 100 less a 3% margin, 97. Pruned: batch 64 at 80 ± 2 (18% under
+    it), 16 at 70 ± 2 (28% under: past `SECOND_LOOK_REL`), 8 at 60 ± 2; measured: 128 at 90.
+    Replays of a config (`StudyQueue.counts` leaves them out) do not count as measurements."""
     known = answered((32, 0, 102.0), (64, 0, 80.0, Outcome.PRUNED),
                      (16, 0, 70.0, Outcome.PRUNED), (8, 0, 60.0, Outcome.PRUNED),
                      (128, 0, 90.0))
@@ -92,7 +93,7 @@ def test_a_second_look_takes_the_pruned_config_nearest_the_bar_that_fits_once():
                                         counts=counts or {}, fits=fits)
 
     q = look()
-    assert q.cfg["batch_size"] == 64 and q.design == "again" and "15% under" in q.note
+    assert q.cfg["batch_size"] == 64 and q.design == "again" and "18% under" in q.note
     # probed twice already, or its probe does not fit: none of the others is near enough
     assert look(counts={SP.key(cfg(64)): 2}) is None
     assert look(fits=lambda c: c["batch_size"] != 64) is None

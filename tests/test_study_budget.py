@@ -577,12 +577,12 @@ def test_rounds_the_budget_left_cannot_hold_keep_no_time_from_the_search(tmp_pat
 @pytest.mark.parametrize("budget_s", [260.0, None])
 def test_with_budget_left_once_the_space_is_measured_the_pruned_config_nearest_the_best_is_probed_again(
         tmp_path, machine, budget_s):
-    """A worker's first probe ran in a slow stretch and read 80 samples/s, against the script's
+    """A worker's first probe ran in a slow stretch and read 85 samples/s, against the script's
     own 100: pruned. Every later process of it reads 130. One thread reads 105, and both
     together 50. Under a budget, once all four configs are measured with time left, the pruned
     config nearest the bar is probed again (word_lm's shape at 6m pruned batch 64, the grid's
     best, at 1524 ± 143 against 1813 ± 55, then stopped its search with the space measured at
-    196 s of 360): the worker, 18% under the bar, is the best. Both together, 49% under it,
+    196 s of 360): the worker, 15% under the bar, is the best. Both together, 50% under it,
     are not probed again. Without a budget the search ends with the space measured, as it did."""
     calls: dict = {}
 
@@ -590,7 +590,7 @@ def test_with_budget_left_once_the_space_is_measured_the_pruned_config_nearest_t
         key = (knobs["threads"], knobs["workers"])
         calls[key] = calls.get(key, 0) + 1
         if key == (2, 1):
-            return 80.0 if calls[key] == 1 else 130.0
+            return 85.0 if calls[key] == 1 else 130.0
         return {(2, 0): 100.0, (1, 0): 105.0, (1, 1): 50.0}[key]
 
     clock, told = FakeClock(), []
@@ -606,7 +606,7 @@ def test_with_budget_left_once_the_space_is_measured_the_pruned_config_nearest_t
         assert not again and search.count((2, 1)) == 1, (search, texts)
         assert (report.best.knobs["thread_pct"], report.best.knobs["workers"]) == (50, 0)
         return
-    assert len(again) == 1 and "workers=1" in again[0] and "18% under" in again[0], texts
+    assert len(again) == 1 and "workers=1" in again[0] and "15% under" in again[0], texts
     assert search.count((2, 1)) == 2 and search.count((1, 1)) == 1, search
     assert (report.best.knobs["thread_pct"], report.best.knobs["workers"]) == (100, 1), \
         report.best

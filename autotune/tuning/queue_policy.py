@@ -282,9 +282,9 @@ def misjudged(sp: Space, known: Mapping[tuple, Known], score: Scorer, *,
     return out
 
 
-# A pruned config whose interval's upper end fell at most this far under the pruning bar is
-# worth a second probe once nothing new is left: this machine's rate moves 10-30% between
-# stretches of a minute, and one probe cut short in a slow stretch reads that far low.
+# A pruned config whose last figure fell at most this far under the pruning bar is worth a
+# second probe once nothing new is left: this machine's rate moves 10-30% between stretches of
+# a minute, and one probe cut short in a slow stretch reads that far low.
 SECOND_LOOK_REL = 0.20
 
 
@@ -292,14 +292,15 @@ def second_look(sp: Space, known: Mapping[tuple, Known], score: Scorer, *,
                 floor: float | None, margin_rel: float, counts: Mapping[tuple | None, int],
                 fits: Callable[[Config], bool]) -> Queued | None:
     """Under a budget, once the space is measured or the sampler proposes only configs
-    measured, the pruned config whose interval's upper end came nearest the pruning bar
-    (``floor`` less ``margin_rel``), within `SECOND_LOOK_REL` of it, whose probe the budget
-    still holds (``fits``): queued once more, or None. A probe is pruned on a few seconds of
-    one process, and the machine's drift can put those seconds in a slow stretch: word_lm's
-    shape at 6m pruned batch 64, the grid's best, at 1524 ± 143 against a best of 1813 ± 55
-    (a bar of 1705), stopped its search with the space measured at 196 s of 360, and kept the
-    defaults at 0.86 of 64. Once per config: one the study holds twice (``counts``) is not
-    queued again."""
+    measured, the pruned config whose last figure came nearest the pruning bar (``floor``
+    less ``margin_rel``), within `SECOND_LOOK_REL` of it, whose probe the budget still holds
+    (``fits``): queued once more, or None. A probe is pruned on a few seconds of one process,
+    and the machine's drift can put those seconds in a slow stretch: word_lm's shape at 6m
+    pruned batch 64, the grid's best, at 1524 ± 143 against a best of 1813 ± 55 (a bar of
+    1705), stopped its search with the space measured at 196 s of 360, and kept the defaults at
+    0.86 of 64. Its figure, not its interval's upper end, ranks a config: a probe pruned after
+    two seconds has an interval wide enough to reach any bar. Once per config: one the study
+    measured twice (``counts``, replays left out) is not queued again."""
     if not floor or floor <= 0:
         return None
     bar = floor * (1 - margin_rel)
@@ -310,7 +311,7 @@ def second_look(sp: Space, known: Mapping[tuple, Known], score: Scorer, *,
         s = score(k)
         if s.value is None or not math.isfinite(s.ci_half):
             continue
-        short = 1 - (s.value + s.ci_half) / bar
+        short = 1 - s.value / bar
         if short > SECOND_LOOK_REL or (nearest is not None and short >= nearest[0]) or \
                 not fits(dict(k.cfg)):
             continue
@@ -318,9 +319,9 @@ def second_look(sp: Space, known: Mapping[tuple, Known], score: Scorer, *,
     if nearest is None:
         return None
     short, cfg, value, ci_half = nearest
-    where = f"{short:.0%} under" if short > 0 else "within"
+    where = f"{short:.0%} under" if short > 0 else "above"
     return Queued(cfg, "again", f"{knobs_text(cfg)} probed again: nothing new is left to "
                                 f"probe and the budget holds one more; it was pruned at "
-                                f"{value:.1f} ± {ci_half:.1f}, its upper end {where} the bar "
-                                f"of {bar:.1f}, on a few seconds that the machine's drift can "
-                                f"make that slow")
+                                f"{value:.1f} ± {ci_half:.1f}, {where} the bar of {bar:.1f}, "
+                                f"on a few seconds that the machine's drift can make that "
+                                f"slow")

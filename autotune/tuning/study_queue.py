@@ -169,9 +169,12 @@ class StudyQueue:
             self.queue(q)
 
     def counts(self) -> dict[tuple | None, int]:
-        """How many trials of the study hold each config key."""
+        """How many trials of the study hold each config key, a replay of an answer already
+        known (a duplicate the sampler proposed) left out: it measured nothing."""
         counts: dict[tuple | None, int] = {}
         for t in self.handle.trials():
+            if studies.attrs_of(t).duplicate_of is not None:
+                continue
             key = self.key_of(t)
             counts[key] = counts.get(key, 0) + 1
         return counts
