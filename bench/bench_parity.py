@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import platform
@@ -105,6 +106,7 @@ MIN_RATIO = 0.97
 EXAMPLE_RATE = re.compile(r"^(?:\[rank 0\] )?epoch \d+ step \d+ loss [0-9.naif]+ .*?samples/s "
                           r"([0-9.]+)", re.M)
 NANOGPT_RATE = re.compile(r"^iter \d+: loss [0-9.]+, time [0-9.]+ms, ([0-9.]+) samples/s", re.M)
+LIGHTNING_RATE = re.compile(r"^lightning: batch \d+ samples/s ([0-9.]+)", re.M)
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,7 @@ class Config:
     share: int = 100  # on a GPU: each rank's MPS share (thread_pct)
     rate: re.Pattern = EXAMPLE_RATE
     threads: int | None = None  # OMP_NUM_THREADS as the user writes it (None: not set)
+    own_ranks: int = 1  # ranks the script starts itself (Lightning's launcher): one to us
 
     @property
     def mps(self) -> bool:
@@ -137,6 +140,8 @@ class Config:
 
         cores = len(os.sched_getaffinity(0))
         threads = self.threads or (None if self.ranks == 1 else 1)  # torchrun's: 1 for several
+        if self.own_ranks > 1 and not self.threads:  # Lightning's: the cores split evenly
+            threads = max(1, cores // self.own_ranks)
         pct = 100 if threads is None else space.pct_for_threads(threads, cores)
         return {**self.knobs, "instances": self.ranks, "thread_pct": pct}
 
@@ -171,6 +176,15 @@ def _nanogpt() -> Config:
                   ("--batch_size={batch_size}",), {"batch_size": 12}, 1, rate=NANOGPT_RATE)
 
 
+def _lightning() -> Config:
+    return Config("lightning-2r", "Lightning's Trainer(devices=2, strategy='ddp'): it starts "
+                  "its second rank itself, steps of a few ms",
+                  (str(ROOT / "tests" / "scripts" / "fw_lightning.py"), "--devices", "2",
+                   "--strategy", "ddp", "--log-every", "50"),
+                  ("--batch-size", "{batch_size}", "--workers", "{workers}"),
+                  {"batch_size": 32, "workers": 0}, 1, rate=LIGHTNING_RATE, own_ranks=2)
+
+
 def _cuda(ranks: int, share: int) -> Config:
     return Config(f"cuda-{ranks}r" + (f"-mps{share}" if ranks > 1 else ""),
                   "the bundled CUDA example (a small CNN, images made on the CPU in workers)",
@@ -188,8 +202,9 @@ def configs_for(device: str, threads: int | None = None) -> list[Config]:
         # 4 ranks at 100% each: the config the kit found 1.81x one rank started plain, 1.19x
         # through `autotune run` (2026-11-27)
         return [_cuda(1, 100), _cuda(2, 50), _cuda(4, 25), _cuda(4, 100)]
+    own = (_lightning(),) if importlib.util.find_spec("lightning") else ()  # the extra installed
     return [replace(c, threads=threads) for c in
-            (_compute(1), _compute(2), _images(1), _images(2), _nanogpt())]
+            (_compute(1), _compute(2), _images(1), _images(2), _nanogpt(), *own)]
 
 
 # -- the three ways --------------------------------------------------------------------------

@@ -39,6 +39,13 @@ def test_the_recipe_gives_the_ranks_the_threads_a_plain_start_gives(monkeypatch)
     # OMP_NUM_THREADS=1 written by the user: the recipe's rank gets one thread too
     one = next(c for c in bp.configs_for("cpu", threads=1) if c.name == "data-1r")
     assert space.rank_knobs(one.recipe_knobs, cores=2, device="cpu")[0]["threads"] == 1
+    # Lightning starts its second rank itself: one process to autotune, and each rank gets the
+    # cores split evenly by Lightning's own rule, so the recipe gives the one it starts that
+    lightning = bp._lightning()
+    assert lightning.ranks == 1 and bp.plain_argv(lightning, "py")[:2] == ["py",
+                                                                           lightning.script[0]]
+    assert space.rank_knobs(lightning.recipe_knobs, cores=2, device="cpu") == \
+        ({"batch_size": 32, "workers": 0, "threads": 1, "instances": 1}, 1)
     gpu = {c.name: c for c in bp.configs_for("gpu")}
     assert [(c.ranks, c.mps, c.share) for c in gpu.values()] == \
         [(1, False, 100), (2, True, 50), (4, True, 25), (4, True, 100)]
