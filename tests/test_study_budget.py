@@ -3,6 +3,7 @@ what the budget holds back, which entries the rounds judge, when they take turns
 the race runs. The fake probe and the tuner are `test_study`'s."""
 
 import dataclasses
+import math
 import re
 
 import pytest
@@ -53,6 +54,44 @@ def test_budget_leaves_room_for_the_confirmation(tmp_path, machine):
     assert {s.ranks.name[:8] for s in confirm} == {"confirm1"}
     assert not report.kept_baseline and report.rounds == 1
     assert clock.t <= 100.0 + 0.8 * 10
+
+
+class NoIntervalInRound(Timed):
+    """A confirmation probe of the baseline ends before its estimate has an interval of its
+    own (too few windows), as minGPT's shape did under a 5-minute budget."""
+
+    def __call__(self, spec, **kw):
+        r = super().__call__(spec, **kw)
+        if spec.ranks.name.startswith("confirm") and spec.ranks.name.endswith("baseline"):
+            r = dataclasses.replace(r, ci_half=math.inf)
+        return r
+
+
+def test_a_round_figure_without_an_interval_of_its_own_takes_its_search_figure_s(
+        tmp_path, machine):
+    """One round decides alone where the spread between processes cannot explain the gain.
+    A figure with no interval of its own once weighed nothing (the interval read 0x-inf), and
+    minGPT's shape kept its defaults against +74.5%; it now carries its search figure's,
+    relatively, widened by `confirm.BORROWED_WIDEN`, and the journal says so."""
+    from autotune.tuning import confirm
+
+    clock, told = FakeClock(), []
+    fake = NoIntervalInRound(clock, surface)
+    report, _, run_dir = tune(tmp_path, fake, budget_s=100.0, clock=clock, notify=told.append)
+    assert report.rounds == 1 and not report.kept_baseline, report.reason
+    lent = [n.text for n in told if "has no interval of its own" in n.text]
+    assert len(lent) == 1 and lent[0].startswith("confirmation: baseline's figure of round 1"), \
+        [n.text for n in told]
+    # pure: only a figure without an interval borrows, and never from a search figure without
+    searched = {"a": confirm.Round(100.0, 5.0), "b": confirm.Round(50.0, math.inf)}
+    got = confirm.own_intervals({"a": [confirm.Round(110.0, math.inf), confirm.Round(90.0, 3.0),
+                                       None],
+                                 "b": [confirm.Round(40.0, math.inf)]}, searched.__getitem__)
+    assert got["a"][0].ci_half == pytest.approx(110.0 * 0.05 * math.sqrt(2))
+    assert got["a"][1:] == [confirm.Round(90.0, 3.0), None]
+    assert math.isinf(got["b"][0].ci_half)
+    assert confirm.borrowed({"a": [confirm.Round(1.0, math.inf), None, confirm.Round(1.0, 1.0)]}) \
+        == [("a", 0)]
 
 
 def test_under_a_budget_the_runner_up_is_not_confirmed(tmp_path, machine):
