@@ -2,6 +2,7 @@
 and ``tune --resume RUN --confirm-rounds N``, with real processes."""
 
 import json
+import math
 import os
 import re
 import shutil
@@ -228,7 +229,14 @@ def test_earlier_rounds_are_read_back_for_an_extension():
     assert [r and r.samples_per_s for r in e.rounds["trial-7"]] == [None, 10.5, 10.6]
     assert e.count == 3 and e.last_round == 3
     assert e.candidates == 3  # trial-5 entered the race too
+    assert [r and r.ci_half for r in e.rounds["baseline"]] == [1.0, 1.0, 1.0]
     assert earlier_rounds(events(STARTED, best)) is None
+    # a figure journaled without an interval (its probe ended before it had one) reads back
+    # as one, as it was live (`confirm.own_intervals` lends it its search figure's), not as ±0
+    bare = earlier_rounds(events(STARTED, rnd(1, "baseline", 9.0, ci_half=None),
+                                 rnd(1, "trial-3", 12.0), best))
+    assert math.isinf(bare.rounds["baseline"][0].ci_half)
+    assert bare.rounds["trial-3"][0].ci_half == 1.0
 
 
 # -- real runs --------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ each alike; else the round interleaves whole probes (A B C A B C)."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -97,7 +98,8 @@ def earlier_rounds(events: Sequence[Mapping]) -> Earlier | None:
         if not isinstance(rate, (int, float)) or rate <= 0:
             return None
         slices = e.get("slice_rates")
-        return EarlierRound(float(rate), float(e.get("ci_half") or 0.0),
+        half = e.get("ci_half")  # null: its probe ended without an interval, as live
+        return EarlierRound(float(rate), math.inf if half is None else float(half),
                             slice_rates=tuple(slices) if slices else None)
 
     # by round number, None where an entry had no probe (one past the runner-up in a round
