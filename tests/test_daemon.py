@@ -232,7 +232,7 @@ def test_earlier_rounds_are_read_back_for_an_extension():
     assert [r and r.ci_half for r in e.rounds["baseline"]] == [1.0, 1.0, 1.0]
     assert earlier_rounds(events(STARTED, best)) is None
     # a figure journaled without an interval (its probe ended before it had one) reads back
-    # as one, as it was live (`confirm.own_intervals` lends it its search figure's), not as ±0
+    # as one, as it was live (`confirm_rounds.own_intervals` lends it its search figure's), not as ±0
     bare = earlier_rounds(events(STARTED, rnd(1, "baseline", 9.0, ci_half=None),
                                  rnd(1, "trial-3", 12.0), best))
     assert math.isinf(bare.rounds["baseline"][0].ci_half)

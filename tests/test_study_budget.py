@@ -72,8 +72,8 @@ def test_a_round_figure_without_an_interval_of_its_own_takes_its_search_figure_s
     """One round decides alone where the spread between processes cannot explain the gain.
     A figure with no interval of its own once weighed nothing (the interval read 0x-inf), and
     minGPT's shape kept its defaults against +74.5%; it now carries its search figure's,
-    relatively, widened by `confirm.BORROWED_WIDEN`, and the journal says so."""
-    from autotune.tuning import confirm
+    relatively, widened by `confirm_rounds.BORROWED_WIDEN`, and the journal says so."""
+    from autotune.tuning import confirm_rounds as rounds
 
     clock, told = FakeClock(), []
     fake = NoIntervalInRound(clock, surface)
@@ -83,14 +83,14 @@ def test_a_round_figure_without_an_interval_of_its_own_takes_its_search_figure_s
     assert len(lent) == 1 and lent[0].startswith("confirmation: baseline's figure of round 1"), \
         [n.text for n in told]
     # pure: only a figure without an interval borrows, and never from a search figure without
-    searched = {"a": confirm.Round(100.0, 5.0), "b": confirm.Round(50.0, math.inf)}
-    got = confirm.own_intervals({"a": [confirm.Round(110.0, math.inf), confirm.Round(90.0, 3.0),
+    searched = {"a": rounds.Round(100.0, 5.0), "b": rounds.Round(50.0, math.inf)}
+    got = rounds.own_intervals({"a": [rounds.Round(110.0, math.inf), rounds.Round(90.0, 3.0),
                                        None],
-                                 "b": [confirm.Round(40.0, math.inf)]}, searched.__getitem__)
+                                 "b": [rounds.Round(40.0, math.inf)]}, searched.__getitem__)
     assert got["a"][0].ci_half == pytest.approx(110.0 * 0.05 * math.sqrt(2))
-    assert got["a"][1:] == [confirm.Round(90.0, 3.0), None]
+    assert got["a"][1:] == [rounds.Round(90.0, 3.0), None]
     assert math.isinf(got["b"][0].ci_half)
-    assert confirm.borrowed({"a": [confirm.Round(1.0, math.inf), None, confirm.Round(1.0, 1.0)]}) \
+    assert rounds.borrowed({"a": [rounds.Round(1.0, math.inf), None, rounds.Round(1.0, 1.0)]}) \
         == [("a", 0)]
 
 

@@ -26,8 +26,8 @@ from autotune.tuning.confirm_entries import candidates, essential, pareto_points
 from autotune.tuning.confirm_plan import (
     ConfirmPlan, Lineup, Stretch, needed_rounds, plan_confirmation, plan_lineup)
 from autotune.tuning.confirm_rounds import (
-    Earlier, Round, one_round_rel, plan_entries, probe_windows, remeasure, slice_rates,
-    turns_refused)
+    BORROWED_WIDEN, Earlier, Round, borrowed, one_round_rel, own_intervals, plan_entries,
+    probe_windows, remeasure, slice_rates, turns_refused)
 from autotune.tuning.decision import KEPT, MIN_ROUNDS, Choice, Measured
 from autotune.tuning.prober import Prober
 from autotune.tuning.race import Look, Race
@@ -209,36 +209,6 @@ def _scored(scorer: objective.Scorer, cfg: Mapping, r) -> objective.Score | None
     if r is None:
         return None
     return scorer.score(r.samples_per_s, r.ci_half, cfg, r.energy)
-
-
-# A round's figure whose probe ended before its estimate had an interval of its own (too few
-# windows: the window was cut to the budget) takes its search figure's relative interval,
-# widened by this: that probe measured less than the one whose interval it borrows. Without
-# it the figure weighs nothing: minGPT's shape under 5m read batch 256 at +74.5% in its one
-# round, its baseline's 9 steps gave no interval, and the defaults were kept.
-BORROWED_WIDEN = math.sqrt(2)
-
-
-def own_intervals(results: Mapping[str, list], searched) -> dict[str, list]:
-    """Pure: ``results`` (each entry's round figures) where a figure without an interval of its
-    own carries its entry's search figure's (``searched(name)``: a `Round`), relatively, times
-    `BORROWED_WIDEN`; every other figure as it is. An entry whose search figure has no interval
-    either lends none."""
-    out: dict[str, list] = {}
-    for name, rs in results.items():
-        lend = searched(name)
-        rel = lend.ci_half / lend.samples_per_s \
-            if lend.samples_per_s > 0 and math.isfinite(lend.ci_half) else None
-        out[name] = [Round(r.samples_per_s, BORROWED_WIDEN * rel * r.samples_per_s, r.energy)
-                     if rel is not None and r is not None and r.samples_per_s > 0
-                     and not math.isfinite(r.ci_half) else r for r in rs]
-    return out
-
-
-def borrowed(results: Mapping[str, list]) -> list[tuple[str, int]]:
-    """Pure: (entry, round index) of each figure without an interval of its own."""
-    return [(name, i) for name, rs in results.items() for i, r in enumerate(rs)
-            if r is not None and r.samples_per_s > 0 and not math.isfinite(r.ci_half)]
 
 
 def _by_objective(scorer: objective.Scorer, cfgs: Mapping[str, Mapping],
