@@ -531,4 +531,8 @@ def test_the_full_run_leaves_ddp_s_own_allreduce_to_ddp(tmp_path, hook):
     ended = next(e for e in events if e["event"] == "fullrun_ended")
     whole = breakdown.Breakdown.from_dict(ended.get("breakdown"))
     assert whole is not None and whole.ranks == 2, ended
-    assert whole.share("backward") > 0 and whole.share("comm") > 0, whole.shares
+    # DDP's timers read a wait, taken out of the backward pass; the toy's backward compute is
+    # about 1% of a step, so what is left of it may read 0 (a share is never below it), but the
+    # backward pass with its wait is a part of the step (20-24% in four runs with the fp16 hook)
+    assert whole.share("comm") > 0 and "backward" in whole.shares, whole.shares
+    assert whole.share("backward") + whole.share("comm") > 0.05, whole.shares
