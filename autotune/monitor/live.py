@@ -27,8 +27,8 @@ from autotune.monitor.state import RunState
 POLL_S = 0.5  # journal read interval
 REDRAW_S = 0.5  # live view: no more than two redraws a second
 CLOCK_S = 1.0  # live view: redraw at least this often so the clock moves
-DEVICE_LINE_EVERY_S = 30.0
-STALE_S = 30.0  # journal silent this long, though the sampler writes every 2 s: the run is gone  # plain lines: one device summary per this many seconds of run time
+DEVICE_LINE_EVERY_S = 30.0  # plain lines: one device summary per this many seconds of run time
+STALE_S = 30.0  # journal silent this long, though the sampler writes every 2 s: the run is gone
 
 
 class Monitor:
