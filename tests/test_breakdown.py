@@ -340,8 +340,11 @@ def test_ddp_communication_on_the_cpu_is_timed_by_ddp_whatever_hook_the_script_h
     assert full["outcome"] in ("ok", "foreign-load"), full["reason"]
     b = breakdown.Breakdown.from_dict(full["breakdown"])
     assert b.ranks == 2
-    assert b.share("comm") > 0.0, b.shares
-    assert b.share("backward") > 0.0, b.shares
+    # the wait DDP's timers read is taken out of the backward pass; what is left, the toy's
+    # backward compute, is about 1% of a step and may read 0 (CI read 0.0 ± 0.057 with the
+    # late fp16 hook), but the pass with its wait is a part of the step
+    assert b.share("comm") > 0.0 and "backward" in b.shares, b.shares
+    assert b.share("backward") + b.share("comm") > 0.05, b.shares
 
 
 def test_a_sample_s_cost_is_read_over_what_the_cpu_trail_covers():
