@@ -98,6 +98,7 @@ def one(way: str, c: bp.Config, ctx: bp.Ctx, rnd: int, warm_s: float, window_s: 
     with open(out, "wb") as f:
         p = subprocess.Popen(list(start.argv), env=dict(start.env), stdout=f,
                              stderr=subprocess.STDOUT, start_new_session=True, cwd=str(ctx.work))
+    others: list[psutil.Process] = []  # held over the window (``-held``): continued after it
     try:
         time.sleep(warm_s)
         root = psutil.Process(p.pid)
@@ -116,17 +117,13 @@ def one(way: str, c: bp.Config, ctx: bp.Ctx, rnd: int, warm_s: float, window_s: 
         time.sleep(window_s)
         after = {(q.pid, t): v for q in procs for t, v in thread_counters(q.pid).items()}
         rates = [float(r) for r in c.rate.findall(log.read_text(errors="replace"))[seen:]]
-        if held:
-            for q in others:
-                q.send_signal(signal.SIGCONT)
     finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGINT)
+        for q in others if held else ():  # a stopped controller could not stop its ranks
             try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+                q.send_signal(signal.SIGCONT)
+            except psutil.Error:
+                pass
+        bp._stop_group(p)
     mine = {k: v for k, v in before.items() if k[0] in ranks}
     theirs = {k: v for k, v in before.items() if k[0] not in ranks}
     return {"way": way, "round": rnd, "ranks": len(ranks),
