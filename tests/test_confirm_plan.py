@@ -187,3 +187,35 @@ def test_which_entries_the_rounds_judge():
     # rounds the search's gain needs count too: five of all three do not fit in 540 s
     assert lineup(three, 2, left_s=2 * 3 * 90.0, needed=5, **gpu) is cp.Lineup.ESSENTIAL
     assert lineup(three, 2, asked=3, left_s=choose_s - 1) is cp.Lineup.ESSENTIAL
+
+
+def test_a_script_the_search_saw_end_on_its_own_is_confirmed_one_probe_after_another():
+    """A search probe that ended on its own (`Outcome.ENDED`, its figure from the span before
+    the end) says the script's batches run out within a probe: in turns each probe first warms
+    up alone and then needs several slices, so the rounds run one after another. Pruned,
+    measured or failed probes say nothing of that, and a reason of the machine's comes first."""
+    from types import SimpleNamespace
+
+    from autotune.measuring.outcome import Outcome
+    from autotune.tuning import confirm_rounds, objective
+    from autotune.tuning.records import Known
+
+    def known(*outcomes):
+        return {(i,): Known(i, o, 100.0, 5.0, {"batch_size": 8 * (i + 1)})
+                for i, o in enumerate(outcomes)}
+
+    local = SimpleNamespace(takes_turns=True, launcher=SimpleNamespace(local=True, kind="local"))
+    scorer = objective.Scorer(objective.Objective())
+    no_gpu = {"CUDA_VISIBLE_DEVICES": ""}
+
+    def refused(k, prober=local):
+        return confirm_rounds.turns_refused(prober, scorer, env=no_gpu, known=k)
+
+    assert refused(known(Outcome.OK, Outcome.PRUNED, Outcome.CRASHED)) == ""
+    assert refused(None) == ""
+    why = refused(known(Outcome.OK, Outcome.ENDED, Outcome.ENDED, Outcome.PRUNED))
+    assert why.startswith("the script ended on its own in 2 search probe(s)"), why
+    assert why == confirm_rounds.ended_in_search(known(Outcome.ENDED, Outcome.ENDED))
+    mpirun = SimpleNamespace(takes_turns=True, launcher=SimpleNamespace(local=False,
+                                                                         kind="mpirun"))
+    assert refused(known(Outcome.ENDED), prober=mpirun).startswith("mpirun starts the ranks")

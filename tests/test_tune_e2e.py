@@ -91,6 +91,32 @@ def test_wrap_image_example(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_script_that_ends_inside_its_probes_is_confirmed_one_probe_after_another(tmp_path):
+    """README's first command trains the image example for one epoch (64 batches, ~6 s), and
+    every probe sees it end on its own. In turns each probe warms up alone before its slices,
+    so the script ended before any round had a figure, and the race kept the defaults against
+    a +52% the search had found. Here the rounds run one probe after another, say why, and each
+    gives a figure from the span before the script's end, as the search's probes did."""
+    data = tmp_path / "data"
+    p = autotune("tune", *QUIET, "--json", "--trials", "3", "--fix", "instances=1",
+                 "--confirm-rounds", "2", "--recipe-dir", str(tmp_path / "recipes"), "--",
+                 str(EXAMPLES / "image_classifier" / "train.py"), "--num-images", "1024",
+                 "--epochs", "1", "--data-dir", str(data), cwd=tmp_path, timeout=400)
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = last_json(p)
+    searched = journal(summary["run_dir"], "trial_finished")
+    assert any(e["result"]["outcome"] == "ended" for e in searched), p.stderr[-3000:]
+    assert "confirmation: the rounds run one probe after another: the script ended on its own" \
+        in p.stderr, p.stderr[-3000:]
+    rounds = journal(summary["run_dir"], "confirmation")
+    assert {e["round"] for e in rounds} == {1, 2}, rounds
+    assert len({e["trial"] for e in rounds}) >= 2, rounds
+    assert all(e["outcome"] in ("ok", "ended") and e["samples_per_s"] > 0 for e in rounds), \
+        [(e["trial"], e["outcome"], e.get("reason")) for e in rounds]
+    assert live_children() == []
+
+
+@pytest.mark.slow
 def test_wrap_exits_with_the_scripts_code(tmp_path):
     # The toy trains --run-seconds from its first batch: longer than a whole probe (even the
     # baseline's slow-start retry, 2 x --seconds), so only the full run reaches its exit code.

@@ -26,8 +26,8 @@ from autotune.tuning.confirm_entries import candidates, essential, pareto_points
 from autotune.tuning.confirm_plan import (
     ConfirmPlan, Lineup, Stretch, needed_rounds, plan_confirmation, plan_lineup)
 from autotune.tuning.confirm_rounds import (
-    BORROWED_WIDEN, Earlier, Round, borrowed, one_round_rel, own_intervals, plan_entries,
-    probe_windows, remeasure, slice_rates, turns_refused)
+    BORROWED_WIDEN, Earlier, Round, borrowed, ended_in_search, one_round_rel, own_intervals,
+    plan_entries, probe_windows, remeasure, slice_rates, turns_refused)
 from autotune.tuning.decision import KEPT, MIN_ROUNDS, Choice, Measured
 from autotune.tuning.prober import Prober
 from autotune.tuning.race import Look, Race
@@ -393,7 +393,10 @@ def _line_up(prober: Prober, state: TuneState, frame: _Frame, entries: list[tupl
     (`essential`) and no ``earlier`` confirmation is extended, a round in turns that chooses
     between the best and the runner-up (`select_candidate`), or the runner-up left out."""
     few = essential(frame.space, entries, known=frame.known, scorer=frame.scorer)
-    refused = turns_refused(prober, frame.scorer)
+    refused = turns_refused(prober, frame.scorer, known=frame.known)
+    if refused and refused == ended_in_search(frame.known):
+        state = prober.note(state, Note.info(
+            f"confirmation: the rounds run one probe after another: {refused}"))
     needed = None  # what two candidates' interval needs to show the search's best gain
     if not frame.multi and len(few) < len(entries) and left_s is not None:
         needed = frame.needed([n for n, _ in entries], len(entries) - 1)[0]

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 from autotune import Note
 from autotune.hardware.host import host_gpus
+from autotune.measuring import alternate
 from autotune.measuring.energy import EnergyPerSample
+from autotune.measuring.outcome import Outcome
 from autotune.tuning import confirm_plan, decision, objective, spread as spreads
 from autotune.tuning.confirm_plan import TURN_MEASURE_SHARE
 from autotune.tuning.prober import Prober
@@ -147,9 +149,11 @@ def probe_windows(prober: Prober, state: TuneState, known: Mapping[tuple, Known]
 
 
 def turns_refused(prober: Prober, scorer: objective.Scorer,
-                  env: Mapping[str, str] | None = None) -> str:
+                  env: Mapping[str, str] | None = None,
+                  known: Mapping[tuple, Known] | None = None) -> str:
     """Why a round's probes cannot take turns on the machine (`alternate`); "" when they can:
-    ranks this host starts, on its CPU, measured for a score that needs no energy counter."""
+    ranks this host starts, on its CPU, measured for a score that needs no energy counter, of
+    a script no search probe in ``known`` saw end on its own (`ended_in_search`)."""
     if not prober.takes_turns:
         return "this run's probes are stand-ins that cannot take turns"
     if not prober.launcher.local:
@@ -158,7 +162,22 @@ def turns_refused(prober: Prober, scorer: objective.Scorer,
         return "a held CUDA process keeps its GPU memory, so two configs may not fit at once"
     if scorer.objective.uses_energy:
         return "the host's energy counters would count every config's turns together"
-    return ""
+    return ended_in_search(known or {})
+
+
+def ended_in_search(known: Mapping[tuple, Known]) -> str:
+    """Why a script that ends on its own within a probe cannot be measured in turns ("" where
+    no search probe saw it end): in turns each process runs alone to warm up first, then in
+    `alternate.MIN_SLICES` slices or more, and it needs batches left for all of them. README's
+    image-classifier example at one epoch (64 batches, about 6 s) ended in every round's
+    warm-up and first slices, so no round had a figure and the race kept the defaults against
+    a +52% found; one after another, each probe has a figure from the span before its end, as
+    the search's had."""
+    ended = sum(1 for k in known.values() if k.outcome is Outcome.ENDED)
+    if not ended:
+        return ""
+    return (f"the script ended on its own in {ended} search probe(s), too soon to take turns "
+            f"(each probe warms up alone, then runs {alternate.MIN_SLICES} slices or more)")
 
 
 def plan_entries(prober: Prober, state: TuneState, known: Mapping[tuple, Known],

@@ -188,7 +188,8 @@ class Budget:
             confirm_rounds.plan_entries(self.prober, state, known, entries),
             asked=s.confirm_rounds, budget_s=s.budget_s, reserving=True,
             needed=self.planned_rounds() if len(entries) >= 2 and s.confirm_rounds else None,
-            refused=confirm_rounds.turns_refused(self.prober, self.answers.scorer),
+            refused=confirm_rounds.turns_refused(self.prober, self.answers.scorer,
+                                                  known=known),
             least_rounds=least_rounds)
 
     def cheapest_left_s(self) -> float:
