@@ -291,6 +291,19 @@ def test_explicit_flags_are_fixed_not_searched():
     assert "batch_size" not in fixed
 
 
+def test_a_knob_the_baseline_did_not_see_held_by_an_explicit_flag_is_the_baseline_s_too():
+    """nanoGPT's `--batch_size=12` with no DataLoader: the batch is fixed at 12, and the
+    baseline, which ran with it, holds 12 as well (it held the conventional 32, so a probe of
+    the script's own config counted as another config, and the confirmation raced the
+    script's config against itself). A batch the baseline saw stays the baseline's."""
+    sp = build(batch_size=None, workers=None, fix=["batch_size=12"])
+    assert sp.fixed["batch_size"] == 12 and sp.baseline["batch_size"] == 12
+    cfg = sp.config({"thread_pct": 100})
+    assert sp.key(cfg) == sp.key(sp.baseline)
+    seen = build(batch_size=32, fix=["batch_size=64"])
+    assert seen.baseline["batch_size"] == 32 and seen.fixed["batch_size"] == 64
+
+
 def test_index_and_choice_round_trip():
     sp = build()
     assert sp.index("batch_size", 64) == 3

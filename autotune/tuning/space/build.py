@@ -459,7 +459,10 @@ def build(machine: Machine, baseline: Baseline, req: SpaceRequest) -> Space:
                          "smaller MPS share")
     for name in ORDER:  # the baseline config holds every knob the space has
         if name in domains or name in fixed:
-            base_cfg.setdefault(name, KNOBS[name].conventional)
+            # a knob the baseline did not see, held at one value (an explicit flag of the
+            # script's, `--batch_size=12` with no DataLoader to read): the script ran with it,
+            # so the baseline has it too, and is the same config as a probe of it
+            base_cfg.setdefault(name, fixed.get(name, KNOBS[name].conventional))
         else:
             base_cfg.pop(name, None)
     return Space(domains=domains, fixed=fixed,
