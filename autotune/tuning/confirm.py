@@ -394,7 +394,7 @@ def _line_up(prober: Prober, state: TuneState, frame: _Frame, entries: list[tupl
     between the best and the runner-up (`select_candidate`), or the runner-up left out."""
     few = essential(frame.space, entries, known=frame.known, scorer=frame.scorer)
     refused = turns_refused(prober, frame.scorer, known=frame.known)
-    if refused and refused == ended_in_search(frame.known):
+    if refused and refused == ended_in_search(frame.known):  # the script's doing: say so
         state = prober.note(state, Note.info(
             f"confirmation: the rounds run one probe after another: {refused}"))
     needed = None  # what two candidates' interval needs to show the search's best gain
