@@ -44,7 +44,10 @@ any ratio is below ``--min-ratio`` (0.97) or a config gave no figure.
 probe whose ranks keep DDP's own allreduce, as the full run's do, which tells the probe's timed
 communication hook apart from the rest of a probe (on a GPU: on the CPU a probe has none), and
 ``probe-no-watch``, a probe whose ranks watch no directory for the files they write, which
-tells `probes.writes`' wrappers apart.
+tells `probes.writes`' wrappers apart. In turns, ``plain-log`` is the plain start with each
+rank's output redirected to a file by torchrun (``--redirects 1``), its rate lines read from
+that file as a run's and a probe's are from theirs: it tells the way the bench reads a rank's
+lines, and a rank writing to a file rather than to a pipe, apart from autotune.
 
 Beside it, a micro-benchmark of the meter's own cost per step, in microseconds: the counting
 hooks, the step clock (host; CUDA events on a GPU) and the channel's tick. On the CPU also the
@@ -99,8 +102,10 @@ WAYS = ("plain", "run", "probe")
 # judged: a probe whose ranks keep DDP's own allreduce in C++, as the full run's do (on a GPU no
 # timed dispatcher of ours; on the CPU a probe has none since d6319fb), and a probe whose ranks
 # watch no directory for writes (none of `probes.writes`' wrappers: the one thing left in a
-# CPU probe's ranks that a full run's lack)
-EXTRA_WAYS = ("probe-ddp-own", "probe-no-watch")
+# CPU probe's ranks that a full run's lack), and a plain start whose ranks write their output to
+# files, read back as a run's and a probe's are (in turns only: tells the bench's way of reading
+# a rank's lines, and a rank writing to a file rather than a pipe, apart from autotune's cost)
+EXTRA_WAYS = ("probe-ddp-own", "probe-no-watch", "plain-log")
 MIN_RATIO = 0.97
 # the examples' own line: "epoch 1 step 40 loss 2.2893 samples/s 1319.3"
 EXAMPLE_RATE = re.compile(r"^(?:\[rank 0\] )?epoch \d+ step \d+ loss [0-9.naif]+ .*?samples/s "
@@ -241,6 +246,22 @@ def plain_argv(c: Config, python: str) -> list[str]:
             f"--nproc_per_node={c.ranks}", *c.args()]
 
 
+def plain_log_argv(c: Config, python: str, log_dir: Path) -> list[str]:
+    """Pure: ``c`` started by torchrun (of one rank too) with each rank's stdout redirected to
+    a file under ``log_dir`` (``--redirects 1``), as a cluster user keeps per-rank logs."""
+    return [python, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc_per_node={c.ranks}", "--redirects", "1", "--log-dir", str(log_dir),
+            *c.args()]
+
+
+def plain_env(c: Config, ctx: Ctx) -> dict[str, str]:
+    """The environment of a plain start: the user's, with ``c``'s threads where it sets them."""
+    env = dict(ctx.env)
+    if c.threads:
+        env.update({var: str(c.threads) for var in THREAD_VARS})
+    return env
+
+
 def run_argv(c: Config, python: str, recipe: Path, runs_dir: Path) -> list[str]:
     """Pure: ``autotune run`` of ``recipe`` on the script with its placeholders."""
     return [python, "-m", "autotune", "run", "--plain", "--recipe", str(recipe), "--runs-dir",
@@ -265,9 +286,7 @@ def write_recipe(c: Config, work: Path) -> Path:
 
 
 def one_plain(c: Config, ctx: Ctx) -> str:
-    env = dict(ctx.env)
-    if c.threads:
-        env.update({var: str(c.threads) for var in THREAD_VARS})
+    env = plain_env(c, ctx)
     daemon = None
     if c.mps:
         from gpuproof import mpsd
@@ -424,11 +443,11 @@ def turn_start(way: str, c: Config, ctx: Ctx, rnd: int) -> turns.Start:
     the end of its turns (its measuring floor at its limit): its own end would come by a
     clock that ran on through the other ways' slices."""
     if way == "plain":
-        env = dict(ctx.env)
-        if c.threads:
-            env.update({var: str(c.threads) for var in THREAD_VARS})
-        return turns.Start(tuple(plain_argv(c, sys.executable)), env)
+        return turns.Start(tuple(plain_argv(c, sys.executable)), plain_env(c, ctx))
     log_dir = Path(tempfile.mkdtemp(prefix=f"{c.name}-{rnd}-{way}-", dir=ctx.work))
+    if way == "plain-log":  # torchrun's own redirect: rank 0's stdout in its log folder
+        return turns.Start(tuple(plain_log_argv(c, sys.executable, log_dir)), plain_env(c, ctx),
+                           log_dir / "*" / "attempt_*" / "0" / "stdout.log")
     if way == "run":  # its own runs folder: rank 0's log is the one `fullrun.log` under it
         return turns.Start(tuple(run_argv(c, sys.executable, ctx.recipes[c.name], log_dir)),
                            ctx.env, log_dir / "*" / "logs" / "fullrun.log")
@@ -633,7 +652,8 @@ def main(argv=None) -> int:
     p.add_argument("--extra-ways", nargs="+", choices=EXTRA_WAYS, default=(),
                    help="more ways, measured in the same rounds and reported, not judged: "
                         "probe-ddp-own is a probe whose ranks keep DDP's own allreduce, "
-                        "probe-no-watch one whose ranks watch no directory for writes")
+                        "probe-no-watch one whose ranks watch no directory for writes, "
+                        "plain-log a plain start whose ranks write to files (in turns only)")
     p.add_argument("--turn-seconds", type=float, default=12.0,
                    help="on the CPU the ways of a round take turns on the machine, each running "
                         "this long in its slices (12)")
@@ -661,6 +681,10 @@ def main(argv=None) -> int:
         p.error(f"--configs: {', '.join(unknown)} is not one of {', '.join(named)}")
     # in the order named: a run cut short has measured the first named in every round it began
     configs = [named[n] for n in dict.fromkeys(args.configs)] if args.configs else every
+    if "plain-log" in args.extra_ways and (args.one_after_another or
+                                           any(c.mps for c in configs)):
+        p.error("--extra-ways plain-log: only where the ways take turns (its lines come from "
+                "a file as they are written); leave out --one-after-another and MPS configs")
     work = Path(tempfile.mkdtemp(prefix="bench_parity-"))
     ctx = Ctx(work=work, seconds=args.seconds, lines=args.lines, span_s=args.span,
               probe_min_s=args.probe_min_s,

@@ -2,7 +2,10 @@
 recipe that holds exactly it, the ratios and what fails the bench. The bench itself runs real
 training for minutes; it is run by hand and on the device (bench/gpu_device_call.sh)."""
 
+import glob
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -184,7 +187,8 @@ def test_an_extra_way_is_rotated_measured_and_reported_but_not_judged():
     assert bp.failures([row], 0.97) == []  # its 0.85 does not fail the bench
     assert "probe-ddp-own: 85.0 samples/s, 0.850 (0.80-0.90) of plain" in bp.table([row])
     assert "probe-ddp-own" not in bp.summarise(bp._compute(1), {"plain": [1.0]})["rounds"]
-    assert set(bp.EXTRA_WAYS) == {"probe-ddp-own", "probe-no-watch"} <= set(bp.RUNNERS)
+    assert set(bp.EXTRA_WAYS) == {"probe-ddp-own", "probe-no-watch", "plain-log"}
+    assert {"probe-ddp-own", "probe-no-watch"} <= set(bp.RUNNERS)  # plain-log: in turns only
 
 
 def test_in_turns_each_way_is_one_command_and_autotunes_are_read_from_rank_0_s_log(tmp_path):
@@ -208,3 +212,27 @@ def test_in_turns_each_way_is_one_command_and_autotunes_are_read_from_rank_0_s_l
         probe.argv
     assert json.loads(bp.turn_start("probe-no-watch", two, ctx, 2).argv[-1])["no_watch"]
     assert len({run.log.parent.parent, Path(spec["log_dir"])}) == 2  # a folder each
+
+
+def test_plain_log_is_the_plain_start_with_rank_0_s_lines_read_from_torchrun_s_file(tmp_path):
+    """The extra way ``plain-log``: the user's torchrun command, each rank's output redirected
+    to a file by torchrun itself, and the pattern it is read from matches the file torchrun
+    writes for rank 0 (a real torchrun of two ranks of a script that prints one rate line)."""
+    script = tmp_path / "say.py"
+    script.write_text("import os\nprint(f'epoch 1 step {os.environ[\"RANK\"]} loss 1.0 "
+                      "samples/s 5.0', flush=True)\n")
+    c = bp.Config("say-2r", "one line", (str(script),), (), {}, ranks=2)
+    ctx = bp.Ctx(work=tmp_path, seconds=60.0, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    start = bp.turn_start("plain-log", c, ctx, 1)
+    argv = list(start.argv)
+    assert argv[:5] == bp.plain_argv(c, sys.executable)[:5] and argv[-1] == str(script)
+    assert argv[argv.index("--redirects") + 1] == "1"
+    done = subprocess.run(argv, env=start.env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "samples/s" not in done.stdout  # the ranks' lines went to their files
+    found = glob.glob(str(start.log))
+    assert len(found) == 1
+    assert bp.EXAMPLE_RATE.findall(Path(found[0]).read_text()) == ["5.0"]
+    assert "step 0 " in Path(found[0]).read_text()  # rank 0's file
+    with pytest.raises(SystemExit):
+        bp.main(["--extra-ways", "plain-log", "--one-after-another", "--rounds", "1"])
