@@ -47,7 +47,10 @@ communication hook apart from the rest of a probe (on a GPU: on the CPU a probe 
 tells `probes.writes`' wrappers apart. In turns, ``plain-log`` is the plain start with each
 rank's output redirected to a file by torchrun (``--redirects 1``), its rate lines read from
 that file as a run's and a probe's are from theirs: it tells the way the bench reads a rank's
-lines, and a rank writing to a file rather than to a pipe, apart from autotune.
+lines, and a rank writing to a file rather than to a pipe, apart from autotune. In turns too,
+``run-controller-held`` is a full run whose controller stays held (SIGSTOP) from its first
+hold to its end, its ranks alone continued in its slices: it tells the controller's work beside
+the ranks apart from theirs.
 
 Beside it, a micro-benchmark of the meter's own cost per step, in microseconds: the counting
 hooks, the step clock (host; CUDA events on a GPU) and the channel's tick. On the CPU also the
@@ -104,8 +107,11 @@ WAYS = ("plain", "run", "probe")
 # watch no directory for writes (none of `probes.writes`' wrappers: the one thing left in a
 # CPU probe's ranks that a full run's lack), and a plain start whose ranks write their output to
 # files, read back as a run's and a probe's are (in turns only: tells the bench's way of reading
-# a rank's lines, and a rank writing to a file rather than a pipe, apart from autotune's cost)
-EXTRA_WAYS = ("probe-ddp-own", "probe-no-watch", "plain-log")
+# a rank's lines, and a rank writing to a file rather than a pipe, apart from autotune's cost),
+# and a full run whose controller stays held while its ranks take their turns (in turns only:
+# tells the controller's work beside its ranks apart from the ranks' own)
+EXTRA_WAYS = ("probe-ddp-own", "probe-no-watch", "plain-log", "run-controller-held")
+TURNS_ONLY = ("plain-log", "run-controller-held")
 MIN_RATIO = 0.97
 # the examples' own line: "epoch 1 step 40 loss 2.2893 samples/s 1319.3"
 EXAMPLE_RATE = re.compile(r"^(?:\[rank 0\] )?epoch \d+ step \d+ loss [0-9.naif]+ .*?samples/s "
@@ -448,9 +454,11 @@ def turn_start(way: str, c: Config, ctx: Ctx, rnd: int) -> turns.Start:
     if way == "plain-log":  # torchrun's own redirect: rank 0's stdout in its log folder
         return turns.Start(tuple(plain_log_argv(c, sys.executable, log_dir)), plain_env(c, ctx),
                            log_dir / "*" / "attempt_*" / "0" / "stdout.log")
-    if way == "run":  # its own runs folder: rank 0's log is the one `fullrun.log` under it
+    if way in ("run", "run-controller-held"):  # its own runs folder: rank 0's log is the
+        # one `fullrun.log` under it
         return turns.Start(tuple(run_argv(c, sys.executable, ctx.recipes[c.name], log_dir)),
-                           ctx.env, log_dir / "*" / "logs" / "fullrun.log")
+                           ctx.env, log_dir / "*" / "logs" / "fullrun.log",
+                           root_held=way == "run-controller-held")
     seconds = ctx.seconds * (len(WAYS) + len(EXTRA_WAYS))
     spec = {"config": c.name, "device": c.device, "threads": c.threads, "seconds": seconds,
             "min_s": seconds, "held": True, "log_dir": str(log_dir), "fixed_dir": True,
@@ -653,7 +661,9 @@ def main(argv=None) -> int:
                    help="more ways, measured in the same rounds and reported, not judged: "
                         "probe-ddp-own is a probe whose ranks keep DDP's own allreduce, "
                         "probe-no-watch one whose ranks watch no directory for writes, "
-                        "plain-log a plain start whose ranks write to files (in turns only)")
+                        "plain-log a plain start whose ranks write to files, "
+                        "run-controller-held a full run whose controller stays held while its "
+                        "ranks take their turns (these two in turns only)")
     p.add_argument("--turn-seconds", type=float, default=12.0,
                    help="on the CPU the ways of a round take turns on the machine, each running "
                         "this long in its slices (12)")
@@ -681,10 +691,10 @@ def main(argv=None) -> int:
         p.error(f"--configs: {', '.join(unknown)} is not one of {', '.join(named)}")
     # in the order named: a run cut short has measured the first named in every round it began
     configs = [named[n] for n in dict.fromkeys(args.configs)] if args.configs else every
-    if "plain-log" in args.extra_ways and (args.one_after_another or
-                                           any(c.mps for c in configs)):
-        p.error("--extra-ways plain-log: only where the ways take turns (its lines come from "
-                "a file as they are written); leave out --one-after-another and MPS configs")
+    turns_only = [w for w in args.extra_ways if w in TURNS_ONLY]
+    if turns_only and (args.one_after_another or any(c.mps for c in configs)):
+        p.error(f"--extra-ways {' '.join(turns_only)}: only where the ways take turns; leave "
+                f"out --one-after-another and MPS configs")
     work = Path(tempfile.mkdtemp(prefix="bench_parity-"))
     ctx = Ctx(work=work, seconds=args.seconds, lines=args.lines, span_s=args.span,
               probe_min_s=args.probe_min_s,

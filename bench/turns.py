@@ -74,6 +74,9 @@ class Start:
     argv: tuple[str, ...]
     env: Mapping[str, str]
     log: Path | None = None
+    # only the root's descendants take turns: the root's own group (autotune's controller)
+    # stays held from its first hold to the end, its ranks running without it in their slices
+    root_held: bool = False
 
 
 class _Run:
@@ -83,6 +86,7 @@ class _Run:
         self.out: list[str] = []  # its own output, when its lines come from a log
         self.slices: list[tuple[float, float]] = []
         self.log = start.log
+        self.root_held = start.root_held
         self._done = threading.Event()
         self.readers = [threading.Thread(target=self._read, daemon=True)]
         if self.log is not None:
@@ -140,14 +144,19 @@ class _Run:
     def signal(self, sig: int) -> None:
         """``sig`` to its group, then to every descendant (autotune's ranks run in sessions of
         their own); for SIGSTOP, the tree is looked up again until no new process shows, so
-        that one started while the others were being held is held too."""
-        try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
+        that one started while the others were being held is held too. A `Start.root_held`
+        run's SIGCONT goes to the descendants outside the root's group only."""
+        resume_ranks_only = self.root_held and sig == signal.SIGCONT
+        group = os.getpgid(self.proc.pid) if resume_ranks_only and self.alive() else None
+        if not resume_ranks_only:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
         sent: set[int] = set()
         for _ in range(5 if sig == signal.SIGSTOP else 1):
-            new = [p.pid for p in self._tree() if p.pid not in sent]
+            new = [p.pid for p in self._tree() if p.pid not in sent
+                   and not (group is not None and _group_of(p.pid) == group)]
             if not new:
                 break
             for pid in new:
@@ -157,6 +166,14 @@ class _Run:
                     pass
             sent.update(new)
 
+    def resume_all(self) -> None:
+        """SIGCONT to the whole tree, the held root's group too (before it is stopped)."""
+        held, self.root_held = self.root_held, False
+        try:
+            self.signal(signal.SIGCONT)
+        finally:
+            self.root_held = held
+
     def alive(self) -> bool:
         return self.proc.poll() is None
 
@@ -165,7 +182,7 @@ class _Run:
         `shapes.STOP_S`, and to any descendant still running a second after its root ended
         (one its root left behind)."""
         tree = self._tree()
-        self.signal(signal.SIGCONT)
+        self.resume_all()
         self.signal(signal.SIGINT)
         try:
             self.proc.wait(timeout=shapes.STOP_S)
@@ -191,6 +208,13 @@ class _Run:
         tail = (self.out or [x for _, x in self.lines] or [""])[-1]
         return Reading(sum(counted) / len(counted) if counted else None, counted, left_out,
                        list(self.slices), tail, [t for t, _ in rates])
+
+
+def _group_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
 
 
 def take_turns(runs: Sequence[shapes.PlainRun], pattern: re.Pattern, cwd: Path, *,

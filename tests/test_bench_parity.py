@@ -187,8 +187,9 @@ def test_an_extra_way_is_rotated_measured_and_reported_but_not_judged():
     assert bp.failures([row], 0.97) == []  # its 0.85 does not fail the bench
     assert "probe-ddp-own: 85.0 samples/s, 0.850 (0.80-0.90) of plain" in bp.table([row])
     assert "probe-ddp-own" not in bp.summarise(bp._compute(1), {"plain": [1.0]})["rounds"]
-    assert set(bp.EXTRA_WAYS) == {"probe-ddp-own", "probe-no-watch", "plain-log"}
-    assert {"probe-ddp-own", "probe-no-watch"} <= set(bp.RUNNERS)  # plain-log: in turns only
+    assert set(bp.EXTRA_WAYS) == {"probe-ddp-own", "probe-no-watch", "plain-log",
+                                  "run-controller-held"}
+    assert set(bp.EXTRA_WAYS) - set(bp.TURNS_ONLY) <= set(bp.RUNNERS)
 
 
 def test_in_turns_each_way_is_one_command_and_autotunes_are_read_from_rank_0_s_log(tmp_path):
@@ -212,6 +213,8 @@ def test_in_turns_each_way_is_one_command_and_autotunes_are_read_from_rank_0_s_l
         probe.argv
     assert json.loads(bp.turn_start("probe-no-watch", two, ctx, 2).argv[-1])["no_watch"]
     assert len({run.log.parent.parent, Path(spec["log_dir"])}) == 2  # a folder each
+    held = bp.turn_start("run-controller-held", two, ctx, 1)
+    assert held.root_held and not run.root_held and held.argv[:4] == run.argv[:4]
 
 
 def test_plain_log_is_the_plain_start_with_rank_0_s_lines_read_from_torchrun_s_file(tmp_path):

@@ -144,3 +144,44 @@ def test_a_run_whose_rank_has_its_own_session_and_log_is_held_whole_and_read_fro
     assert 56 < small.rate <= 80 and 224 < large.rate <= 320, (small.rate, large.rate)
     mine = runs_left()
     assert not mine, mine  # the ranks its controllers left behind were stopped too
+
+
+def _wait_for(ok, timeout_s: float) -> None:
+    """Until ``ok()`` holds (polled every 50 ms); an AssertionError after ``timeout_s``."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not ok():
+        assert time.monotonic() < deadline, f"not within {timeout_s} s"
+        time.sleep(0.05)
+
+
+def test_a_run_whose_root_is_held_resumes_its_ranks_alone_and_is_stopped_whole(tmp_path):
+    """`Start.root_held` (bench_parity's ``run-controller-held``): once held, a turn continues
+    the root's descendants in sessions of their own and leaves the root (the controller)
+    stopped; the rank goes on printing without it, and the stop ends both."""
+    import signal
+
+    pattern = shapes.SHAPES["mingpt"].rate
+    r = run(8)
+    log = tmp_path / "rank" / "rank0.log"
+    log.parent.mkdir()
+    start = turns.Start((sys.executable, "-c", DETACHED, str(log), *r.argv(sys.executable)),
+                        {**r.environ(dict(__import__("os").environ)), "PYTHONUNBUFFERED": "1"},
+                        tmp_path / "rank" / "*.log", root_held=True)
+    one = turns._Run(start, tmp_path)
+    try:
+        _wait_for(lambda: len(one.rates(pattern)) >= 2, 60.0)
+        one.signal(signal.SIGSTOP)
+        one.signal(signal.SIGCONT)
+        root = psutil.Process(one.proc.pid)
+        rank = root.children()[0]
+        assert root.status() == psutil.STATUS_STOPPED
+        assert rank.status() != psutil.STATUS_STOPPED
+        seen = len(one.rates(pattern))
+        _wait_for(lambda: len(one.rates(pattern)) >= seen + 3, 30.0)  # it runs alone
+    finally:
+        one.stop()
+    assert one.proc.poll() is not None
+    mine = runs_left()
+    assert not mine, mine
