@@ -1,8 +1,7 @@
 """The one place that starts processes, and the one that makes sure none outlives its run.
 
-Every launch gets a process group of its own, in the controller's session (`own_group`), so
-that its group can be signalled whole, and an ``AUTOTUNE_TRIAL`` marker in its environment,
-which every descendant inherits. The controller
+Every launch gets its own session (so its process group can be signalled whole) and an
+``AUTOTUNE_TRIAL`` marker in its environment, which every descendant inherits. The controller
 makes itself a child subreaper (Linux ``prctl``), so a descendant orphaned by a crash is
 re-parented to us, not to init, and can still be found and reaped. Shutdown is TERM, grace,
 KILL, then a sweep for anything still carrying the marker.
@@ -23,7 +22,6 @@ import ctypes
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -159,25 +157,8 @@ class Launched:
         return procs
 
 
-def own_group() -> dict:
-    """``Popen``'s arguments for a child in a process group of its own, in our session.
-
-    Not a session of its own: where the kernel groups tasks by session for the scheduler
-    (``sched_autogroup``, on in many distributions' kernels and on this project's VM), each
-    session is one group, given its fair share of the CPU as a whole. torchrun's ranks all
-    share the session they were started from; ranks in a session each were scheduled as
-    separate groups, and two ranks of 2-3 ms steps read 0.964 and 0.969 of the same ranks
-    under torchrun in turns (28 rounds, 2026-12-05), against 0.995 with autogrouping off.
-    The group still keeps the terminal's Ctrl-C to the controller, whose group is the
-    foreground one: the controller stops its ranks itself."""
-    if sys.version_info >= (3, 11):
-        return {"process_group": 0}
-    return {"preexec_fn": os.setpgrp}  # noqa: PLW1509 - setpgid only, before the exec
-
-
 def start(spec: LaunchSpec, *, on_output=None) -> Launched:
-    """Start one process in a process group of its own (`own_group`). Never goes through a
-    shell."""
+    """Start one process in a new session. Never goes through a shell."""
     become_subreaper()
     env = dict(spec.env)
     env[protocol.ENV_TRIAL] = spec.marker
@@ -191,7 +172,7 @@ def start(spec: LaunchSpec, *, on_output=None) -> Launched:
                 popen = subprocess.Popen(
                     list(spec.argv), cwd=spec.cwd, env=env, stdin=subprocess.DEVNULL,
                     stdout=out, stderr=subprocess.STDOUT if spec.stream_output else err,
-                    close_fds=True, **own_group())
+                    start_new_session=True, close_fds=True)
             except OSError as exc:
                 raise LaunchError(f"cannot start {spec.argv[0]!r}: {exc.strerror or exc}; "
                                   f"check that it exists and is executable") from exc
