@@ -239,3 +239,58 @@ def test_plain_log_is_the_plain_start_with_rank_0_s_lines_read_from_torchrun_s_f
     assert "step 0 " in Path(found[0]).read_text()  # rank 0's file
     with pytest.raises(SystemExit):
         bp.main(["--extra-ways", "plain-log", "--one-after-another", "--rounds", "1"])
+
+
+def _cmdline(p) -> str:
+    import psutil
+
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
+
+
+def _running(p) -> bool:
+    import psutil
+
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def test_sigterm_ends_the_bench_through_its_cleanup_and_leaves_no_process(tmp_path):
+    """A bench started in the background of a shell ignores SIGINT, so SIGTERM is how it is
+    stopped: it ends with 143 after stopping every way it started (held ones too), none of
+    whose processes outlives it."""
+    import signal
+    import time
+
+    import psutil
+
+    out = tmp_path / "parity.json"
+    bench = subprocess.Popen(
+        [sys.executable, str(bp.ROOT / "bench" / "bench_parity.py"), "--configs", "short-1r",
+         "--rounds", "1", "--no-meter", "--turn-seconds", "60", "--out", str(out)],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        start_new_session=True)
+    try:
+        me = psutil.Process(bench.pid)
+        deadline = time.monotonic() + 240
+        tree: list = []
+        while time.monotonic() < deadline and bench.poll() is None:
+            tree = me.children(recursive=True)
+            if any("probes.boot" in _cmdline(p) for p in tree):  # the rounds began: a way of autotune's runs
+                break
+            time.sleep(0.2)
+        assert bench.poll() is None and tree, bench.stderr.read() if bench.poll() else tree
+        tree = me.children(recursive=True)
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(timeout=120) == 128 + signal.SIGTERM
+        _, alive = psutil.wait_procs(tree, timeout=15)
+        running = [p for p in alive if _running(p)]  # a zombie a subreaper holds runs nothing
+        assert not running, running
+    finally:
+        if bench.poll() is None:
+            os.killpg(bench.pid, signal.SIGKILL)
+            bench.wait()

@@ -172,7 +172,11 @@ def test_every_rank_printing_the_same_lines_counts_once(tmp_path):
     assert r.source == "metric"
     assert "samples/s" in log(r, rank=1)  # rank 1 prints the same lines: not read
     # Both ranks' DataLoader counts, summed: the job's figure. Twice it would be a double count.
-    assert agrees(r.samples_per_s, r.counted_samples_per_s)
+    # The counts and the lines end their spans at different batches: under CI's load the two
+    # read 5.4% apart once (1,296 and 1,229 samples/s, the figure's interval ±98.7), so only a
+    # double count's factor of two is asked about here; the figure against the script's own
+    # lines over the same window is the exact check, below.
+    assert agrees(r.samples_per_s, r.counted_samples_per_s, rel=0.15)
     assert agrees(r.samples_per_s, own_rate_within(log(r), r.window_start_t, r.window_end_t))
 
 
