@@ -19,11 +19,9 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
-import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -129,7 +127,7 @@ class Launched:
     """A started process and how to reach its tree."""
 
     spec: LaunchSpec
-    popen: subprocess.Popen | Adopted
+    popen: subprocess.Popen
     pgid: int
     known: dict[int, float] = field(default_factory=dict)  # pid -> create_time of descendants
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -197,144 +195,6 @@ def start(spec: LaunchSpec, *, on_output=None) -> Launched:
         stop(launched, grace_s=1.0)
         raise
     return launched
-
-
-class Adopted:
-    """A child we did not fork: a process `start_together` had its helper start, handed to us
-    (the subreaper) when the helper exited. Answers what `Launched` asks of a ``Popen``."""
-
-    def __init__(self, pid: int, args) -> None:
-        self.pid = pid
-        self.args = args
-        self.returncode: int | None = None
-        self._lock = threading.Lock()
-
-    def _collect(self, flags: int) -> int | None:
-        with self._lock:
-            if self.returncode is None:
-                try:
-                    pid, status = os.waitpid(self.pid, flags)
-                except ChildProcessError:  # collected elsewhere: as Popen, 0
-                    self.returncode = 0
-                else:
-                    if pid == self.pid:
-                        self.returncode = os.waitstatus_to_exitcode(status)
-            return self.returncode
-
-    def poll(self) -> int | None:
-        return self._collect(os.WNOHANG)
-
-    def wait(self, timeout: float | None = None) -> int:
-        if timeout is None:
-            return self._collect(0)
-        deadline = time.monotonic() + timeout
-        while self.poll() is None:
-            if time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(self.args, timeout)
-            time.sleep(0.01)
-        return self.returncode
-
-
-_SESSION_SPAWN = Path(__file__).with_name("session_spawn.py")
-SPAWN_TIMEOUT_S = 30.0
-
-
-def start_together(specs: list[LaunchSpec], *, on_outputs=None) -> list[Launched]:
-    """Start the processes of ``specs`` in one new session, apart from ours, each in a process
-    group of its own; as `start` otherwise (never through a shell, registered, streamed).
-
-    Linux schedules each session as one group when ``sched_autogroup_enabled`` is on (the
-    default of most desktop and cloud kernels): ranks in one session apiece, as `start` gives,
-    were measured slower than torchrun's ranks, which share their agent's session
-    (docs/benchmarks.md, parity). A session holds only what its leader forks, so a small helper
-    (`session_spawn`) starts them and exits, and the kernel re-parents them to us, the
-    subreaper. Without a subreaper (not Linux) each gets a session of its own, as `start`."""
-    on_outputs = list(on_outputs) if on_outputs is not None else [None] * len(specs)
-    if len(specs) < 2 or not become_subreaper():
-        return [start(spec, on_output=cb) for spec, cb in zip(specs, on_outputs)]
-    files, todo = [], []
-    for spec in specs:
-        spec.stdout_path.parent.mkdir(parents=True, exist_ok=True)
-        out = open(spec.stdout_path, "ab")
-        err = None
-        files.append(out)
-        if not (spec.stream_output or spec.stdout_path == spec.stderr_path):
-            err = open(spec.stderr_path, "ab")
-            files.append(err)
-        env = dict(spec.env)
-        env[protocol.ENV_TRIAL] = spec.marker
-        todo.append({"argv": list(spec.argv), "env": env, "cwd": spec.cwd,
-                     "out": out.fileno(), "err": None if err is None else err.fileno(),
-                     "from": out.tell()})
-    started: list[Launched] = []
-    helper = None
-    try:
-        with _signals_held():  # what they raise comes once the processes are registered
-            try:
-                helper = subprocess.Popen(
-                    [sys.executable, "-I", "-S", str(_SESSION_SPAWN)], stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE, cwd="/", start_new_session=True, close_fds=True,
-                    pass_fds=tuple(f.fileno() for f in files))
-            except OSError as exc:
-                raise LaunchError(f"cannot start {sys.executable!r} to start the ranks: "
-                                  f"{exc.strerror or exc}") from exc
-            _ours.add(helper.pid)
-            try:
-                helper.stdin.write(json.dumps(todo).encode() + b"\n")
-                helper.stdin.flush()
-                answer = _read_line(helper.stdout, SPAWN_TIMEOUT_S)
-                reply = json.loads(answer or b"{}")
-            except (OSError, ValueError) as exc:
-                reply = {"error": f"its helper did not answer ({exc})"}
-            if "pids" not in reply:
-                what = reply.get("error", "its helper ended without answering")
-                argv0 = reply.get("argv0", specs[0].argv[0])
-                raise LaunchError(f"cannot start {argv0!r}: {what}; check that it exists and "
-                                  f"is executable")
-            for spec, pid in zip(specs, reply["pids"]):
-                _ours.add(pid)
-                launched = Launched(spec=spec, popen=Adopted(pid, list(spec.argv)), pgid=pid)
-                _register(launched)
-                started.append(launched)
-            helper.stdin.close()  # registered: the helper may go, and hand them to us
-            helper.wait(timeout=SPAWN_TIMEOUT_S)
-    except BaseException:
-        if helper is not None:
-            _kill_group(helper)
-        for launched in started:
-            stop(launched, grace_s=1.0)
-        raise
-    finally:
-        for f in files:
-            f.close()
-        if helper is not None:
-            _ours.discard(helper.pid)
-    try:
-        for launched, item, cb in zip(started, todo, on_outputs):
-            if launched.spec.stream_output and cb is not None:
-                t = threading.Thread(target=_follow,
-                                     args=(launched.spec.stdout_path, item["from"],
-                                           launched._ended, cb),
-                                     daemon=True, name=f"autotune-follow-{launched.pid}")
-                t.start()
-                launched._threads.append(t)
-            launched.tree()
-    except BaseException:
-        for launched in started:
-            stop(launched, grace_s=1.0)
-        raise
-    return started
-
-
-def _read_line(stream, timeout_s: float) -> bytes:
-    """One line from a pipe, or b"" once ``timeout_s`` passed without one."""
-    import selectors
-
-    with selectors.DefaultSelector() as sel:
-        sel.register(stream, selectors.EVENT_READ)
-        if not sel.select(timeout_s):
-            return b""
-    return stream.readline()
 
 
 def start_daemon(argv: tuple[str, ...], *, env: dict[str, str], cwd: str, output_path: Path,

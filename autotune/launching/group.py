@@ -234,7 +234,7 @@ def _start_local(spec, plan, base, knobs, skip, argv, slot_envs, channel, stream
                  on_output) -> list[proc.Launched]:
     world = plan.local_world_size
     port = free_port()
-    specs, callbacks = [], []
+    started: list[proc.Launched] = []
     try:
         for rank in range(world):
             env = rank_command.rank_env(base, knobs=knobs, skip=skip, rank=rank, world_size=world,
@@ -249,18 +249,16 @@ def _start_local(spec, plan, base, knobs, skip, argv, slot_envs, channel, stream
             callback = None
             if on_output is not None:
                 callback = (lambda r: (lambda line: on_output(r, line)))(rank)
-            specs.append(proc.LaunchSpec(
+            started.append(proc.start(proc.LaunchSpec(
                 argv=tuple(argv), env=env, cwd=spec.cwd, marker=f"{spec.marker}-r{rank}",
                 stdout_path=path, stderr_path=path, stream_output=stream_output,
-                label=f"rank {rank}"))
-            callbacks.append(callback)
-        # one session for the ranks, apart from ours, as torchrun's share their agent's
-        return proc.start_together(specs, on_outputs=callbacks)
-    except BaseException:  # by marker: whatever was started and registered
+                label=f"rank {rank}"), on_output=callback))
+    except BaseException:  # by marker: one `proc.start` returned but not yet appended too
         for lp in proc.live():
             if lp.spec.marker.startswith(f"{spec.marker}-r"):
                 proc.stop(lp, grace_s=1.0)
         raise
+    return started
 
 
 def engine_env(spec: RanksSpec, plan: placement.Plan, base, knobs, skip, slot_envs, channel,
