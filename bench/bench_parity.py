@@ -756,14 +756,6 @@ def main(argv=None) -> int:
     return 1 if bad else 0
 
 
-def _exit_on_sigterm(signum, frame) -> None:
-    """SIGTERM ends the bench as Ctrl-C does: through its cleanup, every held way's tree
-    continued, interrupted and killed (`turns.take_turns_of`). Python's default would end it at
-    once and leave those processes stopped behind it; a bench started in the background of a
-    shell ignores SIGINT, so SIGTERM is how such a bench is stopped."""
-    raise SystemExit(128 + signum)
-
-
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    turns.end_on_sigterm()
     sys.exit(main())

@@ -77,7 +77,7 @@ if str(ROOT) not in sys.path:
 from autotune.measuring.foreign_load import FOREIGN_CORES_LIMIT  # noqa: E402
 from autotune import AutotuneError, UsageError  # noqa: E402
 from autotune.tuning import space  # noqa: E402
-from bench import shapes  # noqa: E402
+from bench import shapes, turns  # noqa: E402
 from bench.common import say  # noqa: E402
 from bench.search_example import example_mode  # noqa: E402
 from bench.search_shape import shape_mode  # noqa: E402
@@ -176,4 +176,5 @@ def budget(text: str) -> str:
 
 
 if __name__ == "__main__":
+    turns.end_on_sigterm()
     sys.exit(main())

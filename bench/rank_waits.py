@@ -41,6 +41,7 @@ if str(ROOT) not in sys.path:
 import psutil  # noqa: E402
 
 from bench import bench_parity as bp  # noqa: E402
+from bench import turns  # noqa: E402
 
 WAYS = ("plain", "run", "probe")
 HELD = ("plain-held", "run-held")  # --hold-controllers: the controller stopped over the window
@@ -183,4 +184,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    turns.end_on_sigterm()
     sys.exit(main())

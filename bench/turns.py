@@ -25,6 +25,7 @@ own slices only, as its ranks' does.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
@@ -239,8 +240,9 @@ def take_turns_of(starts: Sequence[Start], pattern: re.Pattern, cwd: Path, *,
     slice_of: list[float] = []
     try:
         for one in starts:
-            r = _Run(one, cwd)
-            started.append(r)
+            with _held(STOP_SIGNALS):  # held on: a run started is a run in `started`
+                started.append(_Run(one, cwd))
+            r = started[-1]
             deadline = time.monotonic() + start_s
             while r.alive() and len(r.rates(pattern)) < 2 and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -264,6 +266,49 @@ def take_turns_of(starts: Sequence[Start], pattern: re.Pattern, cwd: Path, *,
                 r.slices.append((t0, time.monotonic()))
             cycle += 1
     finally:
-        for r in started:
-            r.stop()
+        stop_all(started)
     return [r.reading(pattern) for r in started]
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # what ends a bench (`end_on_sigterm`)
+
+
+@contextlib.contextmanager
+def _held(signals):
+    """The block with ``signals`` held off by the kernel; one that came meanwhile is handled
+    as the block ends. Only the main thread handles signals; elsewhere nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def stop_all(started: Sequence[_Run]) -> None:
+    """`_Run.stop` each of ``started``, the rest too when one fails, with Ctrl-C and SIGTERM
+    held off meanwhile (they already asked for this); the first failure is raised after."""
+    first: BaseException | None = None
+    with _held(STOP_SIGNALS):
+        for r in started:
+            try:
+                r.stop()
+            except BaseException as exc:  # noqa: BLE001 - the others must still be stopped
+                first = first or exc
+    if first is not None:
+        raise first
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def end_on_sigterm() -> None:
+    """From now, SIGTERM ends this bench as Ctrl-C does: through its cleanup (every held run's
+    tree continued, interrupted and killed), with exit status 143. Python's default ends it at
+    once and leaves the runs it held stopped behind it; a bench started in the background of a
+    shell ignores SIGINT, so SIGTERM is how such a bench is stopped. Each bench that holds
+    processes calls it in its ``__main__``."""
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
