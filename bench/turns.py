@@ -25,7 +25,6 @@ own slices only, as its ranks' does.
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import os
 import re
@@ -44,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from autotune.hardware.proc import signals_held  # noqa: E402
 from bench import shapes  # noqa: E402
 
 SLICE_S = 5.0  # a slice at the least
@@ -240,7 +240,7 @@ def take_turns_of(starts: Sequence[Start], pattern: re.Pattern, cwd: Path, *,
     slice_of: list[float] = []
     try:
         for one in starts:
-            with _held(STOP_SIGNALS):  # held on: a run started is a run in `started`
+            with signals_held():  # held on: a run started is a run in `started`
                 started.append(_Run(one, cwd))
             r = started[-1]
             deadline = time.monotonic() + start_s
@@ -270,28 +270,11 @@ def take_turns_of(starts: Sequence[Start], pattern: re.Pattern, cwd: Path, *,
     return [r.reading(pattern) for r in started]
 
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # what ends a bench (`end_on_sigterm`)
-
-
-@contextlib.contextmanager
-def _held(signals):
-    """The block with ``signals`` held off by the kernel; one that came meanwhile is handled
-    as the block ends. Only the main thread handles signals; elsewhere nothing is held."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
-
-
 def stop_all(started: Sequence[_Run]) -> None:
     """`_Run.stop` each of ``started``, the rest too when one fails, with Ctrl-C and SIGTERM
-    held off meanwhile (they already asked for this); the first failure is raised after."""
+    held meanwhile (they already asked for this); the first failure is raised after."""
     first: BaseException | None = None
-    with _held(STOP_SIGNALS):
+    with signals_held():
         for r in started:
             try:
                 r.stop()

@@ -202,23 +202,3 @@ def test_every_run_is_stopped_when_stopping_one_fails_and_the_failure_is_raised_
     with pytest.raises(RuntimeError, match="could not stop"):
         turns.stop_all(runs)
     assert [r.stopped for r in runs] == [True, True, True]
-
-
-def test_a_signal_sent_while_a_run_is_being_started_is_handled_once_it_is_held():
-    """`turns._held`: the kernel holds the signal over the block (a run started and put in the
-    list of runs to stop), and Python's handler runs as the block ends, not inside it."""
-    import os
-    import signal
-
-    came: list[int] = []
-    before = signal.signal(signal.SIGUSR1, lambda signum, frame: came.append(signum))
-    try:
-        with turns._held((signal.SIGUSR1,)):
-            os.kill(os.getpid(), signal.SIGUSR1)
-            for _ in range(1000):  # bytecodes enough for a handler to have run, were it let
-                pass
-            inside = list(came)
-        assert inside == []
-        assert came == [signal.SIGUSR1]
-    finally:
-        signal.signal(signal.SIGUSR1, before)

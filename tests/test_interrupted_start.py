@@ -180,3 +180,39 @@ def test_ctrl_c_while_a_control_command_runs_kills_it(tmp_path):
             p.kill()
     assert left == [], f"the command (pid {up.read_text()}) outlived the interrupt"
     assert live_children() == []
+
+
+def _blocked_and_ignored(pid: int) -> tuple[int, int]:
+    """The signal masks of ``pid`` a child reads from the kernel: (blocked, ignored)."""
+    fields = dict(line.split(":\t", 1) for line in open(f"/proc/{pid}/status").read().splitlines()
+                  if ":\t" in line)
+    return int(fields["SigBlk"], 16), int(fields["SigIgn"], 16)
+
+
+def test_a_signal_held_while_a_process_starts_comes_after_and_the_process_hears_every_signal():
+    """`proc.signals_held`: SIGTERM sent inside the block reaches its handler as the block
+    ends, not inside it; a process started inside has none of the signals blocked (a kernel
+    mask would pass to it and leave it deaf to Ctrl-C and SIGTERM), and one ignored here stays
+    ignored there, as it would without the hold."""
+    bit = {sig: 1 << (sig - 1) for sig in proc.HELD_SIGNALS}
+    came: list[int] = []
+    before_term = signal.signal(signal.SIGTERM, lambda signum, frame: came.append(signum))
+    before_hup = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    child = None
+    try:
+        with proc.signals_held():
+            child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                                     stdin=subprocess.PIPE)
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):  # bytecodes enough for a handler to have run, were it let
+                pass
+            inside = list(came)
+        assert inside == [] and came == [signal.SIGTERM]
+        blocked, ignored = _blocked_and_ignored(child.pid)
+        assert not blocked & (bit[signal.SIGINT] | bit[signal.SIGTERM] | bit[signal.SIGHUP])
+        assert ignored & bit[signal.SIGHUP] and not ignored & bit[signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, before_term)
+        signal.signal(signal.SIGHUP, before_hup)
+        if child is not None:
+            child.communicate(b"")

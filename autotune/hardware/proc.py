@@ -8,7 +8,7 @@ KILL, then a sweep for anything still carrying the marker.
 
 Every launch is registered the moment its process exists, and leaves the register only when
 `stop` has ended it. A signal that lands while the process is being created and registered is
-held until it is registered (`_signals_held`): raised inside ``Popen``, it would lose the pid.
+held until it is registered (`signals_held`): raised inside ``Popen``, it would lose the pid.
 What is still registered when the controller exits (an interrupt that landed between a launch
 and the code that would have stopped it) is stopped by `stop_all`, registered with
 ``atexit``: Ctrl-C at any instant leaves no process behind.
@@ -167,7 +167,7 @@ def start(spec: LaunchSpec, *, on_output=None) -> Launched:
     err = out if spec.stdout_path == spec.stderr_path else open(spec.stderr_path, "ab")
     streamed_from = out.tell()
     try:
-        with _signals_held():  # what they raise comes once the process is registered
+        with signals_held():  # what they raise comes once the process is registered
             try:
                 popen = subprocess.Popen(
                     list(spec.argv), cwd=spec.cwd, env=env, stdin=subprocess.DEVNULL,
@@ -219,14 +219,18 @@ HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @contextlib.contextmanager
-def _signals_held():
+def signals_held():
     """Hold `HELD_SIGNALS` for the block, then hand the first that came to its handler.
 
     Python runs a signal's handler in the main thread between two bytecodes: Ctrl-C landing
     inside ``Popen``, after the fork, raises there, and the child runs on with a pid nobody
     holds. Only the main thread runs handlers, so elsewhere nothing is held. The handlers
     swapped in are Python's; ``exec`` resets them to the default in the child, and the
-    signal mask is untouched, so the child gets every signal as it would have.
+    signal mask is untouched (a mask would pass to the child: it would start deaf to them), so
+    the child gets every signal as it would have. An ignored signal is left ignored: nothing
+    would come of it here, and a child keeps it ignored (``nohup``'s SIGHUP, the SIGINT of a
+    command started in the background of a shell), where a handler of ours would reach it as
+    the default.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -234,7 +238,7 @@ def _signals_held():
     came: list[tuple[int, object]] = []
     before = {}
     for sig in HELD_SIGNALS:
-        if signal.getsignal(sig) is None:  # a handler set outside Python: left as it is
+        if signal.getsignal(sig) in (None, signal.SIG_IGN):  # set outside Python, or ignored
             continue
         before[sig] = signal.signal(sig, lambda signum, frame: came.append((signum, frame)))
     try:
@@ -333,7 +337,7 @@ def run_command(argv, *, env: dict[str, str], input_text: str | None = None,
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         popen = None
         try:
-            with _signals_held():
+            with signals_held():
                 try:
                     popen = subprocess.Popen(
                         [str(a) for a in argv], env=env, stdin=subprocess.PIPE, stdout=out,
