@@ -244,20 +244,23 @@ def user_env(base: Mapping[str, str]) -> dict[str, str]:
                        if k not in THREAD_VARS and not k.startswith("AUTOTUNE_")})
 
 
+def _torchrun(c: Config, python: str, *flags: str) -> list[str]:
+    """Pure: ``c``'s ranks started by torchrun on this host, with torchrun's ``flags``."""
+    return [python, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc_per_node={c.ranks}", *flags, *c.args()]
+
+
 def plain_argv(c: Config, python: str) -> list[str]:
     """Pure: the command a user types for ``c``."""
     if c.ranks == 1:
         return [python, *c.args()]
-    return [python, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc_per_node={c.ranks}", *c.args()]
+    return _torchrun(c, python)
 
 
 def plain_log_argv(c: Config, python: str, log_dir: Path) -> list[str]:
     """Pure: ``c`` started by torchrun (of one rank too) with each rank's stdout redirected to
     a file under ``log_dir`` (``--redirects 1``), as a cluster user keeps per-rank logs."""
-    return [python, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc_per_node={c.ranks}", "--redirects", "1", "--log-dir", str(log_dir),
-            *c.args()]
+    return _torchrun(c, python, "--redirects", "1", "--log-dir", str(log_dir))
 
 
 def plain_env(c: Config, ctx: Ctx) -> dict[str, str]:

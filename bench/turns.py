@@ -148,7 +148,7 @@ class _Run:
         that one started while the others were being held is held too. A `Start.root_held`
         run's SIGCONT goes to the descendants outside the root's group only."""
         resume_ranks_only = self.root_held and sig == signal.SIGCONT
-        group = os.getpgid(self.proc.pid) if resume_ranks_only and self.alive() else None
+        group = _group_of(self.proc.pid) if resume_ranks_only else None  # None: it ended
         if not resume_ranks_only:
             try:
                 os.killpg(self.proc.pid, sig)

@@ -172,8 +172,13 @@ def test_a_run_s_foreign_load_is_the_machine_s_cpu_less_its_own_processes():
     row = bp.summarise(bp._compute(1), {"plain": [100.0], "run": [99.0], "probe": [98.0]},
                        {"plain": [load], "run": [], "probe": []})
     assert row["load"]["plain"] == [{"others": 0.5, "steal": 0.1}] and row["load"]["run"] == []
-    before = bp._cpu_now()
-    sum(i * i for i in range(200_000))  # this process's own work is not foreign
+    # this process's own work is not foreign: its count grows with it (in clock ticks of
+    # 10 ms, which one fixed bit of work on a fast machine may not cross)
+    import time
+
+    before, deadline = bp._cpu_now(), time.monotonic() + 10.0
+    while bp._cpu_now()[3] <= before[3] and time.monotonic() < deadline:
+        sum(i * i for i in range(200_000))
     assert bp._cpu_now()[3] > before[3]
 
 
