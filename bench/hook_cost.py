@@ -42,19 +42,19 @@ class _NoClock:
 
 def _pass_through(plain: dict) -> dict:
     """Patches in the places of ours that only call torch's own: a loader ``__next__``, a
-    ``Tensor.backward`` and an optimizer pre- and post-hook that do nothing else."""
+    ``torch.autograd.backward`` and an optimizer pre- and post-hook that do nothing else."""
     next_, backward = plain["next"], plain["backward"]
 
     def __next__(it):
         return next_(it)
 
-    def tensor_backward(tensor, *args, **kwargs):
-        return backward(tensor, *args, **kwargs)
+    def autograd_backward(*args, **kwargs):
+        return backward(*args, **kwargs)
 
     def hook(optimizer, args, kwargs):
         return None
 
-    return {**plain, "next": __next__, "backward": tensor_backward,
+    return {**plain, "next": __next__, "backward": autograd_backward,
             "pre": {**plain["pre"], -1: hook}, "post": {**plain["post"], -1: hook}}
 
 
@@ -84,7 +84,7 @@ class Hooks:
     def _patched(self) -> dict:
         return {"init": self.loader_cls.__init__, "iter": self.loader_cls.__iter__,
                 "next": self.iter_cls.__next__,
-                "backward": self.torch.Tensor.backward,
+                "backward": self.torch.autograd.backward,
                 "pre": dict(self.topt._global_optimizer_pre_hooks),
                 "post": dict(self.topt._global_optimizer_post_hooks)}
 
@@ -93,12 +93,13 @@ class Hooks:
         self.loader_cls.__init__ = patches["init"]
         self.loader_cls.__iter__ = patches["iter"]
         self.iter_cls.__next__ = patches["next"]
-        self.torch.Tensor.backward = patches["backward"]
+        self.torch.autograd.backward = patches["backward"]
         for name in ("pre", "post"):
             hooks = getattr(self.topt, f"_global_optimizer_{name}_hooks")
             hooks.clear()
             hooks.update(patches[name])
         self.meter.clock = _NoClock() if way == "no-clock" else self.clock
+        self.meter.fast = False  # chosen again at the next step's end, for this clock
 
 
 EXAMPLE = ROOT / "examples" / "compute_bound" / "train.py"

@@ -273,6 +273,7 @@ class Interceptor:
         self._synthetic_fill: dict[int, list[tuple[float, float]]] = {}
         self.synthetic_batches = int(
             meter.env.get(protocol.ENV_SYNTHETIC_BATCHES, protocol.DEFAULT_SYNTHETIC_BATCHES))
+        self._place_hooks = lambda: None  # the step hooks' (`_install_steps`)
 
     def install(self) -> None:
         import torch
@@ -399,7 +400,7 @@ class Interceptor:
         # a tensor or an ``(inputs, targets)`` pair; every other batch goes the whole way.
         def __next__(it):
             m = meter
-            if m.stopping or m.clock.timed or not grad_enabled():
+            if not m.fast or not grad_enabled():
                 return next_in_full(it)
             try:
                 batch = next_(it)
@@ -490,21 +491,28 @@ class Interceptor:
 
     # -- steps ------------------------------------------------------------------------------
     def _install_steps(self, torch) -> None:
+        from torch.optim import optimizer as torch_optimizer
+
         meter = self.meter
 
         # how many optimizers are inside their step (steps may nest: a wrapper's); a count,
         # not their ids: ``id()`` is an audit event, which the probes' write watch hears
         depth = 0
+        nests = False  # a step was seen inside another: the pre-hook stays for good
         monotonic = time.monotonic
 
         # These run on every step, inside the script's loop: the common case is counted
-        # inline, as `Meter.count_step` and `Meter.backward_ended` count it.
+        # inline, as `Meter.count_step` and `Meter.backward_ended` count it. Between sampled
+        # steps (`Meter.fast`) the pre-hook and the backward wrapper are taken out
+        # (`place_hooks`): each Python call there cost a 0.5 ms step ~2 us (`bench/hook_cost.py`).
         def before_step(optimizer, args, kwargs):
-            nonlocal depth
+            nonlocal depth, nests
             m = meter
             if m.noise.seen:
                 m.close_backward()
-            if not depth and m.clock.timed:
+            if depth:
+                nests = True
+            elif m.clock.timed:
                 m.clock.optimizer_begin()
             depth += 1
 
@@ -513,39 +521,43 @@ class Interceptor:
             m = meter
             if depth:
                 depth -= 1
+            chosen = False  # the clock chose whether the next step is timed
             if not depth:  # a step ended: between sampled steps only counted down
                 clock = m.clock
                 if clock.skip:
                     clock.skip -= 1
                 else:
                     clock.optimizer_end()
+                    chosen = True
             if PID[0] == m.pid:
                 m.steps += 1
                 m.last_step_t = now = monotonic()
                 if not m.tick_first_step_t:
                     m.tick_first_step_t = now
             else:
-                m.count_step()
+                m.count_step()  # a forked child: its counters start afresh, slow
+            if chosen:
+                m.fast = not (m.stopping or m.clock.timed or m.noise.seen) and PID[0] == m.pid
+                place_hooks()
             if m.stopping:
                 m.maybe_stop()
 
-        from torch.optim.optimizer import (register_optimizer_step_post_hook,
-                                           register_optimizer_step_pre_hook)
+        # ``Tensor.backward`` calls ``torch.autograd.backward`` by name: ours goes there, where
+        # it can be taken out at the cost of a module's attribute. Swapping ``Tensor.backward``
+        # itself cost more than the wrapper: every cached lookup on a tensor is dropped when
+        # its class changes (+2.8 us a step at 1 swap in 10 steps, `bench/hook_cost.py`).
+        autograd = torch.autograd
+        backward = autograd.backward
 
-        register_optimizer_step_pre_hook(before_step)
-        register_optimizer_step_post_hook(after_step)
-
-        backward = torch.Tensor.backward
-
-        def tensor_backward(tensor, *args, **kwargs):
+        def autograd_backward(*args, **kwargs):
             m = meter
             clock = m.clock
             if clock.timed:
                 clock.backward_begin()
-                result = backward(tensor, *args, **kwargs)
+                result = backward(*args, **kwargs)
                 clock.backward_end()
             else:
-                result = backward(tensor, *args, **kwargs)
+                result = backward(*args, **kwargs)
             if m.steps and not m.noise.seen and PID[0] == m.pid:
                 m.backwards += 1
                 return result
@@ -554,7 +566,40 @@ class Interceptor:
                 m.maybe_stop()  # pass ends the step
             return result
 
-        torch.Tensor.backward = tensor_backward
+        # torch's global pre-hooks by their handles' ids: ours leaves and comes back under its
+        # handle's id (the public handle only removes)
+        pre_hooks = torch_optimizer._global_optimizer_pre_hooks
+        pre_hook = torch_optimizer.register_optimizer_step_pre_hook(before_step).id
+
+        def place_hooks() -> None:
+            """The pre-hook and the backward wrapper in for a step that is not `Meter.fast`,
+            out for one that is. Between sampled steps of an optimizer neither has anything
+            to do: a backward pass's count is read only when no optimizer steps, DDP's
+            buckets put the hooks back (`_install_comm_timing`), and the depth of nested
+            steps matters only to the clock (a script whose steps nest keeps the pre-hook).
+            The wrapper is swapped only while it is ours or torch's: one put there later by
+            someone else stays as it is."""
+            current = autograd.backward
+            if meter.fast:
+                if current is autograd_backward:
+                    autograd.backward = backward
+                if not nests and not depth:
+                    pre_hooks.pop(pre_hook, None)
+                return
+            if current is backward:
+                autograd.backward = autograd_backward
+            if pre_hook not in pre_hooks:
+                pre_hooks[pre_hook] = before_step
+
+        def all_in_child() -> None:  # a forked child's first steps are timed (a new clock)
+            meter.fast = False
+            place_hooks()
+
+        self._place_hooks = place_hooks
+        autograd.backward = autograd_backward
+        torch_optimizer.register_optimizer_step_post_hook(after_step)
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=all_in_child)
 
     # -- DDP --------------------------------------------------------------------------------
     def _install_comm_timing(self, DDP) -> None:
@@ -571,7 +616,7 @@ class Interceptor:
         trains as it would, and so does one that refuses ours, and every model where
         `protocol.ENV_LEAVE_DDP_ALLREDUCE` asks it (the full run).
         """
-        meter = self.meter
+        interceptor, meter = self, self.meter
         dispatch = meter.env.get(protocol.ENV_LEAVE_DDP_ALLREDUCE) != "1"
         noise = meter.env.get(protocol.ENV_NOISE) == "1"
         register = DDP.register_comm_hook
@@ -593,6 +638,9 @@ class Interceptor:
                     meter.clock.bucket_launched()
                 if not multi:
                     return hook(state, bucket)
+                if meter.fast:  # its norms close at every step's start from here on
+                    meter.fast = False
+                    interceptor._place_hooks()
                 norms = meter.noise
                 if not norms.takes(meter.steps):  # not this step's (`noise.SAMPLE_GAP_S`)
                     return hook(state, bucket)

@@ -192,6 +192,11 @@ class Meter:
 
     def _reset_counters(self):
         self.pid = os.getpid()
+        # The step under way needs none of the hooks' slow paths: an optimizer counts the
+        # steps, the step clock times none of it, no stop was asked and no DDP bucket's norms
+        # are taken. Set by the step hook when the clock chooses the next timed step, cleared
+        # by whatever needs a slow path; the hooks then read this one flag (`probes.intercept`).
+        self.fast = False
         self.samples = 0  # samples from batches fetched with autograd on (training)
         self.batches = 0
         self.eval_samples = 0  # fetched with autograd off: evaluation, not training
@@ -256,6 +261,7 @@ class Meter:
 
     def _request_stop(self) -> None:
         self.stopping = True
+        self.fast = False
         self.stop_requested.set()
 
     def _tick_loop(self) -> None:
