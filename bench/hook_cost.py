@@ -32,9 +32,13 @@ WAYS = ("off", "on", "no-clock", "pass-through")
 
 
 class _NoClock:
-    """A step clock that times no step: the hooks skip its marks as between sampled steps."""
+    """A step clock that times no step: every step is one between sampled steps, counted down
+    by the hooks (`skip`), with the hooks that step aside there out (`Meter.fast`)."""
 
-    timed, skip = False, 0
+    timed = False
+
+    def __init__(self):
+        self.skip = 1 << 62
 
     def optimizer_end(self) -> None:
         return None
@@ -76,7 +80,8 @@ class Hooks:
         self.meter = Meter({})
         # all of a full run's patches; the loop calls no set_num_threads and no DDP, so only
         # the loader's and the steps' are switched
-        Interceptor(self.meter, {}).install()
+        self.interceptor = Interceptor(self.meter, {})
+        self.interceptor.install()
         self.ours = self._patched()
         self.through = _pass_through(self.plain)
         self.clock = self.meter.clock
@@ -99,7 +104,9 @@ class Hooks:
             hooks.clear()
             hooks.update(patches[name])
         self.meter.clock = _NoClock() if way == "no-clock" else self.clock
-        self.meter.fast = False  # chosen again at the next step's end, for this clock
+        if patches is self.ours:  # a real clock chooses at its next step's end; with none,
+            self.meter.fast = way == "no-clock"  # every step is one between sampled steps
+            self.interceptor._place_hooks()
 
 
 EXAMPLE = ROOT / "examples" / "compute_bound" / "train.py"

@@ -87,6 +87,7 @@ def moved_to_comm(parts: dict[str, float], comm_s: float) -> dict[str, float]:
     if comm_s <= 0:
         return parts
     backward = parts.get("backward", 0.0)
-    # a backward pass the hooks did not time (not `Tensor.backward`) left its wait in "other"
+    # a backward pass the hooks did not time (not `torch.autograd.backward`) left its wait in
+    # "other"
     return {**parts, "backward": backward - min(comm_s, backward),
             "comm": parts.get("comm", 0.0) + comm_s}

@@ -9,7 +9,8 @@ The interceptor's hooks mark the boundaries they already sit on; this keeps the 
   takes a batch from a DataLoader (word_language_model's slices of one tensor, nanoGPT's
   ``get_batch``) hands nothing over: its forward runs from the previous step's (or backward
   pass's) end to the next backward pass, so cutting its batch counts as forward too;
-- ``backward``: inside ``Tensor.backward``, less the exposed communication;
+- ``backward``: inside ``torch.autograd.backward`` (``Tensor.backward``'s), less the exposed
+  communication;
 - ``comm``: communication not hidden behind compute. DDP launches a bucket's allreduce from its
   communication hook as soon as the bucket's gradients are ready; once the last bucket is
   launched the backward pass has no compute left, so the time from then until ``backward``
