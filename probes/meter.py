@@ -195,7 +195,8 @@ class Meter:
         # The step under way needs none of the hooks' slow paths: an optimizer counts the
         # steps, the step clock times none of it, no stop was asked and no DDP bucket's norms
         # are taken. Set by the step hook when the clock chooses the next timed step, cleared
-        # by whatever needs a slow path; the hooks then read this one flag (`probes.intercept`).
+        # by whatever needs a slow path. The loader's hook reads it; the pre-hook and the
+        # backward wrapper leave while it holds (`probes.intercept`).
         self.fast = False
         self.samples = 0  # samples from batches fetched with autograd on (training)
         self.batches = 0
