@@ -567,9 +567,12 @@ class Interceptor:
             return result
 
         # torch's global pre-hooks by their handles' ids: ours leaves and comes back under its
-        # handle's id (the public handle only removes)
-        pre_hooks = torch_optimizer._global_optimizer_pre_hooks
-        pre_hook = torch_optimizer.register_optimizer_step_pre_hook(before_step).id
+        # handle's id (the public handle only removes). A torch that keeps them otherwise
+        # keeps ours in for good: the steps are counted all the same.
+        handle = torch_optimizer.register_optimizer_step_pre_hook(before_step)
+        pre_hooks = getattr(torch_optimizer, "_global_optimizer_pre_hooks", None)
+        pre_hook = getattr(handle, "id", None)
+        movable = isinstance(pre_hooks, dict) and pre_hooks.get(pre_hook) is before_step
 
         def place_hooks() -> None:
             """The pre-hook and the backward wrapper in for a step that is not `Meter.fast`,
@@ -583,12 +586,12 @@ class Interceptor:
             if meter.fast:
                 if current is autograd_backward:
                     autograd.backward = backward
-                if not nests and not depth:
+                if movable and not nests and not depth:
                     pre_hooks.pop(pre_hook, None)
                 return
             if current is backward:
                 autograd.backward = autograd_backward
-            if pre_hook not in pre_hooks:
+            if movable and pre_hook not in pre_hooks:
                 pre_hooks[pre_hook] = before_step
 
         def all_in_child() -> None:  # a forked child's first steps are timed (a new clock)

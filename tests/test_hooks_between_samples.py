@@ -25,6 +25,29 @@ from probes.meter import Meter
 
 case = sys.argv[1]
 torch.set_num_threads(1)
+if case == "mapping":  # a torch that keeps its global pre-hooks in something not a dict
+    from collections.abc import MutableMapping
+
+    class Hooks(MutableMapping):
+        def __init__(self):
+            self.kept = {}
+
+        def __getitem__(self, key):
+            return self.kept[key]
+
+        def __setitem__(self, key, value):
+            self.kept[key] = value
+
+        def __delitem__(self, key):
+            del self.kept[key]
+
+        def __iter__(self):
+            return iter(self.kept)
+
+        def __len__(self):
+            return len(self.kept)
+
+    topt._global_optimizer_pre_hooks = Hooks()
 meter = Meter({})
 Interceptor(meter, {}).install()
 torch.manual_seed(0)
@@ -142,3 +165,12 @@ def test_a_child_forked_between_sampled_steps_starts_with_every_hook_in():
     ours, pre, fast = got["child"]
     assert ours and pre and not fast
     assert got["counted"] == got["steps"]
+
+
+def test_a_torch_that_keeps_its_global_pre_hooks_otherwise_keeps_ours_in_and_counts_the_same():
+    got = run_loop("mapping")
+    rows = got["rows"]
+    assert got["counted"] == got["steps"] == 384 and got["samples"] == 4 * 384
+    assert all(r[3] for r in rows)  # the pre-hook never left
+    assert any(r[1] and not r[2] for r in rows)  # the backward wrapper still did
+    assert got["parts"]["optimizer"] > 0 and got["parts"]["backward"] > 0
