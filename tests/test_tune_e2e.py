@@ -16,6 +16,7 @@ import pytest
 from autotune.hardware import proc
 from autotune.tuning import recipes
 from autotune.tuning import study as studies
+from autotune.tuning.baseline import BASELINE_TRIES
 from conftest import (EXAMPLES, SCRIPTS, assert_one_error_line, autotune, journal, last_json,
                       live_children)
 
@@ -118,12 +119,17 @@ def test_a_script_that_ends_inside_its_probes_is_confirmed_one_probe_after_anoth
 
 @pytest.mark.slow
 def test_wrap_exits_with_the_scripts_code(tmp_path):
-    # The toy trains --run-seconds from its first batch: longer than a whole probe (even the
-    # baseline's slow-start retry, 2 x --seconds), so only the full run reaches its exit code.
-    # --keep-batch: one trial keeps the script's defaults, whose batch is the script's own
-    p = autotune("wrap", *QUIET, "--trials", "1", "--seconds", "6", "--keep-batch",
+    # The toy trains --run-seconds from its first batch: longer than any probe, the baseline's
+    # last slow-start retry included (its window doubles at each of BASELINE_TRIES tries: 6, 12,
+    # 24 s; a loaded machine took 6 and 11 s to the first batch and needed all three), so only
+    # the full run reaches its exit code. --keep-batch: one trial keeps the script's defaults,
+    # whose batch is the script's own
+    seconds = 6
+    longest = seconds * 2 ** (BASELINE_TRIES - 1)
+    p = autotune("wrap", *QUIET, "--trials", "1", "--seconds", str(seconds), "--keep-batch",
                  "--recipe-dir", str(tmp_path / "recipes"), "--", TOY, "--work", "1",
-                 "--run-seconds", "13", "--exit-code", "3", cwd=tmp_path, timeout=200)
+                 "--run-seconds", str(longest + 1), "--exit-code", "3", cwd=tmp_path,
+                 timeout=240)
     assert p.returncode == 3, p.stderr[-3000:]
     assert "knobs keep the script's global batch already; running them" in p.stderr
     assert "tune_toy: done after" in p.stdout
