@@ -16,7 +16,7 @@ import pytest
 from autotune.hardware import proc
 from autotune.tuning import recipes
 from autotune.tuning import study as studies
-from autotune.tuning.baseline import BASELINE_TRIES
+from autotune.tuning.baseline import BASELINE_TRIES, longer_window
 from conftest import (EXAMPLES, SCRIPTS, assert_one_error_line, autotune, journal, last_json,
                       live_children)
 
@@ -120,12 +120,13 @@ def test_a_script_that_ends_inside_its_probes_is_confirmed_one_probe_after_anoth
 @pytest.mark.slow
 def test_wrap_exits_with_the_scripts_code(tmp_path):
     # The toy trains --run-seconds from its first batch: longer than any probe, the baseline's
-    # last slow-start retry included (its window doubles at each of BASELINE_TRIES tries: 6, 12,
-    # 24 s; a loaded machine took 6 and 11 s to the first batch and needed all three), so only
-    # the full run reaches its exit code. --keep-batch: one trial keeps the script's defaults,
-    # whose batch is the script's own
-    seconds = 6
-    longest = seconds * 2 ** (BASELINE_TRIES - 1)
+    # last slow-start retry included (its windows grow by `longer_window` over BASELINE_TRIES
+    # tries, 6, 12 and 24 s; a loaded machine took 6 and 11 s to the first batch and needed all
+    # three), so only the full run reaches its exit code. --keep-batch: one trial keeps the
+    # script's defaults, whose batch is the script's own
+    seconds = longest = 6
+    for _ in range(BASELINE_TRIES - 1):  # the slowest start a window can see is its length
+        longest = longer_window(longest, longest)
     p = autotune("wrap", *QUIET, "--trials", "1", "--seconds", str(seconds), "--keep-batch",
                  "--recipe-dir", str(tmp_path / "recipes"), "--", TOY, "--work", "1",
                  "--run-seconds", str(longest + 1), "--exit-code", "3", cwd=tmp_path,
